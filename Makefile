@@ -1,0 +1,21 @@
+# The two commands of the README: `make run` and `make test`. Both install what they need first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install browser
+
+$(STAMP): pyproject.toml scripts/install.sh
+	scripts/install.sh $(VENV)
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+browser:
+	scripts/install-browser.sh
+
+run: $(STAMP)
+	FLEETDECK_DEBUG=$${FLEETDECK_DEBUG:-1} $(PY) manage.py runlocal
+
+test: $(STAMP) browser
+	$(PY) -m pytest $(PYTEST_ARGS)

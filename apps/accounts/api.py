@@ -1,0 +1,30 @@
+from django.db.models import Q
+from rest_framework import serializers, viewsets
+
+from apps.accounts.models import AuditEvent, Role
+from apps.accounts.permissions import teams_where
+
+
+class AuditEventSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = AuditEvent
+        fields = [
+            "id", "created_at", "actor_name", "action", "team", "object_type", "object_id", "object_repr",
+            "changes", "source_ip", "via",
+        ]
+
+
+class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
+    """The audit log. Admins see their teams' events and their own; superusers see everything."""
+
+    serializer_class = AuditEventSerializer
+    filterset_fields = ["action", "object_type", "object_id", "via"]
+
+    def get_queryset(self):
+        user = self.request.user
+        events = AuditEvent.objects.select_related("team").order_by("-created_at", "-id")
+        if user.is_superuser:
+            return events
+        return events.filter(Q(team__in=teams_where(user, Role.ADMIN)) | Q(actor=user))

@@ -1,0 +1,163 @@
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import Count, Q
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from apps.accounts.audit import Actor
+from apps.accounts.drf import require_role
+from apps.accounts.models import Role, Team
+from apps.accounts.permissions import visible_teams
+from apps.clusters import services
+from apps.clusters.filters import ClusterFilter
+from apps.clusters.models import Cluster, ClusterEvent
+from apps.clusters.validation import normalize_dashboard_url, validate_labels
+
+
+class ClusterSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
+    token = serializers.CharField(
+        write_only=True,
+        required=False,
+        allow_blank=True,
+        trim_whitespace=True,
+        max_length=4096,
+        style={"input_type": "password"},
+        help_text="Ray dashboard bearer token (Ray ≥ 2.52 token auth). Stored encrypted; never returned.",
+    )
+    has_token = serializers.BooleanField(read_only=True)
+    dashboard_auth_enabled = serializers.BooleanField(read_only=True, allow_null=True)
+    sync_pending = serializers.BooleanField(read_only=True)
+    application_count = serializers.IntegerField(read_only=True)
+    deployment_count = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Cluster
+        fields = [
+            "id", "name", "team", "dashboard_url", "token", "has_token", "labels",
+            "ray_version", "ray_commit", "session_name", "auth_mode", "dashboard_auth_enabled",
+            "serve_running", "serve_http_port", "reachability", "last_error", "last_error_at",
+            "last_sync_at", "last_sync_duration_ms", "sync_requested_at", "sync_pending",
+            "application_count", "deployment_count", "created_at",
+        ]
+        read_only_fields = [
+            "ray_version", "ray_commit", "session_name", "auth_mode", "serve_running", "serve_http_port",
+            "reachability", "last_error", "last_error_at", "last_sync_at", "last_sync_duration_ms",
+            "sync_requested_at", "created_at",
+        ]
+
+    def validate_dashboard_url(self, value: str) -> str:
+        try:
+            return normalize_dashboard_url(value)
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.messages) from exc
+
+    def validate_labels(self, value):
+        try:
+            return validate_labels(value)
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.messages) from exc
+
+    def get_fields(self):
+        fields = super().get_fields()
+        if self.instance is not None and not isinstance(self.instance, list):
+            fields["name"].read_only = True
+        return fields
+
+
+class ClusterEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ClusterEvent
+        fields = ["id", "kind", "message", "created_at"]
+
+
+def clusters_for(user):
+    return (
+        Cluster.objects.filter(team__in=visible_teams(user))
+        .select_related("team")
+        .annotate(
+            application_count=Count("applications", filter=Q(applications__removed_at__isnull=True), distinct=True),
+            deployment_count=Count(
+                "applications__deployments",
+                filter=Q(applications__deployments__removed_at__isnull=True, applications__removed_at__isnull=True),
+                distinct=True,
+            ),
+        )
+        .order_by("name")
+    )
+
+
+def _as_field_errors(exc: DjangoValidationError) -> serializers.ValidationError:
+    field = "token" if exc.code == "RayAuthRefused" else "dashboard_url"
+    return serializers.ValidationError({field: exc.messages})
+
+
+class ClusterViewSet(
+    mixins.CreateModelMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Ray clusters registered with Fleetdeck. Admins of a team register, change and delete its clusters."""
+
+    serializer_class = ClusterSerializer
+    filterset_class = ClusterFilter
+    ordering_fields = ["name", "last_sync_at", "created_at"]
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        return clusters_for(self.request.user)
+
+    def perform_create(self, serializer):
+        data = serializer.validated_data
+        require_role(self.request, data["team"], Role.ADMIN, "register clusters")
+        try:
+            serializer.instance = services.register_cluster(
+                Actor.from_request(self.request),
+                name=data["name"],
+                team=data["team"],
+                dashboard_url=data["dashboard_url"],
+                token=data.get("token", ""),
+                labels=data.get("labels"),
+            )
+        except DjangoValidationError as exc:
+            raise _as_field_errors(exc) from exc
+        serializer.instance = self.get_queryset().get(pk=serializer.instance.pk)
+
+    def perform_update(self, serializer):
+        cluster = serializer.instance
+        require_role(self.request, cluster.team, Role.ADMIN, "change clusters")
+        data = serializer.validated_data
+        if "team" in data:
+            require_role(self.request, data["team"], Role.ADMIN, "move clusters into it")
+        changes = {key: data[key] for key in ("dashboard_url", "token", "labels", "team") if key in data}
+        try:
+            services.update_cluster(Actor.from_request(self.request), cluster, **changes)
+        except DjangoValidationError as exc:
+            raise _as_field_errors(exc) from exc
+        serializer.instance = self.get_queryset().get(pk=cluster.pk)
+
+    def perform_destroy(self, instance):
+        require_role(self.request, instance.team, Role.ADMIN, "delete clusters")
+        services.delete_cluster(Actor.from_request(self.request), instance)
+
+    @extend_schema(request=None, responses={202: ClusterSerializer})
+    @action(detail=True, methods=["post"])
+    def sync(self, request, pk=None):
+        """Queue a sync now. Answers 202; `sync_pending` turns false when the worker is done."""
+        cluster = self.get_object()
+        require_role(request, cluster.team, Role.OPERATOR, "sync clusters")
+        services.request_sync(Actor.from_request(request), cluster)
+        return Response(self.get_serializer(self.get_queryset().get(pk=cluster.pk)).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses={200: OpenApiResponse(ClusterEventSerializer(many=True))})
+    @action(detail=True, methods=["get"])
+    def events(self, request, pk=None):
+        """Restarts, reachability changes and registration, newest first."""
+        page = self.paginate_queryset(self.get_object().events.all())
+        return self.get_paginated_response(ClusterEventSerializer(page, many=True).data)

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from apps.accounts.models import Role
+from apps.accounts.permissions import teams_where
+from apps.clusters.models import Cluster
+from apps.clusters.validation import labels_text, normalize_dashboard_url, parse_labels_text
+
+
+class ClusterForm(forms.Form):
+    name = forms.CharField(max_length=63, help_text="Lowercase letters, digits and dashes; cannot change later.")
+    team = forms.ModelChoiceField(queryset=None, empty_label=None)
+    dashboard_url = forms.CharField(
+        label="Ray dashboard URL", max_length=300, widget=forms.URLInput(attrs={"placeholder": "http://ray-head:8265"})
+    )
+    token = forms.CharField(
+        label="Dashboard token",
+        required=False,
+        max_length=4096,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Only for clusters with token authentication (Ray ≥ 2.52). Stored encrypted, never shown again.",
+    )
+    clear_token = forms.BooleanField(label="Remove the stored token", required=False)
+    labels = forms.CharField(
+        required=False,
+        widget=forms.TextInput(attrs={"placeholder": "env=prod, region=eu"}),
+        help_text="Comma-separated key=value pairs.",
+    )
+
+    def __init__(self, *args, user, instance: Cluster | None = None, **kwargs):
+        self.instance = instance
+        if instance is not None:
+            kwargs.setdefault(
+                "initial",
+                {
+                    "name": instance.name,
+                    "team": instance.team,
+                    "dashboard_url": instance.dashboard_url,
+                    "labels": labels_text(instance.labels),
+                },
+            )
+        super().__init__(*args, **kwargs)
+        self.fields["team"].queryset = teams_where(user, Role.ADMIN)
+        if instance is not None:
+            self.fields["name"].disabled = True
+            self.fields["token"].help_text = "Leave empty to keep the stored token."
+        else:
+            del self.fields["clear_token"]
+
+    def clean_name(self):
+        name = self.cleaned_data["name"]
+        Cluster._meta.get_field("name").run_validators(name)
+        if self.instance is None and Cluster.objects.filter(name=name).exists():
+            raise ValidationError("A cluster with this name is already registered.")
+        return name
+
+    def clean_dashboard_url(self):
+        return normalize_dashboard_url(self.cleaned_data["dashboard_url"])
+
+    def clean_labels(self):
+        return parse_labels_text(self.cleaned_data["labels"])

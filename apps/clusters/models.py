@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+
+from apps.accounts.models import Team
+
+
+class Reachability(models.TextChoices):
+    UNKNOWN = "unknown", "Not synced yet"
+    OK = "ok", "Reachable"
+    UNREACHABLE = "unreachable", "Unreachable"
+    ERROR = "error", "Answering with errors"
+
+
+class Cluster(models.Model):
+    name = models.CharField(
+        max_length=63,
+        unique=True,
+        validators=[
+            RegexValidator(
+                r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+                "Use lowercase letters, digits and dashes, starting and ending with a letter or digit.",
+            )
+        ],
+        help_text="Lowercase letters, digits and dashes.",
+    )
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="clusters")
+    dashboard_url = models.URLField(max_length=300)
+    # Fernet ciphertext of the Ray dashboard bearer token; never leaves the server.
+    token_ciphertext = models.TextField(blank=True, default="")
+    labels = models.JSONField(default=dict, blank=True)
+
+    ray_version = models.CharField(max_length=32, blank=True)
+    ray_commit = models.CharField(max_length=64, blank=True)
+    session_name = models.CharField(max_length=128, blank=True)
+    auth_mode = models.CharField(max_length=32, blank=True)
+    serve_running = models.BooleanField(default=False)
+    serve_controller_start_time = models.FloatField(null=True, blank=True)
+    serve_http_port = models.PositiveIntegerField(null=True, blank=True)
+
+    reachability = models.CharField(max_length=16, choices=Reachability.choices, default=Reachability.UNKNOWN)
+    last_error = models.TextField(blank=True)
+    last_error_at = models.DateTimeField(null=True, blank=True)
+    last_sync_at = models.DateTimeField(null=True, blank=True)
+    last_sync_duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    last_change_seen_at = models.DateTimeField(null=True, blank=True)
+    next_sync_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    sync_requested_at = models.DateTimeField(null=True, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def has_token(self) -> bool:
+        return bool(self.token_ciphertext)
+
+    @property
+    def sync_pending(self) -> bool:
+        return self.sync_requested_at is not None and (
+            self.last_sync_at is None or self.last_sync_at < self.sync_requested_at
+        )
+
+    @property
+    def dashboard_auth_enabled(self) -> bool | None:
+        if self.auth_mode in ("", "unknown"):
+            return None
+        return self.auth_mode not in ("disabled", "unsupported")
+
+
+class ClusterEvent(models.Model):
+    """Things a sync noticed about a cluster as a whole: restarts, reachability flips."""
+
+    class Kind(models.TextChoices):
+        REGISTERED = "registered", "Registered"
+        SESSION_CHANGED = "session_changed", "Ray cluster restarted (new session)"
+        CONTROLLER_RESTARTED = "controller_restarted", "Serve controller restarted"
+        SERVE_STARTED = "serve_started", "Serve started"
+        SERVE_STOPPED = "serve_stopped", "Serve stopped"
+        UNREACHABLE = "unreachable", "Became unreachable"
+        RECOVERED = "recovered", "Reachable again"
+        VERSION_CHANGED = "version_changed", "Ray version changed"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    message = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.cluster}: {self.get_kind_display()}"

@@ -1,0 +1,383 @@
+"""The Ray dashboard adapter: the only code in Fleetdeck that speaks HTTP to a Ray cluster.
+
+It returns plain dataclasses and raises a small set of domain errors. Transient errors
+(unreachable, timeout, 5xx) may be retried; permanent ones (auth refused, not a Ray dashboard,
+validation) need a person.
+
+It sends its own minimal headers: Ray treats browser-looking requests (Mozilla user agent,
+Origin, Referer, Sec-Fetch-*) differently (PUT is refused, env_vars are redacted).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+USER_AGENT = "fleetdeck-ray-adapter/1"
+# Ray's state API refuses a larger limit unless the server was configured otherwise.
+STATE_API_MAX_LIMIT = 10_000
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+
+
+class RayError(Exception):
+    """Base of every adapter error. `transient` says whether a retry may help."""
+
+    transient = False
+
+    def __init__(self, message: str, *, status: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class RayUnreachable(RayError):
+    transient = True
+
+
+class RayTimeout(RayError):
+    transient = True
+
+
+class RayAuthRefused(RayError):
+    pass
+
+
+class RayBadResponse(RayError):
+    """The server answered, but not like a Ray dashboard (wrong URL, proxy page, garbage, 5xx)."""
+
+    def __init__(self, message: str, *, status: int | None = None, transient: bool = False):
+        super().__init__(message, status=status)
+        self.transient = transient
+
+
+class RayValidationError(RayError):
+    """Ray refused a request body; `message` is Ray's own (plain-text pydantic) explanation."""
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    ray_version: str
+    ray_commit: str
+    session_name: str
+
+
+@dataclass(frozen=True)
+class Replica:
+    replica_id: str
+    state: str
+    actor_name: str
+    node_ip: str
+    pid: int | None
+    start_time_s: float | None
+
+
+@dataclass(frozen=True)
+class DeploymentStatus:
+    name: str
+    status: str
+    status_trigger: str
+    message: str
+    deployment_config: dict[str, Any]
+    target_num_replicas: int | None
+    replicas: list[Replica]
+    recent_dead_replicas: list[Replica]
+
+    @property
+    def replica_states(self) -> dict[str, int]:
+        return dict(sorted(Counter(replica.state for replica in self.replicas).items()))
+
+
+@dataclass(frozen=True)
+class ApplicationStatus:
+    name: str
+    status: str
+    message: str
+    route_prefix: str | None
+    last_deployed_time_s: float | None
+    deployed_app_config: dict[str, Any] | None
+    source: str
+    deployments: dict[str, DeploymentStatus]
+
+
+@dataclass(frozen=True)
+class ServeStatus:
+    """What `GET /api/serve/applications/` reports. `running` is False when Serve is not started."""
+
+    running: bool
+    controller_actor_id: str
+    controller_start_time: float | None
+    http_port: int | None
+    applications: dict[str, ApplicationStatus] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Actor:
+    actor_id: str
+    class_name: str
+    name: str
+    state: str
+    pid: int | None
+    node_id: str
+    num_restarts: int
+    death_cause: dict[str, Any] | None
+    ray_namespace: str
+
+
+@dataclass(frozen=True)
+class Node:
+    node_id: str
+    node_ip: str
+    is_head_node: bool
+    state: str
+    resources_total: dict[str, float]
+
+
+@dataclass(frozen=True)
+class StatePage:
+    total: int
+    truncated: bool
+    items: list
+
+
+class RayDashboard:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str = "",
+        timeout_s: float = 5.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._client = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s),
+            follow_redirects=False,
+            trust_env=False,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> "RayDashboard":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- low level -------------------------------------------------------------------------
+
+    def _get(self, path: str, params: list[tuple[str, str]] | None = None) -> Any:
+        try:
+            response = self._client.get(path, params=params)
+        except httpx.TimeoutException as exc:
+            raise RayTimeout(f"Ray dashboard did not answer {path} in time ({exc.__class__.__name__}).") from exc
+        except httpx.TransportError as exc:
+            raise RayUnreachable(f"Cannot reach the Ray dashboard: {exc or exc.__class__.__name__}.") from exc
+        return self._decode(path, response)
+
+    def _decode(self, path: str, response: httpx.Response) -> Any:
+        status = response.status_code
+        if status in (401, 403):
+            raise RayAuthRefused(
+                f"The Ray dashboard refused {path} with HTTP {status}: the cluster has token "
+                "authentication enabled and the token is missing or wrong.",
+                status=status,
+            )
+        if 300 <= status < 400:
+            raise RayBadResponse(
+                f"{path} answered a redirect (HTTP {status} to {response.headers.get('location', '?')}); "
+                "give the dashboard's own URL, Fleetdeck does not follow redirects.",
+                status=status,
+            )
+        if status == 404:
+            raise RayBadResponse(f"{path} is not found (HTTP 404): is this a Ray dashboard URL?", status=status)
+        if status >= 500:
+            raise RayBadResponse(
+                f"The Ray dashboard failed on {path} with HTTP {status}: {_excerpt(response.text)}",
+                status=status,
+                transient=True,
+            )
+        if status >= 400:
+            raise RayBadResponse(f"{path} answered HTTP {status}: {_excerpt(response.text)}", status=status)
+        if len(response.content) > MAX_RESPONSE_BYTES:
+            raise RayBadResponse(f"{path} answered {len(response.content)} bytes, more than Fleetdeck accepts.")
+        try:
+            return response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RayBadResponse(
+                f"{path} did not answer JSON (content-type {response.headers.get('content-type', 'none')}): "
+                f"{_excerpt(response.text)}",
+                status=status,
+            ) from exc
+
+    # --- endpoints -------------------------------------------------------------------------
+
+    def version(self) -> VersionInfo:
+        body = _expect_dict(self._get("/api/version"), "/api/version")
+        ray_version = body.get("ray_version")
+        if not isinstance(ray_version, str) or not ray_version:
+            raise RayBadResponse("/api/version has no ray_version: this does not look like a Ray dashboard.")
+        return VersionInfo(
+            ray_version=ray_version,
+            ray_commit=str(body.get("ray_commit") or ""),
+            session_name=str(body.get("session_name") or ""),
+        )
+
+    def authentication_mode(self) -> str:
+        """'disabled', 'token', …; Ray versions that predate token auth have no such endpoint."""
+        try:
+            body = self._get("/api/authentication_mode")
+        except RayBadResponse as exc:
+            if exc.status == 404:
+                return "unsupported"
+            raise
+        return str(_expect_dict(body, "/api/authentication_mode").get("authentication_mode") or "unknown")
+
+    def serve_applications(self) -> ServeStatus:
+        body = _expect_dict(self._get("/api/serve/applications/"), "/api/serve/applications/")
+        if not isinstance(body.get("applications"), dict):
+            raise RayBadResponse("/api/serve/applications/ has no 'applications' object.")
+        return parse_serve_status(body)
+
+    def list_actors(self, *, filters: list[tuple[str, str, str]] = (), detail: bool = True, limit: int = 1000) -> StatePage:
+        page = self._state("/api/v0/actors", filters=filters, detail=detail, limit=limit)
+        return StatePage(page.total, page.truncated, [_parse_actor(item) for item in page.items])
+
+    def list_nodes(self, *, limit: int = 1000) -> StatePage:
+        page = self._state("/api/v0/nodes", filters=(), detail=False, limit=limit)
+        return StatePage(page.total, page.truncated, [_parse_node(item) for item in page.items])
+
+    def _state(self, path: str, *, filters, detail: bool, limit: int) -> StatePage:
+        params: list[tuple[str, str]] = [("limit", str(min(max(limit, 1), STATE_API_MAX_LIMIT)))]
+        if detail:
+            params.append(("detail", "1"))
+        for key, predicate, value in filters:
+            params += [("filter_keys", key), ("filter_predicates", predicate), ("filter_values", value)]
+        body = _expect_dict(self._get(path, params), path)
+        if body.get("result") is False:
+            raise RayBadResponse(f"{path} failed: {body.get('msg') or 'no message'}")
+        data = ((body.get("data") or {}).get("result")) or {}
+        items = data.get("result")
+        if not isinstance(items, list):
+            raise RayBadResponse(f"{path} has no result list.")
+        total = _int(data.get("total"), len(items))
+        return StatePage(total=total, truncated=total > len(items), items=items)
+
+
+# --- parsing (pure; tested against captured payloads) --------------------------------------
+
+
+def parse_serve_status(body: dict[str, Any]) -> ServeStatus:
+    controller = body.get("controller_info") or {}
+    health = body.get("controller_health_metrics") or {}
+    http = body.get("http_options") or {}
+    applications = {
+        name: _parse_application(name, raw) for name, raw in sorted((body.get("applications") or {}).items())
+    }
+    return ServeStatus(
+        running=bool(controller.get("actor_id")),
+        controller_actor_id=str(controller.get("actor_id") or ""),
+        controller_start_time=_float(health.get("controller_start_time")),
+        http_port=_int(http.get("port"), None),
+        applications=applications,
+    )
+
+
+def _parse_application(name: str, raw: dict[str, Any]) -> ApplicationStatus:
+    deployments = {
+        dep_name: _parse_deployment(dep_name, dep) for dep_name, dep in sorted((raw.get("deployments") or {}).items())
+    }
+    config = raw.get("deployed_app_config")
+    return ApplicationStatus(
+        name=str(raw.get("name") or name),
+        status=str(raw.get("status") or "UNKNOWN"),
+        message=str(raw.get("message") or ""),
+        route_prefix=raw.get("route_prefix"),
+        last_deployed_time_s=_float(raw.get("last_deployed_time_s")),
+        deployed_app_config=config if isinstance(config, dict) else None,
+        source=str(raw.get("source") or ""),
+        deployments=deployments,
+    )
+
+
+def _parse_deployment(name: str, raw: dict[str, Any]) -> DeploymentStatus:
+    return DeploymentStatus(
+        name=str(raw.get("name") or name),
+        status=str(raw.get("status") or "UNKNOWN"),
+        status_trigger=str(raw.get("status_trigger") or ""),
+        message=str(raw.get("message") or ""),
+        deployment_config=raw.get("deployment_config") or {},
+        target_num_replicas=_int(raw.get("target_num_replicas"), None),
+        replicas=[_parse_replica(replica) for replica in raw.get("replicas") or []],
+        recent_dead_replicas=[_parse_replica(replica) for replica in raw.get("recent_dead_replicas") or []],
+    )
+
+
+def _parse_replica(raw: dict[str, Any]) -> Replica:
+    return Replica(
+        replica_id=str(raw.get("replica_id") or ""),
+        state=str(raw.get("state") or "UNKNOWN"),
+        actor_name=str(raw.get("actor_name") or ""),
+        node_ip=str(raw.get("node_ip") or ""),
+        pid=_int(raw.get("pid"), None),
+        start_time_s=_float(raw.get("start_time_s")),
+    )
+
+
+def _parse_actor(raw: dict[str, Any]) -> Actor:
+    return Actor(
+        actor_id=str(raw.get("actor_id") or ""),
+        class_name=str(raw.get("class_name") or ""),
+        name=str(raw.get("name") or ""),
+        state=str(raw.get("state") or "UNKNOWN"),
+        pid=_int(raw.get("pid"), None),
+        node_id=str(raw.get("node_id") or ""),
+        num_restarts=_int(raw.get("num_restarts"), 0),
+        death_cause=raw.get("death_cause") or None,
+        ray_namespace=str(raw.get("ray_namespace") or ""),
+    )
+
+
+def _parse_node(raw: dict[str, Any]) -> Node:
+    return Node(
+        node_id=str(raw.get("node_id") or ""),
+        node_ip=str(raw.get("node_ip") or ""),
+        is_head_node=bool(raw.get("is_head_node")),
+        state=str(raw.get("state") or "UNKNOWN"),
+        resources_total={key: float(value) for key, value in (raw.get("resources_total") or {}).items()},
+    )
+
+
+def _expect_dict(body: Any, path: str) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise RayBadResponse(f"{path} answered JSON that is not an object: {_excerpt(json.dumps(body))}")
+    return body
+
+
+def _int(value: Any, default):
+    # The state API sends 64-bit integers as strings.
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _excerpt(text: str, limit: int = 300) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[:limit] + "…"

@@ -1,0 +1,164 @@
+"""Cluster registry writes. The htmx views and the API viewset both call these, nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from apps.accounts.audit import Actor, record
+from apps.accounts.models import Team
+from apps.clusters import secrets
+from apps.clusters.models import Cluster, ClusterEvent, Reachability
+from apps.clusters.ray_dashboard import RayDashboard, RayError, ServeStatus, VersionInfo
+from apps.clusters.validation import check_network_policy, normalize_dashboard_url, validate_labels
+
+
+class ConnectionRefused(ValidationError):
+    """Registration or an URL/token change failed its connection test; nothing was saved."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    version: VersionInfo
+    auth_mode: str
+    serve: ServeStatus
+
+
+def dashboard_for(cluster: Cluster) -> RayDashboard:
+    return RayDashboard(
+        cluster.dashboard_url,
+        token=secrets.decrypt(cluster.token_ciphertext),
+        timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S,
+    )
+
+
+def probe(dashboard_url: str, token: str) -> Probe:
+    """Test a dashboard the way registration needs it: version, auth mode, Serve applications."""
+    with RayDashboard(dashboard_url, token=token, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S) as ray:
+        try:
+            version = ray.version()
+            auth_mode = ray.authentication_mode()
+            serve = ray.serve_applications()
+        except RayError as exc:
+            raise ConnectionRefused(f"Connection test failed: {exc.message}", code=type(exc).__name__) from exc
+    return Probe(version=version, auth_mode=auth_mode, serve=serve)
+
+
+def _checked_url(raw: str) -> str:
+    url = normalize_dashboard_url(raw)
+    check_network_policy(url)
+    return url
+
+
+def register_cluster(
+    actor: Actor, *, name: str, team: Team, dashboard_url: str, token: str = "", labels: dict | None = None
+) -> Cluster:
+    url = _checked_url(dashboard_url)
+    clean_labels = validate_labels(labels)
+    result = probe(url, token)
+    with transaction.atomic():
+        cluster = Cluster.objects.create(
+            name=name,
+            team=team,
+            dashboard_url=url,
+            token_ciphertext=secrets.encrypt(token),
+            labels=clean_labels,
+            ray_version=result.version.ray_version,
+            ray_commit=result.version.ray_commit,
+            session_name=result.version.session_name,
+            auth_mode=result.auth_mode,
+            created_by=actor.user,
+            sync_requested_at=timezone.now(),
+        )
+        ClusterEvent.objects.create(
+            cluster=cluster,
+            kind=ClusterEvent.Kind.REGISTERED,
+            message=f"Ray {result.version.ray_version}, dashboard authentication {result.auth_mode}.",
+        )
+        record(
+            actor,
+            "cluster.register",
+            cluster,
+            team=team,
+            changes={"dashboard_url": url, "labels": clean_labels, "token": "set" if token else "none"},
+        )
+        _enqueue_sync(cluster.pk)
+    return cluster
+
+
+UNSET = object()
+
+
+def update_cluster(
+    actor: Actor, cluster: Cluster, *, dashboard_url=UNSET, token=UNSET, labels=UNSET, team=UNSET
+) -> Cluster:
+    """Change a cluster's registration. A new URL or token is connection-tested before it is saved."""
+    changes: dict = {}
+    new_url = cluster.dashboard_url if dashboard_url is UNSET else _checked_url(dashboard_url)
+    if new_url != cluster.dashboard_url:
+        changes["dashboard_url"] = {"from": cluster.dashboard_url, "to": new_url}
+    new_token = secrets.decrypt(cluster.token_ciphertext) if token is UNSET else token
+    if token is not UNSET and token != secrets.decrypt(cluster.token_ciphertext):
+        changes["token"] = "changed" if token else "removed"
+    if labels is not UNSET:
+        clean = validate_labels(labels)
+        if clean != cluster.labels:
+            changes["labels"] = {"from": cluster.labels, "to": clean}
+            cluster.labels = clean
+    if team is not UNSET and team != cluster.team:
+        changes["team"] = {"from": cluster.team.name, "to": team.name}
+        cluster.team = team
+    if "dashboard_url" in changes or "token" in changes:
+        result = probe(new_url, new_token)
+        cluster.dashboard_url = new_url
+        cluster.token_ciphertext = secrets.encrypt(new_token)
+        cluster.ray_version = result.version.ray_version
+        cluster.auth_mode = result.auth_mode
+    if not changes:
+        return cluster
+    with transaction.atomic():
+        cluster.save()
+        record(actor, "cluster.update", cluster, team=cluster.team, changes=changes)
+    return cluster
+
+
+def delete_cluster(actor: Actor, cluster: Cluster) -> None:
+    with transaction.atomic():
+        record(
+            actor,
+            "cluster.delete",
+            cluster,
+            team=cluster.team,
+            changes={"dashboard_url": cluster.dashboard_url, "applications": cluster.applications.count()},
+        )
+        cluster.delete()
+
+
+def request_sync(actor: Actor, cluster: Cluster) -> Cluster:
+    """Ask for a sync now. The worker does it; the UI polls until last_sync_at passes this request."""
+    with transaction.atomic():
+        cluster.sync_requested_at = timezone.now()
+        Cluster.objects.filter(pk=cluster.pk).update(sync_requested_at=cluster.sync_requested_at)
+        record(actor, "cluster.sync_requested", cluster, team=cluster.team)
+        _enqueue_sync(cluster.pk)
+    return cluster
+
+
+def _enqueue_sync(cluster_id: int) -> None:
+    from workers.tasks import sync_cluster
+
+    transaction.on_commit(lambda: sync_cluster.delay(cluster_id))
+
+
+def mark_unreachable(cluster: Cluster, error: RayError, *, at) -> None:
+    """Record a failed sync in one UPDATE, plus an event when the cluster flips state."""
+    state = Reachability.UNREACHABLE if error.transient else Reachability.ERROR
+    if cluster.reachability != state:
+        ClusterEvent.objects.create(cluster=cluster, kind=ClusterEvent.Kind.UNREACHABLE, message=error.message)
+    Cluster.objects.filter(pk=cluster.pk).update(
+        reachability=state, last_error=error.message, last_error_at=at, last_sync_at=at
+    )

@@ -1,0 +1,102 @@
+"""Validation of what an operator types about a cluster: one place for forms and serializers."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from urllib.parse import urlsplit, urlunsplit
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+
+LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
+LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$|^$")
+MAX_LABELS = 32
+
+
+def normalize_dashboard_url(raw: str) -> str:
+    """Return the canonical form of a dashboard URL or raise ValidationError saying what is wrong."""
+    url = (raw or "").strip()
+    if not url:
+        raise ValidationError("Enter the Ray dashboard URL, e.g. http://ray-head.example:8265.")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValidationError("The dashboard URL must start with http:// or https://.")
+    if parts.username is not None or parts.password is not None:
+        raise ValidationError(
+            "Do not put credentials in the URL; give the dashboard token in the token field, "
+            "where it is stored encrypted."
+        )
+    if not parts.hostname:
+        raise ValidationError("The dashboard URL has no host name.")
+    if parts.query or parts.fragment:
+        raise ValidationError("The dashboard URL must not have a query string or fragment.")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValidationError("The dashboard URL has an invalid port.") from exc
+    host = parts.hostname
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc += f":{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+def check_network_policy(url: str) -> None:
+    """Refuse addresses Fleetdeck must never call (link-local metadata services, multicast) and,
+    when FLEETDECK_CLUSTER_NETWORKS is set, anything outside it."""
+    parts = urlsplit(url)
+    try:
+        infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ValidationError(f"The host {parts.hostname!r} cannot be resolved.") from exc
+    allowed = [ipaddress.ip_network(cidr, strict=False) for cidr in settings.FLEETDECK_CLUSTER_NETWORKS]
+    for info in infos:
+        address = ipaddress.ip_address(info[4][0].split("%")[0])
+        if address.is_link_local or address.is_multicast or address.is_unspecified or address.is_reserved:
+            raise ValidationError(f"{parts.hostname} resolves to {address}, an address Fleetdeck never calls.")
+        if allowed and not any(address in network for network in allowed):
+            raise ValidationError(
+                f"{parts.hostname} resolves to {address}, outside the networks this Fleetdeck may reach "
+                "(FLEETDECK_CLUSTER_NETWORKS)."
+            )
+
+
+def validate_labels(labels) -> dict[str, str]:
+    if labels in (None, ""):
+        return {}
+    if not isinstance(labels, dict):
+        raise ValidationError("Labels must be an object of key: value strings.")
+    if len(labels) > MAX_LABELS:
+        raise ValidationError(f"At most {MAX_LABELS} labels.")
+    clean: dict[str, str] = {}
+    for key, value in labels.items():
+        if not isinstance(key, str) or not LABEL_KEY.match(key):
+            raise ValidationError(
+                f"Label key {key!r} is invalid: lowercase letters, digits, '.', '_', '-', '/', at most 63 characters."
+            )
+        if not isinstance(value, str) or not LABEL_VALUE.match(value):
+            raise ValidationError(
+                f"Label value {value!r} for {key!r} is invalid: letters, digits, '.', '_', '-', at most 63 characters."
+            )
+        clean[key] = value
+    return dict(sorted(clean.items()))
+
+
+def parse_labels_text(text: str) -> dict[str, str]:
+    """Parse 'env=prod, region=eu' (the form's text field) into a dict."""
+    labels: dict[str, str] = {}
+    for chunk in re.split(r"[,\n]", text or ""):
+        chunk = chunk.strip()
+        if not chunk:
+            continue
+        if "=" not in chunk:
+            raise ValidationError(f"Label {chunk!r} needs the form key=value.")
+        key, value = (part.strip() for part in chunk.split("=", 1))
+        labels[key] = value
+    return validate_labels(labels)
+
+
+def labels_text(labels: dict[str, str]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in (labels or {}).items())

@@ -1,0 +1,95 @@
+"""Cluster registry pages. Every write is a service call; these only translate HTTP."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from apps.accounts.audit import Actor
+from apps.accounts.models import Role
+from apps.accounts.permissions import has_role, teams_where, visible_teams
+from apps.clusters import services
+from apps.clusters.forms import ClusterForm
+from apps.clusters.models import Cluster
+
+
+def _cluster(request, pk: int, needed: Role) -> Cluster:
+    cluster = get_object_or_404(Cluster.objects.select_related("team"), pk=pk, team__in=visible_teams(request.user))
+    if not has_role(request.user, cluster.team, needed):
+        raise PermissionDenied(f"You need the {needed.label.lower()} role in team {cluster.team}.")
+    return cluster
+
+
+def _form_error(form: ClusterForm, exc: ValidationError) -> None:
+    field = "token" if exc.code == "RayAuthRefused" else "dashboard_url"
+    form.add_error(field, exc)
+
+
+@login_required
+def cluster_create(request):
+    if not teams_where(request.user, Role.ADMIN).exists():
+        raise PermissionDenied("Only team admins register clusters.")
+    form = ClusterForm(request.POST or None, user=request.user)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            cluster = services.register_cluster(
+                Actor.from_request(request),
+                name=data["name"],
+                team=data["team"],
+                dashboard_url=data["dashboard_url"],
+                token=data["token"],
+                labels=data["labels"],
+            )
+        except ValidationError as exc:
+            _form_error(form, exc)
+        else:
+            messages.success(request, f"Registered {cluster.name} (Ray {cluster.ray_version}); first sync queued.")
+            return redirect("fleet:cluster", pk=cluster.pk)
+    return render(request, "clusters/cluster_form.html", {"form": form, "creating": True})
+
+
+@login_required
+def cluster_edit(request, pk: int):
+    cluster = _cluster(request, pk, Role.ADMIN)
+    form = ClusterForm(request.POST or None, user=request.user, instance=cluster)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        changes = {"dashboard_url": data["dashboard_url"], "labels": data["labels"], "team": data["team"]}
+        if data.get("clear_token"):
+            changes["token"] = ""
+        elif data["token"]:
+            changes["token"] = data["token"]
+        try:
+            services.update_cluster(Actor.from_request(request), cluster, **changes)
+        except ValidationError as exc:
+            _form_error(form, exc)
+        else:
+            messages.success(request, f"Saved {cluster.name}.")
+            return redirect("fleet:cluster", pk=cluster.pk)
+    return render(request, "clusters/cluster_form.html", {"form": form, "cluster": cluster, "creating": False})
+
+
+@login_required
+def cluster_delete(request, pk: int):
+    cluster = _cluster(request, pk, Role.ADMIN)
+    if request.method == "POST":
+        name = cluster.name
+        services.delete_cluster(Actor.from_request(request), cluster)
+        messages.success(request, f"Deleted {name} from Fleetdeck. Nothing was changed on the Ray cluster.")
+        return redirect("fleet:overview")
+    return render(request, "clusters/cluster_confirm_delete.html", {"cluster": cluster})
+
+
+@login_required
+@require_POST
+def cluster_sync(request, pk: int):
+    cluster = _cluster(request, pk, Role.OPERATOR)
+    services.request_sync(Actor.from_request(request), cluster)
+    if request.htmx:
+        return redirect("fleet:cluster_status", pk=cluster.pk)
+    messages.info(request, f"Sync of {cluster.name} queued.")
+    return redirect("fleet:cluster", pk=cluster.pk)

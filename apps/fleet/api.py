@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
+from rest_framework.response import Response
+
+from apps.accounts.permissions import visible_teams
+from apps.fleet.filters import ApplicationFilter, ConfigRevisionFilter, DeploymentFilter
+from apps.fleet.history import previous_revision, revision_diff
+from apps.fleet.models import Application, ConfigRevision, Deployment
+
+
+class ApplicationSerializer(serializers.ModelSerializer):
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+
+    class Meta:
+        model = Application
+        fields = [
+            "id", "cluster", "cluster_name", "name", "status", "message", "route_prefix", "import_path",
+            "deployed_app_config", "last_deployed_time_s", "config_hash", "first_seen_at", "updated_at", "removed_at",
+        ]
+
+
+class DeploymentSerializer(serializers.ModelSerializer):
+    cluster = serializers.IntegerField(source="application.cluster_id", read_only=True)
+    application_name = serializers.CharField(source="application.name", read_only=True)
+
+    class Meta:
+        model = Deployment
+        fields = [
+            "id", "cluster", "application", "application_name", "name", "status", "status_trigger", "message",
+            "replica_states", "running_replicas", "target_replicas",
+            "max_ongoing_requests", "max_queued_requests", "autoscaling_min_replicas", "autoscaling_max_replicas",
+            "autoscaling_target_ongoing_requests", "num_cpus", "num_gpus",
+            "effective_config", "submitted_config", "first_seen_at", "updated_at", "removed_at",
+        ]
+
+
+class ConfigRevisionSerializer(serializers.ModelSerializer):
+    application_name = serializers.CharField(source="application.name", read_only=True)
+
+    class Meta:
+        model = ConfigRevision
+        fields = ["id", "cluster", "application", "application_name", "config_hash", "ray_session", "observed_at", "config"]
+
+
+class ApplicationViewSet(viewsets.ReadOnlyModelViewSet):
+    """Serve applications as the last sync saw them. Removed applications are hidden unless asked for."""
+
+    serializer_class = ApplicationSerializer
+    filterset_class = ApplicationFilter
+    ordering_fields = ["name", "status", "updated_at"]
+
+    def get_queryset(self):
+        return (
+            Application.objects.filter(cluster__team__in=visible_teams(self.request.user))
+            .select_related("cluster")
+            .order_by("cluster__name", "name")
+        )
+
+
+class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
+    """Serve deployments with their effective and submitted configs and replicas by state."""
+
+    serializer_class = DeploymentSerializer
+    filterset_class = DeploymentFilter
+    ordering_fields = ["name", "status", "updated_at", "max_ongoing_requests"]
+
+    def get_queryset(self):
+        return (
+            Deployment.objects.filter(application__cluster__team__in=visible_teams(self.request.user))
+            .select_related("application")
+            .order_by("application__cluster__name", "application__name", "name")
+        )
+
+
+class ConfigRevisionViewSet(viewsets.ReadOnlyModelViewSet):
+    """Every deployed config an application has had, newest first. Read-only: Ray is the source."""
+
+    serializer_class = ConfigRevisionSerializer
+    filterset_class = ConfigRevisionFilter
+    ordering_fields = ["observed_at"]
+
+    def get_queryset(self):
+        return (
+            ConfigRevision.objects.filter(cluster__team__in=visible_teams(self.request.user))
+            .select_related("application")
+            .order_by("-observed_at", "-id")
+        )
+
+    @extend_schema(
+        parameters=[OpenApiParameter("against", int, description="Revision id to compare with; default: the previous one")],
+        responses=inline_serializer(
+            "RevisionDiff",
+            {"from_revision": serializers.IntegerField(allow_null=True), "to_revision": serializers.IntegerField(),
+             "diff": serializers.ListField(child=serializers.CharField())},
+        ),
+    )
+    @action(detail=True, methods=["get"])
+    def diff(self, request, pk=None):
+        """Unified diff (pretty JSON, sorted keys) between this revision and an earlier one."""
+        revision = self.get_object()
+        against = request.query_params.get("against")
+        if against:
+            try:
+                old = self.get_queryset().get(pk=int(against), application_id=revision.application_id)
+            except (ValueError, ConfigRevision.DoesNotExist) as exc:
+                raise NotFound("No revision with that id for the same application.") from exc
+        else:
+            old = previous_revision(revision)
+        return Response(
+            {"from_revision": old.pk if old else None, "to_revision": revision.pk, "diff": revision_diff(old, revision)}
+        )

@@ -1,0 +1,120 @@
+"""Run the whole product on this machine: web, Celery worker and beat on the embedded defaults,
+plus a local Ray head with the demo Serve application, registered and synced. Ctrl-C stops all."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from apps.accounts.audit import Actor
+from apps.accounts.models import Role
+from apps.accounts.services import ensure_team, grant
+from apps.clusters import services
+from apps.clusters.models import Cluster
+from controlplane.local_ray import DEMO_APP_DIR, LocalRayHead
+
+DEMO_CLUSTER = "local-demo"
+
+
+class Command(BaseCommand):
+    help = __doc__
+
+    def add_arguments(self, parser):
+        parser.add_argument("--port", type=int, default=int(os.environ.get("FLEETDECK_PORT", "8700")))
+        parser.add_argument("--no-ray", action="store_true", help="Do not start the local Ray head and demo app.")
+
+    def handle(self, *args, port: int, no_ray: bool, **options):
+        processes: list[tuple[str, subprocess.Popen]] = []
+        head: LocalRayHead | None = None
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        try:
+            call_command("migrate", interactive=False, verbosity=0)
+            username, password = self._ensure_admin()
+            if not no_ray:
+                self.stdout.write("Starting a local Ray head on loopback…")
+                head = LocalRayHead.start()
+                head.wait_ready()
+                self.stdout.write(f"Ray dashboard at {head.dashboard_url}; deploying the demo Serve application…")
+                head.deploy(json.loads((DEMO_APP_DIR / "demo.json").read_text()))
+                self._register(head)
+            processes = self._spawn(port)
+            self.stdout.write(
+                self.style.SUCCESS(
+                    "\nFleetdeck is running.\n"
+                    f"  URL:      http://127.0.0.1:{port}/\n"
+                    f"  Login:    {username} / {password}\n"
+                    f"  API docs: http://127.0.0.1:{port}/api/docs/\n"
+                    + (f"  Ray:      {head.dashboard_url} (demo app at {head.serve_url}/demo)\n" if head else "")
+                    + "Press Ctrl-C to stop everything.\n"
+                )
+            )
+            while True:
+                for name, process in processes:
+                    if process.poll() is not None:
+                        raise CommandError(f"{name} exited with code {process.returncode}; stopping.")
+                time.sleep(1)
+        except KeyboardInterrupt:
+            self.stdout.write("\nStopping…")
+        finally:
+            for name, process in reversed(processes):
+                _stop(process)
+            if head is not None:
+                head.stop()
+                self.stdout.write("Ray head stopped.")
+            self.stdout.write("Everything Fleetdeck started is stopped.")
+
+    def _ensure_admin(self) -> tuple[str, str]:
+        username = os.environ.get("FLEETDECK_ADMIN_USER", "admin")
+        password = os.environ.get("FLEETDECK_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
+        user, _ = get_user_model().objects.get_or_create(username=username, defaults={"is_staff": True})
+        user.is_superuser = user.is_staff = True
+        user.set_password(password)
+        user.save()
+        grant(Actor.system(via="cli"), user, ensure_team("Platform"), Role.ADMIN)
+        return username, password
+
+    def _register(self, head: LocalRayHead) -> None:
+        actor = Actor.system(via="cli")
+        existing = Cluster.objects.filter(name=DEMO_CLUSTER).first()
+        if existing:
+            services.update_cluster(actor, existing, dashboard_url=head.dashboard_url)
+            services.request_sync(actor, existing)
+        else:
+            services.register_cluster(
+                actor,
+                name=DEMO_CLUSTER,
+                team=ensure_team("Platform"),
+                dashboard_url=head.dashboard_url,
+                labels={"env": "local"},
+            )
+
+    def _spawn(self, port: int) -> list[tuple[str, subprocess.Popen]]:
+        python = sys.executable
+        celery = [python, "-m", "celery", "-A", "controlplane"]
+        commands = {
+            "web": [python, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+            "worker": celery + ["worker", "--loglevel", "INFO", "--concurrency", "2"],
+            "beat": celery + ["beat", "--loglevel", "INFO"],
+        }
+        return [
+            (name, subprocess.Popen(command, start_new_session=True)) for name, command in commands.items()
+        ]
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)

@@ -1,0 +1,89 @@
+"""Observed state of a cluster's Serve applications, as the last sync saw it."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from apps.clusters.models import Cluster
+
+
+class Application(models.Model):
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="applications")
+    name = models.CharField(max_length=200)
+    status = models.CharField(max_length=32)
+    message = models.TextField(blank=True)
+    route_prefix = models.CharField(max_length=300, blank=True, null=True)
+    import_path = models.CharField(max_length=300, blank=True)
+    # What was submitted (Ray echoes only the fields that were set).
+    deployed_app_config = models.JSONField(null=True, blank=True)
+    last_deployed_time_s = models.FloatField(null=True, blank=True)
+    config_hash = models.CharField(max_length=64, blank=True)
+    first_seen_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    # Set when the application disappears from the cluster; history stays.
+    removed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["cluster__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="one_application_name_per_cluster")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}/{self.name}"
+
+
+class Deployment(models.Model):
+    application = models.ForeignKey(Application, on_delete=models.CASCADE, related_name="deployments")
+    name = models.CharField(max_length=200)
+    status = models.CharField(max_length=32)
+    status_trigger = models.CharField(max_length=64, blank=True)
+    message = models.TextField(blank=True)
+    # Effective config: every option with Serve's defaults filled in. This is what runs.
+    effective_config = models.JSONField(default=dict, blank=True)
+    # What the operator submitted for this deployment (may hold fields Serve ignored).
+    submitted_config = models.JSONField(default=dict, blank=True)
+    replica_states = models.JSONField(default=dict, blank=True)
+    running_replicas = models.PositiveIntegerField(default=0)
+    target_replicas = models.PositiveIntegerField(null=True, blank=True)
+
+    # Key settings copied out of effective_config so lists and filters need no JSON queries.
+    max_ongoing_requests = models.PositiveIntegerField(null=True, blank=True)
+    max_queued_requests = models.IntegerField(null=True, blank=True)
+    autoscaling_min_replicas = models.PositiveIntegerField(null=True, blank=True)
+    autoscaling_max_replicas = models.PositiveIntegerField(null=True, blank=True)
+    autoscaling_target_ongoing_requests = models.FloatField(null=True, blank=True)
+    num_cpus = models.FloatField(null=True, blank=True)
+    num_gpus = models.FloatField(null=True, blank=True)
+
+    first_seen_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    removed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["application__cluster__name", "application__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["application", "name"], name="one_deployment_name_per_application")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.application}/{self.name}"
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.autoscaling_max_replicas is not None
+
+
+class ConfigRevision(models.Model):
+    """One row each time an application's deployed config (submitted + effective) changed."""
+
+    application = models.ForeignKey(Application, on_delete=models.CASCADE, related_name="revisions")
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="config_revisions")
+    config_hash = models.CharField(max_length=64)
+    config = models.JSONField()
+    ray_session = models.CharField(max_length=128, blank=True)
+    observed_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-observed_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.application} @ {self.observed_at:%Y-%m-%d %H:%M:%S} ({self.config_hash[:8]})"

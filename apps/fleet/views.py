@@ -1,0 +1,124 @@
+"""Fleet pages. Each page's live part is the same URL rendered as a fragment for htmx."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db.models import Prefetch
+from django.shortcuts import get_object_or_404, render
+
+from apps.accounts.models import Role
+from apps.accounts.permissions import has_role, teams_where, visible_teams
+from apps.clusters.api import clusters_for
+from apps.clusters.filters import ClusterFilter
+from apps.clusters.models import Cluster
+from apps.fleet.history import previous_revision, revision_diff
+from apps.fleet.models import Application, ConfigRevision, Deployment
+
+PAGE_SIZE = 50
+
+
+def _refresh() -> int:
+    return settings.FLEETDECK_UI_REFRESH_S
+
+
+@login_required
+def overview(request):
+    clusters = clusters_for(request.user)
+    filterset = ClusterFilter(request.GET or None, queryset=clusters)
+    page = Paginator(filterset.qs, PAGE_SIZE).get_page(request.GET.get("page"))
+    context = {
+        "filter": filterset,
+        "page": page,
+        "teams": visible_teams(request.user),
+        "has_clusters": clusters.exists() if not page.object_list else True,
+        "can_register": teams_where(request.user, Role.ADMIN).exists(),
+        "refresh_s": _refresh(),
+        "query": request.GET.urlencode(),
+    }
+    template = "fleet/partials/cluster_rows.html" if request.htmx else "fleet/overview.html"
+    return render(request, template, context)
+
+
+def _visible_cluster(request, pk: int) -> Cluster:
+    return get_object_or_404(clusters_for(request.user), pk=pk)
+
+
+def _cluster_context(request, cluster: Cluster) -> dict:
+    applications = (
+        Application.objects.filter(cluster=cluster, removed_at__isnull=True)
+        .prefetch_related(Prefetch("deployments", queryset=Deployment.objects.filter(removed_at__isnull=True)))
+        .order_by("name")
+    )
+    return {
+        "cluster": cluster,
+        "applications": applications,
+        "removed_applications": Application.objects.filter(cluster=cluster, removed_at__isnull=False).order_by("name"),
+        "events": cluster.events.all()[:10],
+        "can_admin": has_role(request.user, cluster.team, Role.ADMIN),
+        "can_operate": has_role(request.user, cluster.team, Role.OPERATOR),
+        "refresh_s": _refresh(),
+    }
+
+
+@login_required
+def cluster_detail(request, pk: int):
+    cluster = _visible_cluster(request, pk)
+    return render(request, "fleet/cluster_detail.html", _cluster_context(request, cluster))
+
+
+@login_required
+def cluster_status(request, pk: int):
+    """The live part of the cluster page: health, sync state, applications and deployments."""
+    cluster = _visible_cluster(request, pk)
+    return render(request, "fleet/partials/cluster_status.html", _cluster_context(request, cluster))
+
+
+@login_required
+def deployment_detail(request, pk: int):
+    deployment = get_object_or_404(
+        Deployment.objects.select_related("application__cluster__team"),
+        pk=pk,
+        application__cluster__team__in=visible_teams(request.user),
+    )
+    context = {
+        "deployment": deployment,
+        "application": deployment.application,
+        "cluster": deployment.application.cluster,
+        "refresh_s": _refresh(),
+    }
+    template = "fleet/partials/deployment_live.html" if request.htmx else "fleet/deployment_detail.html"
+    return render(request, template, context)
+
+
+@login_required
+def application_history(request, pk: int):
+    application = get_object_or_404(
+        Application.objects.select_related("cluster"), pk=pk, cluster__team__in=visible_teams(request.user)
+    )
+    page = Paginator(application.revisions.all(), 20).get_page(request.GET.get("page"))
+    return render(request, "fleet/application_history.html", {"application": application, "page": page})
+
+
+@login_required
+def revision_detail(request, pk: int):
+    revision = get_object_or_404(
+        ConfigRevision.objects.select_related("application__cluster"),
+        pk=pk,
+        cluster__team__in=visible_teams(request.user),
+    )
+    against_id = request.GET.get("against")
+    old = None
+    if against_id and against_id.isdigit():
+        old = ConfigRevision.objects.filter(pk=int(against_id), application_id=revision.application_id).first()
+    if old is None:
+        old = previous_revision(revision)
+    context = {
+        "revision": revision,
+        "previous": old,
+        "application": revision.application,
+        "diff": revision_diff(old, revision),
+        "others": revision.application.revisions.exclude(pk=revision.pk)[:50],
+    }
+    return render(request, "fleet/revision_detail.html", context)

@@ -1,0 +1,186 @@
+"""A Ray head on loopback for the local run command and the integration tests.
+
+Every port is chosen free, the temp dir is private, and the head is stopped by its own process
+group: `ray stop` would end every Ray process on the machine, including other people's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from apps.clusters.ray_dashboard import RayDashboard, RayError
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_APP_DIR = REPO / "deploy" / "demo_app"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ray_bin(name: str) -> str:
+    local = Path(sys.executable).parent / name
+    return str(local) if local.exists() else name
+
+
+@dataclass
+class LocalRayHead:
+    temp_dir: Path
+    dashboard_port: int
+    serve_http_port: int
+    log_path: Path
+    process: subprocess.Popen | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    @property
+    def serve_url(self) -> str:
+        return f"http://127.0.0.1:{self.serve_http_port}"
+
+    @classmethod
+    def start(cls, *, num_cpus: int = 2, object_store_mb: int = 200, extra_env: dict | None = None) -> "LocalRayHead":
+        temp_dir = Path(tempfile.mkdtemp(prefix="fdray-", dir="/tmp"))
+        ports = {
+            name: free_port()
+            for name in (
+                "port", "dashboard-port", "metrics-export-port", "ray-client-server-port",
+                "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
+                "node-manager-port", "object-manager-port",
+            )
+        }
+        head = cls(
+            temp_dir=temp_dir,
+            dashboard_port=ports["dashboard-port"],
+            serve_http_port=free_port(),
+            log_path=temp_dir / "ray-start.log",
+            ports=ports,
+        )
+        args = [
+            _ray_bin("ray"), "start", "--head", "--block",
+            "--node-ip-address", "127.0.0.1", "--dashboard-host", "127.0.0.1",
+            "--include-dashboard", "true", "--disable-usage-stats",
+            "--num-cpus", str(num_cpus), "--num-gpus", "0",
+            "--object-store-memory", str(object_store_mb * 1024 * 1024),
+            "--temp-dir", str(temp_dir),
+        ]
+        for name, port in ports.items():
+            args += [f"--{name}", str(port)]
+        env = dict(os.environ)
+        env.update(
+            PYTHONPATH=os.pathsep.join(filter(None, [str(DEMO_APP_DIR), env.get("PYTHONPATH", "")])),
+            RAY_USAGE_STATS_ENABLED="0",
+            **(extra_env or {}),
+        )
+        log = open(head.log_path, "wb")  # noqa: SIM115 - closed with the process
+        head.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return head
+
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        last_error = ""
+        with RayDashboard(self.dashboard_url, timeout_s=2.0) as ray:
+            while time.monotonic() < deadline:
+                if self.process and self.process.poll() is not None:
+                    raise RuntimeError(f"ray start exited with {self.process.returncode}:\n{self.log_tail()}")
+                try:
+                    ray.version()
+                    ray.serve_applications()
+                    return
+                except RayError as exc:
+                    last_error = exc.message
+                time.sleep(0.5)
+        raise TimeoutError(f"Ray dashboard not ready after {timeout_s:.0f}s ({last_error}):\n{self.log_tail()}")
+
+    def deploy(self, config: dict, *, timeout_s: float = 120.0) -> None:
+        """Deploy with Ray's own client (`serve deploy`, which PUTs to the dashboard's REST API),
+        then wait until every application in `config` is RUNNING."""
+        config = dict(config)
+        config.setdefault("http_options", {"host": "127.0.0.1", "port": self.serve_http_port})
+        path = self.temp_dir / f"serve-config-{time.time_ns()}.json"
+        path.write_text(json.dumps(config))
+        result = subprocess.run(
+            [_ray_bin("serve"), "deploy", str(path), "--address", self.dashboard_url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"serve deploy failed:\n{result.stdout}\n{result.stderr}")
+        self.wait_running({app["name"] for app in config["applications"]}, timeout_s=timeout_s)
+
+    def wait_running(self, names: set[str], *, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        statuses: dict[str, str] = {}
+        with RayDashboard(self.dashboard_url, timeout_s=5.0) as ray:
+            while time.monotonic() < deadline:
+                serve = ray.serve_applications()
+                statuses = {name: app.status for name, app in serve.applications.items()}
+                if all(statuses.get(name) == "RUNNING" for name in names):
+                    return
+                failed = [name for name in names if statuses.get(name) == "DEPLOY_FAILED"]
+                if failed:
+                    raise RuntimeError(f"deploy failed: {serve.applications[failed[0]].message}")
+                time.sleep(0.5)
+        raise TimeoutError(f"applications not RUNNING after {timeout_s:.0f}s: {statuses}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM `ray start --block`, which tears down its own children (signalling the whole
+        group instead makes it wait on half-dead children), then SIGKILL whatever of ours is
+        left, found by our private temp dir in its command line."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=5)
+        if self.process is not None:
+            _signal_group(self.process.pid, signal.SIGKILL)
+        for pid in _pids_mentioning(str(self.temp_dir)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _pids_mentioning(text: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            pids.append(int(entry.name))
+    return pids

@@ -1,0 +1,215 @@
+"""Fleetdeck settings: everything comes from the environment, with embedded defaults that make a
+fresh machine work (SQLite and a filesystem broker under ./var)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from controlplane.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("FLEETDECK_VAR_DIR", str(BASE_DIR / "var")))
+
+DEBUG = env_bool("FLEETDECK_DEBUG", False)
+_DEV_SECRET = "fleetdeck-development-only-secret-key-do-not-use-in-production"
+SECRET_KEY = env_str("FLEETDECK_SECRET_KEY", _DEV_SECRET)
+if not DEBUG and SECRET_KEY == _DEV_SECRET and not env_bool("FLEETDECK_ALLOW_DEV_SECRET", False):
+    raise ImproperlyConfigured(
+        "FLEETDECK_SECRET_KEY must be set when FLEETDECK_DEBUG is off "
+        "(or set FLEETDECK_ALLOW_DEV_SECRET=1 on a throwaway machine)."
+    )
+# Cluster bearer tokens are encrypted with this key; by default it is derived from SECRET_KEY.
+FLEETDECK_ENCRYPTION_KEY = env_str("FLEETDECK_ENCRYPTION_KEY", "")
+
+ALLOWED_HOSTS = env_list("FLEETDECK_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("FLEETDECK_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_htmx",
+    "apps.accounts",
+    "apps.clusters",
+    "apps.fleet",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+ASGI_APPLICATION = "controlplane.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+_DATABASE_URL = env_str("DATABASE_URL", "")
+if not _DATABASE_URL:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+DATABASES = {
+    "default": dj_database_url.parse(
+        _DATABASE_URL or f"sqlite:///{VAR_DIR / 'fleetdeck.sqlite3'}",
+        conn_max_age=env_int("FLEETDECK_DB_CONN_MAX_AGE", 60, minimum=0),
+    )
+}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # The web process, the worker and beat share one file: wait for locks instead of failing.
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "fleet:overview"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env_str("FLEETDECK_TIME_ZONE", "UTC")
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        if DEBUG
+        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+    },
+}
+WHITENOISE_USE_FINDERS = DEBUG
+
+# Request bodies above this are refused before a view sees them.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("FLEETDECK_MAX_BODY_BYTES", 1_048_576, minimum=1024)
+
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("FLEETDECK_BEHIND_TLS_PROXY", False) else None
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("FLEETDECK_SECURE_COOKIES", not DEBUG)
+SECURE_SSL_REDIRECT = env_bool("FLEETDECK_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("FLEETDECK_HSTS_SECONDS", 0, minimum=0)
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": env_int("FLEETDECK_API_PAGE_SIZE", 50, minimum=1),
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_THROTTLE_CLASSES": [
+        "rest_framework.throttling.UserRateThrottle",
+        "rest_framework.throttling.AnonRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "user": env_str("FLEETDECK_API_THROTTLE_USER", "1200/min"),
+        "anon": env_str("FLEETDECK_API_THROTTLE_ANON", "60/min"),
+    },
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Fleetdeck API",
+    "DESCRIPTION": "Control plane for Ray Serve fleets: clusters, inventory and configuration history.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+CACHES = {
+    "default": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": env_str("FLEETDECK_CACHE_URL")}
+        if env_str("FLEETDECK_CACHE_URL")
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
+}
+
+# Celery. The embedded default is kombu's filesystem transport: a broker that needs no server.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+CELERY_BROKER_TRANSPORT_OPTIONS = (
+    {
+        "data_folder_in": str(VAR_DIR / "broker"),
+        "data_folder_out": str(VAR_DIR / "broker"),
+        "processed_folder": str(VAR_DIR / "broker-processed"),
+        "store_processed": False,
+    }
+    if CELERY_BROKER_URL.startswith("filesystem")
+    else {}
+)
+if CELERY_BROKER_URL.startswith("filesystem"):
+    for _folder in ("broker", "broker-processed"):
+        (VAR_DIR / _folder).mkdir(parents=True, exist_ok=True)
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+# The UI reads our own rows, never Celery results.
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ALWAYS_EAGER = env_bool("FLEETDECK_TASKS_EAGER", False)
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+# Fleet behaviour.
+FLEETDECK_SYNC_INTERVAL_S = env_int("FLEETDECK_SYNC_INTERVAL_S", 30, minimum=5)
+FLEETDECK_TICK_INTERVAL_S = env_int("FLEETDECK_TICK_INTERVAL_S", 10, minimum=1)
+FLEETDECK_RAY_TIMEOUT_S = env_float("FLEETDECK_RAY_TIMEOUT_S", 5.0, minimum=0.1)
+# Comma-separated CIDRs a cluster URL may point into; empty means any routable or private
+# address. Link-local addresses (cloud metadata services) are always refused.
+FLEETDECK_CLUSTER_NETWORKS = env_list("FLEETDECK_CLUSTER_NETWORKS", [])
+FLEETDECK_UI_REFRESH_S = env_int("FLEETDECK_UI_REFRESH_S", 5, minimum=1)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("FLEETDECK_LOG_LEVEL", "INFO")},
+    # One line per Ray request drowns everything else; the adapter reports failures itself.
+    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
+}

@@ -1,0 +1,16 @@
+"""Settings for the test suite: the real settings, production-like (DEBUG off), with a private
+folder for the embedded broker so tests never share it with a running local instance."""
+
+import os
+import tempfile
+
+os.environ.setdefault("FLEETDECK_ALLOW_DEV_SECRET", "1")
+os.environ.setdefault("FLEETDECK_VAR_DIR", tempfile.mkdtemp(prefix="fleetdeck-test-"))
+os.environ.setdefault("FLEETDECK_SECURE_COOKIES", "0")
+
+from controlplane.settings import *  # noqa: E402,F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+STORAGES["staticfiles"]["BACKEND"] = "django.contrib.staticfiles.storage.StaticFilesStorage"  # noqa: F405
+WHITENOISE_USE_FINDERS = True
+REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {"user": "100000/min", "anon": "100000/min"}  # noqa: F405

@@ -1,0 +1,39 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.db import connection
+from django.http import JsonResponse
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from apps.accounts.api import AuditEventViewSet
+from apps.clusters.api import ClusterViewSet
+from apps.fleet.api import ApplicationViewSet, ConfigRevisionViewSet, DeploymentViewSet
+
+router = DefaultRouter()
+router.register("clusters", ClusterViewSet, basename="cluster")
+router.register("applications", ApplicationViewSet, basename="application")
+router.register("deployments", DeploymentViewSet, basename="deployment")
+router.register("config-revisions", ConfigRevisionViewSet, basename="configrevision")
+router.register("audit-events", AuditEventViewSet, basename="auditevent")
+
+
+def healthz(request):
+    """Liveness for load balancers: the process answers and the database is reachable."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return JsonResponse({"status": "ok"})
+
+
+urlpatterns = [
+    path("", include("apps.fleet.urls")),
+    path("clusters/", include("apps.clusters.urls")),
+    path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("api/v1/", include(router.urls)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
+    path("admin/", admin.site.urls),
+    path("healthz", healthz, name="healthz"),
+]

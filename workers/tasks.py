@@ -1,0 +1,26 @@
+"""Celery tasks: thin shells over services. They take ids and return quietly if the row is gone."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.conf import settings
+
+from apps.fleet import sync
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name="fleet.sync_cluster", ignore_result=True)
+def sync_cluster(cluster_id: int) -> None:
+    outcome = sync.sync_cluster(cluster_id)
+    if outcome is not None and not outcome.ok:
+        log.warning("sync of cluster %s failed: %s", cluster_id, outcome.error)
+
+
+@shared_task(name="fleet.tick", ignore_result=True)
+def tick() -> None:
+    """The one periodic entry point: find due work in the database and enqueue it."""
+    for cluster_id in sync.claim_due_clusters():
+        sync_cluster.apply_async(args=[cluster_id], expires=settings.FLEETDECK_SYNC_INTERVAL_S)
