@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from rest_framework.test import APIClient
+
+from apps.accounts.models import Membership, Role, Team
+from apps.clusters.ray_dashboard import RayDashboard
+
+FIXTURES = Path(__file__).parent / "fixtures" / "ray"
+
+
+def ray_fixture(name: str):
+    """A payload captured from a real Ray 2.60 cluster (see tests/fixtures/ray/README.txt)."""
+    return json.loads((FIXTURES / name).read_text())
+
+
+class ReplayRay:
+    """An httpx transport that answers like a Ray dashboard from captured payloads.
+
+    `routes` maps a path to a fixture file name, a JSON-able body, or an httpx.Response; the
+    fake stands at the adapter boundary only, for fault injection and scale simulation."""
+
+    def __init__(self, routes: dict | None = None):
+        self.routes = {
+            "/api/version": "version.json",
+            "/api/authentication_mode": "authentication_mode.json",
+            "/api/serve/applications/": "serve_applications_two_apps.json",
+            **(routes or {}),
+        }
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        answer = self.routes.get(request.url.path)
+        if answer is None:
+            return httpx.Response(404, text="Not Found")
+        if isinstance(answer, Exception):
+            raise answer
+        if isinstance(answer, httpx.Response):
+            return answer
+        if callable(answer):
+            return answer(request)
+        if isinstance(answer, str) and answer.endswith(".json"):
+            return httpx.Response(200, json=ray_fixture(answer))
+        return httpx.Response(200, json=answer)
+
+    def dashboard(self, url: str = "http://ray.test:8265", token: str = "") -> RayDashboard:
+        return RayDashboard(url, token=token, transport=httpx.MockTransport(self))
+
+
+@pytest.fixture
+def replay_ray():
+    return ReplayRay()
+
+
+@pytest.fixture
+def use_replay(monkeypatch, replay_ray):
+    """Route every adapter the services build to `replay_ray` instead of the network."""
+    import apps.clusters.services as cluster_services
+
+    def fake_dashboard(base_url, *, token="", timeout_s=5.0):
+        return replay_ray.dashboard(base_url, token)
+
+    # Both the registration probe and every sync build their adapter here.
+    monkeypatch.setattr(cluster_services, "RayDashboard", fake_dashboard)
+    # "ray.test" does not resolve; the policy itself is tested on its own.
+    monkeypatch.setattr(cluster_services, "check_network_policy", lambda url: None)
+    return replay_ray
+
+
+@pytest.fixture
+def team(db):
+    return Team.objects.create(name="Vision", slug="vision")
+
+
+@pytest.fixture
+def other_team(db):
+    return Team.objects.create(name="Speech", slug="speech")
+
+
+@pytest.fixture
+def people(db, team, django_user_model):
+    """One user per role in `team`, an outsider with no membership, and a superuser."""
+    users = {}
+    for role in Role:
+        user = django_user_model.objects.create_user(username=role.value, password="pw")
+        Membership.objects.create(user=user, team=team, role=role)
+        users[role.value] = user
+    users["outsider"] = django_user_model.objects.create_user(username="outsider", password="pw")
+    users["root"] = django_user_model.objects.create_superuser(username="root", password="pw")
+    return users
+
+
+@pytest.fixture
+def api_as(people):
+    def client_for(who: str) -> APIClient:
+        client = APIClient()
+        client.force_authenticate(people[who])
+        return client
+
+    return client_for
