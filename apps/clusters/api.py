@@ -19,6 +19,8 @@ from apps.clusters.validation import normalize_dashboard_url, validate_labels
 
 class ClusterSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
+    # A plain string so the URL check below explains what is wrong instead of "Enter a valid URL".
+    dashboard_url = serializers.CharField(max_length=300)
     token = serializers.CharField(
         write_only=True,
         required=False,

@@ -13,7 +13,7 @@ from apps.accounts.audit import Actor, record
 from apps.accounts.models import Team
 from apps.clusters import secrets
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
-from apps.clusters.ray_dashboard import RayDashboard, RayError, ServeStatus, VersionInfo
+from apps.clusters.ray_dashboard import RayDashboard, RayError, RayTimeout, RayUnreachable, ServeStatus, VersionInfo
 from apps.clusters.validation import check_network_policy, normalize_dashboard_url, validate_labels
 
 
@@ -156,7 +156,8 @@ def _enqueue_sync(cluster_id: int) -> None:
 
 def mark_unreachable(cluster: Cluster, error: RayError, *, at) -> None:
     """Record a failed sync in one UPDATE, plus an event when the cluster flips state."""
-    state = Reachability.UNREACHABLE if error.transient else Reachability.ERROR
+    unreachable = isinstance(error, (RayUnreachable, RayTimeout))
+    state = Reachability.UNREACHABLE if unreachable else Reachability.ERROR
     if cluster.reachability != state:
         ClusterEvent.objects.create(cluster=cluster, kind=ClusterEvent.Kind.UNREACHABLE, message=error.message)
     Cluster.objects.filter(pk=cluster.pk).update(
