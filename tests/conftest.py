@@ -103,3 +103,28 @@ def api_as(people):
         return client
 
     return client_for
+
+
+def two_app_config() -> dict:
+    """The two-application config captured from the real cluster, pointed at our demo module."""
+    from controlplane.local_ray import DEMO_APP_DIR
+
+    config = ray_fixture("put_config_demo_and_echo2.json")
+    for app in config["applications"]:
+        app["runtime_env"]["env_vars"]["PYTHONPATH"] = str(DEMO_APP_DIR)
+    return config
+
+
+@pytest.fixture(scope="session")
+def ray_head():
+    """A real Ray 2.60 head on loopback with the two applications deployed through Ray's own
+    REST API; stopped by its own process ids at the end of the session."""
+    from controlplane.local_ray import LocalRayHead
+
+    head = LocalRayHead.start()
+    try:
+        head.wait_ready()
+        head.deploy(two_app_config())
+        yield head
+    finally:
+        head.stop()
