@@ -138,8 +138,8 @@ class Node:
 
 @dataclass(frozen=True)
 class StatePage:
-    total: int
-    truncated: bool
+    total: int  # entities matching the filters among those Ray looked at
+    truncated: bool  # Ray stopped at the limit: more may exist
     items: list
 
 
@@ -181,7 +181,7 @@ class RayDashboard:
         except httpx.TimeoutException as exc:
             raise RayTimeout(f"Ray dashboard did not answer {path} in time ({exc.__class__.__name__}).") from exc
         except httpx.TransportError as exc:
-            raise RayUnreachable(f"Cannot reach the Ray dashboard: {exc or exc.__class__.__name__}.") from exc
+            raise RayUnreachable(f"Cannot reach the Ray dashboard: {str(exc) or exc.__class__.__name__}.") from exc
         return self._decode(path, response)
 
     def _decode(self, path: str, response: httpx.Response) -> Any:
@@ -269,8 +269,12 @@ class RayDashboard:
         items = data.get("result")
         if not isinstance(items, list):
             raise RayBadResponse(f"{path} has no result list.")
+        # `total` counts every entity before filters; the limit cuts before filtering too, so the
+        # page is short only when fewer than `total` survived truncation.
         total = _int(data.get("total"), len(items))
-        return StatePage(total=total, truncated=total > len(items), items=items)
+        after_truncation = _int(data.get("num_after_truncation"), total)
+        matching = _int(data.get("num_filtered"), len(items))
+        return StatePage(total=matching, truncated=after_truncation < total, items=items)
 
 
 # --- parsing (pure; tested against captured payloads) --------------------------------------

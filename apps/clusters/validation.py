@@ -13,6 +13,8 @@ from django.core.exceptions import ValidationError
 LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
 LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$|^$")
 MAX_LABELS = 32
+# Cloud metadata services that are not link-local (AWS over IPv6, Alibaba Cloud).
+METADATA_ADDRESSES = {ipaddress.ip_address("fd00:ec2::254"), ipaddress.ip_address("100.100.100.200")}
 
 
 def normalize_dashboard_url(raw: str) -> str:
@@ -54,7 +56,13 @@ def check_network_policy(url: str) -> None:
     allowed = [ipaddress.ip_network(cidr, strict=False) for cidr in settings.FLEETDECK_CLUSTER_NETWORKS]
     for info in infos:
         address = ipaddress.ip_address(info[4][0].split("%")[0])
-        if address.is_link_local or address.is_multicast or address.is_unspecified or address.is_reserved:
+        never = address.is_link_local or address.is_multicast or address.is_unspecified
+        # Python counts ::1 as reserved; loopback is a legitimate local dashboard.
+        never = never or (address.is_reserved and not address.is_loopback) or address in METADATA_ADDRESSES
+        if getattr(address, "ipv4_mapped", None) is not None:
+            mapped = address.ipv4_mapped
+            never = never or mapped.is_link_local or mapped in METADATA_ADDRESSES
+        if never:
             raise ValidationError(f"{parts.hostname} resolves to {address}, an address Fleetdeck never calls.")
         if allowed and not any(address in network for network in allowed):
             raise ValidationError(
