@@ -1,0 +1,79 @@
+"""A person's path through the UI: log in, see the fleet, open a cluster, see its applications.
+Playwright drives Debian's Chromium (scripts/install-browser.sh installs it)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from apps.fleet import sync
+
+# Playwright's sync API runs an event loop in this thread; the ORM calls here happen between
+# browser steps, never concurrently with them.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = os.environ.get("FLEETDECK_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run",
+]
+
+
+@pytest.fixture
+def page():
+    from playwright.sync_api import sync_playwright
+
+    assert os.path.exists(CHROMIUM), f"{CHROMIUM} is missing: run scripts/install-browser.sh"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        yield context.new_page()
+        browser.close()
+
+
+def test_an_operator_logs_in_and_sees_the_clusters_applications(page, live_server, api_as, ray_head):
+    response = api_as("admin").post(
+        "/api/v1/clusters/",
+        {"name": "local-ray", "team": "vision", "dashboard_url": ray_head.dashboard_url, "labels": {"env": "test"}},
+        format="json",
+    )
+    assert response.status_code == 201
+    sync.sync_cluster(response.json()["id"])
+
+    page.goto(f"{live_server.url}/")
+    assert "/accounts/login/" in page.url
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", "pw")
+    page.click("button[type=submit]")
+
+    row = page.locator("#cluster-rows tr", has_text="local-ray")
+    row.wait_for()
+    assert "Reachable" in row.inner_text()
+    assert "2.60.0" in row.inner_text()
+
+    page.click("text=local-ray")
+    page.wait_for_selector("h2:text('demo')")
+    assert page.locator("h2", has_text="echo2").count() == 1
+    model_row = page.locator("tr", has_text="Model")
+    assert "HEALTHY" in model_row.inner_text()
+    assert "1 / 2 / 4" in model_row.inner_text()
+
+    # "Sync now" posts through htmx and swaps the live status block in place.
+    page.click("text=Sync now")
+    page.wait_for_function("document.querySelector('#cluster-status') !== null")
+    assert page.locator("#cluster-status h2", has_text="demo").count() == 1
+
+    page.click("text=Model")
+    page.wait_for_selector("text=Effective config")
+    assert "graceful_shutdown_timeout_s" in page.content()
+
+
+def test_a_viewer_with_no_team_sees_a_designed_empty_state(page, live_server, people):
+    page.goto(f"{live_server.url}/accounts/login/")
+    page.fill("#id_username", "outsider")
+    page.fill("#id_password", "pw")
+    page.click("button[type=submit]")
+    page.wait_for_selector("text=No clusters are visible to you yet")
