@@ -14,3 +14,6 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 STORAGES["staticfiles"]["BACKEND"] = "django.contrib.staticfiles.storage.StaticFilesStorage"  # noqa: F405
 WHITENOISE_USE_FINDERS = True
 REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {"user": "100000/min", "anon": "100000/min"}  # noqa: F405
+# Threads the tests start (a Celery worker, the live server) must not keep connections open,
+# or PostgreSQL refuses to drop the test database at the end.
+DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405

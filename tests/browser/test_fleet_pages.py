@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from django.db import connections
 
 from apps.fleet import sync
 
@@ -23,7 +24,9 @@ CHROMIUM_ARGS = [
 
 
 @pytest.fixture
-def page():
+def page(live_server):
+    # Depending on live_server makes the browser close first, so no htmx poll is in flight (and
+    # holding a database connection) while the server stops.
     from playwright.sync_api import sync_playwright
 
     assert os.path.exists(CHROMIUM), f"{CHROMIUM} is missing: run scripts/install-browser.sh"
@@ -32,6 +35,9 @@ def page():
         context = browser.new_context(viewport={"width": 1280, "height": 900})
         yield context.new_page()
         browser.close()
+        # ORM calls made while Playwright's loop runs get connections stored in that loop's
+        # context; close them here, or PostgreSQL cannot drop the test database afterwards.
+        connections.close_all()
 
 
 def test_an_operator_logs_in_and_sees_the_clusters_applications(page, live_server, api_as, ray_head):

@@ -126,10 +126,10 @@ def test_config_history_lists_revisions_and_shows_a_diff(login, synced, use_repl
     assert 'class="diff-add">+      &quot;max_ongoing_requests&quot;: 2,' in diff
 
 
-def test_registering_through_the_form_saves_and_redirects(login, use_replay):
+def test_registering_through_the_form_saves_and_redirects(login, use_replay, team):
     response = login("admin").post(
         reverse("clusters:create"),
-        {"name": "vision-prod", "team": "1", "dashboard_url": "http://ray.test:8265", "labels": "env=prod, region=eu"},
+        {"name": "vision-prod", "team": str(team.pk), "dashboard_url": "http://ray.test:8265", "labels": "env=prod, region=eu"},
     )
     cluster = Cluster.objects.get()
     assert response.status_code == 302 and response["Location"] == reverse("fleet:cluster", args=[cluster.pk])
