@@ -11,6 +11,7 @@ from apps.accounts.models import AuditEvent
 from apps.clusters import secrets
 from apps.clusters.models import Cluster, ClusterEvent
 from apps.fleet import sync
+from tests.factories import ClusterFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -192,9 +193,9 @@ def test_events_are_listed_newest_first(api_as, cluster):
 
 
 def test_clusters_filter_by_team_label_and_health(api_as, team, other_team):
-    Cluster.objects.create(name="a", team=team, dashboard_url="http://a.test", labels={"env": "prod"}, reachability="ok")
-    Cluster.objects.create(name="b", team=team, dashboard_url="http://b.test", labels={"env": "dev"})
-    Cluster.objects.create(name="c", team=other_team, dashboard_url="http://c.test", labels={"env": "prod"})
+    ClusterFactory(name="a", team=team, labels={"env": "prod"}, reachability="ok")
+    ClusterFactory(name="b", team=team, labels={"env": "dev"})
+    ClusterFactory(name="c", team=other_team, labels={"env": "prod"})
     root = api_as("root")
 
     def names(query):
@@ -208,8 +209,7 @@ def test_clusters_filter_by_team_label_and_health(api_as, team, other_team):
 
 
 def test_the_cluster_list_is_paginated_and_costs_constant_queries(api_as, team):
-    for i in range(60):
-        Cluster.objects.create(name=f"c{i:02d}", team=team, dashboard_url=f"http://c{i}.test")
+    ClusterFactory.create_batch(60, team=team)
     client = api_as("admin")
     with CaptureQueriesContext(connection) as queries:
         body = client.get(URL).json()

@@ -1,0 +1,48 @@
+"""Production settings: refuse an unsafe start, and pass Django's deployment checklist."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def manage(*args: str, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETDECK_", "DJANGO_"))}
+    clean.update(env, DJANGO_SETTINGS_MODULE="controlplane.settings", FLEETDECK_VAR_DIR=env.get("FLEETDECK_VAR_DIR", "/tmp/fleetdeck-settings-test"))
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=clean, capture_output=True, text=True, timeout=120)
+
+
+def test_production_refuses_to_start_without_a_secret_key():
+    result = manage("check")
+    assert result.returncode != 0
+    assert "FLEETDECK_SECRET_KEY must be set" in result.stderr
+
+
+def test_a_bad_environment_value_is_refused_with_its_name():
+    result = manage("check", FLEETDECK_DEBUG="1", FLEETDECK_SYNC_INTERVAL_S="soon")
+    assert result.returncode != 0
+    assert "FLEETDECK_SYNC_INTERVAL_S='soon' is not valid" in result.stderr
+
+
+def test_a_too_small_interval_is_refused():
+    result = manage("check", FLEETDECK_DEBUG="1", FLEETDECK_SYNC_INTERVAL_S="1")
+    assert result.returncode != 0
+    assert "must be at least 5" in result.stderr
+
+
+def test_the_deployment_checklist_is_clean_in_production_settings():
+    result = manage(
+        "check",
+        "--deploy",
+        "--fail-level",
+        "WARNING",
+        FLEETDECK_SECRET_KEY="x" * 20 + "-production-secret-with-enough-entropy-1234567890",
+        FLEETDECK_SSL_REDIRECT="1",
+        FLEETDECK_HSTS_SECONDS="31536000",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
