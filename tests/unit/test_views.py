@@ -74,6 +74,12 @@ def test_the_fleet_rows_are_served_as_an_htmx_fragment(login, synced):
     assert "<html" not in body and "vision-prod" in body and "<tr>" in body
 
 
+def test_the_polled_fleet_fragment_keeps_the_filters_it_was_asked_with(login, synced):
+    body = login("viewer").get(reverse("fleet:overview") + "?label=env%3Dprod", HTTP_HX_REQUEST="true").content.decode()
+    assert body.lstrip().startswith("<tbody")
+    assert 'hx-get="/?label=env%3Dprod"' in body
+
+
 def test_the_cluster_page_shows_applications_and_key_settings(login, synced):
     page = login("viewer").get(reverse("fleet:cluster", args=[synced.pk])).content.decode()
     for text in ("demo", "echo2", "/demo", "Model", "HEALTHY", "1 running", "1 / 2 / 4", "unbounded", "2.60.0"):
