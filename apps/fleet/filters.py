@@ -3,18 +3,13 @@ import django_filters
 from apps.fleet.models import Application, ConfigRevision, Deployment
 
 
-class ApplicationFilter(django_filters.FilterSet):
-    cluster = django_filters.NumberFilter(field_name="cluster_id")
-    cluster_name = django_filters.CharFilter(field_name="cluster__name")
-    status = django_filters.CharFilter(field_name="status", lookup_expr="iexact")
-    include_removed = django_filters.BooleanFilter(method="filter_removed", label="Include removed applications")
+class HidesRemoved(django_filters.FilterSet):
+    """Rows whose object left the cluster are hidden unless `include_removed` is true."""
 
-    class Meta:
-        model = Application
-        fields = ["cluster", "cluster_name", "status", "name"]
+    include_removed = django_filters.BooleanFilter(method="keep", label="Include removed rows")
 
-    def filter_removed(self, queryset, name, value):
-        return queryset  # handled in filter_queryset so the default hides removed rows
+    def keep(self, queryset, name, value):
+        return queryset  # applied in filter_queryset, where "not given" can mean "hide"
 
     def filter_queryset(self, queryset):
         if not self.form.cleaned_data.get("include_removed"):
@@ -22,12 +17,21 @@ class ApplicationFilter(django_filters.FilterSet):
         return super().filter_queryset(queryset)
 
 
-class DeploymentFilter(django_filters.FilterSet):
+class ApplicationFilter(HidesRemoved):
+    cluster = django_filters.NumberFilter(field_name="cluster_id")
+    cluster_name = django_filters.CharFilter(field_name="cluster__name")
+    status = django_filters.CharFilter(field_name="status", lookup_expr="iexact")
+
+    class Meta:
+        model = Application
+        fields = ["cluster", "cluster_name", "status", "name"]
+
+
+class DeploymentFilter(HidesRemoved):
     cluster = django_filters.NumberFilter(field_name="application__cluster_id")
     application = django_filters.NumberFilter(field_name="application_id")
     status = django_filters.CharFilter(field_name="status", lookup_expr="iexact")
     uses_gpu = django_filters.BooleanFilter(method="filter_gpu", label="Requests GPUs")
-    include_removed = django_filters.BooleanFilter(method="filter_removed", label="Include removed deployments")
 
     class Meta:
         model = Deployment
@@ -35,14 +39,6 @@ class DeploymentFilter(django_filters.FilterSet):
 
     def filter_gpu(self, queryset, name, value):
         return queryset.filter(num_gpus__gt=0) if value else queryset.exclude(num_gpus__gt=0)
-
-    def filter_removed(self, queryset, name, value):
-        return queryset
-
-    def filter_queryset(self, queryset):
-        if not self.form.cleaned_data.get("include_removed"):
-            queryset = queryset.filter(removed_at__isnull=True)
-        return super().filter_queryset(queryset)
 
 
 class ConfigRevisionFilter(django_filters.FilterSet):

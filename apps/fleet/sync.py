@@ -130,17 +130,8 @@ def _upsert_applications(cluster: Cluster, serve: ServeStatus, session: str, now
         deployments_by_app.setdefault(deployment.application_id, {})[deployment.name] = deployment
     changed = False
     for name, observed in serve.applications.items():
-        app = existing.get(name)
-        if app is None:
-            app = Application(cluster=cluster, name=name)
-        fields = _application_fields(observed)
-        if app.pk is None or app.removed_at is not None or _differs(app, fields):
-            for key, value in fields.items():
-                setattr(app, key, value)
-            app.removed_at = None
-            app.save()
-            outcome.writes += 1
-            changed = True
+        app = existing.get(name) or Application(cluster=cluster, name=name)
+        changed |= _save_if_changed(app, _application_fields(observed), outcome)
         changed |= _upsert_deployments(app, observed, deployments_by_app.get(app.pk, {}), now, outcome)
         changed |= _record_revision(app, observed, session, outcome)
     for name, app in existing.items():
@@ -168,13 +159,7 @@ def _upsert_deployments(app: Application, observed: ApplicationStatus, existing:
     for name, dep in observed.deployments.items():
         row = existing.get(name) or Deployment(application=app, name=name)
         fields = _deployment_fields(dep, submitted_deployment(observed.deployed_app_config, name))
-        if row.pk is None or row.removed_at is not None or _differs(row, fields):
-            for key, value in fields.items():
-                setattr(row, key, value)
-            row.removed_at = None
-            row.save()
-            outcome.writes += 1
-            changed = True
+        changed |= _save_if_changed(row, fields, outcome)
     # During a rebuild Ray lists no deployments at all; that is not a removal.
     if observed.deployments:
         gone = [row.pk for name, row in existing.items() if name not in observed.deployments and row.removed_at is None]
@@ -219,8 +204,16 @@ def _record_revision(app: Application, observed: ApplicationStatus, session: str
     return True
 
 
-def _differs(row, fields: dict) -> bool:
-    return any(getattr(row, key) != value for key, value in fields.items())
+def _save_if_changed(row, fields: dict, outcome: SyncOutcome) -> bool:
+    """Write a new, returning or changed row; leave an identical one alone."""
+    if row.pk is not None and row.removed_at is None and all(getattr(row, k) == v for k, v in fields.items()):
+        return False
+    for key, value in fields.items():
+        setattr(row, key, value)
+    row.removed_at = None
+    row.save()
+    outcome.writes += 1
+    return True
 
 
 def claim_due_clusters(now=None) -> list[int]:
