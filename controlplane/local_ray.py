@@ -43,6 +43,7 @@ class LocalRayHead:
     log_path: Path
     process: subprocess.Popen | None = None
     ports: dict[str, int] = field(default_factory=dict)
+    stop_requested_at: float | None = None
 
     @property
     def dashboard_url(self) -> str:
@@ -144,43 +145,49 @@ class LocalRayHead:
         except OSError:
             return ""
 
-    def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM `ray start --block`, which tears down its own children (signalling the whole
-        group instead makes it wait on half-dead children), then SIGKILL whatever of ours is
-        left, found by our private temp dir in its command line."""
-        if self.process is not None and self.process.poll() is None:
+    def begin_stop(self) -> None:
+        """Ask the head to shut down without waiting, so it can overlap other shutdowns."""
+        if self.process is not None and self.process.poll() is None and self.stop_requested_at is None:
             self.process.send_signal(signal.SIGTERM)
+            self.stop_requested_at = time.monotonic()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """SIGTERM `ray start --block` (it tears down its children, but waits ~30 s for Serve
+        replicas), then SIGKILL every process of the head's session: `ray start` runs as a
+        session leader, and Ray's workers keep its session id while they change their process
+        group and command line. Nothing outside this head is touched."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.begin_stop()
             try:
-                self.process.wait(timeout=timeout_s)
+                self.process.wait(timeout=max(self.stop_requested_at + timeout_s - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
-                _signal_group(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=5)
-        if self.process is not None:
-            _signal_group(self.process.pid, signal.SIGKILL)
-        for pid in _pids_mentioning(str(self.temp_dir)):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
                 pass
+        deadline = time.monotonic() + 10
+        while (pids := _pids_in_session(self.process.pid)) and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.2)
+        if self.process.poll() is None:
+            self.process.wait(timeout=5)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _pids_mentioning(text: str) -> list[int]:
+def _pids_in_session(sid: int) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+        if not entry.name.isdigit():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            stat = (entry / "stat").read_text()
         except OSError:
             continue
-        if text in cmdline:
+        # Fields after the parenthesised command: state ppid pgrp session ...
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[3]) == sid and fields[0] != "Z":
             pids.append(int(entry.name))
     return pids

@@ -35,7 +35,10 @@ class Command(BaseCommand):
     def handle(self, *args, port: int, no_ray: bool, **options):
         processes: list[tuple[str, subprocess.Popen]] = []
         head: LocalRayHead | None = None
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        # Ctrl-C must work even when started from a context that ignores SIGINT (a background
+        # job, nohup); SIGTERM from a supervisor gets the same orderly stop.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
             call_command("migrate", interactive=False, verbosity=0)
             username, password = self._ensure_admin()
@@ -65,8 +68,9 @@ class Command(BaseCommand):
         except KeyboardInterrupt:
             self.stdout.write("\nStopping…")
         finally:
-            for name, process in reversed(processes):
-                _stop(process)
+            if head is not None:
+                head.begin_stop()
+            _stop_all([process for _, process in processes])
             if head is not None:
                 head.stop()
                 self.stdout.write("Ray head stopped.")
@@ -110,11 +114,15 @@ class Command(BaseCommand):
         ]
 
 
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
+def _stop_all(processes: list[subprocess.Popen], timeout_s: float = 15.0) -> None:
+    """SIGTERM every process at once, then give them `timeout_s` together before SIGKILL."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
         try:
-            process.wait(timeout=15)
+            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=5)
