@@ -7,6 +7,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -50,6 +51,7 @@ class Command(BaseCommand):
                 head.deploy(json.loads((DEMO_APP_DIR / "demo.json").read_text()))
                 self._register(head)
             processes = self._spawn(port)
+            _wait_listening(port, processes)
             self.stdout.write(
                 self.style.SUCCESS(
                     "\nFleetdeck is running.\n"
@@ -112,6 +114,21 @@ class Command(BaseCommand):
         return [
             (name, subprocess.Popen(command, start_new_session=True)) for name, command in commands.items()
         ]
+
+
+def _wait_listening(port: int, processes: list[tuple[str, subprocess.Popen]], timeout_s: float = 60.0) -> None:
+    """Print the URL only once it answers."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for name, process in processes:
+            if process.poll() is not None:
+                raise CommandError(f"{name} exited with code {process.returncode} while starting.")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise CommandError(f"The web server did not listen on port {port} within {timeout_s:.0f} s.")
 
 
 def _stop_all(processes: list[subprocess.Popen], timeout_s: float = 15.0) -> None:
