@@ -9,10 +9,6 @@ class Role(models.TextChoices):
     OPERATOR = "operator", "Operator"
     ADMIN = "admin", "Admin"
 
-    @property
-    def rank(self) -> int:
-        return ROLE_RANK[self.value]
-
 
 ROLE_RANK = {Role.VIEWER: 1, Role.OPERATOR: 2, Role.ADMIN: 3}
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.contrib.auth import get_user_model
 from django.utils.text import slugify
 from rest_framework.authtoken.models import Token
 
@@ -27,7 +26,3 @@ def rotate_token(actor: Actor, user) -> str:
     token = Token.objects.create(user=user)
     record(actor, "token.rotate", user, object_repr=user.get_username())
     return token.key
-
-
-def get_user(username: str):
-    return get_user_model().objects.get(username=username)

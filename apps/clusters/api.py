@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import Count, Q
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -10,7 +9,6 @@ from rest_framework.response import Response
 from apps.accounts.audit import Actor
 from apps.accounts.drf import require_role
 from apps.accounts.models import Role, Team
-from apps.accounts.permissions import visible_teams
 from apps.clusters import services
 from apps.clusters.filters import ClusterFilter
 from apps.clusters.models import Cluster, ClusterEvent
@@ -76,22 +74,6 @@ class ClusterEventSerializer(serializers.ModelSerializer):
         fields = ["id", "kind", "message", "created_at"]
 
 
-def clusters_for(user):
-    return (
-        Cluster.objects.filter(team__in=visible_teams(user))
-        .select_related("team")
-        .annotate(
-            application_count=Count("applications", filter=Q(applications__removed_at__isnull=True), distinct=True),
-            deployment_count=Count(
-                "applications__deployments",
-                filter=Q(applications__deployments__removed_at__isnull=True, applications__removed_at__isnull=True),
-                distinct=True,
-            ),
-        )
-        .order_by("name")
-    )
-
-
 def _as_field_errors(exc: DjangoValidationError) -> serializers.ValidationError:
     field = "token" if exc.code == "RayAuthRefused" else "dashboard_url"
     return serializers.ValidationError({field: exc.messages})
@@ -113,7 +95,7 @@ class ClusterViewSet(
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
     def get_queryset(self):
-        return clusters_for(self.request.user)
+        return Cluster.objects.listing_for(self.request.user)
 
     def perform_create(self, serializer):
         data = serializer.validated_data

@@ -14,6 +14,28 @@ class Reachability(models.TextChoices):
     ERROR = "error", "Answering with errors"
 
 
+class ClusterQuerySet(models.QuerySet):
+    def visible_to(self, user) -> "ClusterQuerySet":
+        from apps.accounts.permissions import visible_teams
+
+        return self.filter(team__in=visible_teams(user))
+
+    def with_counts(self) -> "ClusterQuerySet":
+        """Live applications and deployments per cluster, in the same query."""
+        live_apps = models.Q(applications__removed_at__isnull=True)
+        live_deps = models.Q(
+            applications__removed_at__isnull=True, applications__deployments__removed_at__isnull=True
+        )
+        return self.annotate(
+            application_count=models.Count("applications", filter=live_apps, distinct=True),
+            deployment_count=models.Count("applications__deployments", filter=live_deps, distinct=True),
+        )
+
+    def listing_for(self, user) -> "ClusterQuerySet":
+        """What the fleet page and the clusters API list for this user."""
+        return self.visible_to(user).with_counts().select_related("team").order_by("name")
+
+
 class Cluster(models.Model):
     name = models.CharField(
         max_length=63,
@@ -51,6 +73,8 @@ class Cluster(models.Model):
 
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+
+    objects = ClusterQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]

@@ -10,7 +10,6 @@ from django.shortcuts import get_object_or_404, render
 
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role, teams_where, visible_teams
-from apps.clusters.api import clusters_for
 from apps.clusters.filters import ClusterFilter
 from apps.clusters.models import Cluster
 from apps.fleet.history import previous_revision, revision_diff
@@ -25,7 +24,7 @@ def _refresh() -> int:
 
 @login_required
 def overview(request):
-    clusters = clusters_for(request.user)
+    clusters = Cluster.objects.listing_for(request.user)
     filterset = ClusterFilter(request.GET or None, queryset=clusters)
     page = Paginator(filterset.qs, PAGE_SIZE).get_page(request.GET.get("page"))
     context = {
@@ -42,7 +41,7 @@ def overview(request):
 
 
 def _visible_cluster(request, pk: int) -> Cluster:
-    return get_object_or_404(clusters_for(request.user), pk=pk)
+    return get_object_or_404(Cluster.objects.listing_for(request.user), pk=pk)
 
 
 def _cluster_context(request, cluster: Cluster) -> dict:
