@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "apps.accounts",
     "apps.clusters",
     "apps.fleet",
+    "apps.changes",
 ]
 
 MIDDLEWARE = [
@@ -206,6 +207,11 @@ FLEETDECK_RAY_TIMEOUT_S = env_float("FLEETDECK_RAY_TIMEOUT_S", 5.0, minimum=0.1)
 # address. Link-local addresses (cloud metadata services) are always refused.
 FLEETDECK_CLUSTER_NETWORKS = env_list("FLEETDECK_CLUSTER_NETWORKS", [])
 FLEETDECK_UI_REFRESH_S = env_int("FLEETDECK_UI_REFRESH_S", 5, minimum=1)
+# The push protocol: how long a change may take to verify, how often it polls, and after how
+# long without a heartbeat the reconciler takes over a change whose worker died.
+FLEETDECK_CHANGE_VERIFY_TIMEOUT_S = env_int("FLEETDECK_CHANGE_VERIFY_TIMEOUT_S", 180, minimum=5)
+FLEETDECK_CHANGE_POLL_S = env_float("FLEETDECK_CHANGE_POLL_S", 0.5, minimum=0.05)
+FLEETDECK_CHANGE_STALE_S = env_int("FLEETDECK_CHANGE_STALE_S", 60, minimum=5)
 
 LOGGING = {
     "version": 1,

@@ -22,5 +22,23 @@ def sync_cluster(cluster_id: int) -> None:
 @shared_task(name="fleet.tick", ignore_result=True)
 def tick() -> None:
     """The one periodic entry point: find due work in the database and enqueue it."""
+    from apps.changes import protocol
+
     for cluster_id in sync.claim_due_clusters():
         sync_cluster.apply_async(args=[cluster_id], expires=settings.FLEETDECK_SYNC_INTERVAL_S)
+    for change_id in protocol.stale_changes():
+        reconcile_change.delay(change_id)
+
+
+@shared_task(name="changes.run", ignore_result=True)
+def run_change(change_id: int) -> None:
+    from apps.changes import protocol
+
+    protocol.run(change_id)
+
+
+@shared_task(name="changes.reconcile", ignore_result=True)
+def reconcile_change(change_id: int) -> None:
+    from apps.changes import protocol
+
+    protocol.reconcile(change_id)

@@ -54,6 +54,12 @@ class Cluster(models.Model):
     token_ciphertext = models.TextField(blank=True, default="")
     labels = models.JSONField(default=dict, blank=True)
 
+    class ConfigOwner(models.TextChoices):
+        DASHBOARD = "dashboard", "Ray dashboard (Fleetdeck pushes through the REST API)"
+        RAYSERVICE = "rayservice", "KubeRay RayService (serveConfigV2 owns the config)"
+
+    serve_config_owner = models.CharField(max_length=16, choices=ConfigOwner.choices, default=ConfigOwner.DASHBOARD)
+
     ray_version = models.CharField(max_length=32, blank=True)
     ray_commit = models.CharField(max_length=64, blank=True)
     session_name = models.CharField(max_length=128, blank=True)

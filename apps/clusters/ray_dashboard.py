@@ -112,6 +112,7 @@ class ServeStatus:
     controller_start_time: float | None
     http_port: int | None
     applications: dict[str, ApplicationStatus] = field(default_factory=dict)
+    target_capacity: float | None = None
 
 
 @dataclass(frozen=True)
@@ -248,6 +249,23 @@ class RayDashboard:
             raise RayBadResponse("/api/serve/applications/ has no 'applications' object.")
         return parse_serve_status(body)
 
+    def put_serve_applications(self, config: dict[str, Any]) -> None:
+        """Replace the cluster's whole Serve config. 200 means accepted, not healthy: poll after.
+        Ray answers a config it refuses with 400 and a plain-text pydantic message."""
+        path = "/api/serve/applications/"
+        try:
+            response = self._client.put(path, json=config, headers={"Content-Type": "application/json"})
+        except httpx.TimeoutException as exc:
+            # The PUT may or may not have been applied: the caller must re-read before deciding.
+            raise RayTimeout(f"Ray dashboard did not answer the PUT in time ({exc.__class__.__name__}).") from exc
+        except httpx.TransportError as exc:
+            raise RayUnreachable(f"Cannot reach the Ray dashboard: {str(exc) or exc.__class__.__name__}.") from exc
+        if response.status_code == 400:
+            raise RayValidationError(response.text.strip() or "Ray refused the config (HTTP 400).", status=400)
+        if response.status_code >= 300:
+            self._decode(path, response)  # raises the mapped error
+            raise RayBadResponse(f"{path} answered HTTP {response.status_code}.", status=response.status_code)
+
     def list_actors(self, *, filters: list[tuple[str, str, str]] = (), detail: bool = True, limit: int = 1000) -> StatePage:
         page = self._state("/api/v0/actors", filters=filters, detail=detail, limit=limit)
         return StatePage(page.total, page.truncated, [_parse_actor(item) for item in page.items])
@@ -293,6 +311,7 @@ def parse_serve_status(body: dict[str, Any]) -> ServeStatus:
         controller_start_time=_float(health.get("controller_start_time")),
         http_port=_int(http.get("port"), None),
         applications=applications,
+        target_capacity=_float(body.get("target_capacity")),
     )
 
 

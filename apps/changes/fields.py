@@ -1,0 +1,89 @@
+"""Deployment option names across Ray versions, and which options Serve knows at all.
+
+Serve drops unknown fields without a word (a legacy `max_concurrent_queries` on Ray >= 2.10
+leaves the default of 5 in force), so a plan never sends a name the cluster's Ray ignores."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+# Renamed in Ray 2.10: (new name, old name, where it lives).
+RENAMES = [
+    ("max_ongoing_requests", "max_concurrent_queries", "deployment"),
+    ("target_ongoing_requests", "target_num_ongoing_requests_per_replica", "autoscaling_config"),
+]
+RENAMED_IN = (2, 10)
+# Options whose value Serve replaces wholesale: a patch must carry the other keys over.
+DICT_OPTIONS = ("ray_actor_options", "autoscaling_config", "user_config")
+
+
+class FieldError(ValueError):
+    pass
+
+
+def parse_version(version: str) -> tuple[int, int]:
+    try:
+        major, minor, *_ = version.split(".")
+        return int(major), int(minor)
+    except (ValueError, AttributeError):
+        return (99, 0)  # unknown versions are treated as current
+
+
+@lru_cache(maxsize=1)
+def known_options() -> dict[str, frozenset[str]]:
+    """Field names of Serve's own schema, imported lazily: `ray` is heavy and stays off the
+    request path until something needs validating."""
+    from ray.serve.config import AutoscalingConfig
+    from ray.serve.schema import DeploymentSchema
+
+    return {
+        "deployment": frozenset(DeploymentSchema.model_fields),
+        "autoscaling_config": frozenset(AutoscalingConfig.model_fields),
+    }
+
+
+def unknown_fields(options: dict) -> list[str]:
+    """Paths of options Serve 2.60 would drop silently; legacy names are reported as such."""
+    known = known_options()
+    problems = []
+    for key, value in options.items():
+        if key not in known["deployment"]:
+            problems.append(_explain(key, "deployment"))
+        elif key == "autoscaling_config" and isinstance(value, dict):
+            for inner in value:
+                if inner not in known["autoscaling_config"]:
+                    problems.append(_explain(inner, "autoscaling_config"))
+    return problems
+
+
+def _explain(key: str, where: str) -> str:
+    path = key if where == "deployment" else f"{where}.{key}"
+    for new, old, home in RENAMES:
+        if key == old and where == home:
+            return f"{path}: the name before Ray 2.10; use {new!r} (Fleetdeck maps it for older clusters)."
+    if where == "autoscaling_config" and key in known_options()["deployment"]:
+        return f"{path}: Serve ignores {key!r} inside autoscaling_config; set it on the deployment."
+    return f"{path}: not a Serve deployment option; Serve would drop it silently."
+
+
+def for_version(options: dict, ray_version: str) -> dict:
+    """Rename options for a cluster whose Ray predates the 2.10 renames."""
+    if parse_version(ray_version) >= RENAMED_IN:
+        return options
+    mapped = dict(options)
+    for new, old, home in RENAMES:
+        if home == "deployment" and new in mapped:
+            mapped[old] = mapped.pop(new)
+        elif home == "autoscaling_config" and isinstance(mapped.get(home), dict) and new in mapped[home]:
+            inner = dict(mapped[home])
+            inner[old] = inner.pop(new)
+            mapped[home] = inner
+    return mapped
+
+
+@lru_cache(maxsize=1)
+def autoscaling_defaults() -> dict:
+    """Serve's own defaults for autoscaling_config, as the effective config reports them."""
+    from ray.serve.config import AutoscalingConfig
+
+    return AutoscalingConfig().model_dump(mode="json")

@@ -1,0 +1,133 @@
+"""Presets and changes. A change records every step of the push protocol, persisted before the
+step runs, so a crash at any point leaves a row that says how far it got."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from apps.accounts.models import Team
+from apps.clusters.models import Cluster
+
+
+class Preset(models.Model):
+    """A partial set of deployment options. Built-in presets ship as data (`builtin_presets.py`)
+    and are loaded by a migration-free upsert; custom ones belong to a team."""
+
+    slug = models.SlugField(max_length=80, unique=True)
+    name = models.CharField(max_length=120)
+    description = models.TextField(help_text="Why these values: the causes they prevent.")
+    options = models.JSONField(help_text="Deployment options, as in a Serve config's deployment entry.")
+    remedies = models.JSONField(default=list, blank=True, help_text="Playbook remedy ids, e.g. R1, R2.")
+    builtin = models.BooleanField(default=False)
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE, related_name="presets")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-builtin", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ChangeState(models.TextChoices):
+    PLANNED = "planned", "Planned"
+    QUEUED = "queued", "Queued"
+    CHECKING = "checking", "Checking for drift"
+    PUSHING = "pushing", "Pushing"
+    VERIFYING = "verifying", "Verifying"
+    ROLLING_BACK = "rolling_back", "Rolling back"
+    SUCCEEDED = "succeeded", "Succeeded"
+    ROLLED_BACK = "rolled_back", "Rolled back"
+    DRIFTED = "drifted", "Stopped: cluster drifted"
+    FAILED = "failed", "Failed"
+    ROLLBACK_FAILED = "rollback_failed", "Rollback failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+ACTIVE_STATES = [
+    ChangeState.QUEUED, ChangeState.CHECKING, ChangeState.PUSHING, ChangeState.VERIFYING, ChangeState.ROLLING_BACK
+]
+FINAL_STATES = [
+    ChangeState.SUCCEEDED, ChangeState.ROLLED_BACK, ChangeState.DRIFTED, ChangeState.FAILED,
+    ChangeState.ROLLBACK_FAILED, ChangeState.CANCELLED,
+]
+
+
+class Change(models.Model):
+    class Kind(models.TextChoices):
+        PATCH = "patch", "Patch deployment options"
+        RESTORE = "restore", "Restore application configs"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="changes")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.PATCH)
+    # [{"application": "demo", "deployment": "Model"}, ...] for patches; application names for restores.
+    targets = models.JSONField(default=list)
+    patch = models.JSONField(default=dict, blank=True)
+    preset = models.ForeignKey(Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="changes")
+    restores = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="restored_by")
+    reason = models.TextField()
+
+    state = models.CharField(max_length=20, choices=ChangeState.choices, default=ChangeState.PLANNED, db_index=True)
+    ray_version = models.CharField(max_length=32, blank=True)
+    base_hash = models.CharField(max_length=64)
+    base_config = models.JSONField()
+    new_config = models.JSONField()
+    new_hash = models.CharField(max_length=64)
+    json_patch = models.JSONField(default=list)
+    warnings = models.JSONField(default=list, blank=True)
+    # Per touched application: its last_deployed_time_s at the re-check, to tell its new deploy apart.
+    base_deploy_times = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+    drift = models.JSONField(default=list, blank=True)
+
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    applied_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    pushed_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # Touched by the worker at every step and poll; a stale heartbeat on an active change means
+    # its worker died and the reconciler takes over.
+    heartbeat_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster"],
+                condition=models.Q(state__in=ACTIVE_STATES),
+                name="one_active_change_per_cluster",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"Change #{self.pk} on {self.cluster}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in FINAL_STATES
+
+    @property
+    def touched_applications(self) -> list[str]:
+        return sorted({t["application"] if isinstance(t, dict) else t for t in self.targets})
+
+
+class ChangeStep(models.Model):
+    change = models.ForeignKey(Change, on_delete=models.CASCADE, related_name="steps")
+    at = models.DateTimeField(auto_now_add=True)
+    state = models.CharField(max_length=20, choices=ChangeState.choices)
+    message = models.TextField()
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%H:%M:%S} {self.state}: {self.message}"

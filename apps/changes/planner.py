@@ -1,0 +1,234 @@
+"""Planning a change: pure functions from what a cluster runs to the full config to push.
+
+Ray's PUT replaces every application at once, so a plan always starts from the live config of
+*all* applications and changes only what it names. Nothing here does I/O."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonpatch
+
+from apps.changes.fields import DICT_OPTIONS, autoscaling_defaults, for_version, unknown_fields
+from apps.changes.validation import conflicts
+from apps.clusters.ray_dashboard import ServeStatus
+from apps.fleet.configs import config_hash, unified_diff
+
+
+class PlanError(ValueError):
+    """The plan cannot be made; the message says why, for a person."""
+
+
+@dataclass
+class Plan:
+    base_config: dict
+    base_hash: str
+    new_config: dict
+    new_hash: str
+    json_patch: list
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def diff(self) -> list[str]:
+        return unified_diff(self.base_config, self.new_config, old_label="live", new_label="planned")
+
+    @property
+    def changes_anything(self) -> bool:
+        return self.base_hash != self.new_hash
+
+
+def live_config(serve: ServeStatus) -> dict:
+    """The config that reproduces what runs now: every application as it was submitted."""
+    imperative = sorted(name for name, app in serve.applications.items() if app.deployed_app_config is None)
+    if imperative:
+        raise PlanError(
+            f"Application(s) {', '.join(imperative)} were deployed from Python (serve.run), not from a config: "
+            "a declarative push would delete them. Redeploy them with a config first."
+        )
+    config: dict[str, Any] = {
+        "applications": [copy.deepcopy(serve.applications[name].deployed_app_config) for name in sorted(serve.applications)]
+    }
+    if serve.target_capacity is not None:
+        config["target_capacity"] = serve.target_capacity
+    return config
+
+
+def plan_patch(serve: ServeStatus, targets: list[dict], options: dict, ray_version: str) -> Plan:
+    """Apply `options` to each target deployment, merging into its effective options."""
+    base = live_config(serve)
+    new = copy.deepcopy(base)
+    warnings: list[str] = []
+    apps = {app["name"]: app for app in new["applications"]}
+    for target in targets:
+        app_name, dep_name = target["application"], target["deployment"]
+        if app_name not in apps:
+            raise PlanError(f"No application {app_name!r} on this cluster (it has: {', '.join(sorted(apps)) or 'none'}).")
+        observed = serve.applications[app_name].deployments.get(dep_name)
+        if observed is None:
+            known = ", ".join(sorted(serve.applications[app_name].deployments)) or "none listed right now"
+            raise PlanError(f"No deployment {dep_name!r} in application {app_name!r} (it has: {known}).")
+        entries = apps[app_name].setdefault("deployments", [])
+        entry = next((d for d in entries if d.get("name") == dep_name), None)
+        if entry is None:
+            entry = {"name": dep_name}
+            entries.append(entry)
+        warnings += [f"{app_name}/{dep_name}: {problem} (already in its config; left as is)" for problem in unknown_fields({k: v for k, v in entry.items() if k != "name"})]
+        merged, notes = merge_options(entry, observed.deployment_config, options)
+        warnings += [f"{app_name}/{dep_name}: {note}" for note in notes]
+        problems = conflicts(merged)
+        if problems:
+            raise PlanError(f"{app_name}/{dep_name}: " + " ".join(problems))
+        entry.clear()
+        entry.update(for_version(merged, ray_version))
+    return _finish(base, new, warnings)
+
+
+def plan_restore(serve: ServeStatus, app_configs: dict[str, dict]) -> Plan:
+    """Put back the named applications' configs (from a revision or a change's base)."""
+    base = live_config(serve)
+    new = copy.deepcopy(base)
+    by_name = {app["name"]: i for i, app in enumerate(new["applications"])}
+    for name, app_config in app_configs.items():
+        if name in by_name:
+            new["applications"][by_name[name]] = copy.deepcopy(app_config)
+        else:
+            new["applications"].append(copy.deepcopy(app_config))
+    new["applications"].sort(key=lambda app: app["name"])
+    return _finish(base, new, [])
+
+
+def _finish(base: dict, new: dict, warnings: list[str]) -> Plan:
+    dropped = dropped_applications(base, new, named=set())
+    if dropped:
+        raise PlanError(f"The plan would delete application(s) {', '.join(dropped)}; Fleetdeck never does that.")
+    return Plan(
+        base_config=base,
+        base_hash=config_hash(base),
+        new_config=new,
+        new_hash=config_hash(new),
+        json_patch=jsonpatch.make_patch(base, new).patch,
+        warnings=warnings,
+    )
+
+
+def dropped_applications(base: dict, new: dict, named: set[str]) -> list[str]:
+    before = {app["name"] for app in base.get("applications", [])}
+    after = {app["name"] for app in new.get("applications", [])}
+    return sorted(before - after - named)
+
+
+def merge_options(entry: dict, effective: dict, options: dict) -> tuple[dict, list[str]]:
+    """The deployment entry after `options`. Serve replaces ray_actor_options, autoscaling_config
+    and user_config wholesale, so those start from the *effective* values (which include what the
+    code's decorator set), or setting num_cpus would silently drop num_gpus."""
+    merged = copy.deepcopy(entry)
+    notes: list[str] = []
+    for key, value in options.items():
+        if key in DICT_OPTIONS and isinstance(value, dict):
+            merged[key] = _deep_merge(_effective_dict(key, entry, effective), value)
+        elif value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = copy.deepcopy(value)
+    if "autoscaling_config" in options and isinstance(merged.get("num_replicas"), int):
+        notes.append(f"num_replicas ({merged.pop('num_replicas')}) removed: autoscaling now sets the replica count.")
+    if isinstance(options.get("num_replicas"), int) and "autoscaling_config" in merged:
+        merged.pop("autoscaling_config")
+        notes.append("autoscaling_config removed: a fixed num_replicas turns autoscaling off.")
+    return merged, notes
+
+
+def _effective_dict(key: str, entry: dict, effective: dict) -> dict:
+    """What Serve holds for a wholesale-replaced option before the patch. A submitted dict
+    already replaced the code's value, so it is the truth; otherwise the effective value (set
+    by the code's decorator) counts, minus what Serve fills in by default: re-sending defaults
+    such as the autoscaling `policy` makes Serve rebuild the application's other deployments."""
+    if isinstance(entry.get(key), dict):
+        return copy.deepcopy(entry[key])
+    current = effective.get(key) if isinstance(effective.get(key), dict) else {}
+    base = {k: copy.deepcopy(v) for k, v in current.items() if v is not None}
+    if key == "ray_actor_options":
+        # The effective runtime_env includes what the application level contributes; copying it
+        # down would pin those values on the deployment.
+        base.pop("runtime_env", None)
+    if key == "autoscaling_config":
+        defaults = autoscaling_defaults()
+        base = {k: v for k, v in base.items() if defaults.get(k, object()) != v}
+    return base
+
+
+def _deep_merge(base: dict, patch: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+# --- verification (pure) -------------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    done: bool
+    failure: str = ""
+    waiting_for: list[str] = field(default_factory=list)
+
+
+def expected_deployments(new_config: dict, targets: list, kind: str) -> dict[tuple[str, str], dict]:
+    """(application, deployment) -> options the effective config must hold once applied."""
+    wanted: dict[tuple[str, str], dict] = {}
+    names = {(t["application"], t["deployment"]) for t in targets if isinstance(t, dict)}
+    apps = {t if isinstance(t, str) else t["application"] for t in targets}
+    for app in new_config.get("applications", []):
+        if app["name"] not in apps:
+            continue
+        for entry in app.get("deployments", []):
+            key = (app["name"], entry["name"])
+            if kind == "restore" or key in names:
+                wanted[key] = {k: v for k, v in entry.items() if k != "name"}
+    return wanted
+
+
+def verify(serve: ServeStatus, expected: dict[tuple[str, str], dict], base_deploy_times: dict[str, float | None]) -> Verdict:
+    waiting: list[str] = []
+    for app_name in sorted({app for app, _ in expected} | set(base_deploy_times)):
+        app = serve.applications.get(app_name)
+        if app is None:
+            waiting.append(f"{app_name}: not listed yet")
+            continue
+        redeployed = app.last_deployed_time_s != base_deploy_times.get(app_name)
+        if app.status == "DEPLOY_FAILED" and redeployed:
+            return Verdict(done=False, failure=f"{app_name} is DEPLOY_FAILED: {app.message.strip()[-2000:]}")
+        if app.status != "RUNNING":
+            waiting.append(f"{app_name}: {app.status}")
+    for (app_name, dep_name), options in sorted(expected.items()):
+        app = serve.applications.get(app_name)
+        dep = app.deployments.get(dep_name) if app else None
+        if dep is None:
+            waiting.append(f"{app_name}/{dep_name}: not listed yet")
+        elif dep.status != "HEALTHY":
+            waiting.append(f"{app_name}/{dep_name}: {dep.status}")
+        else:
+            missing = not_taken(options, dep.deployment_config)
+            if missing:
+                waiting.append(f"{app_name}/{dep_name}: effective config does not hold {', '.join(missing)} yet")
+    return Verdict(done=not waiting, waiting_for=waiting)
+
+
+def not_taken(wanted: dict, effective: dict, prefix: str = "") -> list[str]:
+    """Paths of wanted values the effective config does not (yet) hold."""
+    missing = []
+    for key, value in wanted.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and isinstance(effective.get(key), dict):
+            missing += not_taken(value, effective[key], prefix=f"{path}.")
+        elif effective.get(key) != value:
+            missing.append(path)
+    return missing

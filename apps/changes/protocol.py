@@ -1,0 +1,297 @@
+"""The push protocol: plan, guard, re-check, push, verify, roll back.
+
+Every step persists the change's state *before* it acts, so a worker killed at any point leaves
+a row that says what may have happened, and the reconciler can finish the job."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from apps.accounts.audit import Actor, record
+from apps.changes import planner
+from apps.changes.models import ACTIVE_STATES, Change, ChangeState, ChangeStep, Preset
+from apps.changes.validation import validate_options
+from apps.changes.writers import WriterUnavailable, writer_for
+from apps.clusters.models import Cluster
+from apps.clusters.ray_dashboard import RayError, RayValidationError, ServeStatus
+from apps.clusters.services import dashboard_for
+from apps.fleet.configs import config_hash, unified_diff
+
+log = logging.getLogger(__name__)
+
+
+class ChangeRefused(ValidationError):
+    """A change cannot be planned or applied; nothing was pushed."""
+
+
+# --- planning ------------------------------------------------------------------------------
+
+
+def _read_live(cluster: Cluster) -> ServeStatus:
+    with dashboard_for(cluster) as ray:
+        return ray.serve_applications()
+
+
+def plan_change(
+    actor: Actor, cluster: Cluster, *, targets: list[dict], reason: str, options: dict | None = None, preset: Preset | None = None
+) -> Change:
+    if not (reason or "").strip():
+        raise ChangeRefused("Say why: every change records its reason.")
+    if not targets:
+        raise ChangeRefused("Name at least one application/deployment to change.")
+    if preset is not None and options:
+        raise ChangeRefused("Give either a preset or options, not both.")
+    options = dict(preset.options) if preset is not None else options
+    validate_options(options)
+    try:
+        live = _read_live(cluster)
+        plan = planner.plan_patch(live, targets, options, cluster.ray_version)
+    except RayError as exc:
+        raise ChangeRefused(f"Could not read the cluster's live config: {exc.message}") from exc
+    except planner.PlanError as exc:
+        raise ChangeRefused(str(exc)) from exc
+    if not plan.changes_anything:
+        raise ChangeRefused("The targets already run with these options: there is nothing to change.")
+    return _save_plan(actor, cluster, plan, Change.Kind.PATCH, targets, reason, patch=options, preset=preset)
+
+
+def plan_restore(actor: Actor, cluster: Cluster, *, app_configs: dict[str, dict], reason: str, restores: Change | None = None) -> Change:
+    if not (reason or "").strip():
+        raise ChangeRefused("Say why: every change records its reason.")
+    try:
+        plan = planner.plan_restore(_read_live(cluster), app_configs)
+    except RayError as exc:
+        raise ChangeRefused(f"Could not read the cluster's live config: {exc.message}") from exc
+    except planner.PlanError as exc:
+        raise ChangeRefused(str(exc)) from exc
+    if not plan.changes_anything:
+        raise ChangeRefused("The cluster already runs exactly that config: there is nothing to restore.")
+    return _save_plan(actor, cluster, plan, Change.Kind.RESTORE, sorted(app_configs), reason, restores=restores)
+
+
+def _save_plan(actor, cluster, plan, kind, targets, reason, **extra) -> Change:
+    with transaction.atomic():
+        change = Change.objects.create(
+            cluster=cluster,
+            kind=kind,
+            targets=targets,
+            reason=reason.strip(),
+            ray_version=cluster.ray_version,
+            base_hash=plan.base_hash,
+            base_config=plan.base_config,
+            new_config=plan.new_config,
+            new_hash=plan.new_hash,
+            json_patch=plan.json_patch,
+            warnings=plan.warnings,
+            created_by=actor.user,
+            **extra,
+        )
+        _step(change, f"Planned against live config {plan.base_hash[:12]}: {len(plan.json_patch)} JSON Patch operation(s).")
+        record(actor, "change.plan", change, team=cluster.team, changes={"reason": change.reason, "targets": targets, "kind": kind})
+    return change
+
+
+# --- applying ------------------------------------------------------------------------------
+
+
+def request_apply(actor: Actor, change: Change) -> Change:
+    """Queue a planned change. The database allows one active change per cluster."""
+    try:
+        with transaction.atomic():
+            claimed = Change.objects.filter(pk=change.pk, state=ChangeState.PLANNED).update(
+                state=ChangeState.QUEUED, applied_by=actor.user, heartbeat_at=timezone.now()
+            )
+            if not claimed:
+                raise ChangeRefused(f"Change #{change.pk} is {change.get_state_display().lower()}, not planned.")
+            change.refresh_from_db()
+            _step(change, f"Apply requested by {actor.name}.")
+            record(actor, "change.apply", change, team=change.cluster.team, changes={"reason": change.reason})
+            transaction.on_commit(lambda: _enqueue("changes.run", change.pk))
+    except IntegrityError as exc:
+        active = Change.objects.filter(cluster_id=change.cluster_id, state__in=ACTIVE_STATES).first()
+        raise ChangeRefused(
+            f"Change #{active.pk if active else '?'} is already in progress on {change.cluster.name}; "
+            "changes to one cluster never interleave. Apply this one when it has finished."
+        ) from exc
+    return change
+
+
+def cancel(actor: Actor, change: Change) -> Change:
+    if not Change.objects.filter(pk=change.pk, state=ChangeState.PLANNED).update(state=ChangeState.CANCELLED, finished_at=timezone.now()):
+        raise ChangeRefused("Only a planned change can be cancelled.")
+    change.refresh_from_db()
+    _step(change, f"Cancelled by {actor.name}.")
+    record(actor, "change.cancel", change, team=change.cluster.team)
+    return change
+
+
+def run(change_id: int) -> None:
+    """The worker's side: claim a queued change and take it to a final state."""
+    if not Change.objects.filter(pk=change_id, state=ChangeState.QUEUED).update(
+        state=ChangeState.CHECKING, started_at=timezone.now(), heartbeat_at=timezone.now()
+    ):
+        return  # already taken (a duplicate delivery) or gone
+    change = Change.objects.select_related("cluster").get(pk=change_id)
+    _step(change, "Re-reading the live config to check for drift.")
+    try:
+        live = _read_live(change.cluster)
+        current = planner.live_config(live)
+    except (RayError, planner.PlanError) as exc:
+        return _finish(change, ChangeState.FAILED, f"Could not re-read the cluster before pushing: {_message(exc)} Nothing was pushed.")
+    if config_hash(current) != change.base_hash:
+        change.drift = unified_diff(change.base_config, current, old_label="planned against", new_label="live now")
+        change.save(update_fields=["drift"])
+        return _finish(
+            change,
+            ChangeState.DRIFTED,
+            "The cluster's config changed outside this change since it was planned; nothing was pushed. Re-plan.",
+        )
+    dropped = planner.dropped_applications(current, change.new_config, named=set())
+    if dropped:
+        return _finish(change, ChangeState.FAILED, f"Refused: the push would delete {', '.join(dropped)}.")
+    change.base_deploy_times = {name: live.applications[name].last_deployed_time_s for name in change.touched_applications if name in live.applications}
+    change.save(update_fields=["base_deploy_times"])
+    _push_and_verify(change)
+
+
+def _push_and_verify(change: Change) -> None:
+    try:
+        writer = writer_for(change.cluster)
+    except WriterUnavailable as exc:
+        return _finish(change, ChangeState.FAILED, str(exc))
+    _transition(change, ChangeState.PUSHING, "Pushing the full config (every application) to the cluster.")
+    try:
+        writer.push(change.new_config)
+    except RayValidationError as exc:
+        return _finish(change, ChangeState.FAILED, f"Ray refused the config; nothing changed. Ray said:\n{exc.message}")
+    except RayError as exc:
+        if exc.transient and _live_hash(change) == change.base_hash:
+            return _finish(change, ChangeState.FAILED, f"The push did not reach Ray ({exc.message}); nothing changed.")
+        _step(change, f"The push answered with an error ({exc.message}); verifying what the cluster runs.")
+    change.pushed_at = timezone.now()
+    change.save(update_fields=["pushed_at"])
+    _verify_or_roll_back(change)
+
+
+def _verify_or_roll_back(change: Change) -> None:
+    _transition(change, ChangeState.VERIFYING, "Waiting for the touched applications to run the new config.")
+    expected = planner.expected_deployments(change.new_config, change.targets, change.kind)
+    verdict = _wait(change, expected, change.base_deploy_times)
+    if verdict.done:
+        return _finish(change, ChangeState.SUCCEEDED, "Verified: applications RUNNING, effective configs hold the new values.")
+    why = verdict.failure or f"Not verified within {settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S} s: " + "; ".join(verdict.waiting_for)
+    roll_back(change, why)
+
+
+def roll_back(change: Change, why: str) -> None:
+    _transition(change, ChangeState.ROLLING_BACK, f"Rolling back to the base config: {why}")
+    change.error = why
+    change.save(update_fields=["error"])
+    try:
+        live = _read_live(change.cluster)
+        times = {name: live.applications[name].last_deployed_time_s for name in change.touched_applications if name in live.applications}
+        writer_for(change.cluster).push(change.base_config)
+    except (RayError, WriterUnavailable) as exc:
+        return _finish(change, ChangeState.ROLLBACK_FAILED, f"{why}\nThe rollback push failed too: {_message(exc)}", error=True)
+    expected = planner.expected_deployments(change.base_config, change.touched_applications, Change.Kind.RESTORE)
+    verdict = _wait(change, expected, times)
+    if verdict.done:
+        return _finish(change, ChangeState.ROLLED_BACK, "Rolled back: the base config runs again.", error=True)
+    _finish(change, ChangeState.ROLLBACK_FAILED, f"{why}\nThe rollback was not verified: {verdict.failure or '; '.join(verdict.waiting_for)}", error=True)
+
+
+def _wait(change: Change, expected: dict, base_deploy_times: dict) -> planner.Verdict:
+    deadline = time.monotonic() + settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S
+    verdict = planner.Verdict(done=False, waiting_for=["no answer yet"])
+    while time.monotonic() < deadline:
+        try:
+            verdict = planner.verify(_read_live(change.cluster), expected, base_deploy_times)
+        except RayError as exc:
+            verdict = planner.Verdict(done=False, waiting_for=[f"cluster not answering: {exc.message}"])
+        Change.objects.filter(pk=change.pk).update(heartbeat_at=timezone.now())
+        if verdict.done or verdict.failure:
+            return verdict
+        time.sleep(settings.FLEETDECK_CHANGE_POLL_S)
+    return verdict
+
+
+# --- crash recovery ------------------------------------------------------------------------
+
+
+def stale_changes(now=None) -> list[int]:
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.FLEETDECK_CHANGE_STALE_S)
+    return list(Change.objects.filter(state__in=ACTIVE_STATES, heartbeat_at__lt=cutoff).values_list("pk", flat=True))
+
+
+def reconcile(change_id: int) -> None:
+    """Finish a change whose worker died, from what the cluster runs now."""
+    cutoff = timezone.now() - timedelta(seconds=settings.FLEETDECK_CHANGE_STALE_S)
+    change = Change.objects.select_related("cluster").filter(pk=change_id, state__in=ACTIVE_STATES).first()
+    if change is None:
+        return
+    # Claim: only one reconciler acts, and only if the worker is really silent.
+    if not Change.objects.filter(pk=change.pk, state=change.state, heartbeat_at__lt=cutoff).update(heartbeat_at=timezone.now()):
+        return
+    prefix = f"Reconciler: the worker stopped during '{change.get_state_display().lower()}'"
+    if change.state in (ChangeState.QUEUED, ChangeState.CHECKING):
+        Change.objects.filter(pk=change.pk).update(state=ChangeState.QUEUED)
+        _step(change, f"{prefix} before anything was pushed; queued again.")
+        return _enqueue("changes.run", change.pk)
+    if change.state == ChangeState.ROLLING_BACK:
+        return roll_back(change, f"{prefix}; resuming the rollback. {change.error}")
+    live = _live_hash(change)
+    if live == change.base_hash:
+        return _finish(change, ChangeState.FAILED, f"{prefix}; the cluster still runs the base config, so nothing changed.")
+    if live == change.new_hash:
+        _step(change, f"{prefix}; the cluster runs the new config, resuming verification.")
+        return _verify_or_roll_back(change)
+    roll_back(change, f"{prefix}; the cluster runs neither the base nor the new config ({live[:12] if live else 'unreadable'}).")
+
+
+def _live_hash(change: Change) -> str:
+    try:
+        return config_hash(planner.live_config(_read_live(change.cluster)))
+    except (RayError, planner.PlanError):
+        return ""
+
+
+# --- bookkeeping ---------------------------------------------------------------------------
+
+
+def _step(change: Change, message: str, **data) -> None:
+    ChangeStep.objects.create(change=change, state=change.state, message=message, data=data)
+
+
+def _transition(change: Change, state: str, message: str) -> None:
+    change.state = state
+    change.heartbeat_at = timezone.now()
+    change.save(update_fields=["state", "heartbeat_at"])
+    _step(change, message)
+
+
+def _finish(change: Change, state: str, message: str, *, error: bool = False) -> None:
+    change.state = state
+    change.finished_at = timezone.now()
+    if state in (ChangeState.FAILED, ChangeState.DRIFTED, ChangeState.ROLLBACK_FAILED) or error:
+        change.error = change.error or message
+    change.save(update_fields=["state", "finished_at", "error"])
+    _step(change, message)
+    record(Actor.system(), f"change.{state}", change, team=change.cluster.team, changes={"message": message[:2000]})
+
+
+def _message(exc: Exception) -> str:
+    return getattr(exc, "message", None) or str(exc)
+
+
+def _enqueue(task_name: str, change_id: int) -> None:
+    from controlplane.celery import app
+
+    app.send_task(task_name, args=[change_id])

@@ -1,0 +1,79 @@
+"""Validation of deployment options, shared by presets, plans, forms and serializers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from django.core.exceptions import ValidationError
+
+from apps.changes.fields import unknown_fields
+
+MAX_PATCH_CHARS = 64_000
+
+
+def parse_options_text(text: str) -> dict:
+    """Options typed as YAML or JSON (JSON is YAML)."""
+    if len(text or "") > MAX_PATCH_CHARS:
+        raise ValidationError(f"The options are longer than {MAX_PATCH_CHARS} characters.")
+    try:
+        value = yaml.safe_load(text or "")
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ValidationError(f"Invalid YAML/JSON{where}: {problem}.") from exc
+    if not isinstance(value, dict):
+        raise ValidationError("The options must be a mapping of option: value, e.g. 'max_ongoing_requests: 2'.")
+    return value
+
+
+def validate_options(options: Any) -> dict:
+    """Refuse anything Serve would refuse or silently drop, with one message per problem."""
+    if not isinstance(options, dict) or not options:
+        raise ValidationError("Give at least one deployment option as a mapping.")
+    if "name" in options:
+        raise ValidationError("'name' is not an option: the targets say which deployments change.")
+    problems = unknown_fields(options)
+    problems += serve_schema_errors(options)
+    problems += conflicts(options)
+    if problems:
+        raise ValidationError(problems)
+    return options
+
+
+def serve_schema_errors(options: dict) -> list[str]:
+    from pydantic import ValidationError as PydanticError
+    from ray.serve.schema import DeploymentSchema
+
+    try:
+        DeploymentSchema(name="fleetdeck-validation", **options)
+    except PydanticError as exc:
+        return [f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()]
+    except (TypeError, ValueError) as exc:
+        return [str(exc)]
+    return []
+
+
+def conflicts(options: dict) -> list[str]:
+    found = []
+    autoscaling = options.get("autoscaling_config")
+    replicas = options.get("num_replicas")
+    if isinstance(autoscaling, dict) and isinstance(replicas, int):
+        found.append("num_replicas and autoscaling_config exclude each other: Serve refuses a fixed count with autoscaling.")
+    if isinstance(autoscaling, dict):
+        target = autoscaling.get("target_ongoing_requests")
+        cap = options.get("max_ongoing_requests")
+        if _number(target) and _number(cap) and cap < target:
+            found.append(
+                f"max_ongoing_requests ({cap}) is below autoscaling_config.target_ongoing_requests ({target}): "
+                "replicas can never reach the load the autoscaler waits for, so it never scales up."
+            )
+        low, high = autoscaling.get("min_replicas"), autoscaling.get("max_replicas")
+        if _number(low) and _number(high) and low > high:
+            found.append(f"autoscaling_config.min_replicas ({low}) is above max_replicas ({high}).")
+    return found
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
