@@ -17,3 +17,6 @@ REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {"user": "100000/min", "anon": "10000
 # Threads the tests start (a Celery worker, the live server) must not keep connections open,
 # or PostgreSQL refuses to drop the test database at the end.
 DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
+    # A file, not memory: the crash-recovery test runs a real worker in another process.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-db.sqlite3")}  # noqa: F405

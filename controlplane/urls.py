@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from rest_framework.routers import DefaultRouter
 
 from apps.accounts.api import AuditEventViewSet
+from apps.changes.api import ChangeViewSet, PresetViewSet
 from apps.clusters.api import ClusterViewSet
 from apps.fleet.api import ApplicationViewSet, ConfigRevisionViewSet, DeploymentViewSet
 
@@ -16,6 +17,8 @@ router.register("applications", ApplicationViewSet, basename="application")
 router.register("deployments", DeploymentViewSet, basename="deployment")
 router.register("config-revisions", ConfigRevisionViewSet, basename="configrevision")
 router.register("audit-events", AuditEventViewSet, basename="auditevent")
+router.register("presets", PresetViewSet, basename="preset")
+router.register("changes", ChangeViewSet, basename="change")
 
 
 def healthz(request):
@@ -28,6 +31,7 @@ def healthz(request):
 urlpatterns = [
     path("", include("apps.fleet.urls")),
     path("clusters/", include("apps.clusters.urls")),
+    path("", include("apps.changes.urls")),
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include(router.urls)),

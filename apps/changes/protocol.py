@@ -76,6 +76,15 @@ def plan_restore(actor: Actor, cluster: Cluster, *, app_configs: dict[str, dict]
     return _save_plan(actor, cluster, plan, Change.Kind.RESTORE, sorted(app_configs), reason, restores=restores)
 
 
+def roll_back_change(actor: Actor, change: Change) -> Change:
+    """Restore the applications `change` touched to their config before it, as a new change
+    through the same protocol, and queue it."""
+    before = {app["name"]: app for app in change.base_config.get("applications", [])}
+    configs = {name: before[name] for name in change.touched_applications if name in before}
+    restore = plan_restore(actor, change.cluster, app_configs=configs, reason=f"Roll back change #{change.pk}: {change.reason}", restores=change)
+    return request_apply(actor, restore)
+
+
 def _save_plan(actor, cluster, plan, kind, targets, reason, **extra) -> Change:
     with transaction.atomic():
         change = Change.objects.create(

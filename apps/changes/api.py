@@ -1,0 +1,236 @@
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import Q
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import APIException
+from rest_framework.response import Response
+
+from apps.accounts.audit import Actor
+from apps.accounts.drf import require_role
+from apps.accounts.models import Role, Team
+from apps.accounts.permissions import visible_teams
+from apps.changes import presets, protocol
+from apps.changes.models import Change, ChangeStep, Preset
+from apps.changes.validation import parse_options_text, validate_options
+from apps.clusters.models import Cluster
+from apps.fleet.models import ConfigRevision
+
+
+class Conflict(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
+
+
+def _drf(exc: DjangoValidationError) -> serializers.ValidationError:
+    return serializers.ValidationError({"detail": exc.messages})
+
+
+class PresetSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all(), required=False, allow_null=True)
+
+    class Meta:
+        model = Preset
+        fields = ["id", "slug", "name", "description", "options", "remedies", "builtin", "team", "created_at", "updated_at"]
+        read_only_fields = ["slug", "builtin", "created_at", "updated_at"]
+
+    def validate_options(self, value):
+        try:
+            return validate_options(value)
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.messages) from exc
+
+
+class PresetViewSet(viewsets.ModelViewSet):
+    """Tuning presets: built-ins from the playbook (read-only) and your teams' own."""
+
+    serializer_class = PresetSerializer
+    filterset_fields = ["builtin", "team__slug"]
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        return Preset.objects.filter(Q(builtin=True) | Q(team__in=visible_teams(self.request.user))).select_related("team").order_by("-builtin", "name")
+
+    def perform_create(self, serializer):
+        team = serializer.validated_data.get("team")
+        if team is None:
+            raise serializers.ValidationError({"team": ["A custom preset belongs to a team."]})
+        require_role(self.request, team, Role.OPERATOR, "create presets")
+        data = serializer.validated_data
+        serializer.instance = presets.create_preset(
+            Actor.from_request(self.request), team=team, name=data["name"], description=data.get("description", ""),
+            options=data["options"], remedies=data.get("remedies", []),
+        )
+
+    def perform_update(self, serializer):
+        preset = serializer.instance
+        if preset.builtin:
+            raise serializers.ValidationError({"detail": ["Built-in presets are read-only; clone one to adapt it."]})
+        require_role(self.request, preset.team, Role.OPERATOR, "edit presets")
+        fields = {k: v for k, v in serializer.validated_data.items() if k in ("name", "description", "options", "remedies")}
+        try:
+            presets.update_preset(Actor.from_request(self.request), preset, **fields)
+        except DjangoValidationError as exc:
+            raise _drf(exc) from exc
+
+    def perform_destroy(self, instance):
+        if instance.builtin:
+            raise serializers.ValidationError({"detail": ["Built-in presets cannot be deleted."]})
+        require_role(self.request, instance.team, Role.OPERATOR, "delete presets")
+        presets.delete_preset(Actor.from_request(self.request), instance)
+
+    @extend_schema(request=None, responses={201: PresetSerializer})
+    @action(detail=True, methods=["post"])
+    def clone(self, request, pk=None):
+        """Copy a preset (built-in or custom) into one of your teams, to adapt it."""
+        source = self.get_object()
+        team = get_object_or_404(Team, slug=request.data.get("team", ""))
+        require_role(request, team, Role.OPERATOR, "create presets")
+        clone = presets.clone_preset(Actor.from_request(request), source, team=team, name=request.data.get("name"))
+        return Response(PresetSerializer(clone).data, status=status.HTTP_201_CREATED)
+
+
+class ChangeStepSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ChangeStep
+        fields = ["at", "state", "message"]
+
+
+class ChangeSerializer(serializers.ModelSerializer):
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    preset = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+    applied_by = serializers.CharField(source="applied_by.username", read_only=True, default=None)
+    steps = ChangeStepSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Change
+        fields = [
+            "id", "cluster", "cluster_name", "kind", "targets", "patch", "preset", "restores", "reason", "state",
+            "ray_version", "base_hash", "new_hash", "json_patch", "warnings", "drift", "error",
+            "created_by", "applied_by", "created_at", "started_at", "pushed_at", "finished_at", "steps",
+        ]
+        read_only_fields = fields
+
+
+class TargetSerializer(serializers.Serializer):
+    application = serializers.CharField(max_length=200)
+    deployment = serializers.CharField(max_length=200)
+
+
+class PlanSerializer(serializers.Serializer):
+    cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all())
+    targets = TargetSerializer(many=True, allow_empty=False)
+    preset = serializers.SlugRelatedField(slug_field="slug", queryset=Preset.objects.all(), required=False, allow_null=True)
+    options = serializers.JSONField(required=False, help_text="Deployment options as an object.")
+    options_text = serializers.CharField(required=False, allow_blank=True, help_text="Deployment options as YAML or JSON text.")
+    reason = serializers.CharField(max_length=2000)
+
+    def validate(self, data):
+        if data.get("options_text"):
+            try:
+                data["options"] = parse_options_text(data.pop("options_text"))
+            except DjangoValidationError as exc:
+                raise serializers.ValidationError({"options_text": exc.messages}) from exc
+        if not data.get("preset") and not data.get("options"):
+            raise serializers.ValidationError({"options": ["Give a preset or options."]})
+        return data
+
+
+class RestoreSerializer(serializers.Serializer):
+    revision = serializers.PrimaryKeyRelatedField(queryset=ConfigRevision.objects.select_related("application", "cluster"))
+    reason = serializers.CharField(max_length=2000)
+
+
+class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Configuration changes. Creating one plans it (nothing is pushed); `apply` pushes it through
+    the protocol: drift check, push of the full config, verification, automatic rollback."""
+
+    serializer_class = ChangeSerializer
+    filterset_fields = ["cluster", "state", "kind"]
+
+    def get_queryset(self):
+        return (
+            Change.objects.filter(cluster__team__in=visible_teams(self.request.user))
+            .select_related("cluster", "preset", "created_by", "applied_by")
+            .prefetch_related("steps")
+            .order_by("-created_at", "-id")
+        )
+
+    @extend_schema(request=PlanSerializer, responses={201: ChangeSerializer})
+    def create(self, request, *args, **kwargs):
+        plan = PlanSerializer(data=request.data)
+        plan.is_valid(raise_exception=True)
+        data = plan.validated_data
+        cluster = data["cluster"]
+        if cluster.team not in visible_teams(request.user):
+            raise serializers.ValidationError({"cluster": ["No such cluster."]})
+        require_role(request, cluster.team, Role.OPERATOR, "change clusters")
+        try:
+            change = protocol.plan_change(
+                Actor.from_request(request), cluster, targets=data["targets"], reason=data["reason"],
+                options=data.get("options"), preset=data.get("preset"),
+            )
+        except DjangoValidationError as exc:
+            raise _drf(exc) from exc
+        return Response(ChangeSerializer(self.get_queryset().get(pk=change.pk)).data, status=status.HTTP_201_CREATED)
+
+    def _act(self, request, what: str) -> Change:
+        change = self.get_object()
+        require_role(request, change.cluster.team, Role.OPERATOR, what)
+        return change
+
+    @extend_schema(request=None, responses={202: ChangeSerializer})
+    @action(detail=True, methods=["post"])
+    def apply(self, request, pk=None):
+        """Queue the change. 409 while another change is active on the cluster."""
+        change = self._act(request, "apply changes")
+        try:
+            protocol.request_apply(Actor.from_request(request), change)
+        except DjangoValidationError as exc:
+            raise Conflict(" ".join(exc.messages)) from exc
+        return Response(ChangeSerializer(self.get_queryset().get(pk=change.pk)).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: ChangeSerializer})
+    @action(detail=True, methods=["post"])
+    def rollback(self, request, pk=None):
+        """Restore the applications this change touched to their config before it, as a new change."""
+        change = self._act(request, "roll back changes")
+        try:
+            restore = protocol.roll_back_change(Actor.from_request(request), change)
+        except DjangoValidationError as exc:
+            raise Conflict(" ".join(exc.messages)) from exc
+        return Response(ChangeSerializer(self.get_queryset().get(pk=restore.pk)).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={200: ChangeSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        change = self._act(request, "cancel changes")
+        try:
+            protocol.cancel(Actor.from_request(request), change)
+        except DjangoValidationError as exc:
+            raise Conflict(" ".join(exc.messages)) from exc
+        return Response(ChangeSerializer(self.get_queryset().get(pk=change.pk)).data)
+
+    @extend_schema(request=RestoreSerializer, responses={201: ChangeSerializer})
+    @action(detail=False, methods=["post"])
+    def restore(self, request):
+        """Plan putting one application back to a recorded config revision."""
+        body = RestoreSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        revision = body.validated_data["revision"]
+        cluster = revision.cluster
+        if cluster.team not in visible_teams(request.user):
+            raise serializers.ValidationError({"revision": ["No such revision."]})
+        require_role(request, cluster.team, Role.OPERATOR, "change clusters")
+        try:
+            change = protocol.plan_restore(
+                Actor.from_request(request), cluster,
+                app_configs={revision.application.name: revision.config["submitted"]}, reason=body.validated_data["reason"],
+            )
+        except DjangoValidationError as exc:
+            raise _drf(exc) from exc
+        return Response(ChangeSerializer(self.get_queryset().get(pk=change.pk)).data, status=status.HTTP_201_CREATED)

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from django import forms
+from django.core.exceptions import ValidationError
+from django.db.models import Q
+
+from apps.accounts.permissions import visible_teams
+from apps.changes.models import Preset
+from apps.changes.validation import parse_options_text, validate_options
+from apps.clusters.models import Cluster
+from apps.fleet.models import Deployment
+
+
+class PlanForm(forms.Form):
+    targets = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple, help_text="Deployments to change.")
+    preset = forms.ModelChoiceField(queryset=Preset.objects.none(), required=False, empty_label="— no preset: edit options below —")
+    options_text = forms.CharField(
+        label="Options (YAML or JSON)",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 8, "class": "mono", "placeholder": "max_ongoing_requests: 2\nautoscaling_config:\n  target_ongoing_requests: 1"}),
+        help_text="Only the options to change. Dicts such as autoscaling_config are merged into what runs now.",
+    )
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), help_text="Recorded with the change and in the audit log.")
+
+    def __init__(self, *args, cluster: Cluster, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        deployments = Deployment.objects.filter(application__cluster=cluster, removed_at__isnull=True).select_related("application")
+        self.fields["targets"].choices = [(f"{d.application.name}/{d.name}", f"{d.application.name} / {d.name}") for d in deployments]
+        self.fields["preset"].queryset = Preset.objects.filter(Q(builtin=True) | Q(team__in=visible_teams(user)))
+
+    def clean_options_text(self):
+        text = self.cleaned_data["options_text"]
+        return parse_options_text(text) if text.strip() else None
+
+    def clean(self):
+        data = super().clean()
+        if data.get("preset") and data.get("options_text"):
+            raise ValidationError("Choose a preset or type options, not both.")
+        if not data.get("preset") and not data.get("options_text") and not self.errors:
+            raise ValidationError("Choose a preset or type the options to change.")
+        return data
+
+    @property
+    def target_list(self) -> list[dict]:
+        return [dict(zip(("application", "deployment"), value.split("/", 1))) for value in self.cleaned_data["targets"]]
+
+
+class PresetForm(forms.ModelForm):
+    options_text = forms.CharField(label="Options (YAML or JSON)", widget=forms.Textarea(attrs={"rows": 10, "class": "mono"}))
+
+    class Meta:
+        model = Preset
+        fields = ["name", "team", "description"]
+
+    def __init__(self, *args, teams, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["team"].queryset = teams
+        self.fields["team"].required = True
+        if self.instance.pk:
+            import yaml
+
+            self.fields["options_text"].initial = yaml.safe_dump(self.instance.options, sort_keys=False)
+
+    def clean_options_text(self):
+        return validate_options(parse_options_text(self.cleaned_data["options_text"]))

@@ -1,0 +1,18 @@
+from django.urls import path
+
+from apps.changes import views
+
+app_name = "changes"
+urlpatterns = [
+    path("changes/", views.change_list, name="list"),
+    path("changes/<int:pk>/", views.detail, name="detail"),
+    path("changes/<int:pk>/apply/", views.apply, name="apply"),
+    path("changes/<int:pk>/cancel/", views.cancel, name="cancel"),
+    path("changes/<int:pk>/rollback/", views.rollback, name="rollback"),
+    path("clusters/<int:cluster_pk>/changes/new/", views.plan, name="plan"),
+    path("presets/", views.preset_list, name="presets"),
+    path("presets/new/", views.preset_create, name="preset_create"),
+    path("presets/<int:pk>/edit/", views.preset_edit, name="preset_edit"),
+    path("presets/<int:pk>/clone/", views.preset_clone, name="preset_clone"),
+    path("presets/<int:pk>/delete/", views.preset_delete, name="preset_delete"),
+]

@@ -1,0 +1,164 @@
+"""Change and preset pages: plan → review the diff → apply, with the step log live."""
+
+from __future__ import annotations
+
+import yaml
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
+from django.db.models import Q
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from apps.accounts.audit import Actor
+from apps.accounts.models import Role
+from apps.accounts.permissions import has_role, teams_where, visible_teams
+from apps.changes import presets, protocol
+from apps.changes.forms import PlanForm, PresetForm
+from apps.changes.models import Change, Preset
+from apps.clusters.models import Cluster
+from apps.fleet.configs import unified_diff
+
+
+def _change(request, pk: int) -> Change:
+    return get_object_or_404(Change.objects.select_related("cluster__team", "preset"), pk=pk, cluster__team__in=visible_teams(request.user))
+
+
+def _require(request, team, role: Role) -> None:
+    if not has_role(request.user, team, role):
+        raise PermissionDenied(f"You need the {role.label.lower()} role in team {team}.")
+
+
+@login_required
+def change_list(request):
+    changes = Change.objects.filter(cluster__team__in=visible_teams(request.user)).select_related("cluster", "created_by")
+    cluster_id = request.GET.get("cluster")
+    if cluster_id and cluster_id.isdigit():
+        changes = changes.filter(cluster_id=int(cluster_id))
+    page = Paginator(changes.order_by("-created_at", "-id"), 50).get_page(request.GET.get("page"))
+    return render(request, "changes/change_list.html", {"page": page})
+
+
+@login_required
+def plan(request, cluster_pk: int):
+    cluster = get_object_or_404(Cluster.objects.select_related("team"), pk=cluster_pk, team__in=visible_teams(request.user))
+    _require(request, cluster.team, Role.OPERATOR)
+    initial = {"targets": request.GET.getlist("target")}
+    form = PlanForm(request.POST or None, cluster=cluster, user=request.user, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            change = protocol.plan_change(
+                Actor.from_request(request), cluster, targets=form.target_list, reason=data["reason"],
+                options=data["options_text"], preset=data["preset"],
+            )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            return redirect("changes:detail", pk=change.pk)
+    return render(request, "changes/plan.html", {"form": form, "cluster": cluster})
+
+
+@login_required
+def detail(request, pk: int):
+    change = _change(request, pk)
+    context = {
+        "change": change,
+        "diff": unified_diff(change.base_config, change.new_config, old_label="live at planning", new_label="planned"),
+        "can_operate": has_role(request.user, change.cluster.team, Role.OPERATOR),
+    }
+    template = "changes/partials/progress.html" if request.htmx else "changes/change_detail.html"
+    return render(request, template, context)
+
+
+@login_required
+@require_POST
+def apply(request, pk: int):
+    change = _change(request, pk)
+    _require(request, change.cluster.team, Role.OPERATOR)
+    try:
+        protocol.request_apply(Actor.from_request(request), change)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    return redirect("changes:detail", pk=change.pk)
+
+
+@login_required
+@require_POST
+def cancel(request, pk: int):
+    change = _change(request, pk)
+    _require(request, change.cluster.team, Role.OPERATOR)
+    try:
+        protocol.cancel(Actor.from_request(request), change)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    return redirect("changes:detail", pk=change.pk)
+
+
+@login_required
+@require_POST
+def rollback(request, pk: int):
+    change = _change(request, pk)
+    _require(request, change.cluster.team, Role.OPERATOR)
+    try:
+        restore = protocol.roll_back_change(Actor.from_request(request), change)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return redirect("changes:detail", pk=change.pk)
+    return redirect("changes:detail", pk=restore.pk)
+
+
+@login_required
+def preset_list(request):
+    items = Preset.objects.filter(Q(builtin=True) | Q(team__in=visible_teams(request.user))).select_related("team")
+    for preset in items:
+        preset.options_yaml = yaml.safe_dump(preset.options, sort_keys=False)
+    return render(request, "changes/preset_list.html", {"presets": items, "can_create": teams_where(request.user, Role.OPERATOR).exists()})
+
+
+def _preset_form_view(request, preset: Preset | None):
+    teams = teams_where(request.user, Role.OPERATOR)
+    if not teams.exists():
+        raise PermissionDenied("Only operators and admins manage presets.")
+    form = PresetForm(request.POST or None, instance=preset, teams=teams)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        actor = Actor.from_request(request)
+        if preset is None:
+            presets.create_preset(actor, team=data["team"], name=data["name"], description=data["description"], options=data["options_text"])
+        else:
+            presets.update_preset(actor, preset, name=data["name"], description=data["description"], options=data["options_text"], team=data["team"])
+        return redirect("changes:presets")
+    return render(request, "changes/preset_form.html", {"form": form, "preset": preset})
+
+
+@login_required
+def preset_create(request):
+    return _preset_form_view(request, None)
+
+
+@login_required
+def preset_edit(request, pk: int):
+    preset = get_object_or_404(Preset, pk=pk, builtin=False, team__in=teams_where(request.user, Role.OPERATOR))
+    return _preset_form_view(request, preset)
+
+
+@login_required
+@require_POST
+def preset_clone(request, pk: int):
+    source = get_object_or_404(Preset.objects.filter(Q(builtin=True) | Q(team__in=visible_teams(request.user))), pk=pk)
+    team = teams_where(request.user, Role.OPERATOR).first()
+    if team is None:
+        raise PermissionDenied("Only operators and admins manage presets.")
+    clone = presets.clone_preset(Actor.from_request(request), source, team=team)
+    return redirect("changes:preset_edit", pk=clone.pk)
+
+
+@login_required
+@require_POST
+def preset_delete(request, pk: int):
+    preset = get_object_or_404(Preset, pk=pk, builtin=False, team__in=teams_where(request.user, Role.OPERATOR))
+    presets.delete_preset(Actor.from_request(request), preset)
+    messages.success(request, f"Deleted preset {preset.name}.")
+    return redirect("changes:presets")
