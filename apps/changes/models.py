@@ -16,7 +16,7 @@ class Preset(models.Model):
 
     slug = models.SlugField(max_length=80, unique=True)
     name = models.CharField(max_length=120)
-    description = models.TextField(help_text="Why these values: the causes they prevent.")
+    description = models.TextField(blank=True, default="", help_text="Why these values: the causes they prevent.")
     options = models.JSONField(help_text="Deployment options, as in a Serve config's deployment entry.")
     remedies = models.JSONField(default=list, blank=True, help_text="Playbook remedy ids, e.g. R1, R2.")
     builtin = models.BooleanField(default=False)
