@@ -77,7 +77,7 @@ def plan_patch(serve: ServeStatus, targets: list[dict], options: dict, ray_versi
         warnings += [f"{app_name}/{dep_name}: {problem} (already in its config; left as is)" for problem in unknown_fields({k: v for k, v in entry.items() if k != "name"})]
         merged, notes = merge_options(entry, observed.deployment_config, options)
         warnings += [f"{app_name}/{dep_name}: {note}" for note in notes]
-        problems = conflicts(merged)
+        problems = conflicts(resulting_options(observed.deployment_config, merged))
         if problems:
             raise PlanError(f"{app_name}/{dep_name}: " + " ".join(problems))
         entry.clear()
@@ -138,6 +138,21 @@ def merge_options(entry: dict, effective: dict, options: dict) -> tuple[dict, li
         merged.pop("autoscaling_config")
         notes.append("autoscaling_config removed: a fixed num_replicas turns autoscaling off.")
     return merged, notes
+
+
+def resulting_options(effective: dict, entry: dict) -> dict:
+    """What the deployment will run with: its effective options overlaid with the new entry.
+    Conflicts are judged on this, since a value set in code counts as much as a submitted one."""
+    result = copy.deepcopy(effective)
+    for key, value in entry.items():
+        if key == "name":
+            continue
+        result[key] = _deep_merge(result[key], value) if isinstance(value, dict) and isinstance(result.get(key), dict) else copy.deepcopy(value)
+    if "autoscaling_config" in entry and "num_replicas" not in entry:
+        result.pop("num_replicas", None)
+    if "num_replicas" in entry and "autoscaling_config" not in entry:
+        result.pop("autoscaling_config", None)
+    return result
 
 
 def _effective_dict(key: str, entry: dict, effective: dict) -> dict:
@@ -203,10 +218,14 @@ def verify(serve: ServeStatus, expected: dict[tuple[str, str], dict], base_deplo
         if app is None:
             waiting.append(f"{app_name}: not listed yet")
             continue
+        # Ray stamps every application with a new deploy time when it takes a declarative
+        # config, so an unchanged stamp means our push has not been applied yet.
         redeployed = app.last_deployed_time_s != base_deploy_times.get(app_name)
         if app.status == "DEPLOY_FAILED" and redeployed:
             return Verdict(done=False, failure=f"{app_name} is DEPLOY_FAILED: {app.message.strip()[-2000:]}")
-        if app.status != "RUNNING":
+        if app_name in base_deploy_times and not redeployed:
+            waiting.append(f"{app_name}: Ray has not applied the push yet")
+        elif app.status != "RUNNING":
             waiting.append(f"{app_name}: {app.status}")
     for (app_name, dep_name), options in sorted(expected.items()):
         app = serve.applications.get(app_name)

@@ -49,7 +49,10 @@ def serve_schema_errors(options: dict) -> list[str]:
     try:
         DeploymentSchema(name="fleetdeck-validation", **options)
     except PydanticError as exc:
-        return [f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()]
+        return [
+            f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" if error["loc"] else error["msg"]
+            for error in exc.errors()
+        ]
     except (TypeError, ValueError) as exc:
         return [str(exc)]
     return []

@@ -60,6 +60,11 @@ def canonical(value) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+def before_push(serve):
+    """Deploy stamps from before a push: older than what the cluster now reports."""
+    return {name: stamp - 10 for name, stamp in deploy_times(serve).items()}
+
+
 def deploy_times(serve) -> dict[str, float | None]:
     return {name: app.last_deployed_time_s for name, app in serve.applications.items()}
 
@@ -464,7 +469,7 @@ def test_a_restore_of_every_application_expects_every_deployment():
 def test_verify_is_done_when_everything_runs_and_holds_the_expected_values():
     serve = live()
     expected = expected_deployments(live_config(serve), ["demo", "echo2"], "restore")
-    verdict = verify(serve, expected, deploy_times(serve))
+    verdict = verify(serve, expected, before_push(serve))
     assert verdict.done
     assert verdict.failure == ""
     assert verdict.waiting_for == []
@@ -490,7 +495,16 @@ def test_verify_keeps_waiting_on_a_deploy_failed_application_that_has_not_redepl
     verdict = verify(after, expected, deploy_times(after))
     assert not verdict.done
     assert verdict.failure == ""
-    assert "echo2: DEPLOY_FAILED" in verdict.waiting_for
+    assert "echo2: Ray has not applied the push yet" in verdict.waiting_for
+
+
+def test_verify_waits_until_ray_has_applied_the_push_even_if_values_already_match():
+    # A delete-only patch leaves nothing to compare: only Ray's new deploy stamp proves the push.
+    serve = live()
+    expected = expected_deployments(live_config(serve), ["demo"], "restore")
+    verdict = verify(serve, expected, {"demo": deploy_times(serve)["demo"]})
+    assert not verdict.done
+    assert verdict.waiting_for == ["demo: Ray has not applied the push yet"]
 
 
 def test_verify_waits_for_values_not_yet_taken_and_names_their_paths():
@@ -499,7 +513,7 @@ def test_verify_waits_for_values_not_yet_taken_and_names_their_paths():
         serve, target("demo", "Model"), {"max_ongoing_requests": 6, "autoscaling_config": {"max_replicas": 3}}, CURRENT
     )
     expected = expected_deployments(plan.new_config, target("demo", "Model"), "patch")
-    verdict = verify(serve, expected, deploy_times(serve))
+    verdict = verify(serve, expected, before_push(serve))
     assert not verdict.done
     assert verdict.failure == ""
     assert verdict.waiting_for == [
