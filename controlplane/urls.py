@@ -7,7 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from rest_framework.routers import DefaultRouter
 
 from apps.accounts.api import AuditEventViewSet
-from apps.changes.api import ChangeViewSet, PresetViewSet
+from apps.changes.api import ChangeViewSet, PresetViewSet, RolloutViewSet
 from apps.clusters.api import ClusterViewSet
 from apps.fleet.api import ApplicationViewSet, ConfigRevisionViewSet, DeploymentViewSet
 
@@ -19,6 +19,7 @@ router.register("config-revisions", ConfigRevisionViewSet, basename="configrevis
 router.register("audit-events", AuditEventViewSet, basename="auditevent")
 router.register("presets", PresetViewSet, basename="preset")
 router.register("changes", ChangeViewSet, basename="change")
+router.register("rollouts", RolloutViewSet, basename="rollout")
 
 
 def healthz(request):

@@ -28,6 +28,10 @@ def tick() -> None:
         sync_cluster.apply_async(args=[cluster_id], expires=settings.FLEETDECK_SYNC_INTERVAL_S)
     for change_id in protocol.stale_changes():
         reconcile_change.delay(change_id)
+    from apps.changes import rollouts
+
+    for rollout_id in rollouts.running_rollouts():
+        rollouts.advance(rollout_id)
 
 
 @shared_task(name="changes.run", ignore_result=True)

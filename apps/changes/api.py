@@ -13,8 +13,8 @@ from apps.accounts.audit import Actor
 from apps.accounts.drf import require_role
 from apps.accounts.models import Role, Team
 from apps.accounts.permissions import visible_teams
-from apps.changes import presets, protocol
-from apps.changes.models import Change, ChangeStep, Preset
+from apps.changes import presets, protocol, rollouts
+from apps.changes.models import Change, ChangeStep, Preset, Rollout
 from apps.changes.validation import parse_options_text, validate_options
 from apps.clusters.models import Cluster
 from apps.fleet.models import ConfigRevision
@@ -234,3 +234,83 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
         except DjangoValidationError as exc:
             raise _drf(exc) from exc
         return Response(ChangeSerializer(self.get_queryset().get(pk=change.pk)).data, status=status.HTTP_201_CREATED)
+
+
+class RolloutChangeSerializer(serializers.ModelSerializer):
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+
+    class Meta:
+        model = Change
+        fields = ["id", "cluster", "cluster_name", "wave", "targets", "state", "error"]
+
+
+class RolloutSerializer(serializers.ModelSerializer):
+    preset = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    changes = RolloutChangeSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Rollout
+        fields = ["id", "reason", "preset", "options", "selection", "state", "current_wave", "error", "created_at", "started_at", "finished_at", "changes"]
+        read_only_fields = fields
+
+
+class RolloutPlanSerializer(serializers.Serializer):
+    selection = serializers.DictField(help_text="Filters: team, label (key=value), cluster, application, deployment, uses_gpu.")
+    preset = serializers.SlugRelatedField(slug_field="slug", queryset=Preset.objects.all(), required=False, allow_null=True)
+    options = serializers.JSONField(required=False)
+    canary = serializers.CharField(required=False, allow_blank=True, help_text="Cluster name for the first wave.")
+    reason = serializers.CharField(max_length=2000)
+
+
+class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Apply one preset to many deployments across clusters: one change per cluster, a canary
+    cluster first, the rest after it verified, stopping at the first failure."""
+
+    serializer_class = RolloutSerializer
+    filterset_fields = ["state"]
+
+    def get_queryset(self):
+        visible = Change.objects.filter(cluster__team__in=visible_teams(self.request.user))
+        return Rollout.objects.filter(Q(created_by=self.request.user) | Q(changes__in=visible)).distinct().prefetch_related("changes__cluster").order_by("-created_at", "-id")
+
+    @extend_schema(request=RolloutPlanSerializer, responses={201: RolloutSerializer})
+    def create(self, request, *args, **kwargs):
+        body = RolloutPlanSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        if not data.get("preset") and not data.get("options"):
+            raise serializers.ValidationError({"options": ["Give a preset or options."]})
+        try:
+            rollout = rollouts.plan_rollout(
+                Actor.from_request(request), selection=data["selection"], reason=data["reason"],
+                preset=data.get("preset"), options=data.get("options"), canary=data.get("canary") or None,
+            )
+        except DjangoValidationError as exc:
+            raise _drf(exc) from exc
+        return Response(RolloutSerializer(self.get_queryset().get(pk=rollout.pk)).data, status=status.HTTP_201_CREATED)
+
+    def _require_operator_everywhere(self, request, rollout: Rollout) -> None:
+        for change in rollout.changes.select_related("cluster__team"):
+            require_role(request, change.cluster.team, Role.OPERATOR, "run this rollout")
+
+    @extend_schema(request=None, responses={202: RolloutSerializer})
+    @action(detail=True, methods=["post"])
+    def start(self, request, pk=None):
+        rollout = self.get_object()
+        self._require_operator_everywhere(request, rollout)
+        try:
+            rollouts.start(Actor.from_request(request), rollout)
+        except DjangoValidationError as exc:
+            raise Conflict(" ".join(exc.messages)) from exc
+        return Response(RolloutSerializer(self.get_queryset().get(pk=rollout.pk)).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={200: RolloutSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        rollout = self.get_object()
+        self._require_operator_everywhere(request, rollout)
+        try:
+            rollouts.cancel(Actor.from_request(request), rollout)
+        except DjangoValidationError as exc:
+            raise Conflict(" ".join(exc.messages)) from exc
+        return Response(RolloutSerializer(self.get_queryset().get(pk=rollout.pk)).data)

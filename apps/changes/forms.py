@@ -63,3 +63,32 @@ class PresetForm(forms.ModelForm):
 
     def clean_options_text(self):
         return validate_options(parse_options_text(self.cleaned_data["options_text"]))
+
+
+class RolloutForm(forms.Form):
+    preset = forms.ModelChoiceField(queryset=Preset.objects.none(), required=False, empty_label="— no preset: edit options below —")
+    options_text = forms.CharField(label="Options (YAML or JSON)", required=False, widget=forms.Textarea(attrs={"rows": 5, "class": "mono"}))
+    team = forms.CharField(required=False, help_text="Team slug.")
+    label = forms.CharField(required=False, help_text="Cluster label, key=value or key.")
+    application = forms.CharField(required=False, help_text="Application name.")
+    deployment = forms.CharField(required=False, help_text="Deployment name.")
+    canary = forms.CharField(required=False, help_text="Cluster to change first; default: the first by name.")
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}))
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["preset"].queryset = Preset.objects.filter(Q(builtin=True) | Q(team__in=visible_teams(user)))
+
+    def clean_options_text(self):
+        text = self.cleaned_data["options_text"]
+        return parse_options_text(text) if text.strip() else None
+
+    def clean(self):
+        data = super().clean()
+        if not data.get("preset") and not data.get("options_text") and not self.errors:
+            raise ValidationError("Choose a preset or type the options to change.")
+        return data
+
+    @property
+    def selection(self) -> dict:
+        return {key: self.cleaned_data[key] for key in ("team", "label", "application", "deployment") if self.cleaned_data.get(key)}

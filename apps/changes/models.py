@@ -56,6 +56,43 @@ FINAL_STATES = [
 ]
 
 
+class Rollout(models.Model):
+    """One preset or option set applied to many deployments across clusters, in waves: a canary
+    cluster first, then the rest, stopping at the first change that does not succeed."""
+
+    class State(models.TextChoices):
+        PLANNED = "planned", "Planned"
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Stopped at a failure"
+        CANCELLED = "cancelled", "Cancelled"
+
+    reason = models.TextField()
+    preset = models.ForeignKey(Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="rollouts")
+    options = models.JSONField(default=dict)
+    selection = models.JSONField(default=dict, help_text="The filters that chose the deployments.")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PLANNED, db_index=True)
+    current_wave = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"Rollout #{self.pk}"
+
+    @property
+    def waves(self) -> list[list["Change"]]:
+        grouped: dict[int, list[Change]] = {}
+        for change in self.changes.all():
+            grouped.setdefault(change.wave or 0, []).append(change)
+        return [grouped[key] for key in sorted(grouped)]
+
+
 class Change(models.Model):
     class Kind(models.TextChoices):
         PATCH = "patch", "Patch deployment options"
@@ -68,6 +105,8 @@ class Change(models.Model):
     patch = models.JSONField(default=dict, blank=True)
     preset = models.ForeignKey(Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="changes")
     restores = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="restored_by")
+    rollout = models.ForeignKey(Rollout, null=True, blank=True, on_delete=models.SET_NULL, related_name="changes")
+    wave = models.PositiveIntegerField(null=True, blank=True)
     reason = models.TextField()
 
     state = models.CharField(max_length=20, choices=ChangeState.choices, default=ChangeState.PLANNED, db_index=True)

@@ -294,6 +294,10 @@ def _finish(change: Change, state: str, message: str, *, error: bool = False) ->
     change.save(update_fields=["state", "finished_at", "error"])
     _step(change, message)
     record(Actor.system(), f"change.{state}", change, team=change.cluster.team, changes={"message": message[:2000]})
+    if change.rollout_id and state != ChangeState.CANCELLED:
+        from apps.changes import rollouts
+
+        rollouts.advance(change.rollout_id)
 
 
 def _message(exc: Exception) -> str:

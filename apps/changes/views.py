@@ -14,9 +14,9 @@ from django.views.decorators.http import require_POST
 from apps.accounts.audit import Actor
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role, teams_where, visible_teams
-from apps.changes import presets, protocol
-from apps.changes.forms import PlanForm, PresetForm
-from apps.changes.models import Change, Preset
+from apps.changes import presets, protocol, rollouts
+from apps.changes.forms import PlanForm, PresetForm, RolloutForm
+from apps.changes.models import Change, Preset, Rollout
 from apps.clusters.models import Cluster
 from apps.fleet.configs import unified_diff
 
@@ -162,3 +162,54 @@ def preset_delete(request, pk: int):
     presets.delete_preset(Actor.from_request(request), preset)
     messages.success(request, f"Deleted preset {preset.name}.")
     return redirect("changes:presets")
+
+
+def _visible_rollouts(user):
+    visible = Change.objects.filter(cluster__team__in=visible_teams(user))
+    return Rollout.objects.filter(Q(created_by=user) | Q(changes__in=visible)).distinct()
+
+
+@login_required
+def rollout_list(request):
+    page = Paginator(_visible_rollouts(request.user).order_by("-created_at", "-id"), 50).get_page(request.GET.get("page"))
+    return render(request, "changes/rollout_list.html", {"page": page, "can_plan": teams_where(request.user, Role.OPERATOR).exists()})
+
+
+@login_required
+def rollout_create(request):
+    if not teams_where(request.user, Role.OPERATOR).exists():
+        raise PermissionDenied("Only operators and admins run rollouts.")
+    form = RolloutForm(request.POST or None, user=request.user)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            rollout = rollouts.plan_rollout(
+                Actor.from_request(request), selection=form.selection, reason=data["reason"],
+                preset=data["preset"], options=data["options_text"], canary=data["canary"] or None,
+            )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            return redirect("changes:rollout", pk=rollout.pk)
+    return render(request, "changes/rollout_form.html", {"form": form})
+
+
+@login_required
+def rollout_detail(request, pk: int):
+    rollout = get_object_or_404(_visible_rollouts(request.user), pk=pk)
+    can_run = all(has_role(request.user, change.cluster.team, Role.OPERATOR) for change in rollout.changes.select_related("cluster__team"))
+    template = "changes/partials/rollout_progress.html" if request.htmx else "changes/rollout_detail.html"
+    return render(request, template, {"rollout": rollout, "can_run": can_run})
+
+
+@login_required
+@require_POST
+def rollout_action(request, pk: int, action: str):
+    rollout = get_object_or_404(_visible_rollouts(request.user), pk=pk)
+    for change in rollout.changes.select_related("cluster__team"):
+        _require(request, change.cluster.team, Role.OPERATOR)
+    try:
+        (rollouts.start if action == "start" else rollouts.cancel)(Actor.from_request(request), rollout)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    return redirect("changes:rollout", pk=rollout.pk)

@@ -1,0 +1,134 @@
+"""Fleet rollouts: one change per cluster, in waves, through the same push protocol."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from apps.accounts.audit import Actor, record
+from apps.accounts.models import Role
+from apps.accounts.permissions import teams_where
+from apps.changes import protocol
+from apps.changes.models import Change, ChangeState, Preset, Rollout
+from apps.changes.validation import validate_options
+from apps.clusters.models import Cluster
+from apps.fleet.models import Deployment
+
+SELECTION_KEYS = ("team", "label", "cluster", "application", "deployment", "uses_gpu")
+
+
+def select_deployments(user, selection: dict) -> dict[Cluster, list[dict]]:
+    """Deployments matching the filters, in clusters where the user may change things."""
+    unknown = set(selection) - set(SELECTION_KEYS)
+    if unknown:
+        raise ValidationError(f"Unknown filter(s): {', '.join(sorted(unknown))}. Use {', '.join(SELECTION_KEYS)}.")
+    deployments = Deployment.objects.filter(
+        removed_at__isnull=True, application__removed_at__isnull=True,
+        application__cluster__team__in=teams_where(user, Role.OPERATOR),
+    ).select_related("application__cluster")
+    if selection.get("team"):
+        deployments = deployments.filter(application__cluster__team__slug=selection["team"])
+    if selection.get("cluster"):
+        deployments = deployments.filter(application__cluster__name=selection["cluster"])
+    if selection.get("label"):
+        key, _, value = str(selection["label"]).partition("=")
+        lookup = {f"application__cluster__labels__{key.strip()}": value.strip()} if value else {"application__cluster__labels__has_key": key.strip()}
+        deployments = deployments.filter(**lookup)
+    if selection.get("application"):
+        deployments = deployments.filter(application__name=selection["application"])
+    if selection.get("deployment"):
+        deployments = deployments.filter(name=selection["deployment"])
+    if selection.get("uses_gpu") is not None:
+        deployments = deployments.filter(num_gpus__gt=0) if selection["uses_gpu"] else deployments.exclude(num_gpus__gt=0)
+    grouped: dict[Cluster, list[dict]] = {}
+    for dep in deployments.order_by("application__cluster__name", "application__name", "name"):
+        grouped.setdefault(dep.application.cluster, []).append({"application": dep.application.name, "deployment": dep.name})
+    return grouped
+
+
+def plan_rollout(actor: Actor, *, selection: dict, reason: str, preset: Preset | None = None, options: dict | None = None, canary: str | None = None) -> Rollout:
+    options = dict(preset.options) if preset is not None else options
+    validate_options(options)
+    grouped = select_deployments(actor.user, selection)
+    if not grouped:
+        raise ValidationError("No deployment you may change matches these filters.")
+    clusters = sorted(grouped, key=lambda c: (c.name != canary, c.name))
+    if canary and clusters[0].name != canary:
+        raise ValidationError(f"The canary cluster {canary!r} has no matching deployment.")
+    problems: list[str] = []
+    with transaction.atomic():
+        rollout = Rollout.objects.create(reason=reason, preset=preset, options=options, selection=selection, created_by=actor.user)
+        for index, cluster in enumerate(clusters):
+            try:
+                change = protocol.plan_change(actor, cluster, targets=grouped[cluster], reason=f"Rollout #{rollout.pk}: {reason}", options=options)
+            except ValidationError as exc:
+                problems.append(f"{cluster.name}: {' '.join(exc.messages)}")
+                continue
+            Change.objects.filter(pk=change.pk).update(rollout=rollout, wave=0 if index == 0 else 1)
+        if problems:
+            raise ValidationError(["The rollout cannot be planned:"] + problems)
+        record(actor, "rollout.plan", rollout, changes={"reason": reason, "selection": selection, "clusters": [c.name for c in clusters]})
+    return rollout
+
+
+def start(actor: Actor, rollout: Rollout) -> Rollout:
+    if not Rollout.objects.filter(pk=rollout.pk, state=Rollout.State.PLANNED).update(state=Rollout.State.RUNNING, started_at=timezone.now()):
+        raise ValidationError("Only a planned rollout can be started.")
+    rollout.refresh_from_db()
+    record(actor, "rollout.start", rollout, changes={"reason": rollout.reason})
+    _apply_wave(actor, rollout, 0)
+    return rollout
+
+
+def cancel(actor: Actor, rollout: Rollout) -> Rollout:
+    if not Rollout.objects.filter(pk=rollout.pk, state__in=[Rollout.State.PLANNED, Rollout.State.RUNNING]).update(
+        state=Rollout.State.CANCELLED, finished_at=timezone.now()
+    ):
+        raise ValidationError("The rollout has already finished.")
+    _cancel_planned(rollout)
+    record(actor, "rollout.cancel", rollout)
+    rollout.refresh_from_db()
+    return rollout
+
+
+def advance(rollout_id: int) -> None:
+    """Move a running rollout on: next wave when the current one succeeded, stop at a failure."""
+    rollout = Rollout.objects.filter(pk=rollout_id, state=Rollout.State.RUNNING).first()
+    if rollout is None:
+        return
+    wave = list(rollout.changes.filter(wave=rollout.current_wave))
+    if any(not change.is_final and change.state != ChangeState.PLANNED for change in wave):
+        return
+    failed = [c for c in wave if c.is_final and c.state != ChangeState.SUCCEEDED]
+    if failed:
+        return _stop(rollout, "; ".join(f"{c.cluster.name}: change #{c.pk} {c.get_state_display().lower()}" for c in failed))
+    next_wave = rollout.current_wave + 1
+    if not rollout.changes.filter(wave=next_wave).exists():
+        Rollout.objects.filter(pk=rollout.pk, state=Rollout.State.RUNNING).update(state=Rollout.State.SUCCEEDED, finished_at=timezone.now())
+        return
+    if Rollout.objects.filter(pk=rollout.pk, current_wave=rollout.current_wave).update(current_wave=next_wave):
+        _apply_wave(Actor.system(), rollout, next_wave)
+
+
+def _apply_wave(actor: Actor, rollout: Rollout, wave: int) -> None:
+    for change in rollout.changes.filter(wave=wave, state=ChangeState.PLANNED).select_related("cluster"):
+        try:
+            protocol.request_apply(actor, change)
+        except ValidationError as exc:
+            return _stop(rollout, f"{change.cluster.name}: {' '.join(exc.messages)}")
+
+
+def _stop(rollout: Rollout, why: str) -> None:
+    Rollout.objects.filter(pk=rollout.pk).update(state=Rollout.State.FAILED, error=why, finished_at=timezone.now())
+    _cancel_planned(rollout)
+    record(Actor.system(), "rollout.failed", rollout, changes={"error": why})
+
+
+def _cancel_planned(rollout: Rollout) -> None:
+    for change in rollout.changes.filter(state=ChangeState.PLANNED):
+        protocol.cancel(Actor.system(), change)
+
+
+def running_rollouts() -> list[int]:
+    return list(Rollout.objects.filter(state=Rollout.State.RUNNING).values_list("pk", flat=True))

@@ -1,0 +1,123 @@
+"""Fleet rollouts: selection across clusters, waves, and stopping at the first failure."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from apps.accounts.audit import Actor
+from apps.changes import rollouts
+from apps.changes.models import Change, ChangeState, Preset, Rollout
+from apps.clusters.models import Cluster
+from apps.fleet import sync
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def clusters(team, use_replay):
+    made = []
+    for name, labels in (("eu-prod", {"env": "prod"}), ("us-prod", {"env": "prod"}), ("dev", {"env": "dev"})):
+        cluster = Cluster.objects.create(name=name, team=team, dashboard_url=f"http://{name}.test:8265", ray_version="2.60.0", labels=labels)
+        sync.sync_cluster(cluster.pk)
+        made.append(cluster)
+    return made
+
+
+@pytest.fixture
+def operator(people):
+    return Actor(user=people["operator"])
+
+
+def heavy():
+    return Preset.objects.get(slug="heavy-gpu-model")
+
+
+def test_a_rollout_plans_one_change_per_matching_cluster_with_a_canary_wave(clusters, operator):
+    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="fleet OOMs", preset=heavy())
+
+    changes = list(rollout.changes.order_by("wave", "cluster__name"))
+    assert [(c.cluster.name, c.wave) for c in changes] == [("eu-prod", 0), ("us-prod", 1)]
+    assert all(c.targets == [{"application": "demo", "deployment": "Model"}] and c.state == ChangeState.PLANNED for c in changes)
+    assert [len(wave) for wave in rollout.waves] == [1, 1]
+
+
+def test_the_canary_can_be_chosen(clusters, operator):
+    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy(), canary="us-prod")
+    assert rollout.changes.get(wave=0).cluster.name == "us-prod"
+
+
+def test_the_next_wave_starts_only_after_the_canary_succeeded(clusters, operator):
+    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy())
+    rollouts.start(operator, rollout)
+    canary, rest = rollout.changes.get(wave=0), rollout.changes.get(wave=1)
+    assert Change.objects.get(pk=canary.pk).state == ChangeState.QUEUED
+    rollouts.advance(rollout.pk)
+    assert Change.objects.get(pk=rest.pk).state == ChangeState.PLANNED
+
+    Change.objects.filter(pk=canary.pk).update(state=ChangeState.SUCCEEDED)
+    rollouts.advance(rollout.pk)
+    assert Change.objects.get(pk=rest.pk).state == ChangeState.QUEUED
+
+    Change.objects.filter(pk=rest.pk).update(state=ChangeState.SUCCEEDED)
+    rollouts.advance(rollout.pk)
+    assert Rollout.objects.get(pk=rollout.pk).state == Rollout.State.SUCCEEDED
+
+
+def test_a_failed_canary_stops_the_rollout_and_cancels_the_rest(clusters, operator):
+    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy())
+    rollouts.start(operator, rollout)
+    Change.objects.filter(rollout=rollout, wave=0).update(state=ChangeState.ROLLED_BACK)
+
+    rollouts.advance(rollout.pk)
+
+    rollout.refresh_from_db()
+    assert rollout.state == Rollout.State.FAILED and "eu-prod" in rollout.error and "rolled back" in rollout.error
+    assert Change.objects.get(rollout=rollout, wave=1).state == ChangeState.CANCELLED
+
+
+def test_nothing_matching_is_refused(clusters, operator):
+    with pytest.raises(Exception, match="No deployment you may change"):
+        rollouts.plan_rollout(operator, selection={"deployment": "Nope"}, reason="r", preset=heavy())
+
+
+def test_unknown_filters_are_refused(clusters, operator):
+    with pytest.raises(Exception, match="Unknown filter"):
+        rollouts.plan_rollout(operator, selection={"colour": "red"}, reason="r", preset=heavy())
+
+
+def test_a_rollout_plan_that_fails_on_one_cluster_saves_nothing(clusters, operator):
+    with pytest.raises(Exception, match="cannot be planned") as caught:
+        rollouts.plan_rollout(operator, selection={"deployment": "Model"}, reason="r", options={"max_ongoing_requests": 8})
+    assert "nothing to change" in str(caught.value)
+    assert not Rollout.objects.exists() and not Change.objects.exists()
+
+
+def test_viewers_select_nothing(clusters, people):
+    with pytest.raises(Exception, match="No deployment you may change"):
+        rollouts.plan_rollout(Actor(user=people["viewer"]), selection={}, reason="r", preset=heavy())
+
+
+def test_the_rollout_api_plans_and_starts(api_as, clusters):
+    client = api_as("operator")
+    created = client.post(
+        "/api/v1/rollouts/",
+        {"selection": {"label": "env=prod", "deployment": "Model"}, "preset": "heavy-gpu-model", "reason": "fleet OOMs"},
+        format="json",
+    )
+    assert created.status_code == 201, created.content
+    body = created.json()
+    assert [c["wave"] for c in sorted(body["changes"], key=lambda c: c["wave"])] == [0, 1]
+    started = client.post(f"/api/v1/rollouts/{body['id']}/start/")
+    assert started.status_code == 202 and started.json()["state"] == "running"
+    assert client.post(f"/api/v1/rollouts/{body['id']}/start/").status_code == 409
+    assert api_as("viewer").post(f"/api/v1/rollouts/{body['id']}/cancel/").status_code in (403, 404)
+
+
+def test_the_rollout_page_shows_waves(client, people, clusters, operator):
+    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy())
+    client.force_login(people["operator"])
+    page = client.get(reverse("changes:rollout", args=[rollout.pk])).content.decode()
+    assert "Wave 1: canary" in page and "Wave 2: the rest" in page and "eu-prod" in page and "Start with the canary" in page
+    form = client.post(reverse("changes:rollout_create"), {"preset": heavy().pk, "label": "env=dev", "deployment": "Model", "reason": "dev too"})
+    assert form.status_code == 302
