@@ -163,6 +163,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "ChangeStateEnum": "apps.changes.models.ChangeState",
+        "RolloutStateEnum": "apps.changes.models.Rollout.State",
+    },
 }
 
 CACHES = {
