@@ -14,6 +14,7 @@ urlpatterns = [
     path("rollouts/new/", views.rollout_create, name="rollout_create"),
     path("rollouts/<int:pk>/", views.rollout_detail, name="rollout"),
     path("rollouts/<int:pk>/<str:action>/", views.rollout_action, name="rollout_action"),
+    path("revisions/<int:pk>/restore/", views.restore_revision, name="restore_revision"),
     path("presets/", views.preset_list, name="presets"),
     path("presets/new/", views.preset_create, name="preset_create"),
     path("presets/<int:pk>/edit/", views.preset_edit, name="preset_edit"),

@@ -213,3 +213,21 @@ def rollout_action(request, pk: int, action: str):
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     return redirect("changes:rollout", pk=rollout.pk)
+
+
+@login_required
+@require_POST
+def restore_revision(request, pk: int):
+    from apps.fleet.models import ConfigRevision
+
+    revision = get_object_or_404(ConfigRevision.objects.select_related("application", "cluster__team"), pk=pk, cluster__team__in=visible_teams(request.user))
+    _require(request, revision.cluster.team, Role.OPERATOR)
+    reason = request.POST.get("reason", "").strip() or f"Restore {revision.application.name} to revision {revision.config_hash[:12]}"
+    try:
+        change = protocol.plan_restore(
+            Actor.from_request(request), revision.cluster, app_configs={revision.application.name: revision.config["submitted"]}, reason=reason
+        )
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return redirect("fleet:revision", pk=revision.pk)
+    return redirect("changes:detail", pk=change.pk)

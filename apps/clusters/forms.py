@@ -23,6 +23,13 @@ class ClusterForm(forms.Form):
         help_text="Only for clusters with token authentication (Ray ≥ 2.52). Stored encrypted, never shown again.",
     )
     clear_token = forms.BooleanField(label="Remove the stored token", required=False)
+    serve_config_owner = forms.ChoiceField(
+        label="Serve config owned by",
+        choices=Cluster.ConfigOwner.choices,
+        initial=Cluster.ConfigOwner.DASHBOARD,
+        required=False,
+        help_text="A cluster whose config a KubeRay RayService owns is never pushed through the dashboard.",
+    )
     labels = forms.CharField(
         required=False,
         widget=forms.TextInput(attrs={"placeholder": "env=prod, region=eu"}),
@@ -39,6 +46,7 @@ class ClusterForm(forms.Form):
                     "team": instance.team,
                     "dashboard_url": instance.dashboard_url,
                     "labels": labels_text(instance.labels),
+                    "serve_config_owner": instance.serve_config_owner,
                 },
             )
         super().__init__(*args, **kwargs)
@@ -58,6 +66,9 @@ class ClusterForm(forms.Form):
 
     def clean_dashboard_url(self):
         return normalize_dashboard_url(self.cleaned_data["dashboard_url"])
+
+    def clean_serve_config_owner(self):
+        return self.cleaned_data["serve_config_owner"] or Cluster.ConfigOwner.DASHBOARD
 
     def clean_labels(self):
         return parse_labels_text(self.cleaned_data["labels"])

@@ -55,7 +55,14 @@ def _checked_url(raw: str) -> str:
 
 
 def register_cluster(
-    actor: Actor, *, name: str, team: Team, dashboard_url: str, token: str = "", labels: dict | None = None
+    actor: Actor,
+    *,
+    name: str,
+    team: Team,
+    dashboard_url: str,
+    token: str = "",
+    labels: dict | None = None,
+    serve_config_owner: str = Cluster.ConfigOwner.DASHBOARD,
 ) -> Cluster:
     url = _checked_url(dashboard_url)
     clean_labels = validate_labels(labels)
@@ -67,6 +74,7 @@ def register_cluster(
             dashboard_url=url,
             token_ciphertext=secrets.encrypt(token),
             labels=clean_labels,
+            serve_config_owner=serve_config_owner,
             ray_version=result.version.ray_version,
             ray_commit=result.version.ray_commit,
             session_name=result.version.session_name,
@@ -94,7 +102,7 @@ UNSET = object()
 
 
 def update_cluster(
-    actor: Actor, cluster: Cluster, *, dashboard_url=UNSET, token=UNSET, labels=UNSET, team=UNSET
+    actor: Actor, cluster: Cluster, *, dashboard_url=UNSET, token=UNSET, labels=UNSET, team=UNSET, serve_config_owner=UNSET
 ) -> Cluster:
     """Change a cluster's registration. A new URL or token is connection-tested before it is saved."""
     changes: dict = {}
@@ -109,6 +117,9 @@ def update_cluster(
         if clean != cluster.labels:
             changes["labels"] = {"from": cluster.labels, "to": clean}
             cluster.labels = clean
+    if serve_config_owner is not UNSET and serve_config_owner != cluster.serve_config_owner:
+        changes["serve_config_owner"] = {"from": cluster.serve_config_owner, "to": serve_config_owner}
+        cluster.serve_config_owner = serve_config_owner
     if team is not UNSET and team != cluster.team:
         changes["team"] = {"from": cluster.team.name, "to": team.name}
         cluster.team = team

@@ -43,6 +43,7 @@ def cluster_create(request):
                 dashboard_url=data["dashboard_url"],
                 token=data["token"],
                 labels=data["labels"],
+                serve_config_owner=data["serve_config_owner"],
             )
         except ValidationError as exc:
             _form_error(form, exc)
@@ -58,7 +59,7 @@ def cluster_edit(request, pk: int):
     form = ClusterForm(request.POST or None, user=request.user, instance=cluster)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
-        changes = {"dashboard_url": data["dashboard_url"], "labels": data["labels"], "team": data["team"]}
+        changes = {key: data[key] for key in ("dashboard_url", "labels", "team", "serve_config_owner")}
         if data.get("clear_token"):
             changes["token"] = ""
         elif data["token"]:

@@ -103,7 +103,7 @@ def application_history(request, pk: int):
 @login_required
 def revision_detail(request, pk: int):
     revision = get_object_or_404(
-        ConfigRevision.objects.select_related("application__cluster"),
+        ConfigRevision.objects.select_related("application__cluster", "cluster__team"),
         pk=pk,
         cluster__team__in=visible_teams(request.user),
     )
@@ -119,5 +119,6 @@ def revision_detail(request, pk: int):
         "application": revision.application,
         "diff": revision_diff(old, revision),
         "others": revision.application.revisions.exclude(pk=revision.pk)[:50],
+        "can_operate": has_role(request.user, revision.cluster.team, Role.OPERATOR),
     }
     return render(request, "fleet/revision_detail.html", context)

@@ -197,3 +197,27 @@ def test_the_presets_page_lists_builtins_with_their_reasons(client, people):
     client.force_login(people["viewer"])
     page = client.get(reverse("changes:presets")).content.decode()
     assert "Heavy GPU model" in page and "OOM-2" in page and "target_ongoing_requests: 1" in page
+
+
+def test_admins_mark_a_cluster_as_rayservice_owned(api_as, cluster):
+    response = api_as("admin").patch(f"/api/v1/clusters/{cluster.pk}/", {"serve_config_owner": "rayservice"}, format="json")
+    assert response.status_code == 200 and response.json()["serve_config_owner"] == "rayservice"
+    assert api_as("admin").patch(f"/api/v1/clusters/{cluster.pk}/", {"serve_config_owner": "nonsense"}, format="json").status_code == 400
+
+
+def test_a_revision_page_offers_a_restore_that_plans_a_change(client, people, cluster, use_replay):
+    from apps.fleet.models import ConfigRevision
+    from tests.conftest import ray_fixture
+
+    revision = ConfigRevision.objects.get(application__name="demo")
+    payload = ray_fixture("serve_applications_two_apps.json")
+    payload["applications"]["demo"]["deployed_app_config"]["deployments"][1]["max_ongoing_requests"] = 3
+    use_replay.routes["/api/serve/applications/"] = payload
+    client.force_login(people["operator"])
+    assert "Plan restoring this revision" in client.get(reverse("fleet:revision", args=[revision.pk])).content.decode()
+
+    response = client.post(reverse("changes:restore_revision", args=[revision.pk]), {"reason": "back to known good"})
+
+    change = Change.objects.get()
+    assert response["Location"] == reverse("changes:detail", args=[change.pk])
+    assert change.kind == "restore" and change.reason == "back to known good"
