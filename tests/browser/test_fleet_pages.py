@@ -83,3 +83,39 @@ def test_a_viewer_with_no_team_sees_a_designed_empty_state(page, live_server, pe
     page.fill("#id_password", "pw")
     page.click("button[type=submit]")
     page.wait_for_selector("text=No clusters are visible to you yet")
+
+
+def test_an_operator_plans_reviews_and_applies_a_change_in_the_browser(page, live_server, api_as, ray_head, settings):
+    from celery.contrib.testing.worker import start_worker
+
+    from apps.changes.models import Change
+    from controlplane.celery import app as celery_app
+    from tests.conftest import two_app_config
+
+    settings.FLEETDECK_CHANGE_POLL_S = 0.3
+    cluster_id = api_as("admin").post(
+        "/api/v1/clusters/", {"name": "local-ray", "team": "vision", "dashboard_url": ray_head.dashboard_url}, format="json"
+    ).json()["id"]
+    sync.sync_cluster(cluster_id)
+    celery_app.control.purge()
+    try:
+        with start_worker(celery_app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
+            page.goto(f"{live_server.url}/accounts/login/")
+            page.fill("#id_username", "operator")
+            page.fill("#id_password", "pw")
+            page.click("button[type=submit]")
+            page.goto(f"{live_server.url}/clusters/{cluster_id}/")
+            page.click("text=Model")
+            page.click("text=Plan a change")
+            assert page.is_checked("input[value='demo/Model']")
+            page.fill("textarea[name=options_text]", "max_queued_requests: 12")
+            page.fill("textarea[name=reason]", "bound the queue (browser test)")
+            page.click("text=Plan and show the diff")
+            page.wait_for_selector("text=Diff of the full config")
+            assert page.locator(".diff-add", has_text='"max_queued_requests": 12').count() == 1
+            page.click("button:text('Apply')")
+            page.wait_for_selector("#change-progress .badge:text('Succeeded')", timeout=90_000)
+            assert "Verified" in page.locator("#change-progress").inner_text()
+            assert Change.objects.get().state == "succeeded"
+    finally:
+        ray_head.deploy(two_app_config())
