@@ -11,7 +11,23 @@ from apps.clusters.models import Cluster
 from apps.fleet.models import Deployment
 
 
-class PlanForm(forms.Form):
+class OptionsChoice:
+    """A preset or typed options, never both: shared by the plan and rollout forms."""
+
+    def clean_options_text(self):
+        text = self.cleaned_data["options_text"]
+        return parse_options_text(text) if text.strip() else None
+
+    def clean(self):
+        data = super().clean()
+        if data.get("preset") and data.get("options_text"):
+            raise ValidationError("Choose a preset or type options, not both.")
+        if not data.get("preset") and not data.get("options_text") and not self.errors:
+            raise ValidationError("Choose a preset or type the options to change.")
+        return data
+
+
+class PlanForm(OptionsChoice, forms.Form):
     targets = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple, help_text="Deployments to change.")
     preset = forms.ModelChoiceField(queryset=Preset.objects.none(), required=False, empty_label="— no preset: edit options below —")
     options_text = forms.CharField(
@@ -27,18 +43,6 @@ class PlanForm(forms.Form):
         deployments = Deployment.objects.filter(application__cluster=cluster, removed_at__isnull=True).select_related("application")
         self.fields["targets"].choices = [(f"{d.application.name}/{d.name}", f"{d.application.name} / {d.name}") for d in deployments]
         self.fields["preset"].queryset = Preset.objects.filter(Q(builtin=True) | Q(team__in=visible_teams(user)))
-
-    def clean_options_text(self):
-        text = self.cleaned_data["options_text"]
-        return parse_options_text(text) if text.strip() else None
-
-    def clean(self):
-        data = super().clean()
-        if data.get("preset") and data.get("options_text"):
-            raise ValidationError("Choose a preset or type options, not both.")
-        if not data.get("preset") and not data.get("options_text") and not self.errors:
-            raise ValidationError("Choose a preset or type the options to change.")
-        return data
 
     @property
     def target_list(self) -> list[dict]:
@@ -65,7 +69,7 @@ class PresetForm(forms.ModelForm):
         return validate_options(parse_options_text(self.cleaned_data["options_text"]))
 
 
-class RolloutForm(forms.Form):
+class RolloutForm(OptionsChoice, forms.Form):
     preset = forms.ModelChoiceField(queryset=Preset.objects.none(), required=False, empty_label="— no preset: edit options below —")
     options_text = forms.CharField(label="Options (YAML or JSON)", required=False, widget=forms.Textarea(attrs={"rows": 5, "class": "mono"}))
     team = forms.CharField(required=False, help_text="Team slug.")
@@ -78,16 +82,6 @@ class RolloutForm(forms.Form):
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["preset"].queryset = Preset.objects.filter(Q(builtin=True) | Q(team__in=visible_teams(user)))
-
-    def clean_options_text(self):
-        text = self.cleaned_data["options_text"]
-        return parse_options_text(text) if text.strip() else None
-
-    def clean(self):
-        data = super().clean()
-        if not data.get("preset") and not data.get("options_text") and not self.errors:
-            raise ValidationError("Choose a preset or type the options to change.")
-        return data
 
     @property
     def selection(self) -> dict:

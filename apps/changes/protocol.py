@@ -50,30 +50,35 @@ def plan_change(
         raise ChangeRefused("Give either a preset or options, not both.")
     options = dict(preset.options) if preset is not None else options
     validate_options(options)
-    try:
-        live = _read_live(cluster)
-        plan = planner.plan_patch(live, targets, options, cluster.ray_version)
-    except RayError as exc:
-        raise ChangeRefused(f"Could not read the cluster's live config: {exc.message}") from exc
-    except planner.PlanError as exc:
-        raise ChangeRefused(str(exc)) from exc
-    if not plan.changes_anything:
-        raise ChangeRefused("The targets already run with these options: there is nothing to change.")
+    plan = _make_plan(
+        cluster,
+        lambda live: planner.plan_patch(live, targets, options, cluster.ray_version),
+        "The targets already run with these options: there is nothing to change.",
+    )
     return _save_plan(actor, cluster, plan, Change.Kind.PATCH, targets, reason, patch=options, preset=preset)
 
 
 def plan_restore(actor: Actor, cluster: Cluster, *, app_configs: dict[str, dict], reason: str, restores: Change | None = None) -> Change:
     if not (reason or "").strip():
         raise ChangeRefused("Say why: every change records its reason.")
+    plan = _make_plan(
+        cluster,
+        lambda live: planner.plan_restore(live, app_configs),
+        "The cluster already runs exactly that config: there is nothing to restore.",
+    )
+    return _save_plan(actor, cluster, plan, Change.Kind.RESTORE, sorted(app_configs), reason, restores=restores)
+
+
+def _make_plan(cluster: Cluster, build, nothing_to_do: str) -> planner.Plan:
     try:
-        plan = planner.plan_restore(_read_live(cluster), app_configs)
+        plan = build(_read_live(cluster))
     except RayError as exc:
         raise ChangeRefused(f"Could not read the cluster's live config: {exc.message}") from exc
     except planner.PlanError as exc:
         raise ChangeRefused(str(exc)) from exc
     if not plan.changes_anything:
-        raise ChangeRefused("The cluster already runs exactly that config: there is nothing to restore.")
-    return _save_plan(actor, cluster, plan, Change.Kind.RESTORE, sorted(app_configs), reason, restores=restores)
+        raise ChangeRefused(nothing_to_do)
+    return plan
 
 
 def roll_back_change(actor: Actor, change: Change) -> Change:

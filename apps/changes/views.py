@@ -7,6 +7,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
+from django.http import Http404
 from django.db.models import Q
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
@@ -74,39 +75,19 @@ def detail(request, pk: int):
 
 @login_required
 @require_POST
-def apply(request, pk: int):
+def change_action(request, pk: int, action: str):
+    """Apply, cancel or roll back: each is one protocol call; refusals come back as messages."""
     change = _change(request, pk)
     _require(request, change.cluster.team, Role.OPERATOR)
+    operations = {"apply": protocol.request_apply, "cancel": protocol.cancel, "rollback": protocol.roll_back_change}
+    if action not in operations:
+        raise Http404("No such action.")
     try:
-        protocol.request_apply(Actor.from_request(request), change)
+        result = operations[action](Actor.from_request(request), change)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
-    return redirect("changes:detail", pk=change.pk)
-
-
-@login_required
-@require_POST
-def cancel(request, pk: int):
-    change = _change(request, pk)
-    _require(request, change.cluster.team, Role.OPERATOR)
-    try:
-        protocol.cancel(Actor.from_request(request), change)
-    except ValidationError as exc:
-        messages.error(request, " ".join(exc.messages))
-    return redirect("changes:detail", pk=change.pk)
-
-
-@login_required
-@require_POST
-def rollback(request, pk: int):
-    change = _change(request, pk)
-    _require(request, change.cluster.team, Role.OPERATOR)
-    try:
-        restore = protocol.roll_back_change(Actor.from_request(request), change)
-    except ValidationError as exc:
-        messages.error(request, " ".join(exc.messages))
-        return redirect("changes:detail", pk=change.pk)
-    return redirect("changes:detail", pk=restore.pk)
+        result = change
+    return redirect("changes:detail", pk=result.pk)
 
 
 @login_required
