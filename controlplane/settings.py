@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "apps.clusters",
     "apps.fleet",
     "apps.changes",
+    "apps.maintenance",
 ]
 
 MIDDLEWARE = [
@@ -216,6 +217,9 @@ FLEETDECK_UI_REFRESH_S = env_int("FLEETDECK_UI_REFRESH_S", 5, minimum=1)
 FLEETDECK_CHANGE_VERIFY_TIMEOUT_S = env_int("FLEETDECK_CHANGE_VERIFY_TIMEOUT_S", 180, minimum=5)
 FLEETDECK_CHANGE_POLL_S = env_float("FLEETDECK_CHANGE_POLL_S", 0.5, minimum=0.05)
 FLEETDECK_CHANGE_STALE_S = env_int("FLEETDECK_CHANGE_STALE_S", 60, minimum=5)
+# A surge recycle needs this much free memory per replica it starts, unless the deployment
+# declares its own `ray_actor_options.memory`.
+FLEETDECK_RECYCLE_REPLICA_MEMORY_MB = env_int("FLEETDECK_RECYCLE_REPLICA_MEMORY_MB", 1024, minimum=1)
 
 LOGGING = {
     "version": 1,

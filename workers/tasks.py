@@ -32,6 +32,10 @@ def tick() -> None:
 
     for rollout_id in rollouts.running_rollouts():
         rollouts.advance(rollout_id)
+    from apps.maintenance import services as maintenance
+
+    for run_id in maintenance.claim_due():
+        run_maintenance.delay(run_id)
 
 
 @shared_task(name="changes.run", ignore_result=True)
@@ -46,3 +50,10 @@ def reconcile_change(change_id: int) -> None:
     from apps.changes import protocol
 
     protocol.reconcile(change_id)
+
+
+@shared_task(name="maintenance.run", ignore_result=True)
+def run_maintenance(run_id: int) -> None:
+    from apps.maintenance import services
+
+    services.execute(run_id)

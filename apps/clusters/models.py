@@ -59,6 +59,9 @@ class Cluster(models.Model):
         RAYSERVICE = "rayservice", "KubeRay RayService (serveConfigV2 owns the config)"
 
     serve_config_owner = models.CharField(max_length=16, choices=ConfigOwner.choices, default=ConfigOwner.DASHBOARD)
+    serve_url = models.URLField(
+        max_length=300, blank=True, help_text="Serve's HTTP endpoint for warmups; empty: the dashboard host on Serve's HTTP port."
+    )
 
     ray_version = models.CharField(max_length=32, blank=True)
     ray_commit = models.CharField(max_length=64, blank=True)
@@ -97,6 +100,16 @@ class Cluster(models.Model):
         return self.sync_requested_at is not None and (
             self.last_sync_at is None or self.last_sync_at < self.sync_requested_at
         )
+
+    @property
+    def serve_endpoint(self) -> str:
+        if self.serve_url:
+            return self.serve_url.rstrip("/")
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.dashboard_url)
+        host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+        return f"{parts.scheme}://{host}:{self.serve_http_port or 8000}"
 
     @property
     def dashboard_auth_enabled(self) -> bool | None:

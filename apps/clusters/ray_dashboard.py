@@ -138,6 +138,13 @@ class Node:
 
 
 @dataclass(frozen=True)
+class NodeMemory:
+    node_ip: str
+    total_bytes: int
+    available_bytes: int
+
+
+@dataclass(frozen=True)
 class StatePage:
     total: int  # entities matching the filters among those Ray looked at
     truncated: bool  # Ray stopped at the limit: more may exist
@@ -273,6 +280,17 @@ class RayDashboard:
     def list_nodes(self, *, limit: int = 1000) -> StatePage:
         page = self._state("/api/v0/nodes", filters=(), detail=False, limit=limit)
         return StatePage(page.total, page.truncated, [_parse_node(item) for item in page.items])
+
+    def node_memory(self) -> list[NodeMemory]:
+        """Memory per node from the dashboard's node summary (`mem` is [total, available, percent, used])."""
+        body = _expect_dict(self._get("/nodes", [("view", "summary")]), "/nodes")
+        summary = ((body.get("data") or {}).get("summary")) or []
+        nodes = []
+        for node in summary:
+            mem = node.get("mem") or []
+            if len(mem) >= 2:
+                nodes.append(NodeMemory(str(node.get("ip") or ""), _int(mem[0], 0), _int(mem[1], 0)))
+        return nodes
 
     def _state(self, path: str, *, filters, detail: bool, limit: int) -> StatePage:
         params: list[tuple[str, str]] = [("limit", str(min(max(limit, 1), STATE_API_MAX_LIMIT)))]

@@ -43,6 +43,9 @@ class Echo:
         self.greeting = str(config.get("greeting", "hello"))
 
     async def __call__(self, request: Request) -> dict:
+        if request.query_params.get("fail"):
+            # Lets warmup tests see a route that answers 500.
+            raise ValueError("failure requested with ?fail=1")
         text = request.query_params.get("text", "")
         answer = {"greeting": self.greeting, "echo": text}
         if self.model is not None:

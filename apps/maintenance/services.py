@@ -1,0 +1,324 @@
+"""Maintenance: schedule writes, guards, recycles (ordinary changes) and warmups."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from apps.accounts.audit import Actor, record
+from apps.changes import protocol
+from apps.changes.models import ACTIVE_STATES, Change, ChangeState
+from apps.clusters.models import Reachability
+from apps.clusters.ray_dashboard import RayError
+from apps.clusters.services import dashboard_for
+from apps.fleet.models import Deployment
+from apps.maintenance import schedule as timing
+from apps.maintenance import serve_http
+from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
+
+GENERATION_VAR = "FLEETDECK_RECYCLE_GENERATION"
+METHODS = {"GET", "POST", "PUT", "HEAD"}
+MAX_REQUESTS, MAX_CONCURRENCY = 1000, 64
+
+# --- schedules and profiles ----------------------------------------------------------------
+
+
+def _window_fields(data: dict) -> tuple:
+    return data.get("window_days", []), data.get("window_start_hour", 0), data.get("window_end_hour", 24), data.get("timezone", "UTC")
+
+
+def save_schedule(actor: Actor, deployment: Deployment, data: dict) -> RecycleSchedule:
+    timing.validate_timing(data.get("every_hours"), data.get("cron", ""))
+    timing.validate_window(*_window_fields(data))
+    warmup = data.get("warmup")
+    if warmup is not None and warmup.application_id != deployment.application_id:
+        raise ValidationError("The warmup profile must belong to the deployment's application.")
+    schedule = RecycleSchedule.objects.filter(deployment=deployment).first() or RecycleSchedule(deployment=deployment, created_by=actor.user)
+    for key, value in data.items():
+        setattr(schedule, key, value)
+    schedule.next_run_at = _next(schedule, timezone.now()) if schedule.enabled else None
+    with transaction.atomic():
+        schedule.save()
+        record(actor, "recycle_schedule.save", schedule, team=deployment.application.cluster.team, changes={k: str(v) for k, v in data.items()})
+    return schedule
+
+
+def _next(item, after):
+    return timing.next_slot(
+        after=after, every_hours=item.every_hours, cron=getattr(item, "cron", ""),
+        days=item.window_days, start_hour=item.window_start_hour, end_hour=item.window_end_hour, tz=item.timezone,
+    )
+
+
+def validate_profile(application, data: dict) -> None:
+    problems = []
+    root = (application.route_prefix or "/").rstrip("/")
+    path = data.get("path", "").split("?", 1)[0]
+    if not path.startswith("/") or not (not root or path == root or path.startswith(root + "/")):
+        problems.append(f"The path must be under the application's route prefix {application.route_prefix or '/'!r}.")
+    if data.get("method", "GET").upper() not in METHODS:
+        problems.append(f"Method must be one of {', '.join(sorted(METHODS))}.")
+    if not 1 <= data.get("requests", 20) <= MAX_REQUESTS:
+        problems.append(f"Requests must be between 1 and {MAX_REQUESTS}.")
+    if not 1 <= data.get("concurrency", 2) <= MAX_CONCURRENCY:
+        problems.append(f"Concurrency must be between 1 and {MAX_CONCURRENCY}.")
+    if not 0 < data.get("timeout_s", 10.0) <= 300:
+        problems.append("The per-request timeout must be above 0 and at most 300 s.")
+    if not isinstance(data.get("headers", {}), dict) or any(not isinstance(v, str) for v in data.get("headers", {}).values()):
+        problems.append("Headers must be an object of strings.")
+    if data.get("every_hours") is not None and not 1 <= data["every_hours"] <= 720:
+        problems.append("every_hours must be between 1 and 720.")
+    if problems:
+        raise ValidationError(problems)
+    timing.validate_window(*_window_fields(data))
+
+
+def save_profile(actor: Actor, application, data: dict, profile: WarmupProfile | None = None) -> WarmupProfile:
+    validate_profile(application, data)
+    profile = profile or WarmupProfile(application=application)
+    for key, value in data.items():
+        setattr(profile, key, value.upper() if key == "method" else value)
+    profile.next_run_at = _next(profile, timezone.now()) if profile.every_hours and profile.enabled else None
+    with transaction.atomic():
+        profile.save()
+        record(actor, "warmup_profile.save", profile, team=application.cluster.team, changes={k: str(v) for k, v in data.items()})
+    return profile
+
+
+# --- scheduling ----------------------------------------------------------------------------
+
+
+def claim_due(now=None) -> list[int]:
+    """Runs for every due schedule and profile, each slot exactly once: the schedule row is
+    claimed with a conditional UPDATE and the run is unique per (schedule, slot)."""
+    now = now or timezone.now()
+    runs = []
+    for item in RecycleSchedule.objects.filter(enabled=True, next_run_at__lte=now).select_related("deployment__application__cluster"):
+        run = _claim(item, now, RecycleSchedule, kind=MaintenanceRun.Kind.RECYCLE, schedule=item, deployment=item.deployment,
+                     cluster=item.deployment.application.cluster)
+        runs += [run] if run else []
+    for item in WarmupProfile.objects.filter(enabled=True, next_run_at__lte=now).select_related("application__cluster"):
+        run = _claim(item, now, WarmupProfile, kind=MaintenanceRun.Kind.WARMUP, profile=item, cluster=item.application.cluster)
+        runs += [run] if run else []
+    return runs
+
+
+def _claim(item, now, model, **run_fields) -> int | None:
+    slot = item.next_run_at
+    try:
+        with transaction.atomic():
+            if not model.objects.filter(pk=item.pk, next_run_at=slot).update(next_run_at=_next(item, now)):
+                return None
+            run = MaintenanceRun.objects.create(trigger=MaintenanceRun.Trigger.SCHEDULE, slot=slot, **run_fields)
+    except IntegrityError:
+        return None
+    return run.pk
+
+
+def request_recycle(actor: Actor, deployment: Deployment, *, override_reason: str = "") -> MaintenanceRun:
+    run = MaintenanceRun.objects.create(
+        kind=MaintenanceRun.Kind.RECYCLE, trigger=MaintenanceRun.Trigger.MANUAL, cluster=deployment.application.cluster,
+        deployment=deployment, schedule=getattr(deployment, "recycle_schedule", None), requested_by=actor.user,
+        override_guards=bool(override_reason), override_reason=override_reason,
+    )
+    record(actor, "recycle.request", run, team=run.cluster.team,
+           changes={"deployment": str(deployment), "override": override_reason or None})
+    transaction.on_commit(lambda: _enqueue(run.pk))
+    return run
+
+
+def request_warmup(actor: Actor, profile: WarmupProfile) -> MaintenanceRun:
+    run = MaintenanceRun.objects.create(
+        kind=MaintenanceRun.Kind.WARMUP, trigger=MaintenanceRun.Trigger.MANUAL, cluster=profile.application.cluster,
+        profile=profile, requested_by=actor.user,
+    )
+    record(actor, "warmup.request", run, team=run.cluster.team, changes={"profile": str(profile)})
+    transaction.on_commit(lambda: _enqueue(run.pk))
+    return run
+
+
+def _enqueue(run_id: int) -> None:
+    from controlplane.celery import app
+
+    app.send_task("maintenance.run", args=[run_id])
+
+
+# --- execution -----------------------------------------------------------------------------
+
+
+def execute(run_id: int) -> None:
+    if not MaintenanceRun.objects.filter(pk=run_id, state=MaintenanceRun.State.QUEUED).exists():
+        return
+    run = MaintenanceRun.objects.select_related("cluster", "deployment__application", "schedule__warmup", "profile__application").get(pk=run_id)
+    if run.kind == MaintenanceRun.Kind.RECYCLE:
+        _recycle(run)
+    else:
+        _warmup(run)
+
+
+def _log(run: MaintenanceRun, message: str) -> None:
+    run.log = [*run.log, {"at": timezone.now().isoformat(), "message": message}]
+    MaintenanceRun.objects.filter(pk=run.pk).update(log=run.log)
+
+
+def _end(run: MaintenanceRun, state: str, message: str, **fields) -> None:
+    run.state = state
+    run.finished_at = timezone.now()
+    for key, value in fields.items():
+        setattr(run, key, value)
+    run.save()
+    _log(run, message)
+    record(Actor.system(), f"{run.kind}.{state}", run, team=run.cluster.team, changes={"message": message[:1000]})
+
+
+def _replicas(cluster, deployment) -> tuple[list[str], dict]:
+    with dashboard_for(cluster) as ray:
+        app = ray.serve_applications().applications.get(deployment.application.name)
+    dep = app.deployments.get(deployment.name) if app else None
+    if dep is None:
+        raise LookupError(f"{deployment} is not on the cluster any more.")
+    return sorted(r.replica_id for r in dep.replicas if r.state == "RUNNING"), dep.deployment_config
+
+
+def recycle_guards(run: MaintenanceRun, running: list[str], effective: dict) -> list[str]:
+    """Why a recycle must not run now; empty when it may."""
+    blocked = []
+    cluster = run.cluster
+    active = Change.objects.filter(cluster=cluster, state__in=ACTIVE_STATES).first()
+    if active:
+        blocked.append(f"Change #{active.pk} is in progress on {cluster.name}.")
+    surge = effective.get("max_surge_percent") or 0
+    if len(running) < 2 and not surge:
+        blocked.append(
+            f"Only {len(running)} running replica(s) and no surge (max_surge_percent 0): the deployment would have "
+            "no replica for about 2–3 s. Keep min_replicas at 2 or more, enable surge, or override."
+        )
+    if surge:
+        per_replica = (effective.get("ray_actor_options") or {}).get("memory") or settings.FLEETDECK_RECYCLE_REPLICA_MEMORY_MB * 2**20
+        needed = math.ceil(len(running) * surge / 100) * per_replica
+        try:
+            with dashboard_for(cluster) as ray:
+                available = sum(node.available_bytes for node in ray.node_memory())
+        except RayError as exc:
+            blocked.append(f"Cannot read the cluster's free memory for the surge: {exc.message}")
+        else:
+            if available < needed:
+                blocked.append(
+                    f"Surge starts new replicas before stopping old ones and needs about {needed / 2**30:.1f} GiB free; "
+                    f"the cluster has {available / 2**30:.1f} GiB."
+                )
+    return blocked
+
+
+def _recycle(run: MaintenanceRun) -> None:
+    cluster, deployment = run.cluster, run.deployment
+    if deployment is None or deployment.removed_at is not None:
+        return _end(run, MaintenanceRun.State.FAILED, "The deployment no longer exists on the cluster.", error="deployment vanished")
+    if cluster.reachability != Reachability.OK:
+        return _end(run, MaintenanceRun.State.SKIPPED, f"Skipped: {cluster.name} is not reachable ({cluster.last_error or cluster.reachability}).",
+                    skip_reason="cluster unreachable")
+    try:
+        with transaction.atomic():
+            MaintenanceRun.objects.filter(pk=run.pk).update(state=MaintenanceRun.State.RUNNING, started_at=timezone.now())
+    except IntegrityError:
+        return _end(run, MaintenanceRun.State.SKIPPED, "Skipped: another recycle is running on this cluster.", skip_reason="recycle running")
+    run.state = MaintenanceRun.State.RUNNING
+    try:
+        before, effective = _replicas(cluster, deployment)
+    except (LookupError, RayError) as exc:
+        return _end(run, MaintenanceRun.State.FAILED, f"Failed: {getattr(exc, 'message', exc)}", error=str(exc))
+    run.replicas_before = before
+    blocked = recycle_guards(run, before, effective)
+    if blocked and not run.override_guards:
+        return _end(run, MaintenanceRun.State.SKIPPED, "Skipped: " + " ".join(blocked), skip_reason=" ".join(blocked))
+    if blocked:
+        _log(run, f"Guards overridden ({run.override_reason}): " + " ".join(blocked))
+    env = ((effective.get("ray_actor_options") or {}).get("runtime_env") or {}).get("env_vars") or {}
+    generation = int(env.get(GENERATION_VAR, "0") or 0) + 1
+    actor = Actor(user=run.requested_by, via="worker")
+    try:
+        change = protocol.plan_change(
+            actor, cluster, targets=[{"application": deployment.application.name, "deployment": deployment.name}],
+            options={"ray_actor_options": {"runtime_env": {"env_vars": {GENERATION_VAR: str(generation)}}}},
+            reason=f"Rolling recycle of {deployment} (run #{run.pk}, generation {generation})",
+        )
+        protocol.request_apply(actor, change)
+    except ValidationError as exc:
+        return _end(run, MaintenanceRun.State.FAILED, "Failed to start the change: " + " ".join(exc.messages), error=" ".join(exc.messages))
+    run.change = change
+    run.save(update_fields=["change", "replicas_before"])
+    _log(run, f"Change #{change.pk} bumps {GENERATION_VAR} to {generation}.")
+    protocol.run(change.pk)  # a worker may have claimed it first; then this returns at once
+    change = _wait_final(change)
+    if change.state != ChangeState.SUCCEEDED:
+        return _end(run, MaintenanceRun.State.FAILED, f"Change #{change.pk} {change.get_state_display().lower()}: {change.error}", error=change.error)
+    after, _ = _replicas(cluster, deployment)
+    cold = (change.finished_at - change.pushed_at).total_seconds() if change.pushed_at and change.finished_at else None
+    kept = sorted(set(before) & set(after))
+    message = f"Recycled: {len(before)} replica(s) replaced by {len(after)} new ones in {cold:.1f} s." if not kept else (
+        f"Recycle verified but replica(s) {', '.join(kept)} were not replaced.")
+    _end(run, MaintenanceRun.State.SUCCEEDED if not kept else MaintenanceRun.State.FAILED, message, replicas_after=after, cold_start_s=cold)
+    warmup = run.schedule.warmup if run.schedule else None
+    if warmup is not None and warmup.enabled:
+        follow = MaintenanceRun.objects.create(kind=MaintenanceRun.Kind.WARMUP, trigger=MaintenanceRun.Trigger.AFTER_RECYCLE,
+                                               cluster=cluster, profile=warmup, after=run)
+        _warmup(follow)
+
+
+def _wait_final(change: Change) -> Change:
+    deadline = time.monotonic() + settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S * 2 + 60
+    while time.monotonic() < deadline:
+        change.refresh_from_db()
+        if change.is_final:
+            return change
+        time.sleep(0.5)
+    return change
+
+
+def _warmup(run: MaintenanceRun) -> None:
+    profile = run.profile
+    MaintenanceRun.objects.filter(pk=run.pk).update(state=MaintenanceRun.State.RUNNING, started_at=timezone.now())
+    if profile is None:
+        return _end(run, MaintenanceRun.State.FAILED, "The warmup profile was deleted.")
+    base = run.cluster.serve_endpoint
+    _log(run, f"Sending {profile.requests} {profile.method} {profile.path} to {base}, {profile.concurrency} at a time.")
+    samples = serve_http.send(base, method=profile.method, path=profile.path, headers=profile.headers, body=profile.body,
+                              requests=profile.requests, concurrency=profile.concurrency, timeout_s=profile.timeout_s)
+    results = summarize(samples, profile.p95_threshold_ms)
+    state = MaintenanceRun.State.SUCCEEDED if results["passed"] else MaintenanceRun.State.FAILED
+    _end(run, state, results["verdict"], results=results)
+
+
+def summarize(samples: list[serve_http.Sample], p95_threshold_ms: float | None) -> dict:
+    latencies = [s.latency_ms for s in samples]
+    steady = latencies[1:] or latencies
+    errors = [s for s in samples if not s.ok]
+    p95 = _percentile(steady, 95)
+    problems = []
+    if errors:
+        problems.append(f"{len(errors)} of {len(samples)} responses were not 2xx")
+    if p95_threshold_ms is not None and p95 > p95_threshold_ms:
+        problems.append(f"p95 {p95:.0f} ms is above {p95_threshold_ms:.0f} ms")
+    return {
+        "samples": [{"i": s.index, "status": s.status, "ms": round(s.latency_ms, 2), "error": s.error} for s in samples],
+        "first_ms": round(latencies[0], 2) if latencies else None,
+        "steady_p50_ms": round(statistics.median(steady), 2) if steady else None,
+        "steady_p95_ms": round(p95, 2),
+        "max_ms": round(max(latencies), 2) if latencies else None,
+        "errors": len(errors),
+        "passed": not problems,
+        "verdict": "Passed: all responses 2xx" + (f", p95 {p95:.0f} ms" if latencies else "") if not problems else "Failed: " + "; ".join(problems) + ".",
+    }
+
+
+def _percentile(values: list[float], q: int) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1)]
