@@ -167,6 +167,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "ChangeStateEnum": "apps.changes.models.ChangeState",
         "RolloutStateEnum": "apps.changes.models.Rollout.State",
+        "MaintenanceRunStateEnum": "apps.maintenance.models.MaintenanceRun.State",
     },
 }
 

@@ -10,6 +10,7 @@ from apps.accounts.api import AuditEventViewSet
 from apps.changes.api import ChangeViewSet, PresetViewSet, RolloutViewSet
 from apps.clusters.api import ClusterViewSet
 from apps.fleet.api import ApplicationViewSet, ConfigRevisionViewSet, DeploymentViewSet
+from apps.maintenance.api import ProfileViewSet, RunViewSet, ScheduleViewSet
 
 router = DefaultRouter()
 router.register("clusters", ClusterViewSet, basename="cluster")
@@ -20,6 +21,9 @@ router.register("audit-events", AuditEventViewSet, basename="auditevent")
 router.register("presets", PresetViewSet, basename="preset")
 router.register("changes", ChangeViewSet, basename="change")
 router.register("rollouts", RolloutViewSet, basename="rollout")
+router.register("maintenance/schedules", ScheduleViewSet, basename="recycleschedule")
+router.register("maintenance/warmup-profiles", ProfileViewSet, basename="warmupprofile")
+router.register("maintenance/runs", RunViewSet, basename="maintenancerun")
 
 
 def healthz(request):
@@ -33,6 +37,7 @@ urlpatterns = [
     path("", include("apps.fleet.urls")),
     path("clusters/", include("apps.clusters.urls")),
     path("", include("apps.changes.urls")),
+    path("", include("apps.maintenance.urls")),
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include(router.urls)),

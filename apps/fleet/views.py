@@ -86,6 +86,9 @@ def deployment_detail(request, pk: int):
         "application": deployment.application,
         "cluster": deployment.application.cluster,
         "refresh_s": _refresh(),
+        "schedule": getattr(deployment, "recycle_schedule", None),
+        "runs": deployment.maintenance_runs.all()[:10],
+        "can_operate": has_role(request.user, deployment.application.cluster.team, Role.OPERATOR),
     }
     template = "fleet/partials/deployment_live.html" if request.htmx else "fleet/deployment_detail.html"
     return render(request, template, context)

@@ -43,6 +43,8 @@ def save_schedule(actor: Actor, deployment: Deployment, data: dict) -> RecycleSc
     for key, value in data.items():
         setattr(schedule, key, value)
     schedule.next_run_at = _next(schedule, timezone.now()) if schedule.enabled else None
+    if schedule.enabled and schedule.next_run_at is None:
+        raise ValidationError("This timing never falls inside the maintenance window: widen the window or change the timing.")
     with transaction.atomic():
         schedule.save()
         record(actor, "recycle_schedule.save", schedule, team=deployment.application.cluster.team, changes={k: str(v) for k, v in data.items()})

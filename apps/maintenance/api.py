@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from apps.accounts.audit import Actor
+from apps.accounts.drf import require_role
+from apps.accounts.models import Role
+from apps.accounts.permissions import visible_teams
+from apps.fleet.models import Application, Deployment
+from apps.maintenance import services
+from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
+
+WINDOW = ["window_days", "window_start_hour", "window_end_hour", "timezone"]
+
+
+def _drf(exc: DjangoValidationError) -> serializers.ValidationError:
+    return serializers.ValidationError({"detail": exc.messages})
+
+
+class ScheduleSerializer(serializers.ModelSerializer):
+    deployment = serializers.PrimaryKeyRelatedField(queryset=Deployment.objects.all())
+    warmup = serializers.PrimaryKeyRelatedField(queryset=WarmupProfile.objects.all(), required=False, allow_null=True)
+
+    class Meta:
+        model = RecycleSchedule
+        fields = ["id", "deployment", "enabled", "every_hours", "cron", *WINDOW, "warmup", "next_run_at", "last_run_at", "created_at"]
+        read_only_fields = ["next_run_at", "last_run_at", "created_at"]
+
+
+class ProfileSerializer(serializers.ModelSerializer):
+    application = serializers.PrimaryKeyRelatedField(queryset=Application.objects.all())
+
+    class Meta:
+        model = WarmupProfile
+        fields = ["id", "application", "name", "method", "path", "headers", "body", "requests", "concurrency", "timeout_s",
+                  "p95_threshold_ms", "every_hours", *WINDOW, "enabled", "next_run_at", "created_at"]
+        read_only_fields = ["next_run_at", "created_at"]
+
+
+class RunSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = MaintenanceRun
+        fields = ["id", "kind", "trigger", "state", "cluster", "deployment", "schedule", "profile", "slot", "change", "after",
+                  "override_guards", "override_reason", "skip_reason", "error", "replicas_before", "replicas_after",
+                  "cold_start_s", "results", "log", "created_at", "started_at", "finished_at"]
+        read_only_fields = fields
+
+
+class RecycleRequestSerializer(serializers.Serializer):
+    deployment = serializers.PrimaryKeyRelatedField(queryset=Deployment.objects.select_related("application__cluster__team"))
+    override_reason = serializers.CharField(required=False, allow_blank=True, max_length=1000,
+                                            help_text="Run despite the guards; recorded in the audit log.")
+
+
+class _Writes:
+    """Writes go through the service, with the operator role in the cluster's team."""
+
+    def _check(self, team):
+        if team not in visible_teams(self.request.user):
+            raise serializers.ValidationError({"detail": ["No such object."]})
+        require_role(self.request, team, Role.OPERATOR, "manage maintenance")
+
+
+class ScheduleViewSet(_Writes, viewsets.ModelViewSet):
+    """Recycle schedules, one per deployment: every N hours or a cron, inside a maintenance window."""
+
+    serializer_class = ScheduleSerializer
+    filterset_fields = ["deployment", "enabled"]
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        return RecycleSchedule.objects.filter(deployment__application__cluster__team__in=visible_teams(self.request.user)).order_by("id")
+
+    def _save(self, serializer, deployment):
+        self._check(deployment.application.cluster.team)
+        data = {k: v for k, v in serializer.validated_data.items() if k != "deployment"}
+        try:
+            serializer.instance = services.save_schedule(Actor.from_request(self.request), deployment, data)
+        except DjangoValidationError as exc:
+            raise _drf(exc) from exc
+
+    def perform_create(self, serializer):
+        self._save(serializer, serializer.validated_data["deployment"])
+
+    def perform_update(self, serializer):
+        self._save(serializer, serializer.instance.deployment)
+
+    def perform_destroy(self, instance):
+        self._check(instance.deployment.application.cluster.team)
+        instance.delete()
+
+
+class ProfileViewSet(_Writes, viewsets.ModelViewSet):
+    """Warmup profiles: requests sent to an application's route after recycles, on demand and on a schedule."""
+
+    serializer_class = ProfileSerializer
+    filterset_fields = ["application", "enabled"]
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        return WarmupProfile.objects.filter(application__cluster__team__in=visible_teams(self.request.user)).order_by("id")
+
+    def _save(self, serializer, application, profile=None):
+        self._check(application.cluster.team)
+        data = {k: v for k, v in serializer.validated_data.items() if k != "application"}
+        try:
+            serializer.instance = services.save_profile(Actor.from_request(self.request), application, data, profile)
+        except DjangoValidationError as exc:
+            raise _drf(exc) from exc
+
+    def perform_create(self, serializer):
+        self._save(serializer, serializer.validated_data["application"])
+
+    def perform_update(self, serializer):
+        self._save(serializer, serializer.instance.application, serializer.instance)
+
+    def perform_destroy(self, instance):
+        self._check(instance.application.cluster.team)
+        instance.delete()
+
+    @extend_schema(request=None, responses={202: RunSerializer})
+    @action(detail=True, methods=["post"])
+    def run(self, request, pk=None):
+        """Run this warmup now."""
+        profile = self.get_object()
+        self._check(profile.application.cluster.team)
+        run = services.request_warmup(Actor.from_request(request), profile)
+        return Response(RunSerializer(run).data, status=status.HTTP_202_ACCEPTED)
+
+
+class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Every recycle and warmup: state, replicas before and after, cold start, per-request results, log."""
+
+    serializer_class = RunSerializer
+    filterset_fields = ["cluster", "deployment", "kind", "state", "trigger"]
+
+    def get_queryset(self):
+        return MaintenanceRun.objects.filter(cluster__team__in=visible_teams(self.request.user)).order_by("-created_at", "-id")
+
+    @extend_schema(request=RecycleRequestSerializer, responses={202: RunSerializer})
+    @action(detail=False, methods=["post"])
+    def recycle(self, request):
+        """Recycle a deployment now, with the same guards as a schedule (override with a reason)."""
+        body = RecycleRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        deployment = body.validated_data["deployment"]
+        team = deployment.application.cluster.team
+        if team not in visible_teams(request.user):
+            raise serializers.ValidationError({"deployment": ["No such deployment."]})
+        require_role(request, team, Role.OPERATOR, "recycle deployments")
+        run = services.request_recycle(Actor.from_request(request), deployment, override_reason=body.validated_data.get("override_reason", ""))
+        return Response(RunSerializer(run).data, status=status.HTTP_202_ACCEPTED)

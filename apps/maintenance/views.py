@@ -1,0 +1,97 @@
+"""Maintenance pages: a deployment's recycle schedule and "Recycle now", warmup profiles, runs."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from apps.accounts.audit import Actor
+from apps.accounts.models import Role
+from apps.accounts.permissions import has_role, visible_teams
+from apps.fleet.models import Application, Deployment
+from apps.maintenance import services
+from apps.maintenance.forms import ProfileForm, ScheduleForm
+from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
+
+
+def _operator(request, team) -> None:
+    if not has_role(request.user, team, Role.OPERATOR):
+        raise PermissionDenied(f"You need the operator role in team {team}.")
+
+
+def _deployment(request, pk: int) -> Deployment:
+    return get_object_or_404(Deployment.objects.select_related("application__cluster__team"), pk=pk,
+                             application__cluster__team__in=visible_teams(request.user))
+
+
+@login_required
+def schedule_edit(request, deployment_pk: int):
+    deployment = _deployment(request, deployment_pk)
+    _operator(request, deployment.application.cluster.team)
+    instance = RecycleSchedule.objects.filter(deployment=deployment).first()
+    form = ScheduleForm(request.POST or None, instance=instance, application=deployment.application)
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.save_schedule(Actor.from_request(request), deployment, {k: form.cleaned_data[k] for k in ScheduleForm.Meta.fields})
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            return redirect("fleet:deployment", pk=deployment.pk)
+    return render(request, "maintenance/schedule_form.html", {"form": form, "deployment": deployment})
+
+
+@login_required
+@require_POST
+def recycle_now(request, deployment_pk: int):
+    deployment = _deployment(request, deployment_pk)
+    _operator(request, deployment.application.cluster.team)
+    override = request.POST.get("override_reason", "").strip() if request.POST.get("override") else ""
+    run = services.request_recycle(Actor.from_request(request), deployment, override_reason=override)
+    return redirect("maintenance:run", pk=run.pk)
+
+
+@login_required
+def warmups(request, application_pk: int):
+    application = get_object_or_404(Application.objects.select_related("cluster__team"), pk=application_pk,
+                                    cluster__team__in=visible_teams(request.user))
+    can_operate = has_role(request.user, application.cluster.team, Role.OPERATOR)
+    form = ProfileForm(request.POST or None, initial={"path": application.route_prefix or "/"})
+    if request.method == "POST":
+        _operator(request, application.cluster.team)
+        if form.is_valid():
+            try:
+                services.save_profile(Actor.from_request(request), application, form.service_data())
+            except ValidationError as exc:
+                form.add_error(None, exc)
+            else:
+                return redirect("maintenance:warmups", application_pk=application.pk)
+    context = {"application": application, "profiles": application.warmup_profiles.all(), "form": form, "can_operate": can_operate}
+    return render(request, "maintenance/warmups.html", context)
+
+
+@login_required
+@require_POST
+def warmup_run(request, pk: int):
+    profile = get_object_or_404(WarmupProfile.objects.select_related("application__cluster__team"), pk=pk,
+                                application__cluster__team__in=visible_teams(request.user))
+    _operator(request, profile.application.cluster.team)
+    run = services.request_warmup(Actor.from_request(request), profile)
+    return redirect("maintenance:run", pk=run.pk)
+
+
+@login_required
+def run_detail(request, pk: int):
+    run = get_object_or_404(MaintenanceRun.objects.select_related("cluster", "deployment__application", "profile", "change"), pk=pk,
+                            cluster__team__in=visible_teams(request.user))
+    samples = run.results.get("samples", []) if run.results else []
+    peak = max([s["ms"] for s in samples], default=1) or 1
+    bars = []
+    for i, sample in enumerate(samples):
+        height = max(1.0, sample["ms"] / peak * 100)
+        ok = sample["status"] is not None and 200 <= sample["status"] < 300
+        bars.append({"x": i * 12, "y": round(105 - height, 1), "h": round(height, 1), "ms": sample["ms"], "ok": ok})
+    context = {"run": run, "bars": bars, "chart_width": max(len(bars) * 12, 12)}
+    template = "maintenance/partials/run_live.html" if request.htmx else "maintenance/run_detail.html"
+    return render(request, template, context)

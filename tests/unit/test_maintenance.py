@@ -1,0 +1,214 @@
+"""Maintenance schedules, windows, validation, exactly-once claiming and the pages/API."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone as dt_timezone
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.db import connection
+from django.urls import reverse
+from django.utils import timezone
+
+from apps.accounts.audit import Actor
+from apps.clusters.models import Cluster
+from apps.fleet import sync
+from apps.fleet.models import Deployment
+from apps.maintenance import schedule as timing
+from apps.maintenance import services
+from apps.maintenance.models import MaintenanceRun, RecycleSchedule
+from apps.maintenance.serve_http import Sample
+
+UTC = dt_timezone.utc
+
+
+def at(*args) -> datetime:
+    return datetime(*args, tzinfo=UTC)
+
+
+# --- pure timing -----------------------------------------------------------------------------
+
+
+def test_every_six_hours_inside_an_all_day_window():
+    assert timing.next_slot(after=at(2026, 12, 1, 3), every_hours=6, cron="", days=[], start_hour=0, end_hour=24, tz="UTC") == at(2026, 12, 1, 9)
+
+
+def test_a_slot_outside_the_window_moves_to_the_next_opening():
+    # 02:00 + 6 h = 08:00, outside 22–04; the window next opens at 22:00.
+    assert timing.next_slot(after=at(2026, 12, 1, 2), every_hours=6, cron="", days=[], start_hour=22, end_hour=4, tz="UTC") == at(2026, 12, 1, 22)
+
+
+def test_windows_wrap_past_midnight_and_count_the_early_hours_for_the_previous_day():
+    # Tuesday 01:00 belongs to Monday's 22–04 window.
+    assert timing.in_window(at(2026, 12, 1, 1), [0], 22, 4, "UTC")
+    assert not timing.in_window(at(2026, 12, 1, 23), [0], 22, 4, "UTC")
+
+
+def test_windows_follow_the_time_zone():
+    # 09:00 UTC is 10:00 in Paris in winter.
+    assert timing.in_window(at(2026, 12, 1, 9), [], 10, 11, "Europe/Paris")
+    assert not timing.in_window(at(2026, 12, 1, 9), [], 10, 11, "UTC")
+
+
+def test_cron_slots_skip_to_one_inside_the_window():
+    # Hourly cron, window Saturday only: from Tuesday the next slot is Saturday 00:00.
+    assert timing.next_slot(after=at(2026, 12, 1, 3), every_hours=None, cron="0 * * * *", days=[5], start_hour=0, end_hour=24, tz="UTC") == at(2026, 12, 5, 0)
+
+
+@pytest.mark.parametrize(
+    "every, cron, message",
+    [(None, "", "exactly one"), (6, "0 * * * *", "exactly one"), (0, "", "exactly one"), (1000, "", "between 1 and 720"), (None, "61 * * * *", "not a valid")],
+)
+def test_bad_timings_are_refused(every, cron, message):
+    with pytest.raises(ValidationError, match=message):
+        timing.validate_timing(every, cron)
+
+
+@pytest.mark.parametrize(
+    "days, start, end, tz, message",
+    [([7], 0, 24, "UTC", "0–6"), ([1, 1], 0, 24, "UTC", "twice"), ([], 5, 5, "UTC", "empty"), ([], 0, 24, "Mars/Olympus", "Unknown time zone"), ([], 25, 3, "UTC", "start 0–23")],
+)
+def test_bad_windows_are_refused(days, start, end, tz, message):
+    with pytest.raises(ValidationError, match=message):
+        timing.validate_window(days, start, end, tz)
+
+
+def test_warmup_results_separate_the_first_request_from_the_steady_state():
+    samples = [Sample(0, 200, 900.0)] + [Sample(i, 200, 10.0 + i) for i in range(1, 21)]
+    result = services.summarize(samples, p95_threshold_ms=50)
+    assert result["first_ms"] == 900.0 and result["steady_p50_ms"] == 20.5 and result["passed"]
+    failing = services.summarize(samples[:5] + [Sample(5, 500, 12.0), Sample(6, None, 3000.0, "timeout")], p95_threshold_ms=50)
+    assert not failing["passed"] and "2 of 7 responses were not 2xx" in failing["verdict"] and "p95" in failing["verdict"]
+
+
+# --- with the database ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def deployment(team, use_replay):
+    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0")
+    sync.sync_cluster(cluster.pk)
+    return Deployment.objects.get(application__cluster=cluster, name="Model")
+
+
+@pytest.fixture
+def operator(people):
+    return Actor(user=people["operator"])
+
+
+@pytest.mark.django_db
+def test_a_schedule_shows_its_next_run(deployment, operator):
+    schedule = services.save_schedule(operator, deployment, {"every_hours": 6, "cron": ""})
+    assert timezone.now() + timedelta(hours=5, minutes=59) < schedule.next_run_at <= timezone.now() + timedelta(hours=6, seconds=5)
+
+
+@pytest.mark.django_db
+def test_a_timing_that_never_meets_its_window_is_refused(deployment, operator):
+    with pytest.raises(ValidationError, match="never falls inside the maintenance window"):
+        services.save_schedule(operator, deployment, {"cron": "0 */6 * * *", "window_start_hour": 1, "window_end_hour": 5})
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"path": "/other"}, "under the application's route prefix"),
+        ({"path": "/demox"}, "under the application's route prefix"),
+        ({"concurrency": 0}, "Concurrency must be between 1 and 64"),
+        ({"concurrency": 10_000}, "Concurrency must be between 1 and 64"),
+        ({"method": "TRACE"}, "Method must be one of"),
+        ({"requests": 0}, "Requests must be between"),
+    ],
+)
+def test_bad_warmup_profiles_are_refused(deployment, operator, data, message):
+    with pytest.raises(ValidationError, match=message):
+        services.save_profile(operator, deployment.application, {"name": "w", "path": "/demo"} | data)
+
+
+@pytest.mark.django_db
+def test_a_warmup_path_may_carry_a_query_under_the_prefix(deployment, operator):
+    assert services.save_profile(operator, deployment.application, {"name": "w", "path": "/demo/sub?x=1"}).pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_due_slot_is_claimed_exactly_once_by_concurrent_ticks(deployment, operator):
+    schedule = services.save_schedule(operator, deployment, {"every_hours": 6, "cron": ""})
+    RecycleSchedule.objects.filter(pk=schedule.pk).update(next_run_at=timezone.now() - timedelta(hours=30))
+    results, barrier = [], threading.Barrier(4)
+
+    def tick():
+        barrier.wait()
+        try:
+            results.append(services.claim_due())
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=tick) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sum(len(r) for r in results) == 1
+    assert MaintenanceRun.objects.filter(schedule=schedule).count() == 1
+    # 30 hours of downtime: one run, and the next slot is in the future.
+    assert RecycleSchedule.objects.get(pk=schedule.pk).next_run_at > timezone.now()
+    assert services.claim_due() == []
+
+
+@pytest.mark.django_db
+def test_a_recycle_of_a_vanished_deployment_fails_with_the_reason(deployment, operator):
+    run = services.request_recycle(operator, deployment)
+    Deployment.objects.filter(pk=deployment.pk).update(removed_at=timezone.now())
+    services.execute(run.pk)
+    run.refresh_from_db()
+    assert run.state == MaintenanceRun.State.FAILED and "no longer exists" in run.log[-1]["message"]
+
+
+@pytest.mark.django_db
+def test_an_unreachable_cluster_skips_the_recycle(deployment, operator):
+    Cluster.objects.filter(pk=deployment.application.cluster_id).update(reachability="unreachable", last_error="refused")
+    run = services.request_recycle(operator, deployment)
+    services.execute(run.pk)
+    run.refresh_from_db()
+    assert run.state == MaintenanceRun.State.SKIPPED and "not reachable" in run.log[-1]["message"]
+
+
+@pytest.mark.django_db
+def test_the_api_manages_schedules_and_answers_202_for_recycle_now(api_as, deployment):
+    client = api_as("operator")
+    created = client.post("/api/v1/maintenance/schedules/", {"deployment": deployment.pk, "cron": "0 */6 * * *", "window_start_hour": 0, "window_end_hour": 5}, format="json")
+    assert created.status_code == 201, created.content
+    assert created.json()["next_run_at"]
+    bad = client.post("/api/v1/maintenance/schedules/", {"deployment": deployment.pk, "cron": "nonsense"}, format="json")
+    assert bad.status_code == 400 and "not a valid" in str(bad.json())
+    recycle = client.post("/api/v1/maintenance/runs/recycle/", {"deployment": deployment.pk, "override_reason": "rush"}, format="json")
+    assert recycle.status_code == 202 and recycle.json()["override_guards"] is True
+    assert api_as("viewer").post("/api/v1/maintenance/runs/recycle/", {"deployment": deployment.pk}, format="json").status_code == 403
+    profile = client.post("/api/v1/maintenance/warmup-profiles/", {"application": deployment.application_id, "name": "w", "path": "/demo", "body": {"text": "hi"}}, format="json")
+    assert profile.status_code == 201, profile.content
+    assert client.post(f"/api/v1/maintenance/warmup-profiles/{profile.json()['id']}/run/").status_code == 202
+    assert len(api_as("viewer").get("/api/v1/maintenance/runs/").json()["results"]) == 2
+
+
+@pytest.mark.django_db
+def test_the_deployment_page_offers_scheduling_and_recycle_now(client, people, deployment):
+    client.force_login(people["operator"])
+    page = client.get(reverse("fleet:deployment", args=[deployment.pk])).content.decode()
+    assert "Add a recycle schedule" in page and "Recycle now" in page
+    response = client.post(reverse("maintenance:schedule", args=[deployment.pk]),
+                           {"enabled": "on", "every_hours": "6", "cron": "", "window_start_hour": "0", "window_end_hour": "24", "timezone": "UTC"})
+    assert response.status_code == 302
+    assert "Next run" in client.get(reverse("fleet:deployment", args=[deployment.pk])).content.decode()
+    run_page = client.post(reverse("maintenance:recycle", args=[deployment.pk]), follow=True).content.decode()
+    assert "Recycle run #" in run_page and "Queued" in run_page
+
+
+@pytest.mark.django_db
+def test_the_warmup_page_explains_a_body_that_is_not_json(client, people, deployment):
+    client.force_login(people["operator"])
+    page = client.post(reverse("maintenance:warmups", args=[deployment.application_id]),
+                       {"name": "w", "method": "POST", "path": "/demo", "requests": "5", "concurrency": "1", "timeout_s": "5",
+                        "window_start_hour": "0", "window_end_hour": "24", "timezone": "UTC", "enabled": "on", "body_text": "{oops"}).content.decode()
+    assert "Not valid JSON" in page
