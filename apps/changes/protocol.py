@@ -17,6 +17,7 @@ from django.utils import timezone
 from apps.accounts.audit import Actor, record
 from apps.changes import planner
 from apps.changes.models import ACTIVE_STATES, Change, ChangeState, ChangeStep, Preset
+from apps.changes.signals import change_finished
 from apps.changes.validation import validate_options
 from apps.changes.writers import WriterUnavailable, writer_for
 from apps.clusters.models import Cluster
@@ -299,6 +300,7 @@ def _finish(change: Change, state: str, message: str, *, error: bool = False) ->
     change.save(update_fields=["state", "finished_at", "error"])
     _step(change, message)
     record(Actor.system(), f"change.{state}", change, team=change.cluster.team, changes={"message": message[:2000]})
+    change_finished.send(sender=Change, change=change)
     if change.rollout_id and state != ChangeState.CANCELLED:
         from apps.changes import rollouts
 

@@ -80,6 +80,7 @@ class MaintenanceRun(models.Model):
         SCHEDULE = "schedule", "Schedule"
         MANUAL = "manual", "On demand"
         AFTER_RECYCLE = "after_recycle", "After a recycle"
+        AFTER_CHANGE = "after_change", "After a change that replaced replicas"
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
     trigger = models.CharField(max_length=16, choices=Trigger.choices)

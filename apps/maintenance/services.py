@@ -145,6 +145,28 @@ def request_warmup(actor: Actor, profile: WarmupProfile) -> MaintenanceRun:
     return run
 
 
+def replaces_replicas(change: Change) -> bool:
+    """Serve replaces replicas when ray_actor_options (or the app's runtime_env) change."""
+    if change.kind == Change.Kind.RESTORE:
+        return True
+    return "ray_actor_options" in (change.patch or {})
+
+
+def warm_after_change(sender, change: Change, **kwargs) -> None:
+    """Queue the enabled warmups of every application whose replicas a succeeded change replaced.
+    Recycles chain their own schedule's warmup instead."""
+    if change.state != ChangeState.SUCCEEDED or not replaces_replicas(change) or change.maintenance_runs.exists():
+        return
+    profiles = WarmupProfile.objects.filter(
+        enabled=True, application__cluster_id=change.cluster_id, application__name__in=change.touched_applications
+    )
+    for profile in profiles:
+        run = MaintenanceRun.objects.create(
+            kind=MaintenanceRun.Kind.WARMUP, trigger=MaintenanceRun.Trigger.AFTER_CHANGE, cluster_id=change.cluster_id, profile=profile, change=change
+        )
+        transaction.on_commit(lambda run_id=run.pk: _enqueue(run_id))
+
+
 def _enqueue(run_id: int) -> None:
     from controlplane.celery import app
 

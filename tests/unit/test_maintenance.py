@@ -212,3 +212,21 @@ def test_the_warmup_page_explains_a_body_that_is_not_json(client, people, deploy
                        {"name": "w", "method": "POST", "path": "/demo", "requests": "5", "concurrency": "1", "timeout_s": "5",
                         "window_start_hour": "0", "window_end_hour": "24", "timezone": "UTC", "enabled": "on", "body_text": "{oops"}).content.decode()
     assert "Not valid JSON" in page
+
+
+@pytest.mark.django_db
+def test_a_change_that_replaces_replicas_queues_the_applications_warmups(deployment, operator):
+    from apps.changes import protocol
+    from apps.changes.models import ChangeState
+
+    profile = services.save_profile(operator, deployment.application, {"name": "w", "path": "/demo"})
+    replaces = protocol.plan_change(operator, deployment.application.cluster, targets=[{"application": "demo", "deployment": "Model"}],
+                                    options={"ray_actor_options": {"num_cpus": 0.3}}, reason="more cpu")
+    in_place = protocol.plan_change(operator, deployment.application.cluster, targets=[{"application": "demo", "deployment": "Model"}],
+                                    options={"max_queued_requests": 10}, reason="queue")
+
+    protocol._finish(replaces, ChangeState.SUCCEEDED, "Verified.")
+    protocol._finish(in_place, ChangeState.SUCCEEDED, "Verified.")
+
+    runs = MaintenanceRun.objects.filter(profile=profile)
+    assert [(r.trigger, r.change_id) for r in runs] == [(MaintenanceRun.Trigger.AFTER_CHANGE, replaces.pk)]
