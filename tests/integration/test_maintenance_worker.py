@@ -25,8 +25,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.django_db(transaction=True)]
 def test_two_ticks_at_once_run_a_due_slot_exactly_once_and_the_guard_skips_it(ray_head, team, people):
     cluster = Cluster.objects.create(name="local", team=team, dashboard_url=ray_head.dashboard_url, ray_version="2.60.0")
     sync.sync_cluster(cluster.pk)
-    model = Deployment.objects.get(application__cluster=cluster, name="Model")
-    schedule = services.save_schedule(Actor(user=people["operator"]), model, {"every_hours": 6, "cron": ""})
+    # echo2/Echo has a fixed num_replicas of 1, so the single-replica guard applies.
+    echo = Deployment.objects.get(application__cluster=cluster, application__name="echo2", name="Echo")
+    schedule = services.save_schedule(Actor(user=people["operator"]), echo, {"every_hours": 6, "cron": ""})
     RecycleSchedule.objects.filter(pk=schedule.pk).update(next_run_at=timezone.now() - timedelta(hours=13))
     Cluster.objects.filter(pk=cluster.pk).update(next_sync_at=timezone.now() + timedelta(hours=1))
     celery_app.control.purge()
