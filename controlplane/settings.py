@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "apps.fleet",
     "apps.changes",
     "apps.maintenance",
+    "apps.incidents",
 ]
 
 MIDDLEWARE = [
@@ -168,6 +169,7 @@ SPECTACULAR_SETTINGS = {
         "ChangeStateEnum": "apps.changes.models.ChangeState",
         "RolloutStateEnum": "apps.changes.models.Rollout.State",
         "MaintenanceRunStateEnum": "apps.maintenance.models.MaintenanceRun.State",
+        "IncidentStatusEnum": "apps.incidents.models.Incident.Status",
     },
 }
 
@@ -220,6 +222,8 @@ FLEETDECK_CHANGE_POLL_S = env_float("FLEETDECK_CHANGE_POLL_S", 0.5, minimum=0.05
 FLEETDECK_CHANGE_STALE_S = env_int("FLEETDECK_CHANGE_STALE_S", 60, minimum=5)
 # A surge recycle needs this much free memory per replica it starts, unless the deployment
 # declares its own `ray_actor_options.memory`.
+# An incident with no new signal for this long resolves itself.
+FLEETDECK_INCIDENT_QUIET_S = env_int("FLEETDECK_INCIDENT_QUIET_S", 1800, minimum=60)
 FLEETDECK_RECYCLE_REPLICA_MEMORY_MB = env_int("FLEETDECK_RECYCLE_REPLICA_MEMORY_MB", 1024, minimum=1)
 
 LOGGING = {

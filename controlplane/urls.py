@@ -10,6 +10,7 @@ from apps.accounts.api import AuditEventViewSet
 from apps.changes.api import ChangeViewSet, PresetViewSet, RolloutViewSet
 from apps.clusters.api import ClusterViewSet
 from apps.fleet.api import ApplicationViewSet, ConfigRevisionViewSet, DeploymentViewSet
+from apps.incidents.api import IncidentViewSet
 from apps.maintenance.api import ProfileViewSet, RunViewSet, ScheduleViewSet
 
 router = DefaultRouter()
@@ -24,6 +25,7 @@ router.register("rollouts", RolloutViewSet, basename="rollout")
 router.register("maintenance/schedules", ScheduleViewSet, basename="recycleschedule")
 router.register("maintenance/warmup-profiles", ProfileViewSet, basename="warmupprofile")
 router.register("maintenance/runs", RunViewSet, basename="maintenancerun")
+router.register("incidents", IncidentViewSet, basename="incident")
 
 
 def healthz(request):
@@ -38,6 +40,7 @@ urlpatterns = [
     path("clusters/", include("apps.clusters.urls")),
     path("", include("apps.changes.urls")),
     path("", include("apps.maintenance.urls")),
+    path("", include("apps.incidents.urls")),
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include(router.urls)),

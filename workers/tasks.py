@@ -14,9 +14,14 @@ log = logging.getLogger(__name__)
 
 @shared_task(name="fleet.sync_cluster", ignore_result=True)
 def sync_cluster(cluster_id: int) -> None:
+    from apps.incidents import services as incidents
+
     outcome = sync.sync_cluster(cluster_id)
     if outcome is not None and not outcome.ok:
         log.warning("sync of cluster %s failed: %s", cluster_id, outcome.error)
+    elif outcome is not None:
+        # OOM evidence lives in the state API, not in Serve's status: read it with every sync.
+        incidents.detect(cluster_id)
 
 
 @shared_task(name="fleet.tick", ignore_result=True)

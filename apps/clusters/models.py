@@ -59,6 +59,9 @@ class Cluster(models.Model):
         RAYSERVICE = "rayservice", "KubeRay RayService (serveConfigV2 owns the config)"
 
     serve_config_owner = models.CharField(max_length=16, choices=ConfigOwner.choices, default=ConfigOwner.DASHBOARD)
+    metrics_url = models.URLField(
+        max_length=300, blank=True, help_text="Ray's Prometheus metrics endpoint (--metrics-export-port), e.g. http://head:8080/metrics."
+    )
     serve_url = models.URLField(
         max_length=300, blank=True, help_text="Serve's HTTP endpoint for warmups; empty: the dashboard host on Serve's HTTP port."
     )

@@ -55,6 +55,7 @@ def _cluster_context(request, cluster: Cluster) -> dict:
         "applications": applications,
         "removed_applications": Application.objects.filter(cluster=cluster, removed_at__isnull=False).order_by("name"),
         "events": cluster.events.all()[:10],
+        "open_incidents": cluster.incidents.exclude(status="resolved")[:10],
         "can_admin": has_role(request.user, cluster.team, Role.ADMIN),
         "can_operate": has_role(request.user, cluster.team, Role.OPERATOR),
         "refresh_s": _refresh(),
@@ -88,6 +89,7 @@ def deployment_detail(request, pk: int):
         "refresh_s": _refresh(),
         "schedule": getattr(deployment, "recycle_schedule", None),
         "runs": deployment.maintenance_runs.all()[:10],
+        "incidents": deployment.incidents.all()[:10],
         "can_operate": has_role(request.user, deployment.application.cluster.team, Role.OPERATOR),
     }
     template = "fleet/partials/deployment_live.html" if request.htmx else "fleet/deployment_detail.html"

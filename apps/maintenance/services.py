@@ -217,6 +217,11 @@ def recycle_guards(run: MaintenanceRun, running: list[str], effective: dict) -> 
     active = Change.objects.filter(cluster=cluster, state__in=ACTIVE_STATES).first()
     if active:
         blocked.append(f"Change #{active.pk} is in progress on {cluster.name}.")
+    from apps.incidents.services import open_for
+
+    incident = open_for(run.deployment)
+    if incident:
+        blocked.append(f"Incident #{incident.pk} ({incident.title}) is open on this deployment.")
     surge = effective.get("max_surge_percent") or 0
     if len(running) < 2 and not surge:
         blocked.append(

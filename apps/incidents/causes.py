@@ -1,0 +1,42 @@
+"""Ranking suspected causes of an OOM kill from what Fleetdeck knows. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from apps.remediation.catalogue import cause
+
+
+@dataclass(frozen=True)
+class OomContext:
+    kills: int
+    max_ongoing_requests: int | None
+    autoscaling_target: float | None
+    minutes_since_change: float | None  # a change or recycle on the cluster touching this app
+    change_label: str
+    nodes_with_several_kills: list[str]
+    controller_killed: bool
+
+
+def rank_oom_causes(ctx: OomContext) -> list[dict]:
+    found: list[tuple[int, str, str]] = []
+    if ctx.minutes_since_change is not None:
+        found.append((0, "OOM-7", f"The kill came {ctx.minutes_since_change:.0f} min after {ctx.change_label}: a rolling update starts new replicas before the old ones free their memory."))
+    concurrency = ctx.max_ongoing_requests
+    if concurrency is not None and concurrency > 2:
+        found.append((1, "OOM-2", f"Each replica accepts up to {concurrency} requests at once (max_ongoing_requests {concurrency}); memory peaks multiply with requests in flight."))
+    if ctx.nodes_with_several_kills:
+        found.append((2, "OOM-4", f"Several replicas were killed together on {', '.join(ctx.nodes_with_several_kills)}: replicas per node times model size may exceed the node."))
+    low = concurrency is not None and concurrency <= 2
+    found.append((3 if not low else 1, "OOM-1",
+                  "Concurrency is already low, so single requests are large (long inputs, big batches, binary bodies)." if low
+                  else "Large requests (long inputs, big batches, binary bodies) raise the peak of every request in flight."))
+    found.append((4, "OOM-5", "If memory grew slowly before the kill, the allocator kept it: recycle on a schedule."))
+    found.sort(key=lambda item: item[0])
+    return [cause(cause_id, reason, rank) for rank, (_, cause_id, reason) in enumerate(found, start=1)]
+
+
+def severity(kills: int, controller_killed: bool) -> str:
+    if kills >= 3 or controller_killed:
+        return "critical"
+    return "major" if kills == 2 else "warning"

@@ -1,0 +1,92 @@
+"""Incidents: what went wrong on which deployment, the evidence, and the suspected causes."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from apps.clusters.models import Cluster
+from apps.fleet.models import Deployment
+
+
+class Incident(models.Model):
+    class Kind(models.TextChoices):
+        OOM_KILL = "oom_kill", "OOM kill"
+
+    class Status(models.TextChoices):
+        OPEN = "open", "Open"
+        ACKNOWLEDGED = "acknowledged", "Acknowledged"
+        RESOLVED = "resolved", "Resolved"
+
+    class Severity(models.TextChoices):
+        WARNING = "warning", "Warning"
+        MAJOR = "major", "Major"
+        CRITICAL = "critical", "Critical"
+
+    kind = models.CharField(max_length=24, choices=Kind.choices)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN, db_index=True)
+    severity = models.CharField(max_length=16, choices=Severity.choices, default=Severity.WARNING)
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="incidents")
+    application_name = models.CharField(max_length=200)
+    deployment_name = models.CharField(max_length=200)
+    # Kept as names too: the deployment row may be removed while the incident stays.
+    deployment = models.ForeignKey(Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="incidents")
+    title = models.CharField(max_length=300)
+    started_at = models.DateTimeField()
+    last_signal_at = models.DateTimeField()
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    signal_count = models.PositiveIntegerField(default=1)
+    # Copied in, so the history outlives signal retention.
+    evidence = models.JSONField(default=dict)
+    causes = models.JSONField(default=list, help_text="[{id, title, reason, rank}] from the playbook.")
+
+    class Meta:
+        ordering = ["-last_signal_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "application_name", "deployment_name", "kind"],
+                condition=models.Q(status__in=["open", "acknowledged"]),
+                name="one_open_incident_per_deployment_and_kind",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.title
+
+    @property
+    def is_open(self) -> bool:
+        return self.status != self.Status.RESOLVED
+
+
+class OomKillRecord(models.Model):
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="oom_kills")
+    actor_id = models.CharField(max_length=64)
+    replica = models.CharField(max_length=64)
+    node_ip = models.CharField(max_length=64, blank=True)
+    used_bytes = models.BigIntegerField(null=True, blank=True)
+    threshold_bytes = models.BigIntegerField(null=True, blank=True)
+    message = models.TextField(blank=True)
+    seen_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["seen_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["incident", "actor_id"], name="one_record_per_killed_actor")]
+
+
+class IncidentEvent(models.Model):
+    class Kind(models.TextChoices):
+        DETECTED = "detected", "Detected"
+        EXTENDED = "extended", "More signals"
+        NOTE = "note", "Note"
+        ACKNOWLEDGED = "acknowledged", "Acknowledged"
+        RESOLVED = "resolved", "Resolved"
+        REOPENED = "reopened", "Reopened"
+
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="timeline")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    message = models.TextField(blank=True)
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["at", "id"]

@@ -1,0 +1,56 @@
+"""OOM kills as Ray's state API records them. The Serve API never shows one: a replica killed
+by the memory monitor is an actor DEAD with `death_cause.oom_context`. Pure functions."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from apps.clusters.ray_dashboard import Actor
+
+USAGE = re.compile(r"Memory usage (\d+)B exceeded threshold of (\d+)B")
+NODE = re.compile(r"\(IP: ([^,]+),")
+
+
+@dataclass(frozen=True)
+class OomKill:
+    actor_id: str
+    application: str
+    deployment: str
+    replica: str
+    node_ip: str
+    used_bytes: int | None
+    threshold_bytes: int | None
+    message: str
+
+
+def replica_of(actor_name: str) -> tuple[str, str, str] | None:
+    """'SERVE_REPLICA::app#Deployment#replica' -> (app, deployment, replica)."""
+    if not actor_name.startswith("SERVE_REPLICA::"):
+        return None
+    parts = actor_name.split("::", 1)[1].split("#")
+    return (parts[0], parts[1], parts[2]) if len(parts) == 3 else None
+
+
+def oom_kills(actors: list[Actor]) -> list[OomKill]:
+    kills = []
+    for actor in actors:
+        context = (actor.death_cause or {}).get("oom_context")
+        where = replica_of(actor.name)
+        if actor.state != "DEAD" or not context or where is None:
+            continue
+        message = str(context.get("error_message") or "")
+        usage, node = USAGE.search(message), NODE.search(message)
+        kills.append(
+            OomKill(
+                actor_id=actor.actor_id,
+                application=where[0],
+                deployment=where[1],
+                replica=where[2],
+                node_ip=node.group(1) if node else "",
+                used_bytes=int(usage.group(1)) if usage else None,
+                threshold_bytes=int(usage.group(2)) if usage else None,
+                message=message[:4000],
+            )
+        )
+    return kills

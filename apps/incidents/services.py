@@ -1,0 +1,177 @@
+"""Turning signals into incidents: open one per deployment and kind, extend it with later
+signals, resolve it after a quiet period. Notes, acknowledgements and resolutions."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.accounts.audit import Actor, record
+from apps.changes.models import Change
+from apps.clusters.models import Cluster, ClusterEvent, Reachability
+from apps.clusters.ray_dashboard import RayError
+from apps.clusters.services import dashboard_for
+from apps.fleet.models import Deployment
+from apps.incidents import ray_metrics, signals
+from apps.incidents.causes import OomContext, rank_oom_causes, severity
+from apps.incidents.models import Incident, IncidentEvent, OomKillRecord
+from apps.incidents.oom import OomKill, oom_kills
+
+RECENT = timedelta(minutes=15)
+OPEN = [Incident.Status.OPEN, Incident.Status.ACKNOWLEDGED]
+
+
+def detect(cluster_id: int) -> list[int]:
+    """Read OOM evidence from the state API and open or extend incidents. Returns incident ids touched."""
+    cluster = Cluster.objects.filter(pk=cluster_id, reachability=Reachability.OK).first()
+    if cluster is None:
+        return []
+    try:
+        with dashboard_for(cluster) as ray:
+            page = ray.list_actors(filters=[("state", "=", "DEAD")], detail=True, limit=10_000)
+    except RayError:
+        return []  # the sync records reachability; no evidence, no incident
+    known = set(OomKillRecord.objects.filter(incident__cluster=cluster).values_list("actor_id", flat=True))
+    fresh = [kill for kill in oom_kills(page.items) if kill.actor_id not in known]
+    by_deployment: dict[tuple[str, str], list[OomKill]] = defaultdict(list)
+    for kill in fresh:
+        by_deployment[(kill.application, kill.deployment)].append(kill)
+    per_node = Counter(kill.node_ip for kill in fresh)
+    crowded = sorted(ip for ip, count in per_node.items() if count > 1)
+    metrics = _metrics_evidence(cluster) if fresh else {}
+    touched = [_record_oom(cluster, app, dep, kills, crowded, metrics) for (app, dep), kills in sorted(by_deployment.items())]
+    resolve_quiet()
+    return touched
+
+
+def _metrics_evidence(cluster: Cluster) -> dict:
+    """Totals since start from one scrape of Ray's metrics, when the cluster has an endpoint."""
+    if not cluster.metrics_url:
+        return {}
+    try:
+        reading = signals.read(ray_metrics.Scrape(at=0), ray_metrics.scrape(cluster.metrics_url, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S))
+    except ray_metrics.MetricsUnavailable as exc:
+        return {"metrics_warning": exc.message}
+    return {
+        "nodes": [{"ip": n.ip, "memory_used_fraction": round(n.mem_fraction, 3) if n.mem_fraction else None,
+                   "memory_monitor_kills": n.evictions} for n in reading.nodes.values()],
+        "out_of_memory_errors": {f"{app}/{dep}": d.oom_errors for (app, dep), d in reading.deployments.items() if d.oom_errors},
+        "metrics_warnings": reading.warnings,
+    }
+
+
+def _record_oom(cluster: Cluster, app: str, dep: str, kills: list[OomKill], crowded: list[str], metrics: dict) -> int:
+    now = timezone.now()
+    deployment = Deployment.objects.filter(application__cluster=cluster, application__name=app, name=dep).first()
+    controller_killed = cluster.events.filter(kind=ClusterEvent.Kind.CONTROLLER_RESTARTED, created_at__gte=now - RECENT).exists()
+    with transaction.atomic():
+        incident = (
+            Incident.objects.select_for_update()
+            .filter(cluster=cluster, application_name=app, deployment_name=dep, kind=Incident.Kind.OOM_KILL, status__in=OPEN)
+            .first()
+        )
+        if incident is None:
+            ctx = _context(cluster, app, deployment, len(kills), crowded, controller_killed, now)
+            incident = Incident.objects.create(
+                kind=Incident.Kind.OOM_KILL, cluster=cluster, application_name=app, deployment_name=dep, deployment=deployment,
+                title=f"OOM kill of {app}/{dep} on {cluster.name}", started_at=now, last_signal_at=now, signal_count=len(kills),
+                severity=severity(len(kills), controller_killed), causes=rank_oom_causes(ctx), evidence=_evidence(deployment, ctx) | metrics,
+            )
+            IncidentEvent.objects.create(incident=incident, kind=IncidentEvent.Kind.DETECTED,
+                                         message=f"{len(kills)} replica(s) killed by Ray's memory monitor.")
+        else:
+            incident.signal_count += len(kills)
+            incident.last_signal_at = now
+            incident.severity = max(incident.severity, severity(incident.signal_count, controller_killed), key=_severity_rank)
+            incident.save(update_fields=["signal_count", "last_signal_at", "severity"])
+            IncidentEvent.objects.create(incident=incident, kind=IncidentEvent.Kind.EXTENDED, message=f"{len(kills)} more replica(s) killed.")
+        OomKillRecord.objects.bulk_create(
+            [OomKillRecord(incident=incident, actor_id=k.actor_id, replica=k.replica, node_ip=k.node_ip, used_bytes=k.used_bytes,
+                           threshold_bytes=k.threshold_bytes, message=k.message) for k in kills],
+            ignore_conflicts=True,
+        )
+    return incident.pk
+
+
+def _severity_rank(value: str) -> int:
+    return ["warning", "major", "critical"].index(value)
+
+
+def _context(cluster, app, deployment, kills, crowded, controller_killed, now) -> OomContext:
+    change = (
+        Change.objects.filter(cluster=cluster)
+        .filter(Q(started_at__gte=now - RECENT) | Q(finished_at__gte=now - RECENT))
+        .order_by("-started_at")
+        .first()
+    )
+    touched = change is not None and app in change.touched_applications
+    return OomContext(
+        kills=kills,
+        max_ongoing_requests=deployment.max_ongoing_requests if deployment else None,
+        autoscaling_target=deployment.autoscaling_target_ongoing_requests if deployment else None,
+        minutes_since_change=((now - (change.started_at or change.created_at)).total_seconds() / 60) if touched else None,
+        change_label=f"change #{change.pk} ({change.reason[:80]})" if touched else "",
+        nodes_with_several_kills=crowded,
+        controller_killed=controller_killed,
+    )
+
+
+def _evidence(deployment: Deployment | None, ctx: OomContext) -> dict:
+    settings_then = {}
+    if deployment is not None:
+        settings_then = {
+            "max_ongoing_requests": deployment.max_ongoing_requests,
+            "max_queued_requests": deployment.max_queued_requests,
+            "autoscaling": [deployment.autoscaling_min_replicas, deployment.autoscaling_max_replicas,
+                            deployment.autoscaling_target_ongoing_requests] if deployment.autoscaling else None,
+            "running_replicas": deployment.running_replicas,
+        }
+    return {"settings_at_detection": settings_then, "controller_killed_too": ctx.controller_killed,
+            "nodes_with_several_kills": ctx.nodes_with_several_kills}
+
+
+def resolve_quiet(now=None) -> int:
+    now = now or timezone.now()
+    quiet = Incident.objects.filter(status__in=OPEN, last_signal_at__lt=now - timedelta(seconds=settings.FLEETDECK_INCIDENT_QUIET_S))
+    count = 0
+    for incident in quiet:
+        incident.status, incident.resolved_at = Incident.Status.RESOLVED, now
+        incident.save(update_fields=["status", "resolved_at"])
+        IncidentEvent.objects.create(incident=incident, kind=IncidentEvent.Kind.RESOLVED,
+                                     message=f"No new signal for {settings.FLEETDECK_INCIDENT_QUIET_S // 60} min: resolved automatically.")
+        count += 1
+    return count
+
+
+def add_note(actor: Actor, incident: Incident, text: str) -> IncidentEvent:
+    event = IncidentEvent.objects.create(incident=incident, kind=IncidentEvent.Kind.NOTE, message=text.strip()[:4000], author=actor.user)
+    record(actor, "incident.note", incident, team=incident.cluster.team)
+    return event
+
+
+def set_status(actor: Actor, incident: Incident, status: str) -> Incident:
+    transitions = {
+        Incident.Status.ACKNOWLEDGED: ([Incident.Status.OPEN], IncidentEvent.Kind.ACKNOWLEDGED),
+        Incident.Status.RESOLVED: (OPEN, IncidentEvent.Kind.RESOLVED),
+    }
+    allowed, event = transitions[status]
+    if incident.status not in allowed:
+        raise ValueError(f"The incident is {incident.get_status_display().lower()}.")
+    incident.status = status
+    incident.resolved_at = timezone.now() if status == Incident.Status.RESOLVED else None
+    incident.save(update_fields=["status", "resolved_at"])
+    IncidentEvent.objects.create(incident=incident, kind=event, author=actor.user, message=f"By {actor.name}.")
+    record(actor, f"incident.{status}", incident, team=incident.cluster.team)
+    return incident
+
+
+def open_for(deployment: Deployment) -> Incident | None:
+    return Incident.objects.filter(
+        cluster_id=deployment.application.cluster_id, application_name=deployment.application.name,
+        deployment_name=deployment.name, status__in=OPEN,
+    ).first()

@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from apps.accounts.audit import Actor
+from apps.accounts.models import Role
+from apps.accounts.permissions import has_role, visible_teams
+from apps.incidents import services
+from apps.incidents.filters import IncidentFilter
+from apps.incidents.models import Incident
+
+
+def _visible(request):
+    return Incident.objects.filter(cluster__team__in=visible_teams(request.user)).select_related("cluster")
+
+
+@login_required
+def incident_list(request):
+    filterset = IncidentFilter(request.GET or None, queryset=_visible(request).order_by("-last_signal_at", "-id"))
+    page = Paginator(filterset.qs, 50).get_page(request.GET.get("page"))
+    return render(request, "incidents/list.html", {"page": page, "filter": filterset, "query": request.GET.urlencode()})
+
+
+@login_required
+def incident_detail(request, pk: int):
+    incident = get_object_or_404(_visible(request).prefetch_related("oom_kills", "timeline__author"), pk=pk)
+    context = {"incident": incident, "can_operate": has_role(request.user, incident.cluster.team, Role.OPERATOR)}
+    return render(request, "incidents/detail.html", context)
+
+
+@login_required
+@require_POST
+def incident_action(request, pk: int, action: str):
+    incident = get_object_or_404(_visible(request), pk=pk)
+    actor = Actor.from_request(request)
+    if action == "note":
+        if request.POST.get("text", "").strip():
+            services.add_note(actor, incident, request.POST["text"])
+        return redirect("incidents:detail", pk=pk)
+    if not has_role(request.user, incident.cluster.team, Role.OPERATOR):
+        raise PermissionDenied("Only operators acknowledge or resolve incidents.")
+    status = {"acknowledge": Incident.Status.ACKNOWLEDGED, "resolve": Incident.Status.RESOLVED}.get(action)
+    if status is None:
+        raise PermissionDenied("No such action.")
+    try:
+        services.set_status(actor, incident, status)
+    except ValueError as exc:
+        messages.error(request, str(exc))
+    return redirect("incidents:detail", pk=pk)

@@ -1,0 +1,203 @@
+"""OOM incidents from Ray's state API, with metrics evidence and ranked causes."""
+
+from __future__ import annotations
+
+import copy
+from datetime import timedelta
+
+import httpx
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from apps.accounts.audit import Actor
+from apps.changes.models import Change
+from apps.clusters.models import Cluster
+from apps.clusters.ray_dashboard import _parse_actor
+from apps.fleet import sync
+from apps.fleet.models import Deployment
+from apps.incidents import ray_metrics, services, signals
+from apps.incidents.models import Incident
+from apps.incidents.oom import oom_kills, replica_of
+from tests.conftest import FIXTURES, ray_fixture
+
+DEAD = "state_actors_dead_oom_t1_modelonly_detail.json"
+
+
+def metrics(name: str, at: float = 100.0) -> ray_metrics.Scrape:
+    return ray_metrics.parse((FIXTURES / name).read_text(), at=at)
+
+
+# --- pure ----------------------------------------------------------------------------------
+
+
+def test_an_oom_killed_replica_is_read_from_its_death_cause():
+    actors = [_parse_actor(a) for a in ray_fixture(DEAD)["data"]["result"]["result"]]
+    kills = oom_kills(actors)
+    assert len(kills) == 1
+    kill = kills[0]
+    assert (kill.application, kill.deployment, kill.replica) == ("modelonly", "Model", "lg45rpy4")
+    assert kill.node_ip == "192.0.2.2"
+    assert (kill.used_bytes, kill.threshold_bytes) == (7595319296, 7582819328)
+
+
+def test_replica_names_that_are_not_serve_replicas_are_ignored():
+    assert replica_of("SERVE_CONTROLLER_ACTOR") is None
+    assert replica_of("SERVE_REPLICA::app#Dep#abc") == ("app", "Dep", "abc")
+
+
+def test_signals_from_a_scrape_give_requests_latency_and_oom_evidence():
+    reading = signals.read(ray_metrics.Scrape(at=0), metrics("metrics_after_oom_kills_filtered.prom"))
+    assert reading.deployments[("demo", "Echo")].oom_errors == 1
+    assert reading.deployments[("modelonly", "Model")].requests == 423
+    node = reading.nodes["192.0.2.2"]
+    assert 0 < node.mem_fraction < 1
+    assert node.evictions["SERVE_CONTROLLER_ACTOR:ServeController.__init__"] == 2
+
+
+def test_latency_percentiles_come_from_bucket_deltas():
+    before = metrics("metrics_after_200_requests_filtered.prom", at=0)
+    after = copy.deepcopy(before)
+    after.at = 60
+    reading = signals.read(before, after)
+    assert all(d.requests == 0 and d.p99_ms is None for d in reading.deployments.values())
+    assert signals.quantile([(10.0, 50), (100.0, 100), (float("inf"), 100)], 0.5) == 10.0
+    assert signals.quantile([(10.0, 50), (100.0, 100), (float("inf"), 100)], 0.75) == 55.0
+
+
+def test_a_counter_that_goes_back_is_a_reset_with_a_warning_not_a_negative_rate():
+    before = metrics("metrics_after_oom_kills_filtered.prom", at=0)
+    # The same series, counted again from a small number: the replica restarted.
+    after = ray_metrics.Scrape(at=60, samples=[
+        ray_metrics.Sample(s.name, s.labels, 3.0 if s.name == signals.REQUESTS else s.value) for s in before.samples
+    ])
+    reading = signals.read(before, after)
+    assert all(d.requests >= 0 for d in reading.deployments.values())
+    assert any("went backwards" in w for w in reading.warnings)
+
+
+def test_garbage_is_not_metrics():
+    with pytest.raises(ray_metrics.MetricsUnavailable):
+        ray_metrics.parse("<html><body>nginx</body></html>\n{not: metrics}")
+
+
+def test_an_unreachable_metrics_endpoint_is_reported_transient():
+    def refuse(request):
+        raise httpx.ConnectError("refused")
+
+    with pytest.raises(ray_metrics.MetricsUnavailable) as caught:
+        ray_metrics.scrape("http://ray.test:8080/metrics", transport=httpx.MockTransport(refuse))
+    assert caught.value.transient
+
+
+# --- detection -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(team, use_replay, monkeypatch):
+    use_replay.routes["/api/serve/applications/"] = "serve_applications_oom_t1_modelonly_after_recovery.json"
+    use_replay.routes["/api/v0/actors"] = DEAD
+    cluster = Cluster.objects.create(name="gpu-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0",
+                                     metrics_url="http://ray.test:8080/metrics")
+    sync.sync_cluster(cluster.pk)
+    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s: metrics("metrics_after_oom_kills_filtered.prom"))
+    return Cluster.objects.get(pk=cluster.pk)
+
+
+@pytest.mark.django_db
+def test_an_oom_kill_opens_an_incident_with_evidence_and_ranked_causes(cluster):
+    [incident_id] = services.detect(cluster.pk)
+    incident = Incident.objects.get(pk=incident_id)
+    assert incident.kind == "oom_kill" and incident.status == "open"
+    assert (incident.application_name, incident.deployment_name) == ("modelonly", "Model")
+    assert incident.deployment == Deployment.objects.get(application__cluster=cluster, application__name="modelonly", name="Model")
+    assert incident.oom_kills.get().replica == "lg45rpy4"
+    ids = [c["id"] for c in incident.causes]
+    assert ids[0] == "OOM-2" and "max_ongoing_requests" in incident.causes[0]["reason"]
+    assert {"OOM-1", "OOM-5"} <= set(ids) and incident.causes[0]["remedies"][0]["id"] == "R1"
+    assert incident.evidence["out_of_memory_errors"] == {"demo/Echo": 1.0}
+    assert incident.evidence["nodes"][0]["memory_monitor_kills"]
+    assert incident.timeline.get().kind == "detected"
+
+
+@pytest.mark.django_db
+def test_the_same_kill_seen_again_changes_nothing_and_a_new_one_extends_the_incident(cluster, use_replay):
+    [first] = services.detect(cluster.pk)
+    assert services.detect(cluster.pk) == []
+    payload = ray_fixture(DEAD)
+    extra = copy.deepcopy(payload["data"]["result"]["result"][0])
+    extra["actor_id"], extra["name"] = "ffff", "SERVE_REPLICA::modelonly#Model#zzzz9999"
+    payload["data"]["result"]["result"].append(extra)
+    use_replay.routes["/api/v0/actors"] = payload
+
+    assert services.detect(cluster.pk) == [first]
+
+    incident = Incident.objects.get(pk=first)
+    assert incident.signal_count == 2 and incident.severity == "major"
+    assert incident.oom_kills.count() == 2 and Incident.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_a_kill_right_after_a_change_suspects_the_rollout_first(cluster, people):
+    Change.objects.create(cluster=cluster, targets=[{"application": "modelonly", "deployment": "Model"}], reason="bigger batches",
+                          state="succeeded", base_hash="a", base_config={}, new_config={}, new_hash="b", started_at=timezone.now() - timedelta(minutes=3))
+    [incident_id] = services.detect(cluster.pk)
+    causes = Incident.objects.get(pk=incident_id).causes
+    assert causes[0]["id"] == "OOM-7" and "3 min after change" in causes[0]["reason"]
+
+
+@pytest.mark.django_db
+def test_quiet_incidents_resolve_themselves(cluster, settings):
+    [incident_id] = services.detect(cluster.pk)
+    Incident.objects.filter(pk=incident_id).update(last_signal_at=timezone.now() - timedelta(hours=2))
+    assert services.resolve_quiet() == 1
+    incident = Incident.objects.get(pk=incident_id)
+    assert incident.status == "resolved" and "automatically" in incident.timeline.last().message
+
+
+@pytest.mark.django_db
+def test_an_unreachable_metrics_endpoint_leaves_a_visible_warning(cluster, monkeypatch):
+    def down(url, timeout_s):
+        raise ray_metrics.MetricsUnavailable("http://ray.test:8080/metrics did not answer in time.", transient=True)
+
+    monkeypatch.setattr(services.ray_metrics, "scrape", down)
+    [incident_id] = services.detect(cluster.pk)
+    assert "did not answer" in Incident.objects.get(pk=incident_id).evidence["metrics_warning"]
+
+
+@pytest.mark.django_db
+def test_an_open_incident_blocks_a_recycle_of_its_deployment(cluster, people):
+    from apps.maintenance.models import MaintenanceRun
+    from apps.maintenance.services import recycle_guards
+
+    services.detect(cluster.pk)
+    deployment = Deployment.objects.get(application__cluster=cluster, application__name="modelonly", name="Model")
+    run = MaintenanceRun(kind="recycle", trigger="manual", cluster=cluster, deployment=deployment)
+    assert any("is open on this deployment" in reason for reason in recycle_guards(run, ["a", "b"], {}))
+
+
+@pytest.mark.django_db
+def test_the_api_filters_and_handles_incidents(api_as, cluster):
+    [incident_id] = services.detect(cluster.pk)
+    viewer, operator = api_as("viewer"), api_as("operator")
+    assert [i["id"] for i in viewer.get("/api/v1/incidents/?status=open&kind=oom_kill&application=modelonly").json()["results"]] == [incident_id]
+    assert viewer.get("/api/v1/incidents/?application=demo").json()["results"] == []
+    assert viewer.post(f"/api/v1/incidents/{incident_id}/acknowledge/").status_code == 403
+    assert viewer.post(f"/api/v1/incidents/{incident_id}/notes/", {"text": "seen it"}, format="json").status_code == 201
+    assert operator.post(f"/api/v1/incidents/{incident_id}/acknowledge/").json()["status"] == "acknowledged"
+    resolved = operator.post(f"/api/v1/incidents/{incident_id}/resolve/").json()
+    assert resolved["status"] == "resolved" and [e["kind"] for e in resolved["timeline"]] == ["detected", "note", "acknowledged", "resolved"]
+    assert operator.post(f"/api/v1/incidents/{incident_id}/resolve/").status_code == 400
+    assert api_as("outsider").get(f"/api/v1/incidents/{incident_id}/").status_code == 404
+
+
+@pytest.mark.django_db
+def test_incident_pages_show_causes_kills_and_appear_on_the_cluster_page(client, people, cluster):
+    [incident_id] = services.detect(cluster.pk)
+    client.force_login(people["operator"])
+    page = client.get(reverse("incidents:detail", args=[incident_id])).content.decode()
+    assert "OOM-2" in page and "lg45rpy4" in page and "Acknowledge" in page and "Plan a fix" in page
+    assert "OOM kill of modelonly/Model" in client.get(reverse("incidents:list")).content.decode()
+    assert "Open incidents" in client.get(reverse("fleet:cluster", args=[cluster.pk])).content.decode()
+    client.post(reverse("incidents:action", args=[incident_id, "note"]), {"text": "looking"})
+    assert Incident.objects.get(pk=incident_id).timeline.filter(kind="note").exists()
