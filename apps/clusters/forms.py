@@ -30,6 +30,14 @@ class ClusterForm(forms.Form):
         required=False,
         help_text="A cluster whose config a KubeRay RayService owns is never pushed through the dashboard.",
     )
+    metrics_url = forms.CharField(
+        label="Metrics URL", required=False, max_length=300,
+        help_text="Ray's Prometheus endpoint (--metrics-export-port), e.g. http://ray-head:8080/metrics. Adds memory and error evidence to incidents.",
+    )
+    serve_url = forms.CharField(
+        label="Serve HTTP URL", required=False, max_length=300,
+        help_text="Where warmups send requests; empty: the dashboard host on Serve's HTTP port.",
+    )
     labels = forms.CharField(
         required=False,
         widget=forms.TextInput(attrs={"placeholder": "env=prod, region=eu"}),
@@ -47,6 +55,8 @@ class ClusterForm(forms.Form):
                     "dashboard_url": instance.dashboard_url,
                     "labels": labels_text(instance.labels),
                     "serve_config_owner": instance.serve_config_owner,
+                    "metrics_url": instance.metrics_url,
+                    "serve_url": instance.serve_url,
                 },
             )
         super().__init__(*args, **kwargs)
@@ -66,6 +76,12 @@ class ClusterForm(forms.Form):
 
     def clean_dashboard_url(self):
         return normalize_dashboard_url(self.cleaned_data["dashboard_url"])
+
+    def clean_metrics_url(self):
+        return normalize_dashboard_url(self.cleaned_data["metrics_url"]) if self.cleaned_data["metrics_url"].strip() else ""
+
+    def clean_serve_url(self):
+        return normalize_dashboard_url(self.cleaned_data["serve_url"]) if self.cleaned_data["serve_url"].strip() else ""
 
     def clean_serve_config_owner(self):
         return self.cleaned_data["serve_config_owner"] or Cluster.ConfigOwner.DASHBOARD

@@ -63,9 +63,12 @@ def register_cluster(
     token: str = "",
     labels: dict | None = None,
     serve_config_owner: str = Cluster.ConfigOwner.DASHBOARD,
+    metrics_url: str = "",
+    serve_url: str = "",
 ) -> Cluster:
     url = _checked_url(dashboard_url)
     clean_labels = validate_labels(labels)
+    metrics_url, serve_url = (_checked_url(u) if u else "" for u in (metrics_url, serve_url))
     result = probe(url, token)
     with transaction.atomic():
         cluster = Cluster.objects.create(
@@ -75,6 +78,8 @@ def register_cluster(
             token_ciphertext=secrets.encrypt(token),
             labels=clean_labels,
             serve_config_owner=serve_config_owner,
+            metrics_url=metrics_url,
+            serve_url=serve_url,
             ray_version=result.version.ray_version,
             ray_commit=result.version.ray_commit,
             session_name=result.version.session_name,
@@ -102,7 +107,16 @@ UNSET = object()
 
 
 def update_cluster(
-    actor: Actor, cluster: Cluster, *, dashboard_url=UNSET, token=UNSET, labels=UNSET, team=UNSET, serve_config_owner=UNSET
+    actor: Actor,
+    cluster: Cluster,
+    *,
+    dashboard_url=UNSET,
+    token=UNSET,
+    labels=UNSET,
+    team=UNSET,
+    serve_config_owner=UNSET,
+    metrics_url=UNSET,
+    serve_url=UNSET,
 ) -> Cluster:
     """Change a cluster's registration. A new URL or token is connection-tested before it is saved."""
     changes: dict = {}
@@ -117,6 +131,12 @@ def update_cluster(
         if clean != cluster.labels:
             changes["labels"] = {"from": cluster.labels, "to": clean}
             cluster.labels = clean
+    for field, value in (("metrics_url", metrics_url), ("serve_url", serve_url)):
+        if value is not UNSET:
+            value = _checked_url(value) if value else ""
+            if value != getattr(cluster, field):
+                changes[field] = {"from": getattr(cluster, field), "to": value}
+                setattr(cluster, field, value)
     if serve_config_owner is not UNSET and serve_config_owner != cluster.serve_config_owner:
         changes["serve_config_owner"] = {"from": cluster.serve_config_owner, "to": serve_config_owner}
         cluster.serve_config_owner = serve_config_owner

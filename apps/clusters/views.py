@@ -44,6 +44,8 @@ def cluster_create(request):
                 token=data["token"],
                 labels=data["labels"],
                 serve_config_owner=data["serve_config_owner"],
+                metrics_url=data["metrics_url"],
+                serve_url=data["serve_url"],
             )
         except ValidationError as exc:
             _form_error(form, exc)
@@ -59,7 +61,7 @@ def cluster_edit(request, pk: int):
     form = ClusterForm(request.POST or None, user=request.user, instance=cluster)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
-        changes = {key: data[key] for key in ("dashboard_url", "labels", "team", "serve_config_owner")}
+        changes = {key: data[key] for key in ("dashboard_url", "labels", "team", "serve_config_owner", "metrics_url", "serve_url")}
         if data.get("clear_token"):
             changes["token"] = ""
         elif data["token"]:

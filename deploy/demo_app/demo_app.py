@@ -27,7 +27,8 @@ class Model:
         self.hold_s = float(config.get("hold_s", 0.0))
 
     async def __call__(self, text: str) -> dict:
-        scratch = bytearray(self.alloc_mb * 1024 * 1024) if self.alloc_mb else b""
+        # Filled, not just reserved: untouched pages would never count against the node's memory.
+        scratch = bytearray(b"\x01") * (self.alloc_mb * 1024 * 1024) if self.alloc_mb else b""
         if self.hold_s:
             await asyncio.sleep(self.hold_s)
         return {"length": len(text), "scratch_mb": len(scratch) // (1024 * 1024), "pid": os.getpid()}

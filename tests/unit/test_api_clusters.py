@@ -275,3 +275,11 @@ def test_the_openapi_schema_documents_every_endpoint(client):
     ):
         assert path in paths, path
     assert client.get("/api/docs/").status_code == 200
+
+
+def test_metrics_and_serve_urls_are_validated_like_the_dashboard_url(api_as, use_replay):
+    response = register(api_as("admin"), metrics_url="http://u:p@ray.test:8080/metrics")
+    assert response.status_code == 400 and "credentials" in str(response.json()["metrics_url"])
+    ok = register(api_as("admin"), metrics_url="http://ray.test:8080/metrics", serve_url="http://ray.test:8000/")
+    assert ok.status_code == 201, ok.content
+    assert (ok.json()["metrics_url"], ok.json()["serve_url"]) == ("http://ray.test:8080/metrics", "http://ray.test:8000")

@@ -10,7 +10,6 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.accounts.audit import Actor
 from apps.changes.models import Change
 from apps.clusters.models import Cluster
 from apps.clusters.ray_dashboard import _parse_actor

@@ -91,8 +91,9 @@ class Command(BaseCommand):
     def _register(self, head: LocalRayHead) -> None:
         actor = Actor.system(via="cli")
         existing = Cluster.objects.filter(name=DEMO_CLUSTER).first()
+        metrics_url = f"http://127.0.0.1:{head.ports['metrics-export-port']}/metrics"
         if existing:
-            services.update_cluster(actor, existing, dashboard_url=head.dashboard_url)
+            services.update_cluster(actor, existing, dashboard_url=head.dashboard_url, metrics_url=metrics_url)
             services.request_sync(actor, existing)
         else:
             services.register_cluster(
@@ -101,6 +102,7 @@ class Command(BaseCommand):
                 team=ensure_team("Platform"),
                 dashboard_url=head.dashboard_url,
                 labels={"env": "local"},
+                metrics_url=metrics_url,
             )
 
     def _spawn(self, port: int) -> list[tuple[str, subprocess.Popen]]:
