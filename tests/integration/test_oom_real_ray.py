@@ -67,9 +67,9 @@ def test_a_real_oom_kill_becomes_an_incident_with_its_evidence(oom_head, team):
         incident_ids = services.detect(cluster.pk)
 
     incident = Incident.objects.get(pk=incident_ids[0])
-    print(f"\nOOM incident: {incident.title}; causes {[c['id'] for c in incident.causes]}; client saw {statuses}")
+    print(f"\nOOM incident: {incident.title}; causes {[c['id'] for c in incident.causes]}; client saw {statuses}; evidence {sorted(incident.evidence)}")
     assert incident.kind == "oom_kill" and (incident.application_name, incident.deployment_name) == ("demo", "Model")
     kill = incident.oom_kills.first()
     assert kill.used_bytes > kill.threshold_bytes and "low on memory" in kill.message
     assert incident.causes[0]["id"] == "OOM-2"  # max_ongoing_requests 8 on the Model
-    assert "nodes" in incident.evidence or "metrics_warning" in incident.evidence
+    assert incident.evidence["nodes"] and incident.evidence["settings_at_detection"]["max_ongoing_requests"] == 8
