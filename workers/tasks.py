@@ -20,8 +20,10 @@ def sync_cluster(cluster_id: int) -> None:
     if outcome is not None and not outcome.ok:
         log.warning("sync of cluster %s failed: %s", cluster_id, outcome.error)
     elif outcome is not None:
-        # OOM evidence lives in the state API, not in Serve's status: read it with every sync.
+        # OOM evidence lives in the state API, not in Serve's status: read it with every sync,
+        # and take a metrics reading for the latency detectors.
         incidents.detect(cluster_id)
+        incidents.collect_metrics(cluster_id)
 
 
 @shared_task(name="fleet.tick", ignore_result=True)

@@ -40,3 +40,33 @@ def severity(kills: int, controller_killed: bool) -> str:
     if kills >= 3 or controller_killed:
         return "critical"
     return "major" if kills == 2 else "warning"
+
+
+@dataclass(frozen=True)
+class LatencyContext:
+    cold_start: bool
+    queue_building: bool
+    ongoing: float
+    queued: float
+    max_ongoing_requests: int | None
+    running_replicas: int | None
+    at_max_replicas: bool
+    memory_pressure: bool
+
+
+def rank_latency_causes(ctx: LatencyContext) -> list[dict]:
+    found: list[tuple[int, str, str]] = []
+    if ctx.cold_start:
+        found.append((0, "LAT-1", "Replicas started just before or during the spike: first requests pay for model load and warmup."))
+    saturated = ctx.max_ongoing_requests and ctx.running_replicas and ctx.ongoing >= ctx.max_ongoing_requests * ctx.running_replicas
+    if ctx.queue_building or ctx.queued > 0 or saturated:
+        where = "with replicas at the autoscaling maximum" if ctx.at_max_replicas else "faster than the autoscaler adds replicas"
+        found.append((0 if not ctx.cold_start else 1, "LAT-2",
+                      f"{ctx.queued:.0f} requests queued and {ctx.ongoing:.0f} in flight: the queue grows {where}."))
+    if ctx.memory_pressure:
+        found.append((2, "LAT-6", "A node is above 90 % memory: collection and memory-pressure pauses slow every request."))
+    if not found or (ctx.queued == 0 and not ctx.cold_start):
+        found.append((3, "LAT-3", "Latency rose while requests were not queued: work may block the replica's event loop or threads."))
+    found.append((4, "LAT-4", "If large payloads arrived during the spike, serialization dominates: keep blobs out of request bodies."))
+    found.sort(key=lambda item: item[0])
+    return [cause(cause_id, reason, rank) for rank, (_, cause_id, reason) in enumerate(found, start=1)]

@@ -12,6 +12,7 @@ from apps.fleet.models import Deployment
 class Incident(models.Model):
     class Kind(models.TextChoices):
         OOM_KILL = "oom_kill", "OOM kill"
+        LATENCY_SPIKE = "latency_spike", "Latency spike"
 
     class Status(models.TextChoices):
         OPEN = "open", "Open"
@@ -90,3 +91,27 @@ class IncidentEvent(models.Model):
 
     class Meta:
         ordering = ["at", "id"]
+
+
+class SignalWindow(models.Model):
+    """A deployment's recent signal points, one row per deployment: raw readings for the last
+    hour, 5-minute summaries before that, nothing past the retention."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="signal_windows")
+    application_name = models.CharField(max_length=200)
+    deployment_name = models.CharField(max_length=200)
+    points = models.JSONField(default=list)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["cluster", "application_name", "deployment_name"], name="one_window_per_deployment")]
+
+
+class ScrapeState(models.Model):
+    """The counters of a cluster's last metrics scrape, to difference against the next one."""
+
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="scrape_state")
+    at = models.FloatField()
+    samples = models.JSONField(default=list)
+    warnings = models.JSONField(default=list, blank=True)
+    error = models.TextField(blank=True)

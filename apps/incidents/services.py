@@ -17,9 +17,9 @@ from apps.clusters.models import Cluster, ClusterEvent, Reachability
 from apps.clusters.ray_dashboard import RayError
 from apps.clusters.services import dashboard_for
 from apps.fleet.models import Deployment
-from apps.incidents import ray_metrics, signals
-from apps.incidents.causes import OomContext, rank_oom_causes, severity
-from apps.incidents.models import Incident, IncidentEvent, OomKillRecord
+from apps.incidents import detectors, ray_metrics, signals
+from apps.incidents.causes import LatencyContext, OomContext, rank_latency_causes, rank_oom_causes, severity
+from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, ScrapeState, SignalWindow
 from apps.incidents.oom import OomKill, oom_kills
 
 RECENT = timedelta(minutes=15)
@@ -65,31 +65,48 @@ def _metrics_evidence(cluster: Cluster) -> dict:
     }
 
 
+def _open_or_extend(cluster: Cluster, app: str, dep: str, kind: str, *, count: int, severity_for, build, detected: str, extended: str) -> Incident:
+    """One open incident per deployment and kind: later signals extend it. `build()` makes the
+    causes and evidence only when a new incident opens; `severity_for(total)` grades it."""
+    now = timezone.now()
+    incident = (
+        Incident.objects.select_for_update()
+        .filter(cluster=cluster, application_name=app, deployment_name=dep, kind=kind, status__in=OPEN)
+        .first()
+    )
+    if incident is None:
+        causes, evidence = build()
+        incident = Incident.objects.create(
+            kind=kind, cluster=cluster, application_name=app, deployment_name=dep,
+            deployment=Deployment.objects.filter(application__cluster=cluster, application__name=app, name=dep).first(),
+            title=f"{Incident.Kind(kind).label} of {app}/{dep} on {cluster.name}", started_at=now, last_signal_at=now,
+            signal_count=count, severity=severity_for(count), causes=causes, evidence=evidence,
+        )
+        IncidentEvent.objects.create(incident=incident, kind=IncidentEvent.Kind.DETECTED, message=detected)
+    else:
+        incident.signal_count += count
+        incident.last_signal_at = now
+        incident.severity = max(incident.severity, severity_for(incident.signal_count), key=_severity_rank)
+        incident.save(update_fields=["signal_count", "last_signal_at", "severity"])
+        IncidentEvent.objects.create(incident=incident, kind=IncidentEvent.Kind.EXTENDED, message=extended)
+    return incident
+
+
 def _record_oom(cluster: Cluster, app: str, dep: str, kills: list[OomKill], crowded: list[str], metrics: dict) -> int:
     now = timezone.now()
     deployment = Deployment.objects.filter(application__cluster=cluster, application__name=app, name=dep).first()
     controller_killed = cluster.events.filter(kind=ClusterEvent.Kind.CONTROLLER_RESTARTED, created_at__gte=now - RECENT).exists()
+
+    def build():
+        ctx = _context(cluster, app, deployment, len(kills), crowded, controller_killed, now)
+        return rank_oom_causes(ctx), _evidence(deployment, ctx) | metrics
+
     with transaction.atomic():
-        incident = (
-            Incident.objects.select_for_update()
-            .filter(cluster=cluster, application_name=app, deployment_name=dep, kind=Incident.Kind.OOM_KILL, status__in=OPEN)
-            .first()
+        incident = _open_or_extend(
+            cluster, app, dep, Incident.Kind.OOM_KILL, count=len(kills), build=build,
+            severity_for=lambda total: severity(total, controller_killed),
+            detected=f"{len(kills)} replica(s) killed by Ray's memory monitor.", extended=f"{len(kills)} more replica(s) killed.",
         )
-        if incident is None:
-            ctx = _context(cluster, app, deployment, len(kills), crowded, controller_killed, now)
-            incident = Incident.objects.create(
-                kind=Incident.Kind.OOM_KILL, cluster=cluster, application_name=app, deployment_name=dep, deployment=deployment,
-                title=f"OOM kill of {app}/{dep} on {cluster.name}", started_at=now, last_signal_at=now, signal_count=len(kills),
-                severity=severity(len(kills), controller_killed), causes=rank_oom_causes(ctx), evidence=_evidence(deployment, ctx) | metrics,
-            )
-            IncidentEvent.objects.create(incident=incident, kind=IncidentEvent.Kind.DETECTED,
-                                         message=f"{len(kills)} replica(s) killed by Ray's memory monitor.")
-        else:
-            incident.signal_count += len(kills)
-            incident.last_signal_at = now
-            incident.severity = max(incident.severity, severity(incident.signal_count, controller_killed), key=_severity_rank)
-            incident.save(update_fields=["signal_count", "last_signal_at", "severity"])
-            IncidentEvent.objects.create(incident=incident, kind=IncidentEvent.Kind.EXTENDED, message=f"{len(kills)} more replica(s) killed.")
         OomKillRecord.objects.bulk_create(
             [OomKillRecord(incident=incident, actor_id=k.actor_id, replica=k.replica, node_ip=k.node_ip, used_bytes=k.used_bytes,
                            threshold_bytes=k.threshold_bytes, message=k.message) for k in kills],
@@ -133,6 +150,70 @@ def _evidence(deployment: Deployment | None, ctx: OomContext) -> dict:
         }
     return {"settings_at_detection": settings_then, "controller_killed_too": ctx.controller_killed,
             "nodes_with_several_kills": ctx.nodes_with_several_kills}
+
+
+def collect_metrics(cluster_id: int) -> list[int]:
+    """Scrape Ray's metrics, add a reading to each deployment's window, and run the latency
+    detectors. Returns the incident ids opened or extended."""
+    cluster = Cluster.objects.filter(pk=cluster_id).exclude(metrics_url="").first()
+    if cluster is None:
+        return []
+    state = ScrapeState.objects.filter(cluster=cluster).first()
+    try:
+        current = signals.relevant(ray_metrics.scrape(cluster.metrics_url, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S))
+    except ray_metrics.MetricsUnavailable as exc:
+        ScrapeState.objects.update_or_create(cluster=cluster, defaults={"at": state.at if state else 0, "samples": state.samples if state else [],
+                                                                       "error": exc.message})
+        return []
+    ScrapeState.objects.update_or_create(cluster=cluster, defaults={
+        "at": current.at, "samples": [[s.name, s.labels, s.value] for s in current.samples], "error": "",
+    })
+    if state is None or not state.samples:
+        return []  # a rate needs two scrapes
+    previous = ray_metrics.Scrape(at=state.at, samples=[ray_metrics.Sample(n, labels, v) for n, labels, v in state.samples])
+    reading = signals.read(previous, current)
+    if reading.warnings:
+        ScrapeState.objects.filter(cluster=cluster).update(warnings=reading.warnings)
+    pressure = any(n.mem_fraction and n.mem_fraction >= 0.9 for n in reading.nodes.values())
+    touched = []
+    for (app, dep), values in sorted(reading.deployments.items()):
+        window, _ = SignalWindow.objects.get_or_create(cluster=cluster, application_name=app, deployment_name=dep)
+        window.points = signals.compact([*window.points, signals.point(current.at, reading.seconds, values)], now=current.at)
+        window.save(update_fields=["points", "updated_at"])
+        finding = detectors.latency_spike(window.points)
+        if finding:
+            touched.append(_record_latency(cluster, app, dep, finding, window.points, pressure))
+    return touched
+
+
+def _record_latency(cluster: Cluster, app: str, dep: str, finding, points: list[dict], pressure: bool) -> int:
+    deployment = Deployment.objects.filter(application__cluster=cluster, application__name=app, name=dep).first()
+
+    def build():
+        ctx = LatencyContext(
+            cold_start=detectors.cold_start(points), queue_building=detectors.queue_building(points),
+            # The busiest reading of the spike, not the last one: queues drain as it ends.
+            ongoing=max(p.get("ongoing") or 0 for p in points[-detectors.SUSTAIN:]),
+            queued=max(p.get("queued") or 0 for p in points[-detectors.SUSTAIN:]),
+            max_ongoing_requests=deployment.max_ongoing_requests if deployment else None,
+            running_replicas=deployment.running_replicas if deployment else None,
+            at_max_replicas=bool(deployment and deployment.autoscaling and deployment.running_replicas >= (deployment.autoscaling_max_replicas or 0)),
+            memory_pressure=pressure,
+        )
+        return rank_latency_causes(ctx), {"summary": finding.summary, "baseline_p99_ms": finding.baseline, "peak_p99_ms": finding.peak,
+                                          "series": points[-60:]}
+
+    with transaction.atomic():
+        incident = _open_or_extend(
+            cluster, app, dep, Incident.Kind.LATENCY_SPIKE, count=1, build=build,
+            severity_for=lambda total: "critical" if finding.peak > 10_000 else ("major" if total > 2 or finding.peak > 2_000 else "warning"),
+            detected=finding.summary, extended=finding.summary,
+        )
+        evidence = dict(incident.evidence)
+        evidence["series"] = points[-60:]
+        evidence["peak_p99_ms"] = max(evidence.get("peak_p99_ms") or 0, finding.peak)
+        Incident.objects.filter(pk=incident.pk).update(evidence=evidence)
+    return incident.pk
 
 
 def resolve_quiet(now=None) -> int:

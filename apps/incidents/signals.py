@@ -144,3 +144,46 @@ def read(prev: Scrape, cur: Scrape) -> Reading:
             name = labels.get("Name", "unknown")
             node.evictions[name] = node.evictions.get(name, 0.0) + delta
     return Reading(seconds=max(cur.at - prev.at, 0.0), deployments=dict(deployments), nodes=nodes, warnings=warnings)
+
+
+KEPT = (f"{LATENCY}_bucket", REQUESTS, ERRORS, REPLICA_STARTS, EVICTIONS, ONGOING, QUEUED, MEM_USED, MEM_TOTAL)
+
+
+def relevant(scrape: Scrape) -> Scrape:
+    """Only the series the readings use: a busy node exposes ~760 KB, we keep a few KB."""
+    return Scrape(at=scrape.at, samples=[s for s in scrape.samples if s.name in KEPT])
+
+
+def point(at: float, seconds: float, d: DeploymentSignals) -> dict:
+    return {
+        "t": round(at, 1), "p50": _r(d.p50_ms), "p95": _r(d.p95_ms), "p99": _r(d.p99_ms),
+        "rps": round(d.requests / seconds, 3) if seconds else None, "errors": d.errors,
+        "ongoing": d.ongoing, "queued": d.queued, "starts": d.replica_starts,
+    }
+
+
+def _r(value):
+    return round(value, 1) if value is not None else None
+
+
+def compact(points: list[dict], now: float, *, raw_s: float = 3600, bucket_s: float = 300, retention_s: float = 86400) -> list[dict]:
+    """Raw points for `raw_s`, then one point per `bucket_s` (max of latencies and queues, sums of
+    counts), nothing older than `retention_s`."""
+    recent = [p for p in points if p["t"] >= now - raw_s]
+    old: dict[int, list[dict]] = {}
+    for p in points:
+        if now - retention_s <= p["t"] < now - raw_s:
+            old.setdefault(int(p["t"] // bucket_s), []).append(p)
+    summarized = []
+    for bucket in sorted(old):
+        group = old[bucket]
+        summary = {"t": group[-1]["t"], "summary": len(group)}
+        for key in ("p50", "p95", "p99", "ongoing", "queued"):
+            values = [g[key] for g in group if g.get(key) is not None]
+            summary[key] = max(values) if values else None
+        for key in ("errors", "starts"):
+            summary[key] = sum(g.get(key) or 0 for g in group)
+        rates = [g["rps"] for g in group if g.get("rps") is not None]
+        summary["rps"] = round(sum(rates) / len(rates), 3) if rates else None
+        summarized.append(summary)
+    return summarized + recent

@@ -200,3 +200,85 @@ def test_incident_pages_show_causes_kills_and_appear_on_the_cluster_page(client,
     assert "Open incidents" in client.get(reverse("fleet:cluster", args=[cluster.pk])).content.decode()
     client.post(reverse("incidents:action", args=[incident_id, "note"]), {"text": "looking"})
     assert Incident.objects.get(pk=incident_id).timeline.filter(kind="note").exists()
+
+
+# --- metrics readings and latency incidents --------------------------------------------------
+
+
+def slower(scrape: ray_metrics.Scrape, at: float, extra: int = 60, over_ms: float = 5000) -> ray_metrics.Scrape:
+    """The same counters plus `extra` demo/Model requests that all landed in the bucket ending at `over_ms`."""
+    samples = []
+    for s in scrape.samples:
+        value = s.value
+        model = s.labels.get("application") == "demo" and s.labels.get("deployment") == "Model"
+        if model and s.name == f"{signals.LATENCY}_bucket" and float(s.labels["le"]) >= over_ms:
+            value += extra
+        elif model and s.name in (signals.REQUESTS, f"{signals.LATENCY}_count"):
+            value += extra
+        samples.append(ray_metrics.Sample(s.name, s.labels, value))
+    return ray_metrics.Scrape(at=at, samples=samples)
+
+
+def test_old_points_are_summarized_and_points_past_retention_dropped():
+    points = [{"t": float(t), "p99": float(t % 7), "rps": 1.0, "errors": 1, "starts": 0, "queued": 0, "ongoing": 0} for t in range(0, 7200, 30)]
+    compacted = signals.compact(points, now=7200, raw_s=1800, bucket_s=300, retention_s=5400)
+    raw = [p for p in compacted if "summary" not in p]
+    summaries = [p for p in compacted if "summary" in p]
+    assert all(p["t"] >= 5400 for p in raw) and len(raw) == 60
+    assert summaries and all(1800 <= p["t"] < 5400 for p in summaries) and summaries[0]["errors"] == 10
+
+
+@pytest.fixture
+def metered(cluster):
+    baseline = metrics("metrics_after_200_requests_filtered.prom", at=1000)
+    return cluster, baseline
+
+
+@pytest.mark.django_db
+def test_a_sustained_slowdown_in_the_metrics_opens_a_latency_incident(metered, monkeypatch):
+    from apps.incidents.models import SignalWindow
+
+    cluster, base = metered
+    scrapes = iter([base, slower(base, 1030, over_ms=5000)])
+    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s: next(scrapes))
+    SignalWindow.objects.create(cluster=cluster, application_name="demo", deployment_name="Model", points=[
+        {"t": 800 + 30 * i, "p99": 90.0 + i, "rps": 5.0, "queued": 0, "ongoing": 1, "starts": 0} for i in range(5)
+    ] + [{"t": 990, "p99": 6000.0, "rps": 5.0, "queued": 3, "ongoing": 8, "starts": 0}])
+
+    assert services.collect_metrics(cluster.pk) == []  # the first scrape only sets the base
+    [incident_id] = services.collect_metrics(cluster.pk)
+
+    incident = Incident.objects.get(pk=incident_id)
+    assert incident.kind == "latency_spike" and incident.deployment_name == "Model"
+    assert incident.evidence["peak_p99_ms"] >= 5000 and incident.evidence["series"][-1]["rps"] == 2.0
+    assert incident.causes[0]["id"] == "LAT-2"
+    window = SignalWindow.objects.get(cluster=cluster, deployment_name="Model")
+    assert 2000 < window.points[-1]["p99"] <= 5000
+
+
+@pytest.mark.django_db
+def test_an_unchanged_scrape_is_quiet_and_a_down_endpoint_is_recorded(metered, monkeypatch):
+    from apps.incidents.models import ScrapeState
+
+    cluster, base = metered
+    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s: base)
+    assert services.collect_metrics(cluster.pk) == [] and services.collect_metrics(cluster.pk) == []
+    assert not Incident.objects.filter(kind="latency_spike").exists()
+
+    def down(url, timeout_s):
+        raise ray_metrics.MetricsUnavailable("http://ray.test:8080/metrics answered HTTP 502.", transient=True)
+
+    monkeypatch.setattr(services.ray_metrics, "scrape", down)
+    assert services.collect_metrics(cluster.pk) == []
+    assert "502" in ScrapeState.objects.get(cluster=cluster).error
+
+
+def test_latency_causes_put_a_cold_start_first_when_replicas_just_started():
+    from apps.incidents.causes import LatencyContext, rank_latency_causes
+
+    ctx = LatencyContext(cold_start=True, queue_building=False, ongoing=1, queued=0, max_ongoing_requests=2, running_replicas=1,
+                         at_max_replicas=False, memory_pressure=False)
+    assert [c["id"] for c in rank_latency_causes(ctx)][:1] == ["LAT-1"]
+    blocked = LatencyContext(cold_start=False, queue_building=False, ongoing=1, queued=0, max_ongoing_requests=8, running_replicas=2,
+                             at_max_replicas=False, memory_pressure=True)
+    assert [c["id"] for c in rank_latency_causes(blocked)][:2] == ["LAT-6", "LAT-3"]

@@ -1,0 +1,66 @@
+"""Detectors: pure functions over a deployment's signal points (oldest first).
+
+A point is a dict with `t` (epoch seconds) and any of p50/p95/p99 (ms), rps, errors, ongoing,
+queued, starts (replica starts in the interval). Missing values are None."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+LATENCY_FLOOR_MS = 250.0  # below this a p99 is never a spike, whatever the baseline
+SPIKE_FACTOR = 3.0
+SUSTAIN = 2  # consecutive points
+MIN_BASELINE = 4
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    started_at: float
+    peak: float
+    baseline: float | None
+    summary: str
+
+
+def _values(points, key):
+    return [p.get(key) for p in points if p.get(key) is not None]
+
+
+def latency_spike(points: list[dict]) -> Finding | None:
+    """p99 above max(floor, factor × rolling median p99) for SUSTAIN points with traffic."""
+    if len(points) < SUSTAIN:
+        return None
+    recent, history = points[-SUSTAIN:], points[:-SUSTAIN]
+    baseline_values = [p["p99"] for p in history if p.get("p99") is not None and (p.get("rps") or 0) > 0]
+    baseline = statistics.median(baseline_values) if len(baseline_values) >= MIN_BASELINE else None
+    limit = max(LATENCY_FLOOR_MS, SPIKE_FACTOR * baseline) if baseline is not None else LATENCY_FLOOR_MS * SPIKE_FACTOR
+    if not all(p.get("p99") is not None and p["p99"] > limit and (p.get("rps") or 0) > 0 for p in recent):
+        return None
+    peak = max(p["p99"] for p in recent)
+    base = f"{baseline:.0f} ms" if baseline is not None else "no baseline yet"
+    return Finding("latency_spike", recent[0]["t"], peak, baseline,
+                   f"p99 {peak:.0f} ms for {SUSTAIN} readings in a row (limit {limit:.0f} ms, baseline {base}).")
+
+
+def cold_start(points: list[dict], window: int = SUSTAIN + 1) -> bool:
+    """Replicas started just before or during the recent readings (LAT-1)."""
+    return any((p.get("starts") or 0) > 0 for p in points[-window:])
+
+
+def queue_building(points: list[dict], window: int = 3) -> bool:
+    """Queued requests grew at every recent reading and are not trivial (LAT-2)."""
+    queued = [p.get("queued") or 0 for p in points[-window:]]
+    return len(queued) == window and queued[-1] >= 2 and all(b > a for a, b in zip(queued, queued[1:]))
+
+
+def memory_pressure(fractions: list[float], limit: float = 0.9, sustain: int = 2) -> bool:
+    return len(fractions) >= sustain and all(f >= limit for f in fractions[-sustain:])
+
+
+def memory_ratchet(points: list[tuple[float, float]], *, min_hours: float = 2.0, min_growth: float = 0.1) -> bool:
+    """(t, memory fraction) rising monotonically over hours by at least `min_growth` (OOM-5)."""
+    if len(points) < 3 or points[-1][0] - points[0][0] < min_hours * 3600:
+        return False
+    values = [v for _, v in points]
+    return all(b >= a for a, b in zip(values, values[1:])) and values[-1] - values[0] >= min_growth
