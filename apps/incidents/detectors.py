@@ -52,15 +52,3 @@ def queue_building(points: list[dict], window: int = 3) -> bool:
     """Queued requests grew at every recent reading and are not trivial (LAT-2)."""
     queued = [p.get("queued") or 0 for p in points[-window:]]
     return len(queued) == window and queued[-1] >= 2 and all(b > a for a, b in zip(queued, queued[1:]))
-
-
-def memory_pressure(fractions: list[float], limit: float = 0.9, sustain: int = 2) -> bool:
-    return len(fractions) >= sustain and all(f >= limit for f in fractions[-sustain:])
-
-
-def memory_ratchet(points: list[tuple[float, float]], *, min_hours: float = 2.0, min_growth: float = 0.1) -> bool:
-    """(t, memory fraction) rising monotonically over hours by at least `min_growth` (OOM-5)."""
-    if len(points) < 3 or points[-1][0] - points[0][0] < min_hours * 3600:
-        return False
-    values = [v for _, v in points]
-    return all(b >= a for a, b in zip(values, values[1:])) and values[-1] - values[0] >= min_growth

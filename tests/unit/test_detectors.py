@@ -52,15 +52,3 @@ def test_a_growing_queue_is_a_build_up_and_a_steady_one_is_not():
     assert detectors.queue_building(trace([1] * 5, queued=[0, 0, 2, 6, 12]))
     assert not detectors.queue_building(trace([1] * 5, queued=[5, 5, 5, 5, 5]))
     assert not detectors.queue_building(trace([1] * 5, queued=[0, 0, 0, 1, 1]))
-
-
-def test_memory_pressure_needs_sustained_readings_near_the_limit():
-    assert detectors.memory_pressure([0.5, 0.92, 0.95])
-    assert not detectors.memory_pressure([0.5, 0.95, 0.6])
-
-
-def test_a_ratchet_is_monotonic_growth_over_hours():
-    hours = [(h * 3600.0, 0.40 + 0.03 * h) for h in range(5)]
-    assert detectors.memory_ratchet(hours)
-    assert not detectors.memory_ratchet([(h * 3600.0, 0.40 + (0.03 if h % 2 else 0)) for h in range(5)])
-    assert not detectors.memory_ratchet([(h * 600.0, 0.40 + 0.05 * h) for h in range(5)])
