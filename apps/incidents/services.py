@@ -99,7 +99,9 @@ def _record_oom(cluster: Cluster, app: str, dep: str, kills: list[OomKill], crow
 
     def build():
         ctx = _context(cluster, app, deployment, len(kills), crowded, controller_killed, now)
-        return rank_oom_causes(ctx), _evidence(deployment, ctx) | metrics
+        window = SignalWindow.objects.filter(cluster=cluster, application_name=app, deployment_name=dep).first()
+        series = {"series": window.points[-60:]} if window and window.points else {}
+        return rank_oom_causes(ctx), _evidence(deployment, ctx) | metrics | series
 
     with transaction.atomic():
         incident = _open_or_extend(

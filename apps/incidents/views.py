@@ -29,8 +29,27 @@ def incident_list(request):
 @login_required
 def incident_detail(request, pk: int):
     incident = get_object_or_404(_visible(request).prefetch_related("oom_kills", "timeline__author"), pk=pk)
-    context = {"incident": incident, "can_operate": has_role(request.user, incident.cluster.team, Role.OPERATOR)}
+    context = {
+        "incident": incident,
+        "can_operate": has_role(request.user, incident.cluster.team, Role.OPERATOR),
+        "chart": chart_data(incident),
+    }
     return render(request, "incidents/detail.html", context)
+
+
+def chart_data(incident: Incident) -> dict | None:
+    """The evidence series for the page's charts, with OOM kills as markers; None without data."""
+    series = incident.evidence.get("series") or []
+    if not series:
+        return None
+    times = [point["t"] for point in series]
+    kills = [kill.seen_at.timestamp() for kill in incident.oom_kills.all()]
+    return {
+        "t": [t * 1000 for t in times],
+        **{key: [point.get(key) for point in series] for key in ("p50", "p99", "ongoing", "queued", "rps")},
+        # Each kill is drawn on the reading nearest to when Fleetdeck saw it.
+        "kill_index": sorted({min(range(len(times)), key=lambda i: abs(times[i] - kill)) for kill in kills}),
+    }
 
 
 @login_required

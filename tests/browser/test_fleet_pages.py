@@ -119,3 +119,27 @@ def test_an_operator_plans_reviews_and_applies_a_change_in_the_browser(page, liv
             assert Change.objects.get().state == "succeeded"
     finally:
         ray_head.deploy(two_app_config())
+
+
+def test_an_incident_page_draws_its_evidence_charts(page, live_server, team, people):
+    from django.utils import timezone
+
+    from apps.clusters.models import Cluster
+    from apps.incidents.models import Incident
+
+    cluster = Cluster.objects.create(name="gpu-prod", team=team, dashboard_url="http://127.0.0.1:9", ray_version="2.60.0")
+    now = timezone.now()
+    series = [{"t": now.timestamp() - 30 * (20 - i), "p50": 40.0 + i, "p99": 90.0 + (900 if i > 16 else 0), "rps": 3.0,
+               "ongoing": 2 + (6 if i > 16 else 0), "queued": 4 if i > 16 else 0} for i in range(20)]
+    incident = Incident.objects.create(kind="latency_spike", cluster=cluster, application_name="demo", deployment_name="Model",
+                                       title="Latency spike of demo/Model on gpu-prod", started_at=now, last_signal_at=now,
+                                       evidence={"series": series}, causes=[])
+    page.goto(f"{live_server.url}/accounts/login/")
+    page.fill("#id_username", "viewer")
+    page.fill("#id_password", "pw")
+    page.click("button[type=submit]")
+    page.goto(f"{live_server.url}/incidents/{incident.pk}/")
+    page.wait_for_function("window.Chart && Chart.getChart('latency-chart') && Chart.getChart('load-chart')")
+    datasets = page.evaluate("Chart.getChart('latency-chart').data.datasets.map(d => d.label)")
+    assert datasets == ["p50 ms", "p99 ms"]  # no kill markers on a latency incident
+    page.screenshot(path="/tmp/incident-chart.png", full_page=True)

@@ -282,3 +282,28 @@ def test_latency_causes_put_a_cold_start_first_when_replicas_just_started():
     blocked = LatencyContext(cold_start=False, queue_building=False, ongoing=1, queued=0, max_ongoing_requests=8, running_replicas=2,
                              at_max_replicas=False, memory_pressure=True)
     assert [c["id"] for c in rank_latency_causes(blocked)][:2] == ["LAT-6", "LAT-3"]
+
+
+@pytest.mark.django_db
+def test_an_incident_with_a_series_draws_charts_with_kill_markers(client, people, cluster):
+    from apps.incidents.models import SignalWindow
+    from apps.incidents.views import chart_data
+
+    now = timezone.now().timestamp()
+    SignalWindow.objects.create(cluster=cluster, application_name="modelonly", deployment_name="Model", points=[
+        {"t": now - 30 * (5 - i), "p50": 40.0, "p99": 90.0 + i, "rps": 3.0, "ongoing": 2, "queued": 0} for i in range(6)
+    ])
+    [incident_id] = services.detect(cluster.pk)
+    incident = Incident.objects.get(pk=incident_id)
+
+    chart = chart_data(incident)
+    assert len(chart["t"]) == 6 and chart["kill_index"] == [5]
+    client.force_login(people["viewer"])
+    page = client.get(reverse("incidents:detail", args=[incident_id])).content.decode()
+    assert "chartjs-4.6.1/chart.umd.min.js" in page and 'id="incident-chart-data"' in page
+
+
+def test_an_incident_without_a_series_has_no_chart():
+    from apps.incidents.views import chart_data
+
+    assert chart_data(Incident(evidence={})) is None
