@@ -10,7 +10,7 @@ from apps.accounts.api import AuditEventViewSet
 from apps.changes.api import ChangeViewSet, PresetViewSet, RolloutViewSet
 from apps.clusters.api import ClusterViewSet
 from apps.fleet.api import ApplicationViewSet, ConfigRevisionViewSet, DeploymentViewSet
-from apps.incidents.api import IncidentViewSet
+from apps.incidents.api import IncidentViewSet, WebhookViewSet
 from apps.maintenance.api import ProfileViewSet, RunViewSet, ScheduleViewSet
 
 router = DefaultRouter()
@@ -26,6 +26,7 @@ router.register("maintenance/schedules", ScheduleViewSet, basename="recyclesched
 router.register("maintenance/warmup-profiles", ProfileViewSet, basename="warmupprofile")
 router.register("maintenance/runs", RunViewSet, basename="maintenancerun")
 router.register("incidents", IncidentViewSet, basename="incident")
+router.register("webhooks", WebhookViewSet, basename="webhook")
 
 
 def healthz(request):

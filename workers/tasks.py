@@ -8,6 +8,7 @@ from celery import shared_task
 from django.conf import settings
 
 from apps.fleet import sync
+from apps.incidents.webhook_client import DeliveryError
 
 log = logging.getLogger(__name__)
 
@@ -64,3 +65,19 @@ def run_maintenance(run_id: int) -> None:
     from apps.maintenance import services
 
     services.execute(run_id)
+
+
+@shared_task(
+    name="incidents.deliver_webhook",
+    ignore_result=True,
+    autoretry_for=(DeliveryError,),
+    retry_backoff=2,
+    retry_backoff_max=300,
+    retry_jitter=True,
+    max_retries=5,
+)
+def deliver_webhook(delivery_id: int) -> None:
+    """Retried with backoff only when the service raises (a transient failure it recorded)."""
+    from apps.incidents import webhooks
+
+    webhooks.deliver(delivery_id)

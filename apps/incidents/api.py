@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
@@ -7,11 +8,11 @@ from rest_framework.response import Response
 
 from apps.accounts.audit import Actor
 from apps.accounts.drf import require_role
-from apps.accounts.models import Role
-from apps.accounts.permissions import visible_teams
-from apps.incidents import services
+from apps.accounts.models import Role, Team
+from apps.accounts.permissions import teams_where, visible_teams
+from apps.incidents import services, webhooks
 from apps.incidents.filters import IncidentFilter
-from apps.incidents.models import Incident, IncidentEvent, OomKillRecord
+from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, Webhook
 
 
 class OomKillSerializer(serializers.ModelSerializer):
@@ -82,3 +83,52 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
         body.is_valid(raise_exception=True)
         services.add_note(Actor.from_request(request), incident, body.validated_data["text"])
         return Response(IncidentSerializer(self.get_queryset().get(pk=incident.pk)).data, status=201)
+
+
+class WebhookSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
+    secret = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=500,
+                                   help_text="Signs each body: header X-Fleetdeck-Signature: sha256=<HMAC>. Stored encrypted, never returned.")
+    has_secret = serializers.SerializerMethodField()
+    recent_deliveries = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Webhook
+        fields = ["id", "team", "url", "secret", "has_secret", "enabled", "created_at", "recent_deliveries"]
+        read_only_fields = ["created_at"]
+
+    def get_has_secret(self, obj) -> bool:
+        return bool(obj.secret_ciphertext)
+
+    def get_recent_deliveries(self, obj) -> list[dict]:
+        return [{"incident": d.incident_id, "state": d.state, "attempts": d.attempts, "last_status": d.last_status,
+                 "last_error": d.last_error} for d in obj.deliveries.all()[:10]]
+
+
+class WebhookViewSet(viewsets.ModelViewSet):
+    """Per-team JSON webhooks on new incidents, retried with backoff on 5xx, 429 and timeouts."""
+
+    serializer_class = WebhookSerializer
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Webhook.objects.none()
+        return Webhook.objects.filter(team__in=teams_where(self.request.user, Role.ADMIN)).select_related("team").order_by("id")
+
+    def _save(self, serializer, team, webhook=None):
+        require_role(self.request, team, Role.ADMIN, "manage webhooks")
+        data = serializer.validated_data
+        try:
+            serializer.instance = webhooks.save_webhook(
+                Actor.from_request(self.request), team=team, url=data.get("url", webhook.url if webhook else ""),
+                secret=data.get("secret", ""), enabled=data.get("enabled", webhook.enabled if webhook else True), webhook=webhook,
+            )
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError({"url": exc.messages}) from exc
+
+    def perform_create(self, serializer):
+        self._save(serializer, serializer.validated_data["team"])
+
+    def perform_update(self, serializer):
+        self._save(serializer, serializer.instance.team, serializer.instance)

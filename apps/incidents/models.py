@@ -115,3 +115,38 @@ class ScrapeState(models.Model):
     samples = models.JSONField(default=list)
     warnings = models.JSONField(default=list, blank=True)
     error = models.TextField(blank=True)
+
+
+class Webhook(models.Model):
+    """A team's endpoint for new incidents: a JSON POST, signed with HMAC-SHA256 when a secret is set."""
+
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="webhooks")
+    url = models.URLField(max_length=500)
+    secret_ciphertext = models.TextField(blank=True)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["team__name", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.team} → {self.url}"
+
+
+class WebhookDelivery(models.Model):
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        DELIVERED = "delivered", "Delivered"
+        FAILED = "failed", "Failed"
+
+    webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="deliveries")
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="webhook_deliveries")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    last_status = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]

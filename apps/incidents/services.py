@@ -17,7 +17,7 @@ from apps.clusters.models import Cluster, ClusterEvent, Reachability
 from apps.clusters.ray_dashboard import RayError
 from apps.clusters.services import dashboard_for
 from apps.fleet.models import Deployment
-from apps.incidents import detectors, ray_metrics, signals
+from apps.incidents import detectors, ray_metrics, signals, webhooks
 from apps.incidents.causes import LatencyContext, OomContext, rank_latency_causes, rank_oom_causes, severity
 from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, ScrapeState, SignalWindow
 from apps.incidents.oom import OomKill, oom_kills
@@ -83,6 +83,7 @@ def _open_or_extend(cluster: Cluster, app: str, dep: str, kind: str, *, count: i
             signal_count=count, severity=severity_for(count), causes=causes, evidence=evidence,
         )
         IncidentEvent.objects.create(incident=incident, kind=IncidentEvent.Kind.DETECTED, message=detected)
+        webhooks.queue_for(incident)
     else:
         incident.signal_count += count
         incident.last_signal_at = now

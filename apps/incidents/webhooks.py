@@ -1,0 +1,73 @@
+"""Webhook registration and delivery of new incidents to teams' endpoints."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from apps.accounts.audit import Actor, record
+from apps.clusters import secrets
+from apps.clusters.services import _checked_url
+from apps.incidents import webhook_client
+from apps.incidents.models import Incident, Webhook, WebhookDelivery
+
+MAX_ATTEMPTS = 6
+
+
+def save_webhook(actor: Actor, *, team, url: str, secret: str = "", enabled: bool = True, webhook: Webhook | None = None) -> Webhook:
+    webhook = webhook or Webhook(team=team)
+    webhook.url = _checked_url(url)
+    if secret:
+        webhook.secret_ciphertext = secrets.encrypt(secret)
+    webhook.enabled = enabled
+    with transaction.atomic():
+        webhook.save()
+        record(actor, "webhook.save", webhook, team=team, changes={"url": webhook.url, "enabled": enabled, "secret": "set" if secret else "unchanged"})
+    return webhook
+
+
+def payload(incident: Incident) -> dict:
+    return {
+        "event": "incident.opened",
+        "incident": {
+            "id": incident.pk, "kind": incident.kind, "severity": incident.severity, "title": incident.title,
+            "cluster": incident.cluster.name, "application": incident.application_name, "deployment": incident.deployment_name,
+            "started_at": incident.started_at.isoformat(),
+            "suspected_causes": [{"id": c["id"], "title": c["title"], "reason": c["reason"]} for c in incident.causes],
+        },
+    }
+
+
+def queue_for(incident: Incident) -> list[int]:
+    """One delivery per enabled webhook of the cluster's team, sent after the incident commits."""
+    deliveries = [WebhookDelivery.objects.create(webhook=hook, incident=incident)
+                  for hook in Webhook.objects.filter(team_id=incident.cluster.team_id, enabled=True)]
+    for delivery in deliveries:
+        transaction.on_commit(lambda delivery_id=delivery.pk: _enqueue(delivery_id))
+    return [d.pk for d in deliveries]
+
+
+def _enqueue(delivery_id: int) -> None:
+    from controlplane.celery import app
+
+    app.send_task("incidents.deliver_webhook", args=[delivery_id])
+
+
+def deliver(delivery_id: int) -> None:
+    """One attempt. Raises DeliveryError when a retry may help; the task retries with backoff."""
+    delivery = WebhookDelivery.objects.select_related("webhook", "incident__cluster").filter(pk=delivery_id, state=WebhookDelivery.State.PENDING).first()
+    if delivery is None:
+        return
+    delivery.attempts += 1
+    try:
+        status = webhook_client.post(delivery.webhook.url, payload(delivery.incident), secret=secrets.decrypt(delivery.webhook.secret_ciphertext))
+    except webhook_client.DeliveryError as exc:
+        final = not exc.transient or delivery.attempts >= MAX_ATTEMPTS
+        delivery.state = WebhookDelivery.State.FAILED if final else WebhookDelivery.State.PENDING
+        delivery.last_status, delivery.last_error = exc.status, exc.message
+        delivery.save()
+        if not final:
+            raise
+        return
+    delivery.state, delivery.last_status, delivery.last_error, delivery.delivered_at = WebhookDelivery.State.DELIVERED, status, "", timezone.now()
+    delivery.save()
