@@ -307,3 +307,13 @@ def test_an_incident_without_a_series_has_no_chart():
     from apps.incidents.views import chart_data
 
     assert chart_data(Incident(evidence={})) is None
+
+
+@pytest.mark.django_db
+def test_incidents_filter_by_time_range(api_as, cluster):
+    [incident_id] = services.detect(cluster.pk)
+    viewer = api_as("viewer")
+    later = (timezone.now() + timedelta(hours=1)).isoformat().replace("+00:00", "Z")
+    earlier = (timezone.now() - timedelta(hours=1)).isoformat().replace("+00:00", "Z")
+    assert [i["id"] for i in viewer.get(f"/api/v1/incidents/?since={earlier}&until={later}").json()["results"]] == [incident_id]
+    assert viewer.get(f"/api/v1/incidents/?since={later}").json()["results"] == []
