@@ -70,3 +70,22 @@ def rank_latency_causes(ctx: LatencyContext) -> list[dict]:
     found.append((4, "LAT-4", "If large payloads arrived during the spike, serialization dominates: keep blobs out of request bodies."))
     found.sort(key=lambda item: item[0])
     return [cause(cause_id, reason, rank) for rank, (_, cause_id, reason) in enumerate(found, start=1)]
+
+
+def rank_pressure_causes(busy: list[tuple[str, str, int]]) -> list[dict]:
+    """Memory near the limit, before anything is killed: what on the cluster can multiply memory."""
+    found = []
+    if busy:
+        names = ", ".join(f"{app}/{dep} ({n})" for app, dep, n in busy)
+        found.append(("OOM-2", f"Deployments taking more than 2 requests at once per replica: {names}."))
+    found.append(("OOM-4", "Replicas per node times model size plus caches may not fit: check placement and cache bounds."))
+    found.append(("OOM-3", "Large return values or ray.put per request fill the object store on top of the heap."))
+    found.append(("OOM-5", "If it only grows between restarts, the allocator keeps memory: recycle on a schedule."))
+    return [cause(cause_id, reason, rank) for rank, (cause_id, reason) in enumerate(found, start=1)]
+
+
+def rank_ratchet_causes() -> list[dict]:
+    return [
+        cause("OOM-5", "Memory only grew over hours and never came back: allocator fragmentation or caching allocators keep it. A rolling recycle returns it.", 1),
+        cause("OOM-4", "An unbounded cache grows with every new key: bound it by size and TTL.", 2),
+    ]

@@ -52,3 +52,30 @@ def queue_building(points: list[dict], window: int = 3) -> bool:
     """Queued requests grew at every recent reading and are not trivial (LAT-2)."""
     queued = [p.get("queued") or 0 for p in points[-window:]]
     return len(queued) == window and queued[-1] >= 2 and all(b > a for a, b in zip(queued, queued[1:]))
+
+
+PRESSURE_LIMIT = 0.9
+
+
+def memory_pressure(points: list[dict], key: str = "mem", limit: float = PRESSURE_LIMIT, sustain: int = SUSTAIN) -> Finding | None:
+    """A node's memory (or GPU memory) at or above `limit` for `sustain` readings."""
+    recent = points[-sustain:]
+    if len(recent) < sustain or not all(p.get(key) is not None and p[key] >= limit for p in recent):
+        return None
+    peak = max(p[key] for p in recent)
+    what = "GPU memory" if key == "gpu" else "memory"
+    return Finding("memory_pressure", recent[0]["t"], peak, None, f"Node {what} at {peak:.0%} for {sustain} readings (limit {limit:.0%}).")
+
+
+def memory_ratchet(points: list[dict], key: str = "mem", *, min_hours: float = 2.0, min_growth: float = 0.1) -> Finding | None:
+    """Memory that only grows, over hours, by at least `min_growth` of the node (OOM-5). Dips of
+    under one percent count as flat: allocators give a little back and take it again."""
+    series = [(p["t"], p[key]) for p in points if p.get(key) is not None]
+    if len(series) < 3 or series[-1][0] - series[0][0] < min_hours * 3600:
+        return None
+    values = [v for _, v in series]
+    if any(b < a - 0.01 for a, b in zip(values, values[1:])) or values[-1] - values[0] < min_growth:
+        return None
+    hours = (series[-1][0] - series[0][0]) / 3600
+    return Finding("memory_ratchet", series[0][0], values[-1], values[0],
+                   f"Node memory rose from {values[0]:.0%} to {values[-1]:.0%} over {hours:.1f} h without coming back down.")

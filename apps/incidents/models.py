@@ -13,6 +13,8 @@ class Incident(models.Model):
     class Kind(models.TextChoices):
         OOM_KILL = "oom_kill", "OOM kill"
         LATENCY_SPIKE = "latency_spike", "Latency spike"
+        MEMORY_PRESSURE = "memory_pressure", "Memory pressure"
+        MEMORY_RATCHET = "memory_ratchet", "Memory ratchet"
 
     class Status(models.TextChoices):
         OPEN = "open", "Open"
@@ -32,6 +34,8 @@ class Incident(models.Model):
     deployment_name = models.CharField(max_length=200)
     # Kept as names too: the deployment row may be removed while the incident stays.
     deployment = models.ForeignKey(Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="incidents")
+    # Node-level incidents (memory) name the node instead of a deployment.
+    node_ip = models.CharField(max_length=64, blank=True)
     title = models.CharField(max_length=300)
     started_at = models.DateTimeField()
     last_signal_at = models.DateTimeField()
@@ -45,7 +49,7 @@ class Incident(models.Model):
         ordering = ["-last_signal_at", "-id"]
         constraints = [
             models.UniqueConstraint(
-                fields=["cluster", "application_name", "deployment_name", "kind"],
+                fields=["cluster", "application_name", "deployment_name", "node_ip", "kind"],
                 condition=models.Q(status__in=["open", "acknowledged"]),
                 name="one_open_incident_per_deployment_and_kind",
             )
@@ -105,6 +109,18 @@ class SignalWindow(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["cluster", "application_name", "deployment_name"], name="one_window_per_deployment")]
+
+
+class NodeWindow(models.Model):
+    """A node's recent memory readings (fraction of total, GPU memory when Ray reports it)."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="node_windows")
+    node_ip = models.CharField(max_length=64)
+    points = models.JSONField(default=list)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["cluster", "node_ip"], name="one_window_per_node")]
 
 
 class ScrapeState(models.Model):

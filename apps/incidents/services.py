@@ -18,8 +18,16 @@ from apps.clusters.ray_dashboard import RayError
 from apps.clusters.services import dashboard_for
 from apps.fleet.models import Deployment
 from apps.incidents import detectors, ray_metrics, signals, webhooks
-from apps.incidents.causes import LatencyContext, OomContext, rank_latency_causes, rank_oom_causes, severity
-from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, ScrapeState, SignalWindow
+from apps.incidents.causes import (
+    LatencyContext,
+    OomContext,
+    rank_latency_causes,
+    rank_oom_causes,
+    rank_pressure_causes,
+    rank_ratchet_causes,
+    severity,
+)
+from apps.incidents.models import Incident, IncidentEvent, NodeWindow, OomKillRecord, ScrapeState, SignalWindow
 from apps.incidents.oom import OomKill, oom_kills
 
 RECENT = timedelta(minutes=15)
@@ -65,21 +73,23 @@ def _metrics_evidence(cluster: Cluster) -> dict:
     }
 
 
-def _open_or_extend(cluster: Cluster, app: str, dep: str, kind: str, *, count: int, severity_for, build, detected: str, extended: str) -> Incident:
+def _open_or_extend(cluster: Cluster, app: str, dep: str, kind: str, *, count: int, severity_for, build, detected: str, extended: str,
+                    node_ip: str = "") -> Incident:
     """One open incident per deployment and kind: later signals extend it. `build()` makes the
     causes and evidence only when a new incident opens; `severity_for(total)` grades it."""
     now = timezone.now()
     incident = (
         Incident.objects.select_for_update()
-        .filter(cluster=cluster, application_name=app, deployment_name=dep, kind=kind, status__in=OPEN)
+        .filter(cluster=cluster, application_name=app, deployment_name=dep, node_ip=node_ip, kind=kind, status__in=OPEN)
         .first()
     )
     if incident is None:
         causes, evidence = build()
+        where = f"node {node_ip}" if node_ip else f"{app}/{dep}"
         incident = Incident.objects.create(
-            kind=kind, cluster=cluster, application_name=app, deployment_name=dep,
+            kind=kind, cluster=cluster, application_name=app, deployment_name=dep, node_ip=node_ip,
             deployment=Deployment.objects.filter(application__cluster=cluster, application__name=app, name=dep).first(),
-            title=f"{Incident.Kind(kind).label} of {app}/{dep} on {cluster.name}", started_at=now, last_signal_at=now,
+            title=f"{Incident.Kind(kind).label} of {where} on {cluster.name}", started_at=now, last_signal_at=now,
             signal_count=count, severity=severity_for(count), causes=causes, evidence=evidence,
         )
         IncidentEvent.objects.create(incident=incident, kind=IncidentEvent.Kind.DETECTED, message=detected)
@@ -177,8 +187,16 @@ def collect_metrics(cluster_id: int) -> list[int]:
     reading = signals.read(previous, current)
     if reading.warnings:
         ScrapeState.objects.filter(cluster=cluster).update(warnings=reading.warnings)
-    pressure = any(n.mem_fraction and n.mem_fraction >= 0.9 for n in reading.nodes.values())
-    touched = []
+    touched, pressure = [], False
+    for ip, node in sorted(reading.nodes.items()):
+        window, _ = NodeWindow.objects.get_or_create(cluster=cluster, node_ip=ip)
+        window.points = signals.compact([*window.points, signals.node_point(current.at, node)], now=current.at)
+        window.save(update_fields=["points", "updated_at"])
+        for finding in (detectors.memory_pressure(window.points), detectors.memory_pressure(window.points, key="gpu"),
+                        detectors.memory_ratchet(window.points)):
+            if finding:
+                pressure = pressure or finding.kind == "memory_pressure"
+                touched.append(_record_node(cluster, ip, finding, window.points))
     for (app, dep), values in sorted(reading.deployments.items()):
         window, _ = SignalWindow.objects.get_or_create(cluster=cluster, application_name=app, deployment_name=dep)
         window.points = signals.compact([*window.points, signals.point(current.at, reading.seconds, values)], now=current.at)
@@ -187,6 +205,24 @@ def collect_metrics(cluster_id: int) -> list[int]:
         if finding:
             touched.append(_record_latency(cluster, app, dep, finding, window.points, pressure))
     return touched
+
+
+def _record_node(cluster: Cluster, ip: str, finding, points: list[dict]) -> int:
+    busy = list(Deployment.objects.filter(application__cluster=cluster, removed_at__isnull=True, max_ongoing_requests__gt=2)
+                .select_related("application").values_list("application__name", "name", "max_ongoing_requests")[:5])
+    kind = Incident.Kind.MEMORY_RATCHET if finding.kind == "memory_ratchet" else Incident.Kind.MEMORY_PRESSURE
+
+    def build():
+        causes = rank_ratchet_causes() if kind == Incident.Kind.MEMORY_RATCHET else rank_pressure_causes(busy)
+        return causes, {"summary": finding.summary, "node_series": points[-120:]}
+
+    with transaction.atomic():
+        incident = _open_or_extend(
+            cluster, "", "", kind, node_ip=ip, count=1, build=build,
+            severity_for=lambda total: "major" if finding.peak >= 0.95 else "warning",
+            detected=finding.summary, extended=finding.summary,
+        )
+    return incident.pk
 
 
 def _record_latency(cluster: Cluster, app: str, dep: str, finding, points: list[dict], pressure: bool) -> int:

@@ -20,6 +20,8 @@ REPLICA_STARTS = "ray_serve_replica_startup_latency_ms_count"
 HTTP_ERRORS = "ray_serve_num_http_error_requests_total"
 EVICTIONS = "ray_memory_manager_worker_eviction_total"
 MEM_USED, MEM_TOTAL = "ray_node_mem_used", "ray_node_mem_total"
+# GPU memory in MB; Ray exports these only on nodes with GPUs.
+GRAM_USED, GRAM_AVAILABLE = "ray_node_gram_used", "ray_node_gram_available"
 
 Key = tuple[str, str]  # (application, deployment)
 
@@ -47,10 +49,16 @@ class NodeSignals:
     mem_used: float
     mem_total: float
     evictions: dict[str, float] = field(default_factory=dict)  # worker name -> kills in the interval
+    gpu_used_mb: float | None = None
+    gpu_total_mb: float | None = None
 
     @property
     def mem_fraction(self) -> float | None:
         return self.mem_used / self.mem_total if self.mem_total else None
+
+    @property
+    def gpu_fraction(self) -> float | None:
+        return self.gpu_used_mb / self.gpu_total_mb if self.gpu_total_mb else None
 
 
 @dataclass
@@ -138,6 +146,16 @@ def read(prev: Scrape, cur: Scrape) -> Reading:
     for sample in cur.named(MEM_TOTAL):
         ip = sample.labels.get("ip", "")
         nodes[ip] = NodeSignals(ip=ip, mem_used=used.get(ip, 0.0), mem_total=sample.value)
+    gram_used: dict[str, float] = defaultdict(float)
+    gram_total: dict[str, float] = defaultdict(float)
+    for sample in cur.named(GRAM_USED):
+        gram_used[sample.labels.get("ip", "")] += sample.value
+        gram_total[sample.labels.get("ip", "")] += sample.value
+    for sample in cur.named(GRAM_AVAILABLE):
+        gram_total[sample.labels.get("ip", "")] += sample.value
+    for ip, total in gram_total.items():
+        if ip in nodes and total:
+            nodes[ip].gpu_used_mb, nodes[ip].gpu_total_mb = gram_used[ip], total
     for labels, delta in _deltas(prev, cur, EVICTIONS, warnings):
         node = nodes.setdefault(labels.get("ip", labels.get("NodeAddress", "")), NodeSignals(labels.get("NodeAddress", ""), 0.0, 0.0))
         if delta:
@@ -146,7 +164,7 @@ def read(prev: Scrape, cur: Scrape) -> Reading:
     return Reading(seconds=max(cur.at - prev.at, 0.0), deployments=dict(deployments), nodes=nodes, warnings=warnings)
 
 
-KEPT = (f"{LATENCY}_bucket", REQUESTS, ERRORS, REPLICA_STARTS, EVICTIONS, ONGOING, QUEUED, MEM_USED, MEM_TOTAL)
+KEPT = (f"{LATENCY}_bucket", REQUESTS, ERRORS, REPLICA_STARTS, EVICTIONS, ONGOING, QUEUED, MEM_USED, MEM_TOTAL, GRAM_USED, GRAM_AVAILABLE)
 
 
 def relevant(scrape: Scrape) -> Scrape:
@@ -162,13 +180,26 @@ def point(at: float, seconds: float, d: DeploymentSignals) -> dict:
     }
 
 
+def node_point(at: float, node: NodeSignals) -> dict:
+    return {
+        "t": round(at, 1), "mem": round(node.mem_fraction, 4) if node.mem_fraction is not None else None,
+        "mem_used": node.mem_used, "mem_total": node.mem_total,
+        "gpu": round(node.gpu_fraction, 4) if node.gpu_fraction is not None else None,
+        "evictions": sum(node.evictions.values()),
+    }
+
+
 def _r(value):
     return round(value, 1) if value is not None else None
 
 
+SUMMED = {"errors", "starts", "evictions"}
+AVERAGED = {"rps"}
+
+
 def compact(points: list[dict], now: float, *, raw_s: float = 3600, bucket_s: float = 300, retention_s: float = 86400) -> list[dict]:
-    """Raw points for `raw_s`, then one point per `bucket_s` (max of latencies and queues, sums of
-    counts), nothing older than `retention_s`."""
+    """Raw points for `raw_s`, then one point per `bucket_s`, nothing older than `retention_s`.
+    Summaries keep the worst of gauges and latencies, the sum of counts, the mean of rates."""
     recent = [p for p in points if p["t"] >= now - raw_s]
     old: dict[int, list[dict]] = {}
     for p in points:
@@ -178,12 +209,13 @@ def compact(points: list[dict], now: float, *, raw_s: float = 3600, bucket_s: fl
     for bucket in sorted(old):
         group = old[bucket]
         summary = {"t": group[-1]["t"], "summary": len(group)}
-        for key in ("p50", "p95", "p99", "ongoing", "queued"):
-            values = [g[key] for g in group if g.get(key) is not None]
-            summary[key] = max(values) if values else None
-        for key in ("errors", "starts"):
-            summary[key] = sum(g.get(key) or 0 for g in group)
-        rates = [g["rps"] for g in group if g.get("rps") is not None]
-        summary["rps"] = round(sum(rates) / len(rates), 3) if rates else None
+        for key in {k for g in group for k in g} - {"t", "summary"}:
+            values = [g[key] for g in group if isinstance(g.get(key), (int, float))]
+            if key in SUMMED:
+                summary[key] = sum(values)
+            elif key in AVERAGED:
+                summary[key] = round(sum(values) / len(values), 3) if values else None
+            else:
+                summary[key] = max(values) if values else None
         summarized.append(summary)
     return summarized + recent

@@ -39,6 +39,13 @@ def incident_detail(request, pk: int):
 
 def chart_data(incident: Incident) -> dict | None:
     """The evidence series for the page's charts, with OOM kills as markers; None without data."""
+    node_series = incident.evidence.get("node_series") or []
+    if node_series:
+        return {
+            "t": [point["t"] * 1000 for point in node_series],
+            "mem": [point.get("mem") for point in node_series],
+            "gpu": [point.get("gpu") for point in node_series],
+        }
     series = incident.evidence.get("series") or []
     if not series:
         return None

@@ -52,3 +52,21 @@ def test_a_growing_queue_is_a_build_up_and_a_steady_one_is_not():
     assert detectors.queue_building(trace([1] * 5, queued=[0, 0, 2, 6, 12]))
     assert not detectors.queue_building(trace([1] * 5, queued=[5, 5, 5, 5, 5]))
     assert not detectors.queue_building(trace([1] * 5, queued=[0, 0, 0, 1, 1]))
+
+
+def node(points):
+    return [{"t": t, "mem": m} for t, m in points]
+
+
+def test_memory_pressure_needs_sustained_readings_near_the_limit():
+    assert detectors.memory_pressure(node([(0, 0.5), (30, 0.92), (60, 0.95)]))
+    assert detectors.memory_pressure(node([(0, 0.5), (30, 0.95), (60, 0.6)])) is None
+    assert detectors.memory_pressure([{"t": 0, "gpu": 0.97}, {"t": 30, "gpu": 0.98}], key="gpu").summary.startswith("Node GPU memory")
+
+
+def test_a_ratchet_is_growth_over_hours_that_never_comes_back():
+    assert detectors.memory_ratchet(node([(h * 3600.0, 0.40 + 0.03 * h) for h in range(5)]))
+    assert detectors.memory_ratchet(node([(h * 3600.0, 0.40 + (0.03 if h % 2 else 0) + 0.01 * h) for h in range(5)])) is None
+    assert detectors.memory_ratchet(node([(h * 600.0, 0.40 + 0.05 * h) for h in range(5)])) is None  # not over hours
+    tiny_dips = [(h * 1800.0, 0.40 + 0.03 * h - (0.005 if h == 3 else 0)) for h in range(9)]
+    assert detectors.memory_ratchet(node(tiny_dips))

@@ -317,3 +317,57 @@ def test_incidents_filter_by_time_range(api_as, cluster):
     earlier = (timezone.now() - timedelta(hours=1)).isoformat().replace("+00:00", "Z")
     assert [i["id"] for i in viewer.get(f"/api/v1/incidents/?since={earlier}&until={later}").json()["results"]] == [incident_id]
     assert viewer.get(f"/api/v1/incidents/?since={later}").json()["results"] == []
+
+
+def with_memory(scrape: ray_metrics.Scrape, at: float, fraction: float, gpu: tuple[float, float] | None = None) -> ray_metrics.Scrape:
+    samples = []
+    for s in scrape.samples:
+        value = s.value
+        if s.name == signals.MEM_USED:
+            total = next(t.value for t in scrape.samples if t.name == signals.MEM_TOTAL)
+            value = total * fraction
+        samples.append(ray_metrics.Sample(s.name, s.labels, value))
+    if gpu:
+        samples += [ray_metrics.Sample(signals.GRAM_USED, {"ip": "192.0.2.2", "GpuIndex": "0"}, gpu[0]),
+                    ray_metrics.Sample(signals.GRAM_AVAILABLE, {"ip": "192.0.2.2", "GpuIndex": "0"}, gpu[1])]
+    return ray_metrics.Scrape(at=at, samples=samples)
+
+
+@pytest.mark.django_db
+def test_sustained_node_memory_pressure_opens_a_node_incident(metered, monkeypatch, client, people):
+    cluster, base = metered
+    scrapes = iter([with_memory(base, 1000 + 30 * i, f) for i, f in enumerate([0.5, 0.93, 0.96])])
+    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s: next(scrapes))
+    touched = [services.collect_metrics(cluster.pk) for _ in range(3)]
+    assert touched[:2] == [[], []]
+    incident = Incident.objects.get(pk=touched[2][0])
+    assert incident.kind == "memory_pressure" and incident.node_ip == "192.0.2.2" and incident.severity == "major"
+    assert incident.causes[0]["id"] == "OOM-2" and "modelonly/Model (8)" in incident.causes[0]["reason"]
+    client.force_login(people["viewer"])
+    page = client.get(reverse("incidents:detail", args=[incident.pk])).content.decode()
+    assert "node 192.0.2.2" in page and 'id="memory-chart"' in page
+
+
+@pytest.mark.django_db
+def test_gpu_memory_is_read_when_ray_reports_it(metered, monkeypatch):
+    cluster, base = metered
+    scrapes = iter([with_memory(base, 1000 + 30 * i, 0.3, gpu=(g, 80_000 - g)) for i, g in enumerate([10_000, 77_000, 78_000])])
+    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s: next(scrapes))
+    touched = [services.collect_metrics(cluster.pk) for _ in range(3)]
+    incident = Incident.objects.get(pk=touched[2][0])
+    assert incident.kind == "memory_pressure" and "GPU memory at 98%" in incident.evidence["summary"]
+
+
+@pytest.mark.django_db
+def test_memory_that_only_grows_for_hours_opens_a_ratchet_incident_suspecting_oom5(metered, monkeypatch):
+    from apps.incidents.models import NodeWindow
+
+    cluster, base = metered
+    NodeWindow.objects.create(cluster=cluster, node_ip="192.0.2.2", points=[{"t": 1000 + 3600 * h, "mem": 0.40 + 0.04 * h} for h in range(4)])
+    scrapes = iter([with_memory(base, 1000 + 3600 * 4, 0.58), with_memory(base, 1000 + 3600 * 4 + 30, 0.58)])
+    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s: next(scrapes))
+    services.collect_metrics(cluster.pk)
+    [incident_id] = services.collect_metrics(cluster.pk)
+    incident = Incident.objects.get(pk=incident_id)
+    assert incident.kind == "memory_ratchet" and incident.causes[0]["id"] == "OOM-5"
+    assert incident.causes[0]["remedies"][0]["id"] == "R8"
