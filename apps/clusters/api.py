@@ -37,7 +37,7 @@ class ClusterSerializer(serializers.ModelSerializer):
     class Meta:
         model = Cluster
         fields = [
-            "id", "name", "team", "dashboard_url", "token", "has_token", "labels", "serve_config_owner", "metrics_url", "serve_url",
+            "id", "name", "team", "dashboard_url", "token", "has_token", "labels", "serve_config_owner", "metrics_url", "prometheus_url", "prometheus_selector", "serve_url",
             "ray_version", "ray_commit", "session_name", "auth_mode", "dashboard_auth_enabled",
             "serve_running", "serve_http_port", "reachability", "last_error", "last_error_at",
             "last_sync_at", "last_sync_duration_ms", "sync_requested_at", "sync_pending",
@@ -63,7 +63,7 @@ class ClusterSerializer(serializers.ModelSerializer):
         except DjangoValidationError as exc:
             raise serializers.ValidationError(exc.messages) from exc
 
-    validate_metrics_url = validate_serve_url = _optional_url
+    validate_metrics_url = validate_serve_url = validate_prometheus_url = _optional_url
 
     def validate_labels(self, value):
         try:
@@ -120,6 +120,8 @@ class ClusterViewSet(
                 labels=data.get("labels"),
                 serve_config_owner=data.get("serve_config_owner", Cluster.ConfigOwner.DASHBOARD),
                 metrics_url=data.get("metrics_url", ""),
+                prometheus_url=data.get("prometheus_url", ""),
+                prometheus_selector=data.get("prometheus_selector", ""),
                 serve_url=data.get("serve_url", ""),
             )
         except DjangoValidationError as exc:
@@ -132,7 +134,7 @@ class ClusterViewSet(
         data = serializer.validated_data
         if "team" in data:
             require_role(self.request, data["team"], Role.ADMIN, "move clusters into it")
-        changes = {key: data[key] for key in ("dashboard_url", "token", "labels", "team", "serve_config_owner", "metrics_url", "serve_url") if key in data}
+        changes = {key: data[key] for key in ("dashboard_url", "token", "labels", "team", "serve_config_owner", "metrics_url", "prometheus_url", "prometheus_selector", "serve_url") if key in data}
         try:
             services.update_cluster(Actor.from_request(self.request), cluster, **changes)
         except DjangoValidationError as exc:

@@ -62,6 +62,15 @@ class Cluster(models.Model):
     metrics_url = models.URLField(
         max_length=300, blank=True, help_text="Ray's Prometheus metrics endpoint (--metrics-export-port), e.g. http://head:8080/metrics."
     )
+    prometheus_url = models.URLField(
+        max_length=300, blank=True, help_text="A Prometheus that scrapes this cluster; preferred over the metrics URL when set."
+    )
+    prometheus_selector = models.CharField(
+        max_length=300, blank=True, validators=[RegexValidator(
+            r'^(\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"]*"\s*)(,\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"]*"\s*)*$',
+            'Label matchers such as cluster="vision-prod", without braces.')],
+        help_text='Label matchers that pick this cluster\'s series in Prometheus, e.g. cluster="vision-prod".',
+    )
     serve_url = models.URLField(
         max_length=300, blank=True, help_text="Serve's HTTP endpoint for warmups; empty: the dashboard host on Serve's HTTP port."
     )

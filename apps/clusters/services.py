@@ -64,11 +64,13 @@ def register_cluster(
     labels: dict | None = None,
     serve_config_owner: str = Cluster.ConfigOwner.DASHBOARD,
     metrics_url: str = "",
+    prometheus_url: str = "",
+    prometheus_selector: str = "",
     serve_url: str = "",
 ) -> Cluster:
     url = _checked_url(dashboard_url)
     clean_labels = validate_labels(labels)
-    metrics_url, serve_url = (_checked_url(u) if u else "" for u in (metrics_url, serve_url))
+    metrics_url, prometheus_url, serve_url = (_checked_url(u) if u else "" for u in (metrics_url, prometheus_url, serve_url))
     result = probe(url, token)
     with transaction.atomic():
         cluster = Cluster.objects.create(
@@ -79,6 +81,8 @@ def register_cluster(
             labels=clean_labels,
             serve_config_owner=serve_config_owner,
             metrics_url=metrics_url,
+            prometheus_url=prometheus_url,
+            prometheus_selector=prometheus_selector,
             serve_url=serve_url,
             ray_version=result.version.ray_version,
             ray_commit=result.version.ray_commit,
@@ -116,6 +120,8 @@ def update_cluster(
     team=UNSET,
     serve_config_owner=UNSET,
     metrics_url=UNSET,
+    prometheus_url=UNSET,
+    prometheus_selector=UNSET,
     serve_url=UNSET,
 ) -> Cluster:
     """Change a cluster's registration. A new URL or token is connection-tested before it is saved."""
@@ -131,9 +137,10 @@ def update_cluster(
         if clean != cluster.labels:
             changes["labels"] = {"from": cluster.labels, "to": clean}
             cluster.labels = clean
-    for field, value in (("metrics_url", metrics_url), ("serve_url", serve_url)):
+    for field, value in (("metrics_url", metrics_url), ("prometheus_url", prometheus_url), ("serve_url", serve_url),
+                         ("prometheus_selector", prometheus_selector)):
         if value is not UNSET:
-            value = _checked_url(value) if value else ""
+            value = _checked_url(value) if value and field.endswith("_url") else (value or "")
             if value != getattr(cluster, field):
                 changes[field] = {"from": getattr(cluster, field), "to": value}
                 setattr(cluster, field, value)

@@ -31,14 +31,20 @@ class EventSerializer(serializers.ModelSerializer):
 
 class IncidentSerializer(serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    related_work = serializers.SerializerMethodField(help_text="Changes and maintenance runs around the incident.")
     oom_kills = OomKillSerializer(many=True, read_only=True)
     timeline = EventSerializer(many=True, read_only=True)
 
     class Meta:
         model = Incident
         fields = ["id", "kind", "status", "severity", "title", "cluster", "cluster_name", "application_name", "deployment_name",
-                  "deployment", "started_at", "last_signal_at", "resolved_at", "signal_count", "causes", "evidence", "oom_kills", "timeline"]
+                  "deployment", "node_ip", "started_at", "last_signal_at", "resolved_at", "signal_count", "causes", "evidence", "oom_kills",
+                  "timeline", "related_work"]
         read_only_fields = fields
+
+
+    def get_related_work(self, obj) -> list[dict]:
+        return [{**item, "at": item["at"].isoformat()} for item in services.related_work(obj)]
 
 
 class NoteSerializer(serializers.Serializer):

@@ -3,6 +3,7 @@ signals, resolve it after a quiet period. Notes, acknowledgements and resolution
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 from datetime import timedelta
 
@@ -17,7 +18,7 @@ from apps.clusters.models import Cluster, ClusterEvent, Reachability
 from apps.clusters.ray_dashboard import RayError
 from apps.clusters.services import dashboard_for
 from apps.fleet.models import Deployment
-from apps.incidents import detectors, ray_metrics, signals, webhooks
+from apps.incidents import detectors, prometheus, ray_metrics, signals, webhooks
 from apps.incidents.causes import (
     LatencyContext,
     OomContext,
@@ -166,31 +167,51 @@ def _evidence(deployment: Deployment | None, ctx: OomContext) -> dict:
 
 
 def collect_metrics(cluster_id: int) -> list[int]:
-    """Scrape Ray's metrics, add a reading to each deployment's window, and run the latency
-    detectors. Returns the incident ids opened or extended."""
-    cluster = Cluster.objects.filter(pk=cluster_id).exclude(metrics_url="").first()
+    """Take a metrics reading (from Prometheus when configured, else by differencing two scrapes
+    of Ray's endpoint), add it to the deployment and node windows, and run the detectors.
+    Returns the incident ids opened or extended."""
+    cluster = Cluster.objects.filter(pk=cluster_id).exclude(metrics_url="", prometheus_url="").first()
     if cluster is None:
         return []
+    taken = _prometheus_reading(cluster) if cluster.prometheus_url else _scrape_reading(cluster)
+    return _apply_reading(cluster, *taken) if taken else []
+
+
+def _prometheus_reading(cluster: Cluster):
+    try:
+        reading = prometheus.read(cluster.prometheus_url, cluster.prometheus_selector, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S)
+    except ray_metrics.MetricsUnavailable as exc:
+        ScrapeState.objects.update_or_create(cluster=cluster, defaults={"at": 0, "samples": [], "error": exc.message})
+        return None
+    ScrapeState.objects.update_or_create(cluster=cluster, defaults={"at": time.time(), "samples": [], "error": "", "warnings": reading.warnings})
+    return time.time(), reading
+
+
+def _scrape_reading(cluster: Cluster):
     state = ScrapeState.objects.filter(cluster=cluster).first()
     try:
         current = signals.relevant(ray_metrics.scrape(cluster.metrics_url, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S))
     except ray_metrics.MetricsUnavailable as exc:
         ScrapeState.objects.update_or_create(cluster=cluster, defaults={"at": state.at if state else 0, "samples": state.samples if state else [],
                                                                        "error": exc.message})
-        return []
+        return None
     ScrapeState.objects.update_or_create(cluster=cluster, defaults={
         "at": current.at, "samples": [[s.name, s.labels, s.value] for s in current.samples], "error": "",
     })
     if state is None or not state.samples:
-        return []  # a rate needs two scrapes
+        return None  # a rate needs two scrapes
     previous = ray_metrics.Scrape(at=state.at, samples=[ray_metrics.Sample(n, labels, v) for n, labels, v in state.samples])
     reading = signals.read(previous, current)
     if reading.warnings:
         ScrapeState.objects.filter(cluster=cluster).update(warnings=reading.warnings)
+    return current.at, reading
+
+
+def _apply_reading(cluster: Cluster, at: float, reading: signals.Reading) -> list[int]:
     touched, pressure = [], False
     for ip, node in sorted(reading.nodes.items()):
         window, _ = NodeWindow.objects.get_or_create(cluster=cluster, node_ip=ip)
-        window.points = signals.compact([*window.points, signals.node_point(current.at, node)], now=current.at)
+        window.points = signals.compact([*window.points, signals.node_point(at, node)], now=at)
         window.save(update_fields=["points", "updated_at"])
         for finding in (detectors.memory_pressure(window.points), detectors.memory_pressure(window.points, key="gpu"),
                         detectors.memory_ratchet(window.points)):
@@ -199,7 +220,7 @@ def collect_metrics(cluster_id: int) -> list[int]:
                 touched.append(_record_node(cluster, ip, finding, window.points))
     for (app, dep), values in sorted(reading.deployments.items()):
         window, _ = SignalWindow.objects.get_or_create(cluster=cluster, application_name=app, deployment_name=dep)
-        window.points = signals.compact([*window.points, signals.point(current.at, reading.seconds, values)], now=current.at)
+        window.points = signals.compact([*window.points, signals.point(at, reading.seconds, values)], now=at)
         window.save(update_fields=["points", "updated_at"])
         finding = detectors.latency_spike(window.points)
         if finding:
@@ -295,3 +316,23 @@ def open_for(deployment: Deployment) -> Incident | None:
         cluster_id=deployment.application.cluster_id, application_name=deployment.application.name,
         deployment_name=deployment.name, status__in=OPEN,
     ).first()
+
+
+def related_work(incident: Incident) -> list[dict]:
+    """Changes and maintenance runs on the incident's application around its window, for the
+    timeline: what an operator asks first is "what did we change?"."""
+    from apps.maintenance.models import MaintenanceRun
+
+    since = incident.started_at - RECENT
+    items = []
+    for change in Change.objects.filter(cluster=incident.cluster, created_at__gte=since).order_by("created_at"):
+        if not incident.application_name or incident.application_name in change.touched_applications:
+            items.append({"at": change.started_at or change.created_at, "kind": "change", "id": change.pk,
+                          "text": f"Change #{change.pk} ({change.get_state_display().lower()}): {change.reason}"})
+    runs = MaintenanceRun.objects.filter(cluster=incident.cluster, created_at__gte=since)
+    if incident.deployment_id:
+        runs = runs.filter(deployment_id=incident.deployment_id)
+    for run in runs.order_by("created_at"):
+        items.append({"at": run.started_at or run.created_at, "kind": "maintenance", "id": run.pk,
+                      "text": f"{run.get_kind_display()} run #{run.pk} ({run.get_state_display().lower()})"})
+    return sorted(items, key=lambda item: item["at"])

@@ -33,6 +33,7 @@ def incident_detail(request, pk: int):
         "incident": incident,
         "can_operate": has_role(request.user, incident.cluster.team, Role.OPERATOR),
         "chart": chart_data(incident),
+        "related": services.related_work(incident),
     }
     return render(request, "incidents/detail.html", context)
 

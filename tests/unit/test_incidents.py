@@ -371,3 +371,37 @@ def test_memory_that_only_grows_for_hours_opens_a_ratchet_incident_suspecting_oo
     incident = Incident.objects.get(pk=incident_id)
     assert incident.kind == "memory_ratchet" and incident.causes[0]["id"] == "OOM-5"
     assert incident.causes[0]["remedies"][0]["id"] == "R8"
+
+
+@pytest.mark.django_db
+def test_the_timeline_shows_the_changes_and_recycles_around_the_incident(cluster, api_as, client, people):
+    from apps.maintenance.models import MaintenanceRun
+
+    deployment = Deployment.objects.get(application__cluster=cluster, application__name="modelonly", name="Model")
+    change = Change.objects.create(cluster=cluster, targets=[{"application": "modelonly", "deployment": "Model"}], reason="bigger batches",
+                                   state="succeeded", base_hash="a", base_config={}, new_config={}, new_hash="b", started_at=timezone.now())
+    Change.objects.create(cluster=cluster, targets=[{"application": "demo", "deployment": "Echo"}], reason="other app",
+                          state="succeeded", base_hash="a", base_config={}, new_config={}, new_hash="c")
+    run = MaintenanceRun.objects.create(kind="recycle", trigger="schedule", state="succeeded", cluster=cluster, deployment=deployment)
+    [incident_id] = services.detect(cluster.pk)
+
+    related = api_as("viewer").get(f"/api/v1/incidents/{incident_id}/").json()["related_work"]
+    assert [(r["kind"], r["id"]) for r in related] == [("change", change.pk), ("maintenance", run.pk)]
+    client.force_login(people["viewer"])
+    assert "bigger batches" in client.get(reverse("incidents:detail", args=[incident_id])).content.decode()
+
+
+@pytest.mark.django_db
+def test_a_deployment_deleted_mid_incident_keeps_the_incident_by_name(cluster):
+    [incident_id] = services.detect(cluster.pk)
+    Deployment.objects.filter(application__cluster=cluster, application__name="modelonly").delete()
+    incident = Incident.objects.get(pk=incident_id)
+    assert incident.deployment is None and (incident.application_name, incident.deployment_name) == ("modelonly", "Model")
+    assert services.detect(cluster.pk) == []  # the same kill is not a new one
+
+
+def test_a_huge_metrics_page_is_refused(monkeypatch):
+    monkeypatch.setattr(ray_metrics, "MAX_BYTES", 1024)
+    big = httpx.MockTransport(lambda request: httpx.Response(200, text="# HELP x\n" + "x 1\n" * 1000))
+    with pytest.raises(ray_metrics.MetricsUnavailable, match="not a metrics page"):
+        ray_metrics.scrape("http://ray.test:8080/metrics", transport=big)

@@ -1,0 +1,84 @@
+"""Adapter for a Prometheus server's HTTP API (`/api/v1/query`): the readings of `signals.py`
+computed by PromQL instead of by differencing two scrapes. Only this module queries Prometheus."""
+
+from __future__ import annotations
+
+import httpx
+
+from apps.incidents.ray_metrics import MetricsUnavailable
+from apps.incidents.signals import DeploymentSignals, NodeSignals, Reading
+
+WINDOW = "2m"
+
+
+def query(base_url: str, promql: str, *, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> list[tuple[dict, float]]:
+    try:
+        with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False, transport=transport,
+                          headers={"User-Agent": "fleetdeck-prometheus/1"}) as client:
+            response = client.get(f"{base_url.rstrip('/')}/api/v1/query", params={"query": promql})
+    except httpx.TimeoutException as exc:
+        raise MetricsUnavailable(f"Prometheus at {base_url} did not answer in time.", transient=True) from exc
+    except httpx.TransportError as exc:
+        raise MetricsUnavailable(f"Cannot reach Prometheus at {base_url}: {str(exc) or exc.__class__.__name__}.", transient=True) from exc
+    try:
+        body = response.json()
+    except ValueError as exc:
+        raise MetricsUnavailable(f"{base_url} did not answer Prometheus JSON (HTTP {response.status_code}).", transient=False) from exc
+    if body.get("status") != "success":
+        raise MetricsUnavailable(f"Prometheus refused the query: {body.get('error') or response.status_code}.", transient=response.status_code >= 500)
+    data = body.get("data") or {}
+    if data.get("resultType") != "vector":
+        raise MetricsUnavailable(f"Prometheus answered a {data.get('resultType')!r}, not a vector.", transient=False)
+    out = []
+    for item in data.get("result") or []:
+        try:
+            out.append((item.get("metric") or {}, float(item["value"][1])))
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+    return out
+
+
+def read(base_url: str, selector: str = "", *, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> Reading:
+    sel = "{" + selector + "}" if selector else ""
+    by = "application, deployment"
+
+    def q(promql: str) -> list[tuple[dict, float]]:
+        return query(base_url, promql, timeout_s=timeout_s, transport=transport)
+
+    seconds = 60.0  # rates are per second; a reading stands for a minute of traffic
+    deployments: dict[tuple[str, str], DeploymentSignals] = {}
+
+    def dep(labels: dict) -> DeploymentSignals | None:
+        key = (labels.get("application"), labels.get("deployment"))
+        return deployments.setdefault(key, DeploymentSignals()) if all(key) else None
+
+    for q_value, attr in ((0.5, "p50_ms"), (0.95, "p95_ms"), (0.99, "p99_ms")):
+        for labels, value in q(f"histogram_quantile({q_value}, sum by ({by}, le) (rate(ray_serve_deployment_processing_latency_ms_bucket{sel}[{WINDOW}])))"):
+            if (d := dep(labels)) is not None and value == value:  # NaN when there was no traffic
+                setattr(d, attr, value)
+    for labels, value in q(f"sum by ({by}) (rate(ray_serve_deployment_request_counter_total{sel}[{WINDOW}]))"):
+        if (d := dep(labels)) is not None:
+            d.requests = value * seconds
+    for labels, value in q(f"sum by ({by}, exception_type) (increase(ray_serve_deployment_error_counter_total{sel}[{WINDOW}]))"):
+        if (d := dep(labels)) is not None and value:
+            d.errors += value
+            d.errors_by_type[labels.get("exception_type", "unknown")] = value
+    for metric, attr in (("ray_serve_replica_processing_queries", "ongoing"), ("ray_serve_deployment_queued_queries", "queued")):
+        for labels, value in q(f"sum by ({by}) ({metric}{sel})"):
+            if (d := dep(labels)) is not None:
+                setattr(d, attr, value)
+    for labels, value in q(f"sum by ({by}) (increase(ray_serve_replica_startup_latency_ms_count{sel}[{WINDOW}]))"):
+        if (d := dep(labels)) is not None:
+            d.replica_starts = value
+    nodes: dict[str, NodeSignals] = {}
+    total = {labels.get("ip", ""): value for labels, value in q(f"sum by (ip) (ray_node_mem_total{sel})")}
+    for labels, value in q(f"sum by (ip) (ray_node_mem_used{sel})"):
+        ip = labels.get("ip", "")
+        nodes[ip] = NodeSignals(ip=ip, mem_used=value, mem_total=total.get(ip, 0.0))
+    gram_used = {labels.get("ip", ""): value for labels, value in q(f"sum by (ip) (ray_node_gram_used{sel})")}
+    for labels, value in q(f"sum by (ip) (ray_node_gram_available{sel})"):
+        ip = labels.get("ip", "")
+        if ip in nodes:
+            nodes[ip].gpu_used_mb, nodes[ip].gpu_total_mb = gram_used.get(ip, 0.0), gram_used.get(ip, 0.0) + value
+    warnings = [] if deployments else ["Prometheus has no Serve series for this selector: check it matches the cluster's labels."]
+    return Reading(seconds=seconds, deployments=deployments, nodes=nodes, warnings=warnings)
