@@ -54,6 +54,15 @@ def queue_building(points: list[dict], window: int = 3) -> bool:
     return len(queued) == window and queued[-1] >= 2 and all(b > a for a, b in zip(queued, queued[1:]))
 
 
+def queue_buildup(points: list[dict], window: int = 3) -> Finding | None:
+    """A queue growing at every reading: latency follows unless replicas are added (LAT-2)."""
+    if not queue_building(points, window):
+        return None
+    recent = points[-window:]
+    counts = " → ".join(str(round(p.get("queued") or 0)) for p in recent)
+    return Finding("queue_buildup", recent[0]["t"], recent[-1]["queued"], None, f"Queued requests grew {counts} over {window} readings.")
+
+
 PRESSURE_LIMIT = 0.9
 
 

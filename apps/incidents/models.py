@@ -13,6 +13,7 @@ class Incident(models.Model):
     class Kind(models.TextChoices):
         OOM_KILL = "oom_kill", "OOM kill"
         LATENCY_SPIKE = "latency_spike", "Latency spike"
+        QUEUE_BUILDUP = "queue_buildup", "Queue build-up"
         MEMORY_PRESSURE = "memory_pressure", "Memory pressure"
         MEMORY_RATCHET = "memory_ratchet", "Memory ratchet"
 

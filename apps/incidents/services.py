@@ -225,6 +225,9 @@ def _apply_reading(cluster: Cluster, at: float, reading: signals.Reading) -> lis
         finding = detectors.latency_spike(window.points)
         if finding:
             touched.append(_record_latency(cluster, app, dep, finding, window.points, pressure))
+        elif queue := detectors.queue_buildup(window.points):
+            # Caught before it becomes a spike: the queue grows faster than replicas are added.
+            touched.append(_record_queue(cluster, app, dep, queue, window.points))
     return touched
 
 
@@ -243,6 +246,24 @@ def _record_node(cluster: Cluster, ip: str, finding, points: list[dict]) -> int:
             severity_for=lambda total: "major" if finding.peak >= 0.95 else "warning",
             detected=finding.summary, extended=finding.summary,
         )
+    return incident.pk
+
+
+def _record_queue(cluster: Cluster, app: str, dep: str, finding, points: list[dict]) -> int:
+    deployment = Deployment.objects.filter(application__cluster=cluster, application__name=app, name=dep).first()
+    at_max = bool(deployment and deployment.autoscaling and deployment.running_replicas >= (deployment.autoscaling_max_replicas or 0))
+
+    def build():
+        ctx = LatencyContext(cold_start=detectors.cold_start(points), queue_building=True, ongoing=points[-1].get("ongoing") or 0,
+                             queued=points[-1].get("queued") or 0,
+                             max_ongoing_requests=deployment.max_ongoing_requests if deployment else None,
+                             running_replicas=deployment.running_replicas if deployment else None, at_max_replicas=at_max, memory_pressure=False)
+        return rank_latency_causes(ctx), {"summary": finding.summary, "series": points[-60:]}
+
+    with transaction.atomic():
+        incident = _open_or_extend(cluster, app, dep, Incident.Kind.QUEUE_BUILDUP, count=1, build=build,
+                                   severity_for=lambda total: "major" if finding.peak >= 50 else "warning",
+                                   detected=finding.summary, extended=finding.summary)
     return incident.pk
 
 

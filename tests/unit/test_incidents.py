@@ -405,3 +405,24 @@ def test_a_huge_metrics_page_is_refused(monkeypatch):
     big = httpx.MockTransport(lambda request: httpx.Response(200, text="# HELP x\n" + "x 1\n" * 1000))
     with pytest.raises(ray_metrics.MetricsUnavailable, match="not a metrics page"):
         ray_metrics.scrape("http://ray.test:8080/metrics", transport=big)
+
+
+@pytest.mark.django_db
+def test_a_growing_queue_opens_a_queue_incident_before_latency_spikes(metered, monkeypatch):
+    from apps.incidents.models import SignalWindow
+
+    cluster, base = metered
+    queued = ray_metrics.Scrape(at=1030, samples=[
+        ray_metrics.Sample(s.name, s.labels, 20.0 if s.name == signals.QUEUED and s.labels.get("deployment") == "Model" else s.value)
+        for s in base.samples
+    ])
+    scrapes = iter([base, queued])
+    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s: next(scrapes))
+    SignalWindow.objects.create(cluster=cluster, application_name="demo", deployment_name="Model", points=[
+        {"t": 900 + 30 * i, "p99": 90.0, "rps": 5.0, "queued": q, "ongoing": 8, "starts": 0} for i, q in enumerate([0, 0, 3, 9])
+    ])
+    services.collect_metrics(cluster.pk)
+    touched = services.collect_metrics(cluster.pk)
+    incidents = Incident.objects.filter(pk__in=touched, kind="queue_buildup")
+    model = incidents.get(deployment_name="Model")
+    assert "3 → 9 → 20" in model.evidence["summary"] and model.causes[0]["id"] == "LAT-2"
