@@ -68,7 +68,7 @@ def use_replay(monkeypatch, replay_ray):
     # Both the registration probe and every sync build their adapter here.
     monkeypatch.setattr(cluster_services, "RayDashboard", fake_dashboard)
     # "ray.test" does not resolve; the policy itself is tested on its own.
-    monkeypatch.setattr(cluster_services, "check_network_policy", lambda url: None)
+    monkeypatch.setattr("apps.clusters.validation.check_network_policy", lambda url: None)
     return replay_ray
 
 

@@ -14,7 +14,7 @@ from apps.accounts.models import Team
 from apps.clusters import secrets
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
 from apps.clusters.ray_dashboard import RayDashboard, RayError, RayTimeout, RayUnreachable, ServeStatus, VersionInfo
-from apps.clusters.validation import check_network_policy, normalize_dashboard_url, validate_labels
+from apps.clusters.validation import checked_url, validate_labels
 
 
 class ConnectionRefused(ValidationError):
@@ -48,12 +48,6 @@ def probe(dashboard_url: str, token: str) -> Probe:
     return Probe(version=version, auth_mode=auth_mode, serve=serve)
 
 
-def _checked_url(raw: str) -> str:
-    url = normalize_dashboard_url(raw)
-    check_network_policy(url)
-    return url
-
-
 def register_cluster(
     actor: Actor,
     *,
@@ -68,9 +62,9 @@ def register_cluster(
     prometheus_selector: str = "",
     serve_url: str = "",
 ) -> Cluster:
-    url = _checked_url(dashboard_url)
+    url = checked_url(dashboard_url)
     clean_labels = validate_labels(labels)
-    metrics_url, prometheus_url, serve_url = (_checked_url(u) if u else "" for u in (metrics_url, prometheus_url, serve_url))
+    metrics_url, prometheus_url, serve_url = (checked_url(u) if u else "" for u in (metrics_url, prometheus_url, serve_url))
     result = probe(url, token)
     with transaction.atomic():
         cluster = Cluster.objects.create(
@@ -126,7 +120,7 @@ def update_cluster(
 ) -> Cluster:
     """Change a cluster's registration. A new URL or token is connection-tested before it is saved."""
     changes: dict = {}
-    new_url = cluster.dashboard_url if dashboard_url is UNSET else _checked_url(dashboard_url)
+    new_url = cluster.dashboard_url if dashboard_url is UNSET else checked_url(dashboard_url)
     if new_url != cluster.dashboard_url:
         changes["dashboard_url"] = {"from": cluster.dashboard_url, "to": new_url}
     new_token = secrets.decrypt(cluster.token_ciphertext) if token is UNSET else token
@@ -140,7 +134,7 @@ def update_cluster(
     for field, value in (("metrics_url", metrics_url), ("prometheus_url", prometheus_url), ("serve_url", serve_url),
                          ("prometheus_selector", prometheus_selector)):
         if value is not UNSET:
-            value = _checked_url(value) if value and field.endswith("_url") else (value or "")
+            value = checked_url(value) if value and field.endswith("_url") else (value or "")
             if value != getattr(cluster, field):
                 changes[field] = {"from": getattr(cluster, field), "to": value}
                 setattr(cluster, field, value)

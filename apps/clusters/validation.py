@@ -71,6 +71,13 @@ def check_network_policy(url: str) -> None:
             )
 
 
+def checked_url(raw: str) -> str:
+    """A URL Fleetdeck may call: well-formed and inside the network policy."""
+    url = normalize_dashboard_url(raw)
+    check_network_policy(url)
+    return url
+
+
 def validate_labels(labels) -> dict[str, str]:
     if labels in (None, ""):
         return {}

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from apps.accounts.audit import Actor, record
 from apps.clusters import secrets
-from apps.clusters.services import _checked_url
+from apps.clusters.validation import checked_url
 from apps.incidents import webhook_client
 from apps.incidents.models import Incident, Webhook, WebhookDelivery
 
@@ -16,7 +16,7 @@ MAX_ATTEMPTS = 6
 
 def save_webhook(actor: Actor, *, team, url: str, secret: str = "", enabled: bool = True, webhook: Webhook | None = None) -> Webhook:
     webhook = webhook or Webhook(team=team)
-    webhook.url = _checked_url(url)
+    webhook.url = checked_url(url)
     if secret:
         webhook.secret_ciphertext = secrets.encrypt(secret)
     webhook.enabled = enabled
