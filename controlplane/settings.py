@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "apps.changes",
     "apps.maintenance",
     "apps.incidents",
+    "apps.remediation",
 ]
 
 MIDDLEWARE = [

@@ -12,6 +12,7 @@ from apps.clusters.api import ClusterViewSet
 from apps.fleet.api import ApplicationViewSet, ConfigRevisionViewSet, DeploymentViewSet
 from apps.incidents.api import IncidentViewSet, WebhookViewSet
 from apps.maintenance.api import ProfileViewSet, RunViewSet, ScheduleViewSet
+from apps.remediation.api import FindingViewSet
 
 router = DefaultRouter()
 router.register("clusters", ClusterViewSet, basename="cluster")
@@ -27,6 +28,7 @@ router.register("maintenance/warmup-profiles", ProfileViewSet, basename="warmupp
 router.register("maintenance/runs", RunViewSet, basename="maintenancerun")
 router.register("incidents", IncidentViewSet, basename="incident")
 router.register("webhooks", WebhookViewSet, basename="webhook")
+router.register("findings", FindingViewSet, basename="finding")
 
 
 def healthz(request):
@@ -42,6 +44,7 @@ urlpatterns = [
     path("", include("apps.changes.urls")),
     path("", include("apps.maintenance.urls")),
     path("", include("apps.incidents.urls")),
+    path("", include("apps.remediation.urls")),
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include(router.urls)),

@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 @shared_task(name="fleet.sync_cluster", ignore_result=True)
 def sync_cluster(cluster_id: int) -> None:
     from apps.incidents import services as incidents
+    from apps.remediation import findings
 
     outcome = sync.sync_cluster(cluster_id)
     if outcome is not None and not outcome.ok:
@@ -25,6 +26,7 @@ def sync_cluster(cluster_id: int) -> None:
         # and take a metrics reading for the latency detectors.
         incidents.detect(cluster_id)
         incidents.collect_metrics(cluster_id)
+        findings.recompute(cluster_id)
 
 
 @shared_task(name="fleet.tick", ignore_result=True)

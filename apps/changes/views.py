@@ -45,7 +45,8 @@ def change_list(request):
 def plan(request, cluster_pk: int):
     cluster = get_object_or_404(Cluster.objects.select_related("team"), pk=cluster_pk, team__in=visible_teams(request.user))
     _require(request, cluster.team, Role.OPERATOR)
-    initial = {"targets": request.GET.getlist("target")}
+    # "Plan this fix" links arrive with the targets, options and reason filled in.
+    initial = {"targets": request.GET.getlist("target"), "options_text": request.GET.get("options", ""), "reason": request.GET.get("reason", "")}
     form = PlanForm(request.POST or None, cluster=cluster, user=request.user, initial=initial)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data

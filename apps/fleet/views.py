@@ -90,6 +90,7 @@ def deployment_detail(request, pk: int):
         "schedule": getattr(deployment, "recycle_schedule", None),
         "runs": deployment.maintenance_runs.all()[:10],
         "incidents": deployment.incidents.all()[:10],
+        "findings": deployment.findings.filter(resolved_at__isnull=True, muted_at__isnull=True),
         "can_operate": has_role(request.user, deployment.application.cluster.team, Role.OPERATOR),
     }
     template = "fleet/partials/deployment_live.html" if request.htmx else "fleet/deployment_detail.html"

@@ -1,0 +1,193 @@
+"""Config lint: each rule looks at one deployment (or the cluster) and says what is wrong, why it
+matters, and the patch that fixes it. Pure functions over `Subject`; ids are stable for muting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from apps.changes.fields import parse_version, unknown_fields
+
+
+@dataclass(frozen=True)
+class Subject:
+    cluster_name: str
+    ray_version: str
+    application: str
+    deployment: str
+    effective: dict
+    submitted: dict
+    running_replicas: int = 0
+    has_recycle_schedule: bool = False
+    has_warmup: bool = False
+    cold_starts_observed: bool = False
+    cold_start_ratio: float | None = None  # p99 right after replica starts / steady p50
+    memory_ratchet: bool = False
+
+
+@dataclass(frozen=True)
+class Hit:
+    rule: str
+    severity: str
+    evidence: dict
+    patch: dict | None = None
+    action: str = ""  # "schedule" or "warmup" when the fix is not a config patch
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    title: str
+    remedy: str
+    why: str
+    check: Callable[[Subject], Hit | None]
+    scope: str = "deployment"
+    extra: dict = field(default_factory=dict)
+
+
+def _auto(s: Subject) -> dict | None:
+    auto = s.effective.get("autoscaling_config")
+    return auto if isinstance(auto, dict) else None
+
+
+def _gpus(s: Subject) -> float:
+    return float((s.effective.get("ray_actor_options") or {}).get("num_gpus") or 0)
+
+
+def gpu_concurrency(s: Subject) -> Hit | None:
+    cap = s.effective.get("max_ongoing_requests")
+    if _gpus(s) > 0 and isinstance(cap, int) and cap > 2:
+        patch = {"max_ongoing_requests": 2}
+        if (_auto(s) or {}).get("target_ongoing_requests", 0) > 2:
+            patch["autoscaling_config"] = {"target_ongoing_requests": 1}
+        return Hit("gpu-concurrency", "major", {"num_gpus": _gpus(s), "max_ongoing_requests": cap}, patch)
+    return None
+
+
+def heavy_autoscaling(s: Subject) -> Hit | None:
+    if _gpus(s) <= 0:
+        return None
+    auto = _auto(s)
+    if auto is None:
+        replicas = max(2, s.running_replicas)
+        return Hit("heavy-autoscaling", "warning", {"autoscaling": None, "replicas": s.running_replicas},
+                   {"autoscaling_config": {"min_replicas": 2, "max_replicas": max(4, 2 * replicas), "target_ongoing_requests": 1,
+                                           "upscale_delay_s": 5, "downscale_delay_s": 90}})
+    target = auto.get("target_ongoing_requests")
+    if isinstance(target, (int, float)) and target > 2:
+        return Hit("heavy-autoscaling", "warning", {"target_ongoing_requests": target}, {"autoscaling_config": {"target_ongoing_requests": 1}})
+    return None
+
+
+def unbounded_queue(s: Subject) -> Hit | None:
+    if s.effective.get("max_queued_requests", -1) != -1:
+        return None
+    cap = s.effective.get("max_ongoing_requests") or 5
+    replicas = (_auto(s) or {}).get("max_replicas") or s.effective.get("num_replicas") or max(1, s.running_replicas)
+    # Enough to absorb about four rounds of the fleet's concurrency; beyond that, fail fast.
+    bound = max(8, 4 * int(cap) * int(replicas))
+    return Hit("unbounded-queue", "warning", {"max_queued_requests": -1, "max_ongoing_requests": cap, "max_replicas": replicas},
+               {"max_queued_requests": bound})
+
+
+def short_downscale(s: Subject) -> Hit | None:
+    delay = (_auto(s) or {}).get("downscale_delay_s")
+    if s.cold_starts_observed and isinstance(delay, (int, float)) and delay < 60:
+        return Hit("short-downscale", "warning", {"downscale_delay_s": delay, "cold_starts_observed": True},
+                   {"autoscaling_config": {"downscale_delay_s": 300}})
+    return None
+
+
+def single_replica(s: Subject) -> Hit | None:
+    auto = _auto(s)
+    minimum = auto.get("min_replicas") if auto else s.effective.get("num_replicas")
+    surge = s.effective.get("max_surge_percent") or 0
+    if not isinstance(minimum, int) or minimum >= 2 or not (s.has_recycle_schedule or not surge):
+        return None
+    patch = {"autoscaling_config": {"min_replicas": 2}} if auto else {"num_replicas": 2}
+    if auto and (auto.get("max_replicas") or 0) < 2:
+        patch["autoscaling_config"]["max_replicas"] = 2
+    return Hit("single-replica", "warning", {"min_replicas": minimum, "max_surge_percent": surge, "recycle_schedule": s.has_recycle_schedule}, patch)
+
+
+def cap_below_target(s: Subject) -> Hit | None:
+    cap, target = s.effective.get("max_ongoing_requests"), (_auto(s) or {}).get("target_ongoing_requests")
+    if isinstance(cap, (int, float)) and isinstance(target, (int, float)) and cap < target:
+        return Hit("cap-below-target", "major", {"max_ongoing_requests": cap, "target_ongoing_requests": target},
+                   {"autoscaling_config": {"target_ongoing_requests": max(1, cap)}})
+    return None
+
+
+def ignored_settings(s: Subject) -> Hit | None:
+    options = {k: v for k, v in s.submitted.items() if k != "name"}
+    problems = unknown_fields(options) if parse_version(s.ray_version) >= (2, 10) else []
+    if not problems:
+        return None
+    patch: dict = {}
+    if "max_concurrent_queries" in options:
+        patch.update(max_concurrent_queries=None, max_ongoing_requests=options["max_concurrent_queries"])
+    inner = options.get("autoscaling_config") if isinstance(options.get("autoscaling_config"), dict) else {}
+    if "max_ongoing_requests" in inner:
+        patch.update(autoscaling_config={"max_ongoing_requests": None}, max_ongoing_requests=inner["max_ongoing_requests"])
+    return Hit("ignored-settings", "major", {"ignored": problems}, patch or None)
+
+
+def memory_ratchet(s: Subject) -> Hit | None:
+    if s.memory_ratchet and not s.has_recycle_schedule:
+        return Hit("recycle-missing", "warning", {"memory_ratchet": True, "recycle_schedule": False}, None, action="schedule")
+    return None
+
+
+def warmup_missing(s: Subject) -> Hit | None:
+    if s.cold_start_ratio is not None and s.cold_start_ratio >= 5 and not s.has_warmup:
+        return Hit("warmup-missing", "warning", {"cold_start_over_steady_p50": round(s.cold_start_ratio, 1)}, None, action="warmup")
+    return None
+
+
+RULES = [
+    Rule("gpu-concurrency", "GPU deployment takes more than 2 requests at once", "R1",
+         "A GPU replica that accepts many requests at once multiplies its per-request memory: a burst turns into an OOM kill of the "
+         "replica and often of the Serve controller with it. One or two at a time keeps the peak bounded; scale out instead.", gpu_concurrency),
+    Rule("heavy-autoscaling", "Heavy deployment without queue-based autoscaling", "R2",
+         "Without autoscaling, or with a target above two requests per replica, queues grow on the replicas you have instead of "
+         "adding replicas: latency climbs first, then memory. A target of about one, two replicas minimum, fast upscale and slow "
+         "downscale keeps queues short.", heavy_autoscaling),
+    Rule("unbounded-queue", "Unbounded queue (max_queued_requests -1)", "R10",
+         "An unbounded queue turns overload into minutes of latency and memory held by waiting requests. A bound makes overload fail "
+         "fast with 503, which clients can retry elsewhere; the suggested bound absorbs about four rounds of the deployment's concurrency.",
+         unbounded_queue),
+    Rule("short-downscale", "Replicas scaled down quickly while cold starts hurt", "R2",
+         "Replicas were started recently and the downscale delay is under a minute: the autoscaler removes replicas it will need again "
+         "soon, and each new one pays a cold start (LAT-1).", short_downscale),
+    Rule("single-replica", "A single replica during recycles or updates", "R9",
+         "With one replica and no surge, every recycle or config change that replaces replicas leaves the deployment with none for a "
+         "few seconds (measured 2–3 s): requests queue or fail. Two replicas make a rolling replacement invisible.", single_replica),
+    Rule("cap-below-target", "max_ongoing_requests below the autoscaling target", "R2",
+         "A replica never carries more than max_ongoing_requests, so an autoscaling target above it is never reached and the "
+         "deployment never scales up, however long the queue.", cap_below_target),
+    Rule("ignored-settings", "Settings Serve ignores", "R1",
+         "Serve drops unknown and legacy fields without a word: the config says one thing and the replicas run another (a legacy "
+         "max_concurrent_queries leaves the default of 5 in force). What runs is what counts.", ignored_settings),
+    Rule("recycle-missing", "Memory ratchets up and no recycle is scheduled", "R8",
+         "Node memory only grew over hours: allocators and caches keep memory between requests until the memory monitor kills a "
+         "replica. A scheduled rolling recycle returns it before that.", memory_ratchet),
+    Rule("warmup-missing", "Cold starts far slower than steady state, and no warmup", "R6",
+         "Right after replicas start, latency is many times the steady p50: the first requests pay for model load and kernel warmup. "
+         "A warmup after every recycle and change makes that cost invisible to users.", warmup_missing),
+]
+
+CLUSTER_RULES = [
+    Rule("dashboard-auth", "Ray dashboard without authentication", "",
+         "Anyone who reaches this cluster's dashboard can replace or delete every Serve application with one request. Ray 2.52 and "
+         "later support token authentication; enable it and give Fleetdeck the token.", lambda s: None, scope="cluster"),
+]
+
+BY_ID = {rule.id: rule for rule in RULES + CLUSTER_RULES}
+
+
+def evaluate(subject: Subject) -> list[Hit]:
+    return [hit for rule in RULES if (hit := rule.check(subject))]
+
+
+def cluster_hits(auth_mode: str) -> list[Hit]:
+    return [Hit("dashboard-auth", "major", {"authentication_mode": auth_mode})] if auth_mode == "disabled" else []
