@@ -10,7 +10,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.response import Response
 
 from apps.accounts.audit import Actor
-from apps.accounts.drf import require_role
+from apps.accounts.drf import as_api_error, require_role
 from apps.accounts.models import Role, Team
 from apps.accounts.permissions import visible_teams
 from apps.changes import presets, protocol, rollouts
@@ -24,9 +24,6 @@ class Conflict(APIException):
     status_code = status.HTTP_409_CONFLICT
     default_code = "conflict"
 
-
-def _drf(exc: DjangoValidationError) -> serializers.ValidationError:
-    return serializers.ValidationError({"detail": exc.messages})
 
 
 class PresetSerializer(serializers.ModelSerializer):
@@ -74,7 +71,7 @@ class PresetViewSet(viewsets.ModelViewSet):
         try:
             presets.update_preset(Actor.from_request(self.request), preset, **fields)
         except DjangoValidationError as exc:
-            raise _drf(exc) from exc
+            raise as_api_error(exc) from exc
 
     def perform_destroy(self, instance):
         if instance.builtin:
@@ -175,7 +172,7 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
                 options=data.get("options"), preset=data.get("preset"),
             )
         except DjangoValidationError as exc:
-            raise _drf(exc) from exc
+            raise as_api_error(exc) from exc
         return Response(ChangeSerializer(self.get_queryset().get(pk=change.pk)).data, status=status.HTTP_201_CREATED)
 
     def _act(self, request, what: str) -> Change:
@@ -232,7 +229,7 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
                 app_configs={revision.application.name: revision.config["submitted"]}, reason=body.validated_data["reason"],
             )
         except DjangoValidationError as exc:
-            raise _drf(exc) from exc
+            raise as_api_error(exc) from exc
         return Response(ChangeSerializer(self.get_queryset().get(pk=change.pk)).data, status=status.HTTP_201_CREATED)
 
 
@@ -272,8 +269,7 @@ class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user
             return Rollout.objects.none()
-        visible = Change.objects.filter(cluster__team__in=visible_teams(self.request.user))
-        return Rollout.objects.filter(Q(created_by=self.request.user) | Q(changes__in=visible)).distinct().prefetch_related("changes__cluster").order_by("-created_at", "-id")
+        return Rollout.objects.visible_to(self.request.user).prefetch_related("changes__cluster").order_by("-created_at", "-id")
 
     @extend_schema(request=RolloutPlanSerializer, responses={201: RolloutSerializer})
     def create(self, request, *args, **kwargs):
@@ -288,7 +284,7 @@ class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
                 preset=data.get("preset"), options=data.get("options"), canary=data.get("canary") or None,
             )
         except DjangoValidationError as exc:
-            raise _drf(exc) from exc
+            raise as_api_error(exc) from exc
         return Response(RolloutSerializer(self.get_queryset().get(pk=rollout.pk)).data, status=status.HTTP_201_CREATED)
 
     def _require_operator_everywhere(self, request, rollout: Rollout) -> None:

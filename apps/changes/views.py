@@ -146,14 +146,9 @@ def preset_delete(request, pk: int):
     return redirect("changes:presets")
 
 
-def _visible_rollouts(user):
-    visible = Change.objects.filter(cluster__team__in=visible_teams(user))
-    return Rollout.objects.filter(Q(created_by=user) | Q(changes__in=visible)).distinct()
-
-
 @login_required
 def rollout_list(request):
-    page = Paginator(_visible_rollouts(request.user).order_by("-created_at", "-id"), 50).get_page(request.GET.get("page"))
+    page = Paginator(Rollout.objects.visible_to(request.user).order_by("-created_at", "-id"), 50).get_page(request.GET.get("page"))
     return render(request, "changes/rollout_list.html", {"page": page, "can_plan": teams_where(request.user, Role.OPERATOR).exists()})
 
 
@@ -178,7 +173,7 @@ def rollout_create(request):
 
 @login_required
 def rollout_detail(request, pk: int):
-    rollout = get_object_or_404(_visible_rollouts(request.user), pk=pk)
+    rollout = get_object_or_404(Rollout.objects.visible_to(request.user), pk=pk)
     can_run = all(has_role(request.user, change.cluster.team, Role.OPERATOR) for change in rollout.changes.select_related("cluster__team"))
     template = "changes/partials/rollout_progress.html" if request.htmx else "changes/rollout_detail.html"
     return render(request, template, {"rollout": rollout, "can_run": can_run})
@@ -187,7 +182,7 @@ def rollout_detail(request, pk: int):
 @login_required
 @require_POST
 def rollout_action(request, pk: int, action: str):
-    rollout = get_object_or_404(_visible_rollouts(request.user), pk=pk)
+    rollout = get_object_or_404(Rollout.objects.visible_to(request.user), pk=pk)
     for change in rollout.changes.select_related("cluster__team"):
         _require(request, change.cluster.team, Role.OPERATOR)
     try:

@@ -74,8 +74,12 @@ def _metrics_evidence(cluster: Cluster) -> dict:
     }
 
 
+def _deployment(cluster: Cluster, app: str, dep: str) -> Deployment | None:
+    return Deployment.objects.filter(application__cluster=cluster, application__name=app, name=dep).first() if dep else None
+
+
 def _open_or_extend(cluster: Cluster, app: str, dep: str, kind: str, *, count: int, severity_for, build, detected: str, extended: str,
-                    node_ip: str = "") -> Incident:
+                    node_ip: str = "", deployment: Deployment | None = None) -> Incident:
     """One open incident per deployment and kind: later signals extend it. `build()` makes the
     causes and evidence only when a new incident opens; `severity_for(total)` grades it."""
     now = timezone.now()
@@ -89,7 +93,7 @@ def _open_or_extend(cluster: Cluster, app: str, dep: str, kind: str, *, count: i
         where = f"node {node_ip}" if node_ip else f"{app}/{dep}"
         incident = Incident.objects.create(
             kind=kind, cluster=cluster, application_name=app, deployment_name=dep, node_ip=node_ip,
-            deployment=Deployment.objects.filter(application__cluster=cluster, application__name=app, name=dep).first(),
+            deployment=deployment,
             title=f"{Incident.Kind(kind).label} of {where} on {cluster.name}", started_at=now, last_signal_at=now,
             signal_count=count, severity=severity_for(count), causes=causes, evidence=evidence,
         )
@@ -106,7 +110,7 @@ def _open_or_extend(cluster: Cluster, app: str, dep: str, kind: str, *, count: i
 
 def _record_oom(cluster: Cluster, app: str, dep: str, kills: list[OomKill], crowded: list[str], metrics: dict) -> int:
     now = timezone.now()
-    deployment = Deployment.objects.filter(application__cluster=cluster, application__name=app, name=dep).first()
+    deployment = _deployment(cluster, app, dep)
     controller_killed = cluster.events.filter(kind=ClusterEvent.Kind.CONTROLLER_RESTARTED, created_at__gte=now - RECENT).exists()
 
     def build():
@@ -117,7 +121,7 @@ def _record_oom(cluster: Cluster, app: str, dep: str, kills: list[OomKill], crow
 
     with transaction.atomic():
         incident = _open_or_extend(
-            cluster, app, dep, Incident.Kind.OOM_KILL, count=len(kills), build=build,
+            cluster, app, dep, Incident.Kind.OOM_KILL, count=len(kills), build=build, deployment=deployment,
             severity_for=lambda total: severity(total, controller_killed),
             detected=f"{len(kills)} replica(s) killed by Ray's memory monitor.", extended=f"{len(kills)} more replica(s) killed.",
         )
@@ -249,44 +253,47 @@ def _record_node(cluster: Cluster, ip: str, finding, points: list[dict]) -> int:
     return incident.pk
 
 
+def _latency_context(deployment: Deployment | None, points: list[dict], *, pressure: bool) -> LatencyContext:
+    recent = points[-detectors.SUSTAIN:]
+    return LatencyContext(
+        cold_start=detectors.cold_start(points),
+        queue_building=detectors.queue_building(points),
+        # The busiest recent reading, not the last one: queues drain as a spike ends.
+        ongoing=max(p.get("ongoing") or 0 for p in recent),
+        queued=max(p.get("queued") or 0 for p in recent),
+        max_ongoing_requests=deployment.max_ongoing_requests if deployment else None,
+        running_replicas=deployment.running_replicas if deployment else None,
+        at_max_replicas=bool(deployment and deployment.autoscaling
+                             and deployment.running_replicas >= (deployment.autoscaling_max_replicas or 0)),
+        memory_pressure=pressure,
+    )
+
+
 def _record_queue(cluster: Cluster, app: str, dep: str, finding, points: list[dict]) -> int:
-    deployment = Deployment.objects.filter(application__cluster=cluster, application__name=app, name=dep).first()
-    at_max = bool(deployment and deployment.autoscaling and deployment.running_replicas >= (deployment.autoscaling_max_replicas or 0))
+    deployment = _deployment(cluster, app, dep)
 
     def build():
-        ctx = LatencyContext(cold_start=detectors.cold_start(points), queue_building=True, ongoing=points[-1].get("ongoing") or 0,
-                             queued=points[-1].get("queued") or 0,
-                             max_ongoing_requests=deployment.max_ongoing_requests if deployment else None,
-                             running_replicas=deployment.running_replicas if deployment else None, at_max_replicas=at_max, memory_pressure=False)
+        ctx = _latency_context(deployment, points, pressure=False)
         return rank_latency_causes(ctx), {"summary": finding.summary, "series": points[-60:]}
 
     with transaction.atomic():
-        incident = _open_or_extend(cluster, app, dep, Incident.Kind.QUEUE_BUILDUP, count=1, build=build,
+        incident = _open_or_extend(cluster, app, dep, Incident.Kind.QUEUE_BUILDUP, count=1, build=build, deployment=deployment,
                                    severity_for=lambda total: "major" if finding.peak >= 50 else "warning",
                                    detected=finding.summary, extended=finding.summary)
     return incident.pk
 
 
 def _record_latency(cluster: Cluster, app: str, dep: str, finding, points: list[dict], pressure: bool) -> int:
-    deployment = Deployment.objects.filter(application__cluster=cluster, application__name=app, name=dep).first()
+    deployment = _deployment(cluster, app, dep)
 
     def build():
-        ctx = LatencyContext(
-            cold_start=detectors.cold_start(points), queue_building=detectors.queue_building(points),
-            # The busiest reading of the spike, not the last one: queues drain as it ends.
-            ongoing=max(p.get("ongoing") or 0 for p in points[-detectors.SUSTAIN:]),
-            queued=max(p.get("queued") or 0 for p in points[-detectors.SUSTAIN:]),
-            max_ongoing_requests=deployment.max_ongoing_requests if deployment else None,
-            running_replicas=deployment.running_replicas if deployment else None,
-            at_max_replicas=bool(deployment and deployment.autoscaling and deployment.running_replicas >= (deployment.autoscaling_max_replicas or 0)),
-            memory_pressure=pressure,
-        )
+        ctx = _latency_context(deployment, points, pressure=pressure)
         return rank_latency_causes(ctx), {"summary": finding.summary, "baseline_p99_ms": finding.baseline, "peak_p99_ms": finding.peak,
                                           "series": points[-60:]}
 
     with transaction.atomic():
         incident = _open_or_extend(
-            cluster, app, dep, Incident.Kind.LATENCY_SPIKE, count=1, build=build,
+            cluster, app, dep, Incident.Kind.LATENCY_SPIKE, count=1, build=build, deployment=deployment,
             severity_for=lambda total: "critical" if finding.peak > 10_000 else ("major" if total > 2 or finding.peak > 2_000 else "warning"),
             detected=finding.summary, extended=finding.summary,
         )

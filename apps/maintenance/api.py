@@ -7,7 +7,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from apps.accounts.audit import Actor
-from apps.accounts.drf import require_role
+from apps.accounts.drf import as_api_error, require_role
 from apps.accounts.models import Role
 from apps.accounts.permissions import visible_teams
 from apps.fleet.models import Application, Deployment
@@ -16,9 +16,6 @@ from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfi
 
 WINDOW = ["window_days", "window_start_hour", "window_end_hour", "timezone"]
 
-
-def _drf(exc: DjangoValidationError) -> serializers.ValidationError:
-    return serializers.ValidationError({"detail": exc.messages})
 
 
 class ScheduleSerializer(serializers.ModelSerializer):
@@ -81,7 +78,7 @@ class ScheduleViewSet(_Writes, viewsets.ModelViewSet):
         try:
             serializer.instance = services.save_schedule(Actor.from_request(self.request), deployment, data)
         except DjangoValidationError as exc:
-            raise _drf(exc) from exc
+            raise as_api_error(exc) from exc
 
     def perform_create(self, serializer):
         self._save(serializer, serializer.validated_data["deployment"])
@@ -110,7 +107,7 @@ class ProfileViewSet(_Writes, viewsets.ModelViewSet):
         try:
             serializer.instance = services.save_profile(Actor.from_request(self.request), application, data, profile)
         except DjangoValidationError as exc:
-            raise _drf(exc) from exc
+            raise as_api_error(exc) from exc
 
     def perform_create(self, serializer):
         self._save(serializer, serializer.validated_data["application"])
