@@ -84,6 +84,8 @@ class LocalRayHead:
         env = dict(os.environ)
         env.update(
             PYTHONPATH=os.pathsep.join(filter(None, [str(DEMO_APP_DIR), env.get("PYTHONPATH", "")])),
+            # Jobs (calibrations) run `python` from the head's PATH: make it this interpreter, which has Ray.
+            PATH=os.pathsep.join(filter(None, [str(Path(sys.executable).parent), env.get("PATH", "")])),
             RAY_USAGE_STATS_ENABLED="0",
             **(extra_env or {}),
         )

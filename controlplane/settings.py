@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "apps.maintenance",
     "apps.incidents",
     "apps.remediation",
+    "apps.calibration",
 ]
 
 MIDDLEWARE = [
@@ -226,6 +227,11 @@ FLEETDECK_CHANGE_STALE_S = env_int("FLEETDECK_CHANGE_STALE_S", 60, minimum=5)
 # An incident with no new signal for this long resolves itself.
 FLEETDECK_INCIDENT_QUIET_S = env_int("FLEETDECK_INCIDENT_QUIET_S", 1800, minimum=60)
 FLEETDECK_RECYCLE_REPLICA_MEMORY_MB = env_int("FLEETDECK_RECYCLE_REPLICA_MEMORY_MB", 1024, minimum=1)
+# Memory calibrations run as Ray jobs with this interpreter (the cluster's, which has Ray and the
+# application's code); past the timeout the job is stopped and the calibration fails.
+FLEETDECK_CALIBRATION_PYTHON = env_str("FLEETDECK_CALIBRATION_PYTHON", "python")
+FLEETDECK_CALIBRATION_TIMEOUT_S = env_int("FLEETDECK_CALIBRATION_TIMEOUT_S", 900, minimum=30)
+FLEETDECK_CALIBRATION_POLL_S = env_float("FLEETDECK_CALIBRATION_POLL_S", 2.0, minimum=0.2)
 
 LOGGING = {
     "version": 1,

@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from rest_framework.routers import DefaultRouter
 
 from apps.accounts.api import AuditEventViewSet
+from apps.calibration.api import CalibrationViewSet
 from apps.changes.api import ChangeViewSet, PresetViewSet, RolloutViewSet
 from apps.clusters.api import ClusterViewSet
 from apps.fleet.api import ApplicationViewSet, ConfigRevisionViewSet, DeploymentViewSet
@@ -29,6 +30,7 @@ router.register("maintenance/runs", RunViewSet, basename="maintenancerun")
 router.register("incidents", IncidentViewSet, basename="incident")
 router.register("webhooks", WebhookViewSet, basename="webhook")
 router.register("findings", FindingViewSet, basename="finding")
+router.register("calibrations", CalibrationViewSet, basename="memorycalibration")
 
 
 def healthz(request):
@@ -45,6 +47,7 @@ urlpatterns = [
     path("", include("apps.maintenance.urls")),
     path("", include("apps.incidents.urls")),
     path("", include("apps.remediation.urls")),
+    path("", include("apps.calibration.urls")),
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include(router.urls)),

@@ -46,6 +46,10 @@ def tick() -> None:
 
     for run_id in maintenance.claim_due():
         run_maintenance.delay(run_id)
+    from apps.calibration import services as calibration
+
+    for calibration_id in calibration.stale_ids():
+        poll_calibration.delay(calibration_id, follow=False)
 
 
 @shared_task(name="changes.run", ignore_result=True)
@@ -67,6 +71,17 @@ def run_maintenance(run_id: int) -> None:
     from apps.maintenance import services
 
     services.execute(run_id)
+
+
+@shared_task(name="calibration.poll", ignore_result=True)
+def poll_calibration(calibration_id: int, follow: bool = True) -> None:
+    """Polls until the calibration is final, then stops: past its deadline the service fails it,
+    so the chain always ends. The tick polls (without following) any whose chain was lost."""
+    from apps.calibration import services
+
+    calibration = services.poll(calibration_id)
+    if follow and calibration is not None and not calibration.is_final:
+        poll_calibration.apply_async(args=[calibration_id], countdown=services.poll_interval_s())
 
 
 @shared_task(

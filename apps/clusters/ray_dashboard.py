@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,10 @@ USER_AGENT = "fleetdeck-ray-adapter/1"
 # Ray's state API refuses a larger limit unless the server was configured otherwise.
 STATE_API_MAX_LIMIT = 10_000
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+# A job's whole log comes back in one JSON string; only its end matters to Fleetdeck (results and
+# errors are printed last), so at most this many characters of the tail are kept.
+MAX_JOB_LOG_CHARS = 256 * 1024
+JOB_FINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 
 
 class RayError(Exception):
@@ -56,6 +61,14 @@ class RayBadResponse(RayError):
 
 class RayValidationError(RayError):
     """Ray refused a request body; `message` is Ray's own (plain-text pydantic) explanation."""
+
+
+class RayJobNotFound(RayBadResponse):
+    """The jobs API has no job with this id (HTTP 404): never submitted, or deleted since."""
+
+    def __init__(self, submission_id: str):
+        super().__init__(f"Ray has no job {submission_id!r} (HTTP 404).", status=404)
+        self.submission_id = submission_id
 
 
 @dataclass(frozen=True)
@@ -142,6 +155,25 @@ class NodeMemory:
     node_ip: str
     total_bytes: int
     available_bytes: int
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One submitted job, as `GET /api/jobs/{id}` reports it. Times are Ray's: milliseconds since
+    the epoch, None until the job starts or ends."""
+
+    submission_id: str
+    status: str  # PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED
+    message: str
+    start_time: int | None
+    end_time: int | None
+    entrypoint: str
+    error_type: str = ""
+    driver_exit_code: int | None = None
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in JOB_FINAL_STATUSES
 
 
 @dataclass(frozen=True)
@@ -292,6 +324,70 @@ class RayDashboard:
                 nodes.append(NodeMemory(str(node.get("ip") or ""), _int(mem[0], 0), _int(mem[1], 0)))
         return nodes
 
+    # --- jobs API ----------------------------------------------------------------------------
+
+    def submit_job(
+        self,
+        entrypoint: str,
+        *,
+        runtime_env: dict[str, Any] | None = None,
+        metadata: dict[str, str] | None = None,
+        submission_id: str | None = None,
+        entrypoint_num_cpus: float | None = None,
+        entrypoint_num_gpus: float | None = None,
+    ) -> str:
+        """Start `entrypoint` as a job on the cluster and return its submission id. A timeout
+        leaves it unknown whether Ray took the job: choose `submission_id` and look it up."""
+        body: dict[str, Any] = {"entrypoint": entrypoint}
+        optional = {
+            "runtime_env": runtime_env,
+            "metadata": metadata,
+            "submission_id": submission_id,
+            "entrypoint_num_cpus": entrypoint_num_cpus,
+            "entrypoint_num_gpus": entrypoint_num_gpus,
+        }
+        body.update({key: value for key, value in optional.items() if value is not None})
+        answer = _expect_dict(self._post("/api/jobs/", body), "/api/jobs/")
+        accepted = answer.get("submission_id") or answer.get("job_id")
+        if not isinstance(accepted, str) or not accepted:
+            raise RayBadResponse("/api/jobs/ accepted the job but answered no submission_id.")
+        return accepted
+
+    def job(self, submission_id: str) -> JobInfo:
+        path = f"/api/jobs/{_job_segment(submission_id)}"
+        with _job_lookup(submission_id):
+            return parse_job(_expect_dict(self._get(path), path))
+
+    def job_logs(self, submission_id: str) -> str:
+        """The job's stdout and stderr so far; only the last MAX_JOB_LOG_CHARS characters."""
+        path = f"/api/jobs/{_job_segment(submission_id)}/logs"
+        with _job_lookup(submission_id):
+            body = _expect_dict(self._get(path), path)
+        logs = body.get("logs")
+        if not isinstance(logs, str):
+            raise RayBadResponse(f"{path} has no 'logs' string.")
+        return logs[-MAX_JOB_LOG_CHARS:]
+
+    def stop_job(self, submission_id: str) -> bool:
+        """Ask Ray to stop the job; False when it had already ended."""
+        path = f"/api/jobs/{_job_segment(submission_id)}/stop"
+        with _job_lookup(submission_id):
+            body = _expect_dict(self._post(path, None), path)
+        return bool(body.get("stopped"))
+
+    def _post(self, path: str, body: dict[str, Any] | None) -> Any:
+        try:
+            response = self._client.post(path, json=body, headers={"Content-Type": "application/json"})
+        except httpx.TimeoutException as exc:
+            raise RayTimeout(f"Ray dashboard did not answer {path} in time ({exc.__class__.__name__}).") from exc
+        except httpx.TransportError as exc:
+            raise RayUnreachable(f"Cannot reach the Ray dashboard: {str(exc) or exc.__class__.__name__}.") from exc
+        if response.status_code == 400:
+            # The jobs API answers a refused request with a Python traceback; its last line says why.
+            lines = [line.strip() for line in response.text.splitlines() if line.strip()]
+            raise RayValidationError(_excerpt(lines[-1]) if lines else f"Ray refused {path} (HTTP 400).", status=400)
+        return self._decode(path, response)
+
     def _state(self, path: str, *, filters, detail: bool, limit: int) -> StatePage:
         params: list[tuple[str, str]] = [("limit", str(min(max(limit, 1), STATE_API_MAX_LIMIT)))]
         if detail:
@@ -396,6 +492,37 @@ def _parse_node(raw: dict[str, Any]) -> Node:
         state=str(raw.get("state") or "UNKNOWN"),
         resources_total={key: float(value) for key, value in (raw.get("resources_total") or {}).items()},
     )
+
+
+def parse_job(raw: dict[str, Any]) -> JobInfo:
+    return JobInfo(
+        submission_id=str(raw.get("submission_id") or raw.get("job_id") or ""),
+        status=str(raw.get("status") or "UNKNOWN"),
+        message=str(raw.get("message") or ""),
+        start_time=_int(raw.get("start_time"), None),
+        end_time=_int(raw.get("end_time"), None),
+        entrypoint=str(raw.get("entrypoint") or ""),
+        error_type=str(raw.get("error_type") or ""),
+        driver_exit_code=_int(raw.get("driver_exit_code"), None),
+    )
+
+
+@contextmanager
+def _job_lookup(submission_id: str):
+    """A 404 from a job's own path means the job is unknown, not that the URL is wrong."""
+    try:
+        yield
+    except RayBadResponse as exc:
+        if exc.status == 404 and not isinstance(exc, RayJobNotFound):
+            raise RayJobNotFound(submission_id) from exc
+        raise
+
+
+def _job_segment(submission_id: str) -> str:
+    # Ids are ours or Ray's (letters, digits, - and _); anything else would change the path.
+    if not submission_id or not all(c.isalnum() or c in "-_" for c in submission_id):
+        raise RayError(f"{submission_id!r} is not a job submission id.")
+    return submission_id
 
 
 def _expect_dict(body: Any, path: str) -> dict[str, Any]:

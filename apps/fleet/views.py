@@ -10,6 +10,7 @@ from django.shortcuts import get_object_or_404, render
 
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role, teams_where, visible_teams
+from apps.calibration.views import card_context as calibration_card
 from apps.clusters.filters import ClusterFilter
 from apps.clusters.models import Cluster
 from apps.fleet.history import previous_revision, revision_diff
@@ -93,6 +94,8 @@ def deployment_detail(request, pk: int):
         "findings": deployment.findings.filter(resolved_at__isnull=True, muted_at__isnull=True),
         "can_operate": has_role(request.user, deployment.application.cluster.team, Role.OPERATOR),
     }
+    if not request.htmx:
+        context["calibration"] = calibration_card(request, deployment)
     template = "fleet/partials/deployment_live.html" if request.htmx else "fleet/deployment_detail.html"
     return render(request, template, context)
 

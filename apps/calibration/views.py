@@ -1,0 +1,87 @@
+"""The "Memory calibration" card of the deployment page: the latest curve, a running
+calibration (polled by htmx until final), and the form that starts one."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from apps.accounts.audit import Actor
+from apps.accounts.models import Role
+from apps.accounts.permissions import has_role, visible_teams
+from apps.calibration import services
+from apps.calibration.curve import MIB
+from apps.calibration.forms import CalibrateForm
+from apps.fleet.models import Deployment
+
+CARD = "calibration/partials/card.html"
+
+
+def card_context(request, deployment: Deployment, form: CalibrateForm | None = None) -> dict:
+    """Everything the card shows; the deployment page puts it under `calibration`."""
+    latest = services.calibrations_of(deployment).order_by("-created_at", "-id").first()
+    measured = services.latest_succeeded(deployment)
+    curve = services.curve_of(measured) if measured else None
+    return {
+        "deployment": deployment,
+        "latest": latest,
+        "measured": measured,
+        "curve": curve,
+        "chart": _chart(curve) if curve else None,
+        "form": form or CalibrateForm(),
+        # One calibration at a time per deployment: no form while one runs.
+        "can_start": (latest is None or latest.is_final)
+        and has_role(request.user, deployment.application.cluster.team, Role.OPERATOR),
+        "poll_s": 2,
+    }
+
+
+def _chart(curve: services.Curve) -> dict:
+    return {
+        "axis": "requests in flight" if curve.axis == "concurrency" else "token sum per batch",
+        "points": [{"x": x, "y": round(peak / MIB, 1)} for x, peak in curve.points],
+        "baseline": round(curve.baseline_bytes / MIB, 1),
+        "x_max": max((x for x, _ in curve.points), default=1),
+    }
+
+
+def _deployment(request, pk: int) -> Deployment:
+    return get_object_or_404(Deployment.objects.select_related("application__cluster__team"), pk=pk,
+                             application__cluster__team__in=visible_teams(request.user))
+
+
+@login_required
+def card(request, deployment_pk: int):
+    deployment = _deployment(request, deployment_pk)
+    if not request.htmx:
+        return redirect("fleet:deployment", pk=deployment.pk)
+    return render(request, CARD, {"calibration": card_context(request, deployment)})
+
+
+@login_required
+@require_POST
+def calibrate(request, deployment_pk: int):
+    deployment = _deployment(request, deployment_pk)
+    if not has_role(request.user, deployment.application.cluster.team, Role.OPERATOR):
+        raise PermissionDenied(f"You need the operator role in team {deployment.application.cluster.team}.")
+    form = CalibrateForm(request.POST)
+    if form.is_valid():
+        try:
+            calibration = services.request_calibration(Actor.from_request(request), deployment,
+                                                       levels=form.cleaned_data["levels"], call=form.cleaned_data["call"])
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            if not request.htmx:
+                messages.success(request, f"Calibration #{calibration.pk} submitted as Ray job {calibration.submission_id}.")
+                return redirect("fleet:deployment", pk=deployment.pk)
+            form = None
+    if request.htmx:
+        return render(request, CARD, {"calibration": card_context(request, deployment, form)})
+    for errors in form.errors.values():
+        for error in errors:
+            messages.error(request, error)
+    return redirect("fleet:deployment", pk=deployment.pk)
