@@ -22,6 +22,7 @@ from apps.clusters.ray_dashboard import RayDashboard, RayError
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_APP_DIR = REPO / "deploy" / "demo_app"
+REFERENCE_APP_DIR = REPO / "deploy" / "reference_app"
 
 
 def free_port() -> int:
@@ -83,7 +84,7 @@ class LocalRayHead:
             args += [f"--{name}", str(port)]
         env = dict(os.environ)
         env.update(
-            PYTHONPATH=os.pathsep.join(filter(None, [str(DEMO_APP_DIR), env.get("PYTHONPATH", "")])),
+            PYTHONPATH=os.pathsep.join(filter(None, [str(DEMO_APP_DIR), str(REFERENCE_APP_DIR), env.get("PYTHONPATH", "")])),
             # Jobs (calibrations) run `python` from the head's PATH: make it this interpreter, which has Ray.
             PATH=os.pathsep.join(filter(None, [str(Path(sys.executable).parent), env.get("PATH", "")])),
             RAY_USAGE_STATS_ENABLED="0",

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create the virtualenv and install Fleetdeck with its pinned dependencies and test tools.
+# Create the virtualenv and install Fleetdeck with its pinned dependencies, test tools and the
+# torch build the reference Serve application runs on.
 set -euo pipefail
 venv=${1:-.venv}
 cd "$(dirname "$0")/.."
@@ -16,4 +17,4 @@ if [ -z "$python" ]; then
 fi
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet -e ".[test]"
+"$venv/bin/python" -m pip install --quiet -e ".[test,demo]"

@@ -39,6 +39,9 @@ def test_runlocal_starts_everything_and_an_interrupt_stops_it_all(tmp_path):
         text = log.read_text(errors="replace")
         assert f"URL:      http://127.0.0.1:{port}/" in text and "admin / pw-for-test" in text
         dashboard = re.search(r"Ray:\s+(http://127\.0\.0\.1:\d+)", text).group(1)
+        reference_app = re.search(r"reference app at (http://127\.0\.0\.1:\d+/reference)", text).group(1)
+        generated = httpx.post(reference_app, json={"prompt": "hello", "max_tokens": 8}, timeout=30)
+        assert generated.status_code == 200 and generated.json()["completion_tokens"] == 8
 
         web = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
         assert web.get("/healthz").json() == {"status": "ok"}

@@ -1,5 +1,5 @@
 """Run the whole product on this machine: web, Celery worker and beat on the embedded defaults,
-plus a local Ray head with the demo Serve application, registered and synced. Ctrl-C stops all."""
+plus a local Ray head with the reference Serve application, registered and synced. Ctrl-C stops all."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from apps.accounts.models import Role
 from apps.accounts.services import ensure_team, grant
 from apps.clusters import services
 from apps.clusters.models import Cluster
-from controlplane.local_ray import DEMO_APP_DIR, LocalRayHead
+from controlplane.local_ray import REFERENCE_APP_DIR, LocalRayHead
 
 DEMO_CLUSTER = "local-demo"
 
@@ -31,7 +31,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--port", type=int, default=int(os.environ.get("FLEETDECK_PORT", "8700")))
-        parser.add_argument("--no-ray", action="store_true", help="Do not start the local Ray head and demo app.")
+        parser.add_argument("--no-ray", action="store_true", help="Do not start the local Ray head and reference app.")
 
     def handle(self, *args, port: int, no_ray: bool, **options):
         processes: list[tuple[str, subprocess.Popen]] = []
@@ -47,8 +47,8 @@ class Command(BaseCommand):
                 self.stdout.write("Starting a local Ray head on loopback…")
                 head = LocalRayHead.start()
                 head.wait_ready()
-                self.stdout.write(f"Ray dashboard at {head.dashboard_url}; deploying the demo Serve application…")
-                head.deploy(json.loads((DEMO_APP_DIR / "demo.json").read_text()))
+                self.stdout.write(f"Ray dashboard at {head.dashboard_url}; deploying the reference Serve application…")
+                head.deploy(json.loads((REFERENCE_APP_DIR / "reference.json").read_text()))
                 self._register(head)
             processes = self._spawn(port)
             _wait_listening(port, processes)
@@ -58,7 +58,7 @@ class Command(BaseCommand):
                     f"  URL:      http://127.0.0.1:{port}/\n"
                     f"  Login:    {username} / {password}\n"
                     f"  API docs: http://127.0.0.1:{port}/api/docs/\n"
-                    + (f"  Ray:      {head.dashboard_url} (demo app at {head.serve_url}/demo)\n" if head else "")
+                    + (f"  Ray:      {head.dashboard_url} (reference app at {head.serve_url}/reference)\n" if head else "")
                     + "Press Ctrl-C to stop everything.\n"
                 )
             )
