@@ -13,7 +13,7 @@ from apps.clusters.api import ClusterViewSet
 from apps.fleet.api import ApplicationViewSet, ConfigRevisionViewSet, DeploymentViewSet
 from apps.incidents.api import IncidentViewSet, WebhookViewSet
 from apps.maintenance.api import ProfileViewSet, RunViewSet, ScheduleViewSet
-from apps.remediation.api import FindingViewSet
+from apps.remediation.api import FindingViewSet, WizardViewSet
 
 router = DefaultRouter()
 router.register("clusters", ClusterViewSet, basename="cluster")
@@ -31,6 +31,7 @@ router.register("incidents", IncidentViewSet, basename="incident")
 router.register("webhooks", WebhookViewSet, basename="webhook")
 router.register("findings", FindingViewSet, basename="finding")
 router.register("calibrations", CalibrationViewSet, basename="memorycalibration")
+router.register("wizards", WizardViewSet, basename="wizard")
 
 
 def healthz(request):

@@ -50,6 +50,10 @@ def tick() -> None:
 
     for calibration_id in calibration.stale_ids():
         poll_calibration.delay(calibration_id, follow=False)
+    from apps.remediation import verification
+
+    for wizard_id in verification.due():
+        verification.evaluate(wizard_id)
 
 
 @shared_task(name="changes.run", ignore_result=True)

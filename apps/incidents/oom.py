@@ -54,3 +54,27 @@ def oom_kills(actors: list[Actor]) -> list[OomKill]:
             )
         )
     return kills
+
+
+GIB = 2**30
+WORKER = re.compile(r"task name=SERVE_REPLICA::([^#\s]+)#([^#\s]+)#([^:\s]+):[^\n]*?actual memory used=([\d.]+)GB")
+
+
+@dataclass(frozen=True)
+class ReplicaMemory:
+    application: str
+    deployment: str
+    replica: str
+    used_bytes: int
+    killed: bool
+
+
+def replica_memory(message: str) -> list[ReplicaMemory]:
+    """Per-replica memory listed in a memory-monitor kill message: the replicas it killed
+    ("Selected to kill") and their peers at that moment. Ray's "GB" are GiB, two decimals."""
+    found = []
+    for line in message.splitlines():
+        for match in WORKER.finditer(line):
+            app, dep, replica, gb = match.groups()
+            found.append(ReplicaMemory(app, dep, replica, int(float(gb) * GIB), line.lstrip().startswith("Selected to kill")))
+    return found

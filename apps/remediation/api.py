@@ -1,17 +1,20 @@
 from __future__ import annotations
 
 import django_filters
+from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, viewsets
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from apps.accounts.audit import Actor
-from apps.accounts.drf import require_role
+from apps.accounts.drf import as_api_error, require_role
 from apps.accounts.models import Role
 from apps.accounts.permissions import visible_teams
-from apps.remediation import findings
-from apps.remediation.models import Finding
+from apps.changes.api import Conflict
+from apps.incidents.models import Incident
+from apps.remediation import findings, remedy_checks, verification, wizards
+from apps.remediation.models import Finding, Wizard, WizardStep
 from apps.remediation.rules import BY_ID
 
 
@@ -79,3 +82,189 @@ class FindingViewSet(viewsets.ReadOnlyModelViewSet):
         finding = self.get_object()
         require_role(request, finding.cluster.team, Role.OPERATOR, "unmute findings")
         return Response(FindingSerializer(findings.unmute(Actor.from_request(request), finding)).data)
+
+
+class WizardStepSerializer(serializers.ModelSerializer):
+    status_label = serializers.CharField(source="get_status_display", read_only=True)
+    change_state = serializers.CharField(source="change.state", default=None, read_only=True)
+
+    class Meta:
+        model = WizardStep
+        fields = ["position", "kind", "remedy", "title", "status", "status_label", "values", "patch", "change", "change_state",
+                  "check_result", "note", "updated_at"]
+        read_only_fields = fields
+
+
+class WizardSerializer(serializers.ModelSerializer):
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    steps = WizardStepSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Wizard
+        fields = ["id", "state", "revision", "cluster", "cluster_name", "application_name", "deployment_name", "deployment", "incident",
+                  "finding", "diagnosis", "latency_objective_ms", "verification_window_s", "verify_started_at", "verify_ends_at",
+                  "before", "after", "outcome", "next_steps", "created_at", "updated_at", "finished_at", "steps"]
+        read_only_fields = fields
+
+
+class WizardStartSerializer(serializers.Serializer):
+    incident = serializers.IntegerField(required=False, help_text="Start from this incident…")
+    finding = serializers.IntegerField(required=False, help_text="…or from this finding.")
+    latency_objective_ms = serializers.IntegerField(required=False, min_value=100, max_value=600_000,
+                                                    help_text="Sizes the queue bound (R10). Default 10 s.")
+    verification_window_s = serializers.IntegerField(required=False, min_value=30, max_value=86_400)
+
+
+class RevisionSerializer(serializers.Serializer):
+    revision = serializers.IntegerField(required=False, help_text="The revision you acted on; a newer one answers 409.")
+
+
+class ApplySerializer(RevisionSerializer):
+    steps = serializers.ListField(child=serializers.IntegerField(min_value=1), min_length=1, max_length=10,
+                                  help_text="Positions of config steps, applied together as one change.")
+
+
+class StepSerializer(RevisionSerializer):
+    step = serializers.IntegerField(min_value=1)
+    note = serializers.CharField(required=False, allow_blank=True, max_length=2000)
+    params = serializers.DictField(required=False, help_text="For checks: R3 takes method, path, field, size.")
+
+
+class VerifySerializer(RevisionSerializer):
+    window_s = serializers.IntegerField(required=False, min_value=30, max_value=86_400)
+
+
+class AbandonSerializer(RevisionSerializer):
+    reason = serializers.CharField(max_length=2000)
+
+
+def wizard_call(fn, *args, **kwargs):
+    """A service's refusal as 400, a conflict or stale wizard as 409."""
+    try:
+        return fn(*args, **kwargs)
+    except (wizards.WizardConflict, wizards.WizardStale) as exc:
+        raise Conflict({"detail": exc.messages}) from exc
+    except DjangoValidationError as exc:
+        raise as_api_error(exc) from exc
+
+
+class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """Guided remediation: diagnosis, one step per remedy with computed values, verification
+    under live traffic, outcome on the incident. Every action takes the `revision` it acted on;
+    409 means another operator (or the worker) moved the wizard, or the deployment changed and
+    the values were recomputed."""
+
+    serializer_class = WizardSerializer
+    filterset_fields = ["state", "cluster", "incident", "finding", "application_name", "deployment_name"]
+
+    def get_queryset(self):
+        return (Wizard.objects.filter(cluster__team__in=visible_teams(self.request.user)).select_related("cluster")
+                .prefetch_related("steps__change").order_by("-created_at", "-id"))
+
+    def _respond(self, wizard, code=status.HTTP_200_OK):
+        return Response(WizardSerializer(self.get_queryset().get(pk=wizard.pk)).data, status=code)
+
+    def _operable(self, request, what: str):
+        wizard = self.get_object()
+        require_role(request, wizard.cluster.team, Role.OPERATOR, what)
+        return wizard
+
+    @extend_schema(request=WizardStartSerializer, responses={201: WizardSerializer, 200: WizardSerializer})
+    def create(self, request, *args, **kwargs):
+        """Start a wizard from an incident or a finding. An active wizard for the same deployment is
+        returned (200) instead of a second one."""
+        body = WizardStartSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        teams = visible_teams(request.user)
+        incident = finding = None
+        if data.get("incident"):
+            incident = Incident.objects.filter(pk=data["incident"], cluster__team__in=teams).select_related("cluster__team").first()
+            if incident is None:
+                raise serializers.ValidationError({"incident": ["No such incident."]})
+        if data.get("finding"):
+            finding = Finding.objects.filter(pk=data["finding"], cluster__team__in=teams).select_related("cluster__team").first()
+            if finding is None:
+                raise serializers.ValidationError({"finding": ["No such finding."]})
+        source = incident or finding
+        if source is not None:
+            require_role(request, source.cluster.team, Role.OPERATOR, "start remediation wizards")
+        wizard, created = wizard_call(wizards.start, Actor.from_request(request), incident=incident, finding=finding,
+                             latency_objective_ms=data.get("latency_objective_ms"), verification_window_s=data.get("verification_window_s"))
+        return self._respond(wizard, status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(request=ApplySerializer, responses=WizardSerializer)
+    @action(detail=True, methods=["post"])
+    def apply(self, request, pk=None):
+        """Apply config step(s) through the change protocol (one change). Poll the wizard for the result."""
+        wizard = self._operable(request, "apply remedies")
+        body = ApplySerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        wizard_call(wizards.apply, Actor.from_request(request), wizard, body.validated_data["steps"],
+                    revision=body.validated_data.get("revision"))
+        return self._respond(wizard, status.HTTP_202_ACCEPTED)
+
+    def _step_action(self, request, fn, what, extra):
+        wizard = self._operable(request, what)
+        body = StepSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        wizard_call(fn, Actor.from_request(request), wizard, data["step"], revision=data.get("revision"), **extra(data))
+        return self._respond(wizard)
+
+    @extend_schema(request=StepSerializer, responses=WizardSerializer)
+    @action(detail=True, methods=["post"])
+    def confirm(self, request, pk=None):
+        """Mark a code-level remedy as done, with a note."""
+        return self._step_action(request, wizards.confirm, "confirm remedies", extra=lambda d: {"note": d.get("note", "")})
+
+    @extend_schema(request=StepSerializer, responses=WizardSerializer)
+    @action(detail=True, methods=["post"])
+    def skip(self, request, pk=None):
+        """Skip a remedy; `note` says why (required)."""
+        return self._step_action(request, wizards.skip, "skip remedies", extra=lambda d: {"reason": d.get("note", "")})
+
+    @extend_schema(request=StepSerializer, responses=WizardSerializer)
+    @action(detail=True, methods=["post"])
+    def check(self, request, pk=None):
+        """Run a code-level remedy's automatic check (R3 oversized input, R6 cold start, R7, R8, R9)."""
+        return self._step_action(request, remedy_checks.run, "run checks", extra=lambda d: {"params": d.get("params") or {}})
+
+    @extend_schema(request=RevisionSerializer, responses=WizardSerializer)
+    @action(detail=True, methods=["post"])
+    def replan(self, request, pk=None):
+        """Recompute the diagnosis and the values of steps not yet applied (e.g. after a calibration)."""
+        wizard = self._operable(request, "re-plan wizards")
+        body = RevisionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        wizard_call(wizards.replan, Actor.from_request(request), wizard, revision=body.validated_data.get("revision"))
+        return self._respond(wizard)
+
+    @extend_schema(request=VerifySerializer, responses=WizardSerializer)
+    @action(detail=True, methods=["post"])
+    def verify(self, request, pk=None):
+        """Start the verification window; the worker concludes it (or call `evaluate`)."""
+        wizard = self._operable(request, "verify fixes")
+        body = VerifySerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        wizard_call(verification.start, Actor.from_request(request), wizard, window_s=body.validated_data.get("window_s"),
+                    revision=body.validated_data.get("revision"))
+        return self._respond(wizard)
+
+    @extend_schema(request=None, responses=WizardSerializer)
+    @action(detail=True, methods=["post"])
+    def evaluate(self, request, pk=None):
+        """Measure the verification window now: fails at once on an OOM kill, concludes when the window is over."""
+        wizard = self._operable(request, "verify fixes")
+        verification.evaluate(wizard.pk)
+        return self._respond(wizard)
+
+    @extend_schema(request=AbandonSerializer, responses=WizardSerializer)
+    @action(detail=True, methods=["post"])
+    def abandon(self, request, pk=None):
+        wizard = self._operable(request, "abandon wizards")
+        body = AbandonSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        wizard_call(wizards.abandon, Actor.from_request(request), wizard, reason=body.validated_data["reason"],
+                    revision=body.validated_data.get("revision"))
+        return self._respond(wizard)

@@ -4,3 +4,9 @@ from django.apps import AppConfig
 class RemediationConfig(AppConfig):
     name = "apps.remediation"
     label = "remediation"
+
+    def ready(self) -> None:
+        from apps.changes.signals import change_finished
+        from apps.remediation.wizards import on_change_finished
+
+        change_finished.connect(on_change_finished, dispatch_uid="remediation.on_change_finished")

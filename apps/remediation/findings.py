@@ -15,7 +15,7 @@ from apps.remediation import rules
 from apps.remediation.models import Finding
 
 
-def _cold_start(points: list[dict]) -> tuple[bool, float | None]:
+def cold_start_ratio(points: list[dict]) -> tuple[bool, float | None]:
     starts = [i for i, p in enumerate(points) if (p.get("starts") or 0) > 0]
     if not starts:
         return False, None
@@ -38,7 +38,7 @@ def subjects(cluster: Cluster) -> list[tuple[Deployment, rules.Subject]]:
     ratchet = Incident.objects.filter(cluster=cluster, kind=Incident.Kind.MEMORY_RATCHET).exclude(status="resolved").exists()
     out = []
     for dep in deployments:
-        cold, ratio = _cold_start(windows.get((dep.application.name, dep.name), []))
+        cold, ratio = cold_start_ratio(windows.get((dep.application.name, dep.name), []))
         out.append((dep, rules.Subject(
             cluster_name=cluster.name, ray_version=cluster.ray_version, application=dep.application.name, deployment=dep.name,
             effective=dep.effective_config, submitted=dep.submitted_config, running_replicas=dep.running_replicas,

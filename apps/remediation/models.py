@@ -39,3 +39,97 @@ class Finding(models.Model):
     def __str__(self) -> str:
         where = f"{self.application_name}/{self.deployment_name}" if self.deployment_name else "cluster"
         return f"{self.rule} on {self.cluster.name} {where}"
+
+
+class Wizard(models.Model):
+    """A guided fix for one deployment, from an incident or a finding: diagnosis, one step per
+    remedy, verification under live traffic, outcome. Rows, not session state, so any operator
+    can resume it; `revision` makes two operators' clicks on a stale page fail loudly."""
+
+    class State(models.TextChoices):
+        OPEN = "open", "In progress"
+        VERIFYING = "verifying", "Verifying"
+        RESOLVED = "resolved", "Resolved"
+        NOT_RESOLVED = "not_resolved", "Not resolved"
+        ABANDONED = "abandoned", "Abandoned"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="wizards")
+    deployment = models.ForeignKey(Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="wizards")
+    application_name = models.CharField(max_length=200)
+    deployment_name = models.CharField(max_length=200)
+    incident = models.ForeignKey("incidents.Incident", null=True, blank=True, on_delete=models.SET_NULL, related_name="wizards")
+    finding = models.ForeignKey(Finding, null=True, blank=True, on_delete=models.SET_NULL, related_name="wizards")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.OPEN, db_index=True)
+    revision = models.PositiveIntegerField(default=1)
+    diagnosis = models.JSONField(default=dict, help_text="Evidence, ranked causes and the measurements the values come from.")
+    # The deployment's settings the computed values were based on; a live config that differs
+    # (other than by this wizard's own changes) makes the wizard stale.
+    basis = models.JSONField(default=dict)
+    latency_objective_ms = models.PositiveIntegerField(default=10_000)
+    verification_window_s = models.PositiveIntegerField(default=600)
+    verify_started_at = models.DateTimeField(null=True, blank=True)
+    verify_ends_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    before = models.JSONField(default=dict, blank=True)
+    after = models.JSONField(default=dict, blank=True)
+    outcome = models.TextField(blank=True)
+    next_steps = models.JSONField(default=list, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"Wizard #{self.pk} for {self.application_name}/{self.deployment_name}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in (self.State.OPEN, self.State.VERIFYING)
+
+
+class WizardStep(models.Model):
+    class Kind(models.TextChoices):
+        DIAGNOSIS = "diagnosis", "Diagnosis"
+        CONFIG = "config", "Config remedy"
+        CHECKLIST = "checklist", "Code-level remedy"
+        VERIFICATION = "verification", "Verification"
+        OUTCOME = "outcome", "Outcome"
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "To do"
+        APPLYING = "applying", "Applying"
+        APPLIED = "applied", "Applied"
+        FAILED = "failed", "Change failed"
+        DONE = "done", "Done"
+        PASSED = "passed", "Checked: passed"
+        CHECK_FAILED = "check_failed", "Checked: failed"
+        SKIPPED = "skipped", "Skipped"
+        NOT_APPLICABLE = "not_applicable", "Not applicable"
+
+    wizard = models.ForeignKey(Wizard, on_delete=models.CASCADE, related_name="steps")
+    position = models.PositiveSmallIntegerField()
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    remedy = models.CharField(max_length=8, blank=True)
+    title = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    values = models.JSONField(default=dict, blank=True, help_text="Computed values with the reason for each.")
+    patch = models.JSONField(null=True, blank=True)
+    change = models.ForeignKey("changes.Change", null=True, blank=True, on_delete=models.SET_NULL, related_name="wizard_steps")
+    check_result = models.JSONField(default=dict, blank=True)
+    note = models.TextField(blank=True)
+    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["wizard", "position"]
+        constraints = [models.UniqueConstraint(fields=["wizard", "position"], name="one_step_per_position")]
+
+    def __str__(self) -> str:
+        return f"{self.wizard} step {self.position}: {self.title}"
+
+    @property
+    def is_settled(self) -> bool:
+        return self.status not in (self.Status.PENDING, self.Status.APPLYING)

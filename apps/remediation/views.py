@@ -5,7 +5,9 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
+from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -13,8 +15,10 @@ from django.views.decorators.http import require_POST
 from apps.accounts.audit import Actor
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role, visible_teams
-from apps.remediation import findings
-from apps.remediation.models import Finding
+from apps.incidents.models import Incident
+from apps.remediation import findings, remedy_checks, verification, wizards
+from apps.remediation.models import Finding, Wizard
+from apps.remediation.presentation import wizard_context
 from apps.remediation.rules import BY_ID
 
 
@@ -61,3 +65,91 @@ def finding_mute(request, pk: int):
     except ValueError as exc:
         messages.error(request, str(exc))
     return redirect("remediation:findings")
+
+
+# --- wizards -------------------------------------------------------------------------------
+
+
+def _wizards(request):
+    return Wizard.objects.filter(cluster__team__in=visible_teams(request.user)).select_related("cluster", "incident", "deployment")
+
+
+@login_required
+def wizard_list(request):
+    active = _wizards(request).filter(state__in=[Wizard.State.OPEN, Wizard.State.VERIFYING]).order_by("-updated_at")
+    page = Paginator(_wizards(request).exclude(pk__in=active).order_by("-updated_at", "-id"), 50).get_page(request.GET.get("page"))
+    return render(request, "remediation/wizard_list.html", {"active": active, "page": page})
+
+
+@login_required
+@require_POST
+def wizard_start(request):
+    teams = visible_teams(request.user)
+    incident = finding = None
+    if request.POST.get("incident"):
+        incident = get_object_or_404(Incident.objects.select_related("cluster__team"), pk=request.POST["incident"], cluster__team__in=teams)
+    elif request.POST.get("finding"):
+        finding = get_object_or_404(Finding.objects.select_related("cluster__team"), pk=request.POST["finding"], cluster__team__in=teams)
+    source = incident or finding
+    if source is None:
+        raise Http404("Start a wizard from an incident or a finding.")
+    if not has_role(request.user, source.cluster.team, Role.OPERATOR):
+        raise PermissionDenied("Only operators start remediation wizards.")
+    try:
+        wizard, created = wizards.start(Actor.from_request(request), incident=incident, finding=finding)
+    except wizards.WizardError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return redirect("incidents:detail", pk=incident.pk) if incident else redirect("remediation:findings")
+    if not created:
+        messages.info(request, f"Wizard #{wizard.pk} was already open for this deployment: you joined it.")
+    return redirect("remediation:wizard", pk=wizard.pk)
+
+
+@login_required
+def wizard_detail(request, pk: int):
+    wizard = get_object_or_404(_wizards(request), pk=pk)
+    return _render_wizard(request, wizard, request.GET.get("step"))
+
+
+def _render_wizard(request, wizard: Wizard, position, error: str = ""):
+    context = wizard_context(wizard, position, can_operate=has_role(request.user, wizard.cluster.team, Role.OPERATOR))
+    context["error"] = error
+    template = "remediation/partials/wizard.html" if request.htmx else "remediation/wizard.html"
+    return render(request, template, context)
+
+
+ACTIONS = {
+    "apply": lambda actor, w, post, rev: wizards.apply(actor, w, [int(p) for p in post.getlist("steps")], revision=rev),
+    "skip": lambda actor, w, post, rev: wizards.skip(actor, w, int(post["step"]), reason=post.get("reason", ""), revision=rev),
+    "confirm": lambda actor, w, post, rev: wizards.confirm(actor, w, int(post["step"]), note=post.get("note", ""), revision=rev),
+    "check": lambda actor, w, post, rev: remedy_checks.run(actor, w, int(post["step"]), revision=rev,
+                                                          params={k: post[k] for k in ("method", "path", "field", "size") if post.get(k)}),
+    "replan": lambda actor, w, post, rev: wizards.replan(actor, w, revision=rev),
+    "verify": lambda actor, w, post, rev: verification.start(actor, w, window_s=int(post.get("window_s") or 0) or None, revision=rev),
+    "evaluate": lambda actor, w, post, rev: verification.evaluate(w.pk),
+    "abandon": lambda actor, w, post, rev: wizards.abandon(actor, w, reason=post.get("reason", ""), revision=rev),
+}
+
+
+@login_required
+@require_POST
+def wizard_action(request, pk: int, action: str):
+    wizard = get_object_or_404(_wizards(request), pk=pk)
+    if action not in ACTIONS:
+        raise Http404("No such wizard action.")
+    if not has_role(request.user, wizard.cluster.team, Role.OPERATOR):
+        raise PermissionDenied("Only operators act on remediation wizards.")
+    error = ""
+    try:
+        revision = int(request.POST["revision"]) if request.POST.get("revision") else None
+        ACTIONS[action](Actor.from_request(request), wizard, request.POST, revision)
+    except (ValueError, KeyError):
+        error = "The form was incomplete: reload the page and try again."
+    except ValidationError as exc:
+        error = " ".join(exc.messages)
+    wizard.refresh_from_db()
+    if not request.htmx:
+        if error:
+            messages.error(request, error)
+        return redirect(f"{reverse('remediation:wizard', args=[pk])}?step={request.POST.get('step', '')}")
+    return _render_wizard(request, wizard, request.POST.get("step"), error)

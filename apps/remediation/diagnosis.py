@@ -1,0 +1,139 @@
+"""What a wizard knows before it proposes anything: evidence, ranked causes, the remedies they
+call for, and the measured memory and load the config values are computed from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from apps.clusters.models import Cluster
+from apps.fleet.configs import key_settings
+from apps.incidents.models import Incident, NodeWindow, SignalWindow
+from apps.incidents.oom import replica_memory
+from apps.remediation import sizing
+from apps.remediation.catalogue import PRESCRIPTION, REMEDIES, REMEDIES_FOR, cause
+from apps.remediation.models import Finding
+from apps.remediation.rules import BY_ID
+
+AUTOSCALING_KEYS = ("min_replicas", "max_replicas", "target_ongoing_requests", "upscale_delay_s", "downscale_delay_s")
+
+
+@dataclass
+class Diagnosis:
+    summary: dict
+    remedies: list[str]
+    sizing: sizing.Sizing
+
+
+def settings_of(effective: dict) -> dict:
+    """The settings the computed values depend on; a live config that differs from these makes a
+    wizard stale."""
+    out = {"max_ongoing_requests": effective.get("max_ongoing_requests"), "max_queued_requests": effective.get("max_queued_requests")}
+    auto = effective.get("autoscaling_config")
+    if isinstance(auto, dict):
+        out["autoscaling_config"] = {k: auto.get(k) for k in AUTOSCALING_KEYS}
+    else:
+        out["num_replicas"] = effective.get("num_replicas")
+    return out
+
+
+def with_patch(settings: dict, patch: dict) -> dict:
+    """`settings_of` after a config patch, as Serve will report it."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in settings.items()}
+    for key, value in patch.items():
+        if key == "autoscaling_config" and isinstance(value, dict):
+            auto = out.pop("autoscaling_config", None) or {k: None for k in AUTOSCALING_KEYS}
+            auto.update({k: v for k, v in value.items() if k in AUTOSCALING_KEYS})
+            out["autoscaling_config"] = auto
+            out.pop("num_replicas", None)
+        elif key in out or key in ("max_ongoing_requests", "max_queued_requests"):
+            out[key] = value
+    return out
+
+
+def diagnose(cluster: Cluster, app: str, dep: str, effective: dict, *, incident: Incident | None, finding: Finding | None,
+             latency_objective_ms: int, curve=None) -> Diagnosis:
+    window = SignalWindow.objects.filter(cluster=cluster, application_name=app, deployment_name=dep).first()
+    points = window.points if window else []
+    load = sizing.load_from_points(points)
+    current = sizing.Current.of(effective, cluster.ray_version)
+    memory, budget = _memory_and_budget(cluster, app, dep, incident, current, points, curve)
+    computed = sizing.compute(current, memory, budget, load, latency_objective_ms=latency_objective_ms)
+
+    if incident is not None:
+        causes = incident.causes
+        evidence = {"incident": incident.pk, "kind": incident.kind, "title": incident.title, "signals": incident.signal_count,
+                    "started_at": incident.started_at.isoformat(), **{k: v for k, v in incident.evidence.items() if k != "series"}}
+    else:
+        rule = BY_ID[finding.rule]
+        causes = _finding_causes(finding.rule, rule.remedy)
+        evidence = {"finding": finding.pk, "rule": finding.rule, "title": rule.title, "why": rule.why, **finding.evidence}
+    remedies = relevant_remedies(causes, current)
+    summary = {
+        "evidence": evidence,
+        "causes": causes,
+        "settings": key_settings(effective),
+        "memory": _describe_memory(memory),
+        "budget": {"bytes_per_node": budget.bytes_per_node, "nodes": budget.nodes, "reason": budget.reason} if budget else None,
+        "load": {"peak_in_flight": load.peak_in_flight, "p50_ms": load.p50_ms, "peak_rps": load.peak_rps, "cold_starts": load.cold_starts},
+        "conservative": computed.conservative,
+        "remedies": [{"id": r, "title": REMEDIES[r]} for r in remedies],
+    }
+    return Diagnosis(summary, remedies, computed)
+
+
+def relevant_remedies(causes: list[dict], current: sizing.Current) -> list[str]:
+    """The causes' remedies in prescription order. Lowering concurrency (R1) moves requests into
+    the queue and onto more replicas, so R2 and an unbounded queue's R10 come with it."""
+    wanted = {r["id"] for c in causes for r in c.get("remedies", [])}
+    if "R1" in wanted:
+        wanted.add("R2")
+        if current.max_queued_requests in (None, -1):
+            wanted.add("R10")
+    return [r for r in PRESCRIPTION if r in wanted]
+
+
+def _finding_causes(rule_id: str, remedy: str) -> list[dict]:
+    matching = [cid for cid, remedies in REMEDIES_FOR.items() if remedy and remedy in remedies]
+    if not matching:
+        return []
+    return [cause(cid, f"Finding {rule_id} points at remedy {remedy}, which answers this cause.", rank)
+            for rank, cid in enumerate(matching[:3], start=1)] if remedy else []
+
+
+def _memory_and_budget(cluster, app, dep, incident, current, points, curve):
+    from apps.incidents.models import OomKillRecord
+
+    memory = sizing.memory_from_curve(curve)
+    budget = None
+    kill = (OomKillRecord.objects.filter(incident__cluster=cluster, incident__application_name=app, incident__deployment_name=dep)
+            .exclude(message="").order_by("-seen_at", "-id").first())
+    nodes = NodeWindow.objects.filter(cluster=cluster).count() or 1
+    if kill is not None:
+        listed = replica_memory(kill.message)
+        if memory is None:
+            at_detection = (incident.evidence.get("settings_at_detection") or {}) if incident is not None else {}
+            cap = at_detection.get("max_ongoing_requests") or current.max_ongoing_requests
+            in_flight = _in_flight_per_replica(points, cap, at_detection.get("running_replicas") or 1)
+            memory = sizing.memory_from_kill(listed, app, dep, in_flight, cap)
+        budget = sizing.budget_from_kill(kill.used_bytes, kill.threshold_bytes, listed, app, dep, nodes)
+    if budget is None:
+        budget = sizing.budget_from_nodes([w.points[-1] for w in NodeWindow.objects.filter(cluster=cluster) if w.points])
+    return memory, budget
+
+
+def _in_flight_per_replica(points: list[dict], cap: int | None, replicas: int) -> float | None:
+    """The most requests a replica held at once in the recorded window: the deployment's ongoing
+    requests spread over the replicas running when the incident was detected."""
+    ongoing = [p["ongoing"] for p in points if p.get("ongoing")]
+    if not ongoing:
+        return None
+    value = max(ongoing) / max(replicas, 1)
+    return min(value, cap) if cap else value
+
+
+def _describe_memory(memory: sizing.Memory | None) -> dict | None:
+    if memory is None:
+        return None
+    return {"baseline_bytes": memory.baseline_bytes, "per_request_bytes": memory.per_request_bytes, "source": memory.source,
+            "reason": memory.reason}
+

@@ -1,0 +1,140 @@
+"""Automatic verification of code-level remedies, where one is possible: each check returns
+passed / failed / inconclusive with what it saw. An operator confirms the rest by hand."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from urllib.parse import urlencode
+
+from django.db import transaction
+
+from apps.accounts.audit import Actor, record
+from apps.incidents.models import Incident, SignalWindow
+from apps.maintenance import serve_http
+from apps.maintenance.models import RecycleSchedule
+from apps.remediation.findings import cold_start_ratio
+from apps.remediation.models import Wizard, WizardStep
+from apps.remediation.wizards import WizardError, _bump, _locked, _step
+
+Status = WizardStep.Status
+COLD_START_FACTOR = 3.0
+MAX_PROBE_CHARS = 10_000_000
+REFUSALS = {400, 413, 414, 422, 429, 431}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    result: str  # passed, failed, inconclusive
+    why: str
+    data: dict
+
+
+def run(actor: Actor, wizard: Wizard, position: int, *, params: dict | None = None, revision: int | None) -> WizardStep:
+    step = _step(wizard, position)
+    check = CHECKS.get(step.remedy)
+    if step.kind != WizardStep.Kind.CHECKLIST or check is None:
+        raise WizardError(f"{step.remedy or 'This step'} has no automatic check: confirm it by hand once it is in place.")
+    if revision is not None and revision != wizard.revision:
+        _locked(wizard, revision)  # raises the conflict with who moved it
+    # Outside the lock: a probe may take seconds and must not block other operators' reads.
+    outcome = check(wizard, params or {})
+    with transaction.atomic():
+        wizard = _locked(wizard, revision)
+        step = _step(wizard, position)
+        step.check_result = {"result": outcome.result, "why": outcome.why, **outcome.data, "at": time.time()}
+        step.status = {"passed": Status.PASSED, "failed": Status.CHECK_FAILED}.get(outcome.result, step.status)
+        step.updated_by = actor.user
+        step.save(update_fields=["check_result", "status", "updated_by", "updated_at"])
+        _bump(wizard, actor)
+        record(actor, "wizard.check", wizard, team=wizard.cluster.team, changes={"step": position, "result": outcome.result})
+    return step
+
+
+def oversized_input(wizard: Wizard, params: dict) -> CheckResult:
+    """R3: a request far beyond any sane input must be refused with a 4xx, not served or crashed on."""
+    app = wizard.deployment.application if wizard.deployment_id else None
+    base = wizard.cluster.serve_endpoint
+    if not base:
+        return CheckResult("inconclusive", "The cluster has no Serve HTTP address to send the probe to.", {})
+    method = str(params.get("method") or "POST").upper()
+    if method not in ("GET", "POST"):
+        raise WizardError("The probe method must be GET or POST.")
+    try:
+        size = int(params.get("size") or 100_000)
+    except (TypeError, ValueError) as exc:
+        raise WizardError("The probe size must be a whole number of characters.") from exc
+    if not 1 <= size <= MAX_PROBE_CHARS:
+        raise WizardError(f"The probe size must be between 1 and {MAX_PROBE_CHARS:,} characters.")
+    field = str(params.get("field") or "prompt")
+    path = str(params.get("path") or (app.route_prefix if app and app.route_prefix else "/"))
+    if not path.startswith("/"):
+        raise WizardError("The probe path starts with '/', e.g. the application's route prefix.")
+    text = "x" * size
+    body = {field: text} if method == "POST" else None
+    if method == "GET":
+        path = f"{path}?{urlencode({field: text})}"
+    sample = serve_http.send(base, method=method, path=path, headers={}, body=body, requests=1, concurrency=1,
+                             timeout_s=float(params.get("timeout_s") or 30))[0]
+    data = {"status": sample.status, "latency_ms": round(sample.latency_ms, 1), "size": size, "method": method}
+    if sample.status is None:
+        return CheckResult("failed", f"No answer to a {size:,}-character input ({sample.error}): it may have exhausted the replica.", data)
+    if sample.status in REFUSALS:
+        return CheckResult("passed", f"A {size:,}-character input was refused with {sample.status} in {sample.latency_ms:.0f} ms.", data)
+    if sample.status in (401, 403, 404, 405):
+        return CheckResult("inconclusive", f"Got {sample.status}: the probe did not reach the handler. Check the path, method and field.", data)
+    if sample.status >= 500:
+        return CheckResult("failed", f"A {size:,}-character input made the application fail with {sample.status} instead of a 4xx.", data)
+    return CheckResult("failed", f"A {size:,}-character input was accepted with {sample.status}: nothing caps input size.", data)
+
+
+def cold_start(wizard: Wizard, params: dict) -> CheckResult:
+    """R6: right after replicas start, p99 must stay within k × the steady p50."""
+    factor = float(params.get("factor") or COLD_START_FACTOR)
+    window = SignalWindow.objects.filter(cluster=wizard.cluster, application_name=wizard.application_name,
+                                         deployment_name=wizard.deployment_name).first()
+    points = [p for p in (window.points if window else []) if p["t"] >= time.time() - 3600]
+    started, ratio = cold_start_ratio(points)
+    if not started:
+        return CheckResult("inconclusive", "No replica started in the last hour: recycle one (Maintenance) under traffic, then check again.", {})
+    if ratio is None:
+        return CheckResult("inconclusive", "Replicas started, but there was no steady traffic to compare their first requests with.", {})
+    data = {"ratio": round(ratio, 2), "factor": factor}
+    if ratio <= factor:
+        return CheckResult("passed", f"After replica starts, p99 was {ratio:.1f} × the steady p50 (limit {factor:g} ×).", data)
+    return CheckResult("failed", f"After replica starts, p99 was {ratio:.1f} × the steady p50 (limit {factor:g} ×): still a cold start.", data)
+
+
+def recycle_scheduled(wizard: Wizard, params: dict) -> CheckResult:
+    """R8: an enabled rolling recycle schedule for the deployment."""
+    schedule = RecycleSchedule.objects.filter(deployment_id=wizard.deployment_id, enabled=True).first()
+    if schedule is None:
+        return CheckResult("failed", "No enabled recycle schedule for this deployment yet (Maintenance → Schedule).", {})
+    return CheckResult("passed", f"Recycled {_cadence(schedule)}; next at {schedule.next_run_at:%Y-%m-%d %H:%M %Z}.", {})
+
+
+def headroom(wizard: Wizard, params: dict) -> CheckResult:
+    """R9: at least two replicas, so a rolling update never empties the deployment."""
+    deployment = wizard.deployment
+    if deployment is None:
+        return CheckResult("inconclusive", "The deployment is no longer in the inventory.", {})
+    minimum = deployment.autoscaling_min_replicas if deployment.autoscaling else deployment.effective_config.get("num_replicas")
+    if isinstance(minimum, int) and minimum >= 2:
+        return CheckResult("passed", f"At least {minimum} replicas: a rolling update keeps one serving.", {"min_replicas": minimum})
+    return CheckResult("failed", f"Minimum replicas is {minimum}: an update or recycle leaves none serving for a few seconds.",
+                       {"min_replicas": minimum})
+
+
+def bounded_caches(wizard: Wizard, params: dict) -> CheckResult:
+    """R7, as far as it shows from outside: no memory ratchet on the cluster since the wizard began."""
+    ratchet = Incident.objects.filter(cluster=wizard.cluster, kind=Incident.Kind.MEMORY_RATCHET, last_signal_at__gte=wizard.created_at).first()
+    if ratchet is not None:
+        return CheckResult("failed", f"Memory still ratchets up (incident #{ratchet.pk}): a cache or allocator keeps growing.", {})
+    return CheckResult("passed", "No memory ratchet on the cluster since this wizard began. Confirm the code bounds every cache too.", {})
+
+
+def _cadence(schedule: RecycleSchedule) -> str:
+    return f"every {schedule.every_hours} h" if schedule.every_hours else f"on cron '{schedule.cron}'"
+
+
+CHECKS = {"R3": oversized_input, "R6": cold_start, "R7": bounded_caches, "R8": recycle_scheduled, "R9": headroom}

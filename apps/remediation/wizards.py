@@ -1,0 +1,354 @@
+"""Remediation wizards: from an incident or a finding to a verified fix, one step per remedy.
+
+Every action locks the wizard row and checks the revision the operator saw, so two operators
+on one wizard get a clear conflict instead of a double apply. Config remedies go through the
+change protocol; before each, the live config is compared with what the values were computed
+from, and a wizard whose deployment changed meanwhile is re-planned instead of applied."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from apps.accounts.audit import Actor, record
+from apps.changes import protocol
+from apps.changes.models import Change, ChangeState
+from apps.clusters.ray_dashboard import RayError
+from apps.fleet.models import Deployment
+from apps.incidents.models import Incident, IncidentEvent
+from apps.remediation import diagnosis
+from apps.remediation.catalogue import CONFIG_REMEDIES, GUIDANCE, REMEDIES
+from apps.remediation.models import Finding, Wizard, WizardStep
+
+Status = WizardStep.Status
+
+
+class WizardError(ValidationError):
+    """The wizard cannot do this now; nothing was changed."""
+
+
+class WizardConflict(WizardError):
+    """Someone else moved the wizard since the page was loaded."""
+
+
+class WizardStale(WizardError):
+    """The deployment's config changed since the values were computed; they were recomputed."""
+
+
+# --- starting ------------------------------------------------------------------------------
+
+
+def start(actor: Actor, *, incident: Incident | None = None, finding: Finding | None = None,
+          latency_objective_ms: int | None = None, verification_window_s: int | None = None) -> tuple[Wizard, bool]:
+    """Open a wizard, or return the one already open for that deployment: a second operator
+    joins it instead of starting a rival."""
+    if (incident is None) == (finding is None):
+        raise WizardError("Start a wizard from one incident or one finding.")
+    source = incident or finding
+    cluster, app, dep = source.cluster, source.application_name, source.deployment_name
+    if not dep:
+        raise WizardError("This concerns a node or the whole cluster, not one deployment: a wizard fixes one deployment. "
+                          "Open the incident of a deployment on that node instead.")
+    existing = Wizard.objects.filter(cluster=cluster, application_name=app, deployment_name=dep,
+                                     state__in=[Wizard.State.OPEN, Wizard.State.VERIFYING]).first()
+    if existing is not None:
+        return existing, False
+    deployment = _deployment(cluster, app, dep)
+    if deployment is None:
+        raise WizardError(f"{app}/{dep} is no longer on {cluster.name}: there is nothing to fix. Resolve the incident by hand.")
+    wizard = Wizard(cluster=cluster, deployment=deployment, application_name=app, deployment_name=dep, incident=incident,
+                    finding=finding, created_by=actor.user, updated_by=actor.user)
+    if latency_objective_ms:
+        wizard.latency_objective_ms = latency_objective_ms
+    if verification_window_s:
+        wizard.verification_window_s = verification_window_s
+    found = _diagnose(wizard, deployment.effective_config)
+    with transaction.atomic():
+        wizard.diagnosis = found.summary
+        wizard.basis = {"at": timezone.now().isoformat(), "settings": diagnosis.settings_of(deployment.effective_config)}
+        wizard.save()
+        _create_steps(wizard, found, deployment.effective_config)
+        record(actor, "wizard.start", wizard, team=cluster.team,
+               changes={"incident": incident.pk if incident else None, "finding": finding.pk if finding else None,
+                        "remedies": found.remedies})
+        if incident is not None:
+            IncidentEvent.objects.create(incident=incident, kind=IncidentEvent.Kind.NOTE, author=actor.user,
+                                         message=f"Remediation wizard #{wizard.pk} started by {actor.name}.")
+    return wizard, True
+
+
+def _deployment(cluster, app: str, dep: str) -> Deployment | None:
+    return (Deployment.objects.filter(application__cluster=cluster, application__name=app, name=dep, removed_at__isnull=True,
+                                      application__removed_at__isnull=True).select_related("application").first())
+
+
+def _diagnose(wizard: Wizard, effective: dict) -> diagnosis.Diagnosis:
+    return diagnosis.diagnose(wizard.cluster, wizard.application_name, wizard.deployment_name, effective,
+                              incident=wizard.incident, finding=wizard.finding, latency_objective_ms=wizard.latency_objective_ms,
+                              curve=_curve(wizard))
+
+
+def _curve(wizard: Wizard):
+    """The deployment's latest memory calibration, when one exists."""
+    from apps.calibration.services import latest_curve
+
+    return latest_curve(wizard.deployment) if wizard.deployment_id else None
+
+
+def _create_steps(wizard: Wizard, found: diagnosis.Diagnosis, effective: dict) -> None:
+    steps = [WizardStep(wizard=wizard, position=0, kind=WizardStep.Kind.DIAGNOSIS, title="Diagnosis", status=Status.DONE)]
+    for remedy in found.remedies:
+        steps.append(_remedy_step(wizard, len(steps), remedy, found, effective))
+    steps.append(WizardStep(wizard=wizard, position=len(steps), kind=WizardStep.Kind.VERIFICATION,
+                            title="Verify under live traffic"))
+    steps.append(WizardStep(wizard=wizard, position=len(steps), kind=WizardStep.Kind.OUTCOME, title="Outcome"))
+    WizardStep.objects.bulk_create(steps)
+
+
+def _remedy_step(wizard: Wizard, position: int, remedy: str, found: diagnosis.Diagnosis, effective: dict) -> WizardStep:
+    title = f"{remedy}: {REMEDIES[remedy]}"
+    if remedy not in CONFIG_REMEDIES:
+        return WizardStep(wizard=wizard, position=position, kind=WizardStep.Kind.CHECKLIST, remedy=remedy, title=title,
+                          values={"guidance": GUIDANCE[remedy]})
+    step = WizardStep(wizard=wizard, position=position, kind=WizardStep.Kind.CONFIG, remedy=remedy, title=title)
+    _set_values(step, found, effective)
+    return step
+
+
+def _set_values(step: WizardStep, found: diagnosis.Diagnosis, effective: dict) -> None:
+    computed = found.sizing.values.get(step.remedy, {})
+    step.values = {k: v for k, v in computed.items() if k != "patch"}
+    step.patch = computed.get("patch")
+    if computed.get("not_applicable"):
+        step.status, step.note = Status.NOT_APPLICABLE, " ".join(computed.get("warnings", []))
+    elif step.patch and _already_in_place(effective, step.patch):
+        step.status, step.note = Status.NOT_APPLICABLE, "The deployment already runs with these values."
+    elif step.status == Status.NOT_APPLICABLE:
+        step.status, step.note = Status.PENDING, ""
+
+
+def _already_in_place(effective: dict, patch: dict) -> bool:
+    settings = diagnosis.settings_of(effective)
+    return diagnosis.with_patch(settings, patch) == settings
+
+
+# --- acting on steps -----------------------------------------------------------------------
+
+
+def _locked(wizard: Wizard, revision: int | None) -> Wizard:
+    current = Wizard.objects.select_for_update().get(pk=wizard.pk)
+    if revision is not None and revision != current.revision:
+        who = current.updated_by.get_username() if current.updated_by else "the worker"
+        raise WizardConflict(f"Wizard #{current.pk} moved on since you loaded it (revision {revision} → {current.revision}, last by "
+                             f"{who} at {timezone.localtime(current.updated_at):%H:%M:%S}). Reload to see what changed.")
+    if current.state not in (Wizard.State.OPEN, Wizard.State.VERIFYING):
+        raise WizardError(f"Wizard #{current.pk} is {current.get_state_display().lower()}.")
+    return current
+
+
+def _bump(wizard: Wizard, actor: Actor) -> None:
+    wizard.revision += 1
+    wizard.updated_by = actor.user
+    wizard.save(update_fields=["revision", "updated_by", "updated_at"])
+
+
+def _step(wizard: Wizard, position: int) -> WizardStep:
+    step = WizardStep.objects.filter(wizard=wizard, position=position).first()
+    if step is None:
+        raise WizardError(f"Wizard #{wizard.pk} has no step {position}.")
+    return step
+
+
+def apply(actor: Actor, wizard: Wizard, positions: list[int], *, revision: int | None) -> Change:
+    """Apply one or several config remedies as one change (one rolling update instead of several)."""
+    with transaction.atomic():
+        wizard = _locked(wizard, revision)
+        if wizard.state != Wizard.State.OPEN:
+            raise WizardError("Verification is running: wait for its outcome, or abandon it, before changing more.")
+        busy = WizardStep.objects.filter(wizard=wizard, status=Status.APPLYING).first()
+        if busy is not None:
+            raise WizardError(f"Step {busy.position} is being applied (change #{busy.change_id}); apply the next when it has finished.")
+        steps = [_step(wizard, p) for p in sorted(set(positions))]
+        if not steps:
+            raise WizardError("Name the step(s) to apply.")
+        for step in steps:
+            if step.kind != WizardStep.Kind.CONFIG:
+                raise WizardError(f"Step {step.position} ({step.remedy}) is a code-level remedy: confirm it or run its check instead.")
+            if step.status not in (Status.PENDING, Status.FAILED) or not step.patch:
+                raise WizardError(f"Step {step.position} ({step.remedy}) is {step.get_status_display().lower()}: nothing to apply.")
+        WizardStep.objects.filter(pk__in=[s.pk for s in steps]).update(status=Status.APPLYING, updated_by=actor.user)
+        _bump(wizard, actor)
+    pending = [s.pk for s in steps]
+    try:
+        effective = _live_effective(wizard)
+        stale = _stale_settings(wizard, effective)
+        if not stale:
+            change = _plan_and_queue(actor, wizard, steps)
+    except (ValidationError, RayError) as exc:
+        WizardStep.objects.filter(pk__in=pending, status=Status.APPLYING).update(status=Status.PENDING)
+        raise exc if isinstance(exc, WizardError) else WizardError(_message(exc)) from exc
+    if stale:
+        WizardStep.objects.filter(pk__in=pending, status=Status.APPLYING).update(status=Status.PENDING)
+        replan(actor, wizard, effective=effective)
+        raise WizardStale(f"{wizard.application_name}/{wizard.deployment_name} changed since these values were computed "
+                          f"({', '.join(stale)}). The values were recomputed from the live config: review them and apply again.")
+    with transaction.atomic():
+        WizardStep.objects.filter(pk__in=pending).update(change=change)
+        record(actor, "wizard.apply", wizard, team=wizard.cluster.team, changes={"steps": [s.position for s in steps], "change": change.pk})
+    return change
+
+
+def _plan_and_queue(actor: Actor, wizard: Wizard, steps: list[WizardStep]) -> Change:
+    options = _merged([s.patch for s in steps])
+    remedies = "+".join(s.remedy for s in steps)
+    source = f"incident #{wizard.incident_id}" if wizard.incident_id else f"finding #{wizard.finding_id}"
+    change = protocol.plan_change(actor, wizard.cluster, options=options,
+                                  targets=[{"application": wizard.application_name, "deployment": wizard.deployment_name}],
+                                  reason=f"Wizard #{wizard.pk} ({source}): {remedies} with computed values")
+    return protocol.request_apply(actor, change)
+
+
+def _merged(patches: list[dict]) -> dict:
+    out: dict = {}
+    for patch in patches:
+        for key, value in patch.items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = {**out[key], **value}
+            else:
+                out[key] = copy.deepcopy(value)
+    return out
+
+
+def _stale_settings(wizard: Wizard, effective: dict) -> list[str]:
+    """Settings whose live value is neither what the values were computed from nor what this
+    wizard's own changes set since."""
+    expected = wizard.basis.get("settings", {})
+    since = dt.datetime.fromisoformat(wizard.basis["at"]) if wizard.basis.get("at") else None
+    applied = WizardStep.objects.filter(wizard=wizard, status=Status.APPLIED, change__finished_at__gte=since) if since else []
+    for step in applied:
+        expected = diagnosis.with_patch(expected, step.patch or {})
+    live = diagnosis.settings_of(effective)
+    return sorted(k for k in set(live) | set(expected) if live.get(k) != expected.get(k))
+
+
+def _live_effective(wizard: Wizard) -> dict:
+    try:
+        live = protocol._read_live(wizard.cluster)
+    except RayError as exc:
+        raise WizardError(f"Could not read {wizard.cluster.name}'s live config, so nothing was applied: {exc.message}") from exc
+    app = live.applications.get(wizard.application_name)
+    deployment = app.deployments.get(wizard.deployment_name) if app else None
+    if deployment is None:
+        raise WizardError(f"{wizard.application_name}/{wizard.deployment_name} no longer exists on {wizard.cluster.name}; nothing "
+                          "was applied. Abandon this wizard, or start one for the deployment that replaced it.")
+    return deployment.deployment_config
+
+
+def replan(actor: Actor, wizard: Wizard, *, revision: int | None = None, effective: dict | None = None) -> Wizard:
+    """Recompute the diagnosis and every config step not yet applied, from the live config and
+    the latest measurements (a calibration that just finished, new signals)."""
+    if effective is None:
+        effective = _live_effective(wizard)
+    with transaction.atomic():
+        wizard = _locked(wizard, revision)
+        found = _diagnose(wizard, effective)
+        wizard.diagnosis = found.summary
+        wizard.basis = {"at": timezone.now().isoformat(), "settings": diagnosis.settings_of(effective)}
+        wizard.save(update_fields=["diagnosis", "basis"])
+        steps = {s.remedy: s for s in WizardStep.objects.filter(wizard=wizard, kind=WizardStep.Kind.CONFIG)}
+        for step in steps.values():
+            if step.status in (Status.PENDING, Status.FAILED, Status.NOT_APPLICABLE):
+                _set_values(step, found, effective)
+                step.save(update_fields=["values", "patch", "status", "note"])
+        missing = [r for r in found.remedies if r not in steps and r in CONFIG_REMEDIES]
+        if missing:
+            _insert_steps(wizard, missing, found, effective)
+        _bump(wizard, actor)
+        record(actor, "wizard.replan", wizard, team=wizard.cluster.team)
+    return wizard
+
+
+def _insert_steps(wizard: Wizard, remedies: list[str], found: diagnosis.Diagnosis, effective: dict) -> None:
+    """New config remedies go before verification; the last two steps move down."""
+    tail = list(WizardStep.objects.filter(wizard=wizard, kind__in=[WizardStep.Kind.VERIFICATION, WizardStep.Kind.OUTCOME]).order_by("-position"))
+    for step in tail:
+        step.position += len(remedies) + 100  # out of the way of the unique constraint first
+        step.save(update_fields=["position"])
+    first = tail[-1].position - len(remedies) - 100
+    for offset, remedy in enumerate(remedies):
+        _remedy_step(wizard, first + offset, remedy, found, effective).save()
+    for step in reversed(tail):
+        step.position -= 100
+        step.save(update_fields=["position"])
+
+
+def confirm(actor: Actor, wizard: Wizard, position: int, *, note: str = "", revision: int | None) -> WizardStep:
+    """An operator says a code-level remedy is in place."""
+    with transaction.atomic():
+        wizard = _locked(wizard, revision)
+        step = _step(wizard, position)
+        if step.kind != WizardStep.Kind.CHECKLIST:
+            raise WizardError(f"Step {position} is not a code-level remedy: config remedies are applied, not confirmed.")
+        step.status, step.note, step.updated_by = Status.DONE, note.strip()[:2000], actor.user
+        step.save(update_fields=["status", "note", "updated_by", "updated_at"])
+        _bump(wizard, actor)
+        record(actor, "wizard.confirm", wizard, team=wizard.cluster.team, changes={"step": position, "remedy": step.remedy})
+    return step
+
+
+def skip(actor: Actor, wizard: Wizard, position: int, *, reason: str, revision: int | None) -> WizardStep:
+    if not reason.strip():
+        raise WizardError("Say why this remedy is skipped: the outcome lists skipped remedies as what to try next.")
+    with transaction.atomic():
+        wizard = _locked(wizard, revision)
+        step = _step(wizard, position)
+        if step.kind not in (WizardStep.Kind.CONFIG, WizardStep.Kind.CHECKLIST) or step.status == Status.APPLYING:
+            raise WizardError(f"Step {position} cannot be skipped now.")
+        step.status, step.note, step.updated_by = Status.SKIPPED, reason.strip()[:2000], actor.user
+        step.save(update_fields=["status", "note", "updated_by", "updated_at"])
+        _bump(wizard, actor)
+        record(actor, "wizard.skip", wizard, team=wizard.cluster.team, changes={"step": position, "reason": step.note})
+    return step
+
+
+def abandon(actor: Actor, wizard: Wizard, *, reason: str, revision: int | None) -> Wizard:
+    with transaction.atomic():
+        wizard = _locked(wizard, revision)
+        if WizardStep.objects.filter(wizard=wizard, status=Status.APPLYING).exists():
+            raise WizardError("A change of this wizard is in progress; abandon it when the change has finished.")
+        wizard.state, wizard.finished_at = Wizard.State.ABANDONED, timezone.now()
+        wizard.outcome = f"Abandoned by {actor.name}: {reason.strip() or 'no reason given'}"
+        wizard.save(update_fields=["state", "finished_at", "outcome"])
+        _bump(wizard, actor)
+        record(actor, "wizard.abandon", wizard, team=wizard.cluster.team, changes={"reason": reason.strip()[:500]})
+    return wizard
+
+
+def on_change_finished(sender, change: Change, **kwargs) -> None:
+    """A wizard's change ended: its steps are applied, or failed with the change's reason."""
+    steps = list(WizardStep.objects.filter(change=change, status=Status.APPLYING).select_related("wizard"))
+    if not steps:
+        return
+    ok = change.state == ChangeState.SUCCEEDED
+    with transaction.atomic():
+        for step in steps:
+            step.status = Status.APPLIED if ok else Status.FAILED
+            step.note = "" if ok else f"Change #{change.pk} {change.get_state_display().lower()}: {change.error or 'see the change log'}"
+            step.save(update_fields=["status", "note", "updated_at"])
+        wizard = Wizard.objects.select_for_update().get(pk=steps[0].wizard_id)
+        wizard.revision += 1
+        wizard.save(update_fields=["revision", "updated_at"])
+        if wizard.incident_id:
+            verb = "applied" if ok else f"did not apply ({change.get_state_display().lower()})"
+            IncidentEvent.objects.create(incident_id=wizard.incident_id, kind=IncidentEvent.Kind.NOTE,
+                                         message=f"Wizard #{wizard.pk}: change #{change.pk} ({', '.join(s.remedy for s in steps)}) {verb}.")
+
+
+def _message(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return " ".join(exc.messages)
+    return getattr(exc, "message", str(exc))

@@ -1,0 +1,398 @@
+"""Remediation wizards on payloads replayed from a real cluster: steps from the causes, computed
+values, applying through the change protocol, stale and concurrent use, verification, outcome."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from apps.accounts.audit import Actor
+from apps.changes.models import Change, ChangeState
+from apps.changes.signals import change_finished
+from apps.clusters.models import Cluster
+from apps.fleet import sync
+from apps.incidents import services as incidents
+from apps.incidents.models import Incident, OomKillRecord, SignalWindow
+from apps.maintenance.models import RecycleSchedule
+from apps.remediation import findings, remedy_checks, verification, wizards
+from apps.remediation.models import Finding, Wizard, WizardStep
+from tests.conftest import ray_fixture
+
+pytestmark = pytest.mark.django_db
+LIVE = "serve_applications_oom_t2_demo_via_ingress_after_recovery.json"
+DEAD = "state_actors_dead_oom_t2_demo_via_ingress_detail.json"
+
+
+class Live:
+    """The dashboard's Serve payload, editable as if someone changed the cluster."""
+
+    def __init__(self):
+        self.payload = ray_fixture(LIVE)
+
+    def __call__(self, request):
+        import httpx
+
+        return httpx.Response(200, json=self.payload)
+
+    def model(self) -> dict:
+        return self.payload["applications"]["demo"]["deployments"]["Model"]["deployment_config"]
+
+
+@pytest.fixture
+def live(use_replay):
+    live = Live()
+    use_replay.routes["/api/serve/applications/"] = live
+    use_replay.routes["/api/v0/actors"] = DEAD
+    return live
+
+
+@pytest.fixture
+def cluster(team, live):
+    cluster = Cluster.objects.create(name="gpu-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0")
+    assert sync.sync_cluster(cluster.pk).ok
+    return Cluster.objects.get(pk=cluster.pk)
+
+
+@pytest.fixture
+def incident(cluster):
+    incidents.detect(cluster.pk)
+    return Incident.objects.get(application_name="demo", deployment_name="Model", kind="oom_kill")
+
+
+def actor(people, who="operator") -> Actor:
+    return Actor(user=people[who], via="api")
+
+
+def by_remedy(wizard: Wizard) -> dict[str, WizardStep]:
+    return {s.remedy: s for s in wizard.steps.all() if s.remedy}
+
+
+def finish(change: Change, state=ChangeState.SUCCEEDED) -> None:
+    Change.objects.filter(pk=change.pk).update(state=state, started_at=timezone.now(), finished_at=timezone.now())
+    change.refresh_from_db()
+    change_finished.send(sender=Change, change=change)
+
+
+def test_an_oom_incident_opens_a_wizard_with_remedies_in_prescription_order_and_computed_values(people, incident):
+    wizard, created = wizards.start(actor(people), incident=incident)
+    assert created and wizard.state == "open"
+    steps = list(wizard.steps.all())
+    assert [s.kind for s in (steps[0], steps[-2], steps[-1])] == ["diagnosis", "verification", "outcome"]
+    # OOM-2 (R1, R2), OOM-4 (two kills on one node: R7), OOM-1 (R3, R4, R5), OOM-5 (R8); the queue is
+    # already bounded (100), so no R10.
+    assert [s.remedy for s in steps if s.remedy] == ["R1", "R2", "R3", "R4", "R5", "R7", "R8"]
+    r1 = by_remedy(wizard)["R1"]
+    assert r1.kind == "config" and r1.patch == {"max_ongoing_requests": 1, "autoscaling_config": {"target_ongoing_requests": 1}}
+    # No calibration and no in-flight reading: a conservative 1 that says how to get a measured value.
+    assert "run a calibration" in r1.values["reasons"]["max_ongoing_requests"] and wizard.diagnosis["conservative"]
+    assert wizard.diagnosis["causes"][0]["id"] == "OOM-2" and wizard.diagnosis["memory"] is None
+    # The budget comes from the kill message: the node's threshold minus what everything else used.
+    assert "Ray kills above 7,232 MiB" in wizard.diagnosis["budget"]["reason"]
+    auto = by_remedy(wizard)["R2"].patch["autoscaling_config"]
+    assert auto["target_ongoing_requests"] == 1 and auto["min_replicas"] == 2 and auto["max_replicas"] >= 2
+    assert by_remedy(wizard)["R3"].kind == "checklist" and "413" in by_remedy(wizard)["R3"].values["guidance"]
+    assert incident.timeline.filter(message__contains=f"wizard #{wizard.pk}").exists()
+
+
+def test_a_second_operator_joins_the_open_wizard_instead_of_starting_another(people, incident):
+    first, _ = wizards.start(actor(people), incident=incident)
+    again, created = wizards.start(actor(people, "admin"), incident=incident)
+    assert again.pk == first.pk and not created and Wizard.objects.count() == 1
+
+
+def test_node_incidents_and_vanished_deployments_cannot_start_a_wizard(people, cluster, incident):
+    node = Incident.objects.create(kind="memory_pressure", cluster=cluster, application_name="", deployment_name="", node_ip="10.0.0.1",
+                                   title="pressure", started_at=timezone.now(), last_signal_at=timezone.now())
+    with pytest.raises(wizards.WizardError, match="not one deployment"):
+        wizards.start(actor(people), incident=node)
+    incident.deployment.removed_at = timezone.now()
+    incident.deployment.save()
+    with pytest.raises(wizards.WizardError, match="no longer on gpu-prod"):
+        wizards.start(actor(people), incident=incident)
+
+
+def test_applying_r1_and_r2_together_makes_one_change_and_its_success_marks_both_applied(people, incident):
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    steps = by_remedy(wizard)
+    change = wizards.apply(actor(people), wizard, [steps["R1"].position, steps["R2"].position], revision=wizard.revision)
+    assert change.state == "queued" and change.targets == [{"application": "demo", "deployment": "Model"}]
+    assert change.patch["max_ongoing_requests"] == 1 and change.patch["autoscaling_config"]["target_ongoing_requests"] == 1
+    assert f"Wizard #{wizard.pk}" in change.reason and "R1+R2" in change.reason
+    assert {s.status for s in WizardStep.objects.filter(change=change)} == {"applying"}
+    wizard.refresh_from_db()
+    with pytest.raises(wizards.WizardError, match="being applied"):
+        wizards.apply(actor(people), wizard, [steps["R1"].position], revision=wizard.revision)
+
+    finish(change)
+    assert {s.status for s in WizardStep.objects.filter(change=change)} == {"applied"}
+    assert incident.timeline.filter(message__contains=f"change #{change.pk} (R1, R2) applied").exists()
+
+
+def test_a_failed_change_leaves_the_steps_failed_and_applicable_again(people, incident):
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    r1 = by_remedy(wizard)["R1"]
+    change = wizards.apply(actor(people), wizard, [r1.position], revision=wizard.revision)
+    Change.objects.filter(pk=change.pk).update(error="verification timed out")
+    finish(change, ChangeState.ROLLED_BACK)
+    r1.refresh_from_db()
+    assert r1.status == "failed" and "rolled back" in r1.note and "verification timed out" in r1.note
+    wizard.refresh_from_db()
+    assert wizards.apply(actor(people), wizard, [r1.position], revision=wizard.revision).pk != change.pk
+
+
+def test_an_operator_acting_on_an_old_page_gets_a_conflict_naming_who_moved_it(people, incident):
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    seen = wizard.revision
+    wizards.skip(actor(people, "admin"), wizard, by_remedy(wizard)["R5"].position, reason="no blobs here", revision=seen)
+    with pytest.raises(wizards.WizardConflict, match=r"revision .* last by admin"):
+        wizards.apply(actor(people), wizard, [by_remedy(wizard)["R1"].position], revision=seen)
+    assert not Change.objects.exists()
+
+
+def test_a_config_changed_meanwhile_makes_the_wizard_replan_instead_of_apply(people, incident, live):
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    old_revision = wizard.revision
+    live.model()["max_queued_requests"] = -1  # someone removed the queue bound meanwhile
+    r1 = by_remedy(wizard)["R1"]
+    with pytest.raises(wizards.WizardStale, match="max_queued_requests"):
+        wizards.apply(actor(people), wizard, [r1.position], revision=old_revision)
+    assert not Change.objects.exists()
+    wizard.refresh_from_db()
+    assert wizard.revision > old_revision and wizard.basis["settings"]["max_queued_requests"] == -1
+    # The re-plan noticed the now unbounded queue: R10 joins, before verification.
+    steps = list(wizard.steps.all())
+    assert "R10" in [s.remedy for s in steps] and steps[-2].kind == "verification"
+    assert by_remedy(wizard)["R1"].status == "pending"
+    assert wizards.apply(actor(people), wizard, [r1.position], revision=wizard.revision).state == "queued"
+
+
+def test_a_deployment_deleted_mid_wizard_is_reported_and_nothing_is_applied(people, incident, live):
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    del live.payload["applications"]["demo"]["deployments"]["Model"]
+    r1 = by_remedy(wizard)["R1"]
+    with pytest.raises(wizards.WizardError, match="no longer exists on gpu-prod"):
+        wizards.apply(actor(people), wizard, [r1.position], revision=wizard.revision)
+    r1.refresh_from_db()
+    assert r1.status == "pending" and not Change.objects.exists()
+
+
+def test_code_level_steps_are_confirmed_or_skipped_with_a_reason_not_applied(people, incident):
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    steps = by_remedy(wizard)
+    with pytest.raises(wizards.WizardError, match="code-level remedy"):
+        wizards.apply(actor(people), wizard, [steps["R4"].position], revision=None)
+    with pytest.raises(wizards.WizardError, match="Say why"):
+        wizards.skip(actor(people), wizard, steps["R4"].position, reason=" ", revision=None)
+    assert wizards.confirm(actor(people), wizard, steps["R4"].position, note="batches by token sum since v2", revision=None).status == "done"
+
+
+def test_verification_needs_something_done_then_an_oom_kill_fails_it_at_once(people, incident, cluster):
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    with pytest.raises(wizards.WizardError, match="nothing to verify"):
+        verification.start(actor(people), wizard, window_s=60, revision=None)
+    change = wizards.apply(actor(people), wizard, [by_remedy(wizard)["R1"].position], revision=None)
+    finish(change)
+    wizard = verification.start(actor(people), wizard, window_s=60, revision=None)
+    assert wizard.state == "verifying" and wizard.before["oom_kills"] == 1
+    assert verification.evaluate(wizard.pk) == "running"
+
+    OomKillRecord.objects.create(incident=incident, actor_id="new-kill", replica="abc", message="killed again")
+    assert verification.evaluate(wizard.pk) == "failed"
+    wizard.refresh_from_db()
+    assert wizard.state == "not_resolved" and "1 OOM kill(s) during verification" in wizard.outcome
+    assert [n["id"] for n in wizard.next_steps][:3] == ["R2", "R3", "R4"]
+    incident.refresh_from_db()
+    assert incident.status == "open" and incident.timeline.filter(message__contains="did not fix it").exists()
+
+
+def test_a_quiet_window_under_traffic_resolves_the_incident_with_the_changes_linked(people, incident, cluster):
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    steps = by_remedy(wizard)
+    change = wizards.apply(actor(people), wizard, [steps["R1"].position, steps["R2"].position], revision=None)
+    finish(change)
+    wizard = verification.start(actor(people), wizard, window_s=60, revision=None)
+    start = wizard.verify_started_at.timestamp()
+    SignalWindow.objects.create(cluster=cluster, application_name="demo", deployment_name="Model", points=[
+        {"t": start + 10 * i, "p50": 120, "p99": 400, "rps": 4.0, "errors": 0, "ongoing": 2, "queued": 0} for i in range(1, 6)])
+    assert verification.evaluate(wizard.pk, now=wizard.verify_ends_at + timedelta(seconds=1)) == "passed"
+    wizard.refresh_from_db()
+    assert wizard.state == "resolved" and wizard.after["oom_kills"] == 0 and wizard.after["rps_mean"] == 4.0
+    incident.refresh_from_db()
+    assert incident.status == "resolved"
+    note = incident.timeline.filter(message__startswith=f"Verified by wizard #{wizard.pk}").get()
+    assert f"#{change.pk}" in note.message
+    assert wizard.steps.get(kind="outcome").check_result == {"resolved": True, "changes": [change.pk]}
+
+
+def test_a_window_without_traffic_is_inconclusive_and_can_be_run_again(people, incident, cluster):
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    wizards.confirm(actor(people), wizard, by_remedy(wizard)["R4"].position, revision=None)
+    wizard = verification.start(actor(people), wizard, window_s=60, revision=None)
+    start = wizard.verify_started_at.timestamp()
+    SignalWindow.objects.create(cluster=cluster, application_name="demo", deployment_name="Model",
+                                points=[{"t": start + 5, "rps": 0, "errors": 0}])
+    assert verification.evaluate(wizard.pk, now=wizard.verify_ends_at) == "inconclusive"
+    wizard.refresh_from_db()
+    assert wizard.state == "open"
+    assert verification.start(actor(people), wizard, window_s=60, revision=wizard.revision).state == "verifying"
+
+
+def test_a_latency_fix_must_bring_p99_down_by_a_fifth():
+    before = {"oom_kills": 0, "p99_ms": 1000, "points": 5}
+    after = {"oom_kills": 0, "p99_ms": 900, "points": 5, "rps_mean": 3, "queued_max": 0, "error_rate": 0}
+    assert verification.verdict("latency_spike", before, after, window_over=True)[0] == "failed"
+    assert verification.verdict("latency_spike", before, after | {"p99_ms": 700}, window_over=True)[0] == "passed"
+    assert verification.verdict("oom_kill", before, after | {"p99_ms": 1100}, window_over=True)[0] == "passed"
+
+
+def test_a_finding_starts_a_wizard_with_its_remedy_and_its_companions(people, cluster, live):
+    live.model()["ray_actor_options"]["num_gpus"] = 1
+    sync.sync_cluster(cluster.pk)
+    findings.recompute(cluster.pk)
+    finding = Finding.objects.get(rule="gpu-concurrency", application_name="demo")
+    wizard, _ = wizards.start(actor(people), finding=finding)
+    assert [s.remedy for s in wizard.steps.all() if s.remedy][:2] == ["R1", "R2"]
+    assert wizard.diagnosis["evidence"]["rule"] == "gpu-concurrency"
+
+
+class ProbeTarget(http.server.BaseHTTPRequestHandler):
+    limit = 1000
+
+    def do_POST(self):
+        size = int(self.headers.get("Content-Length", 0))
+        self.rfile.read(size)
+        self.send_response(413 if size > self.limit else 200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def serve_proxy():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ProbeTarget)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def test_the_input_cap_check_sends_an_oversized_request_and_wants_a_4xx(people, incident, cluster, serve_proxy):
+    Cluster.objects.filter(pk=cluster.pk).update(serve_url=serve_proxy)
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    r3 = by_remedy(wizard)["R3"]
+    step = remedy_checks.run(actor(people), wizard, r3.position, params={"size": 5000, "path": "/demo"}, revision=None)
+    assert step.status == "passed" and step.check_result["status"] == 413
+    ProbeTarget.limit = 10**9
+    try:
+        step = remedy_checks.run(actor(people), Wizard.objects.get(pk=wizard.pk), r3.position, params={"size": 5000}, revision=None)
+    finally:
+        ProbeTarget.limit = 1000
+    assert step.status == "check_failed" and "nothing caps input size" in step.check_result["why"]
+    with pytest.raises(wizards.WizardError, match="between 1 and"):
+        remedy_checks.run(actor(people), wizard, r3.position, params={"size": 0 - 5}, revision=None)
+
+
+def test_the_recycle_check_passes_once_a_schedule_exists(people, incident):
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    r8 = by_remedy(wizard)["R8"]
+    assert remedy_checks.run(actor(people), wizard, r8.position, revision=None).status == "check_failed"
+    RecycleSchedule.objects.create(deployment=wizard.deployment, every_hours=6, next_run_at=timezone.now() + timedelta(hours=6))
+    assert remedy_checks.run(actor(people), wizard, r8.position, revision=None).status == "passed"
+    with pytest.raises(wizards.WizardError, match="no automatic check"):
+        remedy_checks.run(actor(people), wizard, by_remedy(wizard)["R4"].position, revision=None)
+
+
+# --- API ------------------------------------------------------------------------------------
+
+
+def test_automation_drives_a_wizard_through_the_api(api_as, incident):
+    operator = api_as("operator")
+    response = operator.post("/api/v1/wizards/", {"incident": incident.pk, "verification_window_s": 60}, format="json")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    steps = {s["remedy"]: s for s in body["steps"] if s["remedy"]}
+    assert operator.post("/api/v1/wizards/", {"incident": incident.pk}, format="json").status_code == 200
+    applied = operator.post(f"/api/v1/wizards/{body['id']}/apply/",
+                            {"steps": [steps["R1"]["position"], steps["R2"]["position"]], "revision": body["revision"]}, format="json")
+    assert applied.status_code == 202, applied.content
+    assert {s["status"] for s in applied.json()["steps"] if s["remedy"] in ("R1", "R2")} == {"applying"}
+    stale = operator.post(f"/api/v1/wizards/{body['id']}/skip/", {"step": steps["R5"]["position"], "note": "x", "revision": body["revision"]},
+                          format="json")
+    assert stale.status_code == 409 and "moved on" in stale.json()["detail"][0]
+    refused = operator.post(f"/api/v1/wizards/{body['id']}/verify/", {"window_s": 60}, format="json")
+    assert refused.status_code == 400 and "still being applied" in refused.json()["detail"][0]
+    assert operator.get(f"/api/v1/wizards/?incident={incident.pk}").json()["count"] == 1
+
+
+def test_wizard_roles_viewers_read_operators_act_outsiders_see_nothing(api_as, incident):
+    wizard_id = api_as("operator").post("/api/v1/wizards/", {"incident": incident.pk}, format="json").json()["id"]
+    assert api_as("viewer").get(f"/api/v1/wizards/{wizard_id}/").status_code == 200
+    assert api_as("viewer").post(f"/api/v1/wizards/{wizard_id}/abandon/", {"reason": "x"}, format="json").status_code == 403
+    assert api_as("outsider").get(f"/api/v1/wizards/{wizard_id}/").status_code == 404
+    assert api_as("outsider").post("/api/v1/wizards/", {"incident": incident.pk}, format="json").status_code == 400
+    assert api_as("viewer").post("/api/v1/wizards/", {"incident": incident.pk}, format="json").status_code == 403
+    abandoned = api_as("admin").post(f"/api/v1/wizards/{wizard_id}/abandon/", {"reason": "handled by hand"}, format="json")
+    assert abandoned.json()["state"] == "abandoned" and "handled by hand" in abandoned.json()["outcome"]
+
+
+def test_the_schema_documents_the_wizard_actions(api_as):
+    schema = api_as("viewer").get(reverse("schema"), {"format": "json"}).json()
+    paths = schema["paths"]
+    assert {"/api/v1/wizards/", "/api/v1/wizards/{id}/apply/", "/api/v1/wizards/{id}/verify/", "/api/v1/wizards/{id}/check/"} <= set(paths)
+
+
+# --- UI -------------------------------------------------------------------------------------
+
+
+def test_an_operator_walks_the_wizard_in_the_ui_step_by_step(client, people, incident):
+    client.force_login(people["operator"])
+    page = client.get(reverse("incidents:detail", args=[incident.pk])).content.decode()
+    assert "Fix with a wizard" in page
+    response = client.post(reverse("remediation:wizard_start"), {"incident": incident.pk})
+    wizard = Wizard.objects.get()
+    assert response.status_code == 302 and response["Location"] == reverse("remediation:wizard", args=[wizard.pk])
+    page = client.get(response["Location"]).content.decode()
+    # The first unsettled step opens: R1, with its computed value, reason and diff.
+    assert "R1: Cap per-replica concurrency" in page and "Why this value" in page and "+  &quot;max_ongoing_requests&quot;: 1" in page
+    assert "Apply R1 + R2 as one change" in page
+    steps = by_remedy(wizard)
+    partial = client.get(reverse("remediation:wizard", args=[wizard.pk]), {"step": steps["R3"].position}, HTTP_HX_REQUEST="true")
+    assert b"<html" not in partial.content and b"Run the automatic check" in partial.content
+    applied = client.post(reverse("remediation:wizard_action", args=[wizard.pk, "apply"]),
+                          {"steps": [steps["R1"].position, steps["R2"].position], "revision": wizard.revision, "step": steps["R1"].position},
+                          HTTP_HX_REQUEST="true")
+    assert applied.status_code == 200 and b"Applying" in applied.content and b'hx-trigger="every 2s"' in applied.content
+    # The same click from a page loaded before: the conflict is shown, nothing is applied twice.
+    again = client.post(reverse("remediation:wizard_action", args=[wizard.pk, "skip"]),
+                        {"step": steps["R5"].position, "reason": "x", "revision": wizard.revision}, HTTP_HX_REQUEST="true")
+    assert b"moved on since you loaded it" in again.content and Change.objects.count() == 1
+    assert by_remedy(wizard)["R5"].status == "pending"
+
+
+def test_viewers_see_the_wizard_without_its_buttons_and_outsiders_not_at_all(client, people, incident):
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    client.force_login(people["viewer"])
+    page = client.get(reverse("remediation:wizard", args=[wizard.pk])).content.decode()
+    assert "Diagnosis" in page and "Apply R1" not in page and "Abandon" not in page
+    assert client.post(reverse("remediation:wizard_action", args=[wizard.pk, "replan"])).status_code == 403
+    assert client.post(reverse("remediation:wizard_start"), {"incident": incident.pk}).status_code == 403
+    client.force_login(people["outsider"])
+    assert client.get(reverse("remediation:wizard", args=[wizard.pk])).status_code == 404
+    assert reverse("remediation:wizard", args=[wizard.pk]) not in client.get(reverse("remediation:wizards")).content.decode()
+
+
+def test_in_flight_readings_near_the_kill_turn_the_kill_message_into_a_per_request_estimate(people, incident, cluster):
+    SignalWindow.objects.create(cluster=cluster, application_name="demo", deployment_name="Model",
+                                points=[{"t": 1, "ongoing": 2, "queued": 0}, {"t": 2, "ongoing": 4, "queued": 3}])
+    replicas = incident.evidence["settings_at_detection"]["running_replicas"]
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    memory = wizard.diagnosis["memory"]
+    assert memory["source"] == "oom-kill" and not wizard.diagnosis["conservative"]
+    # 5.48 GiB over the 4 requests the deployment held (per running replica), no idle peer listed.
+    assert memory["per_request_bytes"] == int(5.48 * 2**30 / (4 / replicas))
+    assert wizard.diagnosis["load"]["peak_in_flight"] == 7
