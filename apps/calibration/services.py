@@ -7,7 +7,8 @@ import base64
 import json
 import secrets
 import shlex
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
+from datetime import timezone as dt_timezone
 from pathlib import Path
 
 from django.conf import settings
@@ -255,7 +256,7 @@ def _reload(calibration: MemoryCalibration) -> MemoryCalibration:
 
 
 def _ray_time(ms: int | None) -> datetime | None:
-    return datetime.fromtimestamp(ms / 1000, tz=dt_timezone.utc) if ms else None
+    return datetime.fromtimestamp(ms / 1000, tz=UTC) if ms else None
 
 
 def stale_ids(now: datetime | None = None) -> list[int]:

@@ -55,7 +55,7 @@ class Current:
     ray_version: str
 
     @classmethod
-    def of(cls, effective: dict, ray_version: str) -> "Current":
+    def of(cls, effective: dict, ray_version: str) -> Current:
         auto = effective.get("autoscaling_config")
         replicas = effective.get("num_replicas")
         return cls(effective.get("max_ongoing_requests"), effective.get("max_queued_requests"),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 
 from apps.calibration.curve import Curve
 from apps.incidents.oom import ReplicaMemory, replica_memory
@@ -137,7 +137,7 @@ def test_an_already_lower_concurrency_is_kept():
 
 
 def curve(axis: str, points: list[tuple[float, int]], baseline: int) -> Curve:
-    return Curve(axis=axis, device="cpu", baseline_bytes=baseline, points=points, measured_at=datetime(2026, 11, 30, tzinfo=timezone.utc),
+    return Curve(axis=axis, device="cpu", baseline_bytes=baseline, points=points, measured_at=datetime(2026, 11, 30, tzinfo=UTC),
                  calibration_id=7)
 
 
