@@ -234,10 +234,13 @@ def _autoscaling(current: Current, concurrency: int, memory_replicas: int | None
             reasons["max_replicas"] = (f"{max_replicas}: twice the {needed} replicas the busiest moment needed "
                                        f"({load.peak_in_flight:.0f} in flight or queued); memory would hold {memory_replicas}.")
     else:
-        max_replicas = max(existing_max, 2, needed or 0)
-        reasons["max_replicas"] = (f"{max_replicas}: no memory budget is known, so the current maximum is kept"
-                                   + (f" (raised to the {needed} the busiest moment needed)" if needed and needed > existing_max else "")
-                                   + "; calibrate to bound it by memory.")
+        # Without a memory figure, more replicas could be exactly what kills the node: keep the maximum.
+        max_replicas = max(existing_max, 2)
+        reasons["max_replicas"] = (f"{max_replicas}: memory per replica is not measured, so the current maximum is kept "
+                                   "(at least 2); calibrate to size it from memory.")
+        if needed and needed > max_replicas:
+            warnings.append(f"The busiest moment needed {needed} replicas at this target; raise max_replicas once a "
+                            "calibration shows they fit in memory.")
     min_replicas = min(2, max_replicas)
     reasons["min_replicas"] = ("2: a recycle, change or crash of one replica never leaves the deployment cold." if min_replicas == 2
                                else "1: the memory budget holds only one replica on this cluster.")

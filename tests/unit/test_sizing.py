@@ -98,6 +98,10 @@ def test_without_measurements_the_values_are_conservative_and_say_why():
     assert "run a calibration" in out.values["R1"]["reasons"]["max_ongoing_requests"]
     # No budget: the current maximum is kept rather than invented.
     assert out.patch("R2")["autoscaling_config"]["max_replicas"] == 2
+    # Not even a busy moment raises it: more replicas of unknown size could be what kills the node.
+    busy = sizing.compute(current(), None, budget(2000), sizing.Load(peak_in_flight=12), latency_objective_ms=10_000)
+    assert busy.patch("R2")["autoscaling_config"]["max_replicas"] == 2
+    assert "raise max_replicas once a calibration" in busy.values["R2"]["warnings"][0]
 
 
 def test_autoscaling_bounds_follow_the_observed_peak_and_memory():
