@@ -21,8 +21,12 @@ if not DEBUG and SECRET_KEY == _DEV_SECRET and not env_bool("FLEETDECK_ALLOW_DEV
         "FLEETDECK_SECRET_KEY must be set when FLEETDECK_DEBUG is off "
         "(or set FLEETDECK_ALLOW_DEV_SECRET=1 on a throwaway machine)."
     )
-# Cluster bearer tokens are encrypted with this key; by default it is derived from SECRET_KEY.
+# Credentials at rest are encrypted with the first of these keys; all of them decrypt, so a key
+# is rotated by putting the new one first, running `manage.py rotate_secrets`, then dropping the
+# old one. A single FLEETDECK_ENCRYPTION_KEY is the one-key form; without either, a key derived
+# from SECRET_KEY is used.
 FLEETDECK_ENCRYPTION_KEY = env_str("FLEETDECK_ENCRYPTION_KEY", "")
+FLEETDECK_ENCRYPTION_KEYS = env_list("FLEETDECK_ENCRYPTION_KEYS", [FLEETDECK_ENCRYPTION_KEY] if FLEETDECK_ENCRYPTION_KEY else [])
 
 ALLOWED_HOSTS = env_list("FLEETDECK_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("FLEETDECK_CSRF_TRUSTED_ORIGINS", [])
