@@ -3,9 +3,11 @@ fresh machine work (SQLite and a filesystem broker under ./var)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONCE, NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
 from controlplane.env import env_bool, env_float, env_int, env_list, env_str
@@ -45,6 +47,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_htmx",
+    "csp",
+    "axes",
     "apps.accounts",
     "apps.clusters",
     "apps.fleet",
@@ -57,6 +61,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -65,7 +70,12 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes requires: it turns a locked-out login into its lockout response.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# django-axes counts failed logins per username and address and locks that pair out for a while.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
 
 ROOT_URLCONF = "controlplane.urls"
 WSGI_APPLICATION = "controlplane.wsgi.application"
@@ -139,6 +149,34 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("FLEETDECK_HSTS_INCLUDE_SUBDOMAINS", S
 SECURE_HSTS_PRELOAD = env_bool("FLEETDECK_HSTS_PRELOAD", SECURE_HSTS_SECONDS > 0)
 SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+
+# Scripts only from this server or inline with the response's nonce (chart set-ups); htmx works
+# from attributes, so it needs no eval. Inline style attributes stay allowed: they cannot run code.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF, UNSAFE_INLINE],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
+
+AXES_FAILURE_LIMIT = env_int("FLEETDECK_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("FLEETDECK_LOGIN_LOCKOUT_MIN", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+# Behind the TLS proxy the client's address is the proxy's first X-Forwarded-For entry.
+AXES_IPWARE_PROXY_COUNT = 1 if SECURE_PROXY_SSL_HEADER else None
+AXES_IPWARE_META_PRECEDENCE_ORDER = ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if SECURE_PROXY_SSL_HEADER else ("REMOTE_ADDR",)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -169,13 +207,13 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
-    "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {
         "ChangeStateEnum": "apps.changes.models.ChangeState",
         "RolloutStateEnum": "apps.changes.models.Rollout.State",
         "MaintenanceRunStateEnum": "apps.maintenance.models.MaintenanceRun.State",
         "IncidentStatusEnum": "apps.incidents.models.Incident.Status",
+        "KubeResourceKindEnum": "apps.kubernetes_link.models.KubeLink.Kind",
     },
 }
 
@@ -244,5 +282,6 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("FLEETDECK_LOG_LEVEL", "INFO")},
     # One line per Ray request drowns everything else; the adapter reports failures itself.
-    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
+    # Failed logins are in the audit log already; axes would add a line for each.
+    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
 }

@@ -28,8 +28,13 @@ def page(live_server):
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         context = browser.new_context(viewport={"width": 1280, "height": 900})
-        yield context.new_page()
+        page = context.new_page()
+        # Every browser test also proves the pages work under the content security policy.
+        blocked: list[str] = []
+        page.on("console", lambda message: blocked.append(message.text) if "Content Security Policy" in message.text else None)
+        yield page
         browser.close()
+        assert not blocked, f"the content security policy blocked: {blocked}"
         # ORM calls made while Playwright's loop runs get connections stored in that loop's
         # context; close them here, or PostgreSQL cannot drop the test database afterwards.
         connections.close_all()

@@ -1,0 +1,78 @@
+"""Web-facing protections: the content security policy, security headers, login lockout and CSRF
+on htmx requests. Each test fails when its protection is switched off."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from apps.accounts.models import AuditEvent
+from apps.clusters.models import Cluster
+
+pytestmark = pytest.mark.django_db
+
+
+def test_pages_carry_a_strict_script_policy_and_their_inline_scripts_its_nonce(client, people):
+    client.force_login(people["viewer"])
+    response = client.get(reverse("fleet:overview"))
+    policy = response["Content-Security-Policy"]
+    directives = dict(part.strip().split(" ", 1) for part in policy.split(";") if part.strip())
+    nonce = re.search(r"'nonce-([^']+)'", directives["script-src"]).group(1)
+    assert "'unsafe-inline'" not in directives["script-src"] and "'unsafe-eval'" not in directives["script-src"]
+    assert directives["frame-ancestors"] == "'none'" and directives["object-src"] == "'none'"
+    # htmx gives the scripts it inserts from fragments this page's nonce.
+    assert f'"inlineScriptNonce": "{nonce}"' in response.content.decode()
+
+
+def test_every_inline_script_of_a_chart_page_has_the_nonce(client, people, team):
+    from django.utils import timezone
+
+    from apps.incidents.models import Incident
+
+    cluster = Cluster.objects.create(name="c", team=team, dashboard_url="http://ray.test:8265")
+    now = timezone.now()
+    incident = Incident.objects.create(kind="latency_spike", cluster=cluster, application_name="a", deployment_name="d", title="slow",
+                                       started_at=now, last_signal_at=now,
+                                       evidence={"series": [{"t": 1, "p50": 10, "p99": 50, "ongoing": 1, "queued": 0, "rps": 1}]})
+    client.force_login(people["viewer"])
+    response = client.get(reverse("incidents:detail", args=[incident.pk]))
+    nonce = re.search(r"'nonce-([^']+)'", response["Content-Security-Policy"]).group(1)
+    inline = re.findall(r"<script(?![^>]*\bsrc=)([^>]*)>", response.content.decode())
+    executable = [attrs for attrs in inline if "application/json" not in attrs]
+    assert executable and all(f'nonce="{nonce}"' in attrs for attrs in executable)
+
+
+def test_security_headers_are_set(client):
+    response = client.get(reverse("login"))
+    assert response["X-Frame-Options"] == "DENY"
+    assert response["X-Content-Type-Options"] == "nosniff"
+    assert response["Referrer-Policy"] == "same-origin"
+    assert response["Cross-Origin-Opener-Policy"] == "same-origin"
+
+
+def test_repeated_wrong_passwords_lock_the_login_for_that_user_and_address(client, people, settings):
+    settings.AXES_FAILURE_LIMIT = 3
+    for _ in range(2):
+        assert client.post(reverse("login"), {"username": "operator", "password": "wrong"}).status_code == 200
+    assert client.post(reverse("login"), {"username": "operator", "password": "wrong"}).status_code == 429
+    # Locked: even the right password is refused until the cool-off ends.
+    locked = client.post(reverse("login"), {"username": "operator", "password": "pw"})
+    assert locked.status_code == 429 and b"Too many failed logins" in locked.content
+    assert AuditEvent.objects.filter(action="auth.login_failed").count() >= 3
+    # Another account from the same address is not punished for it.
+    other = client.post(reverse("login"), {"username": "viewer", "password": "pw"})
+    assert other.status_code == 302
+
+
+def test_an_htmx_post_without_the_csrf_token_is_refused(people, team, use_replay):
+    cluster = Cluster.objects.create(name="c", team=team, dashboard_url="http://ray.test:8265")
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(people["operator"])
+    page = browser.get(reverse("fleet:cluster", args=[cluster.pk]))
+    token = re.search(r'"X-CSRFToken": "([^"]+)"', page.content.decode()).group(1)
+    url = reverse("clusters:sync", args=[cluster.pk])
+    assert browser.post(url, HTTP_HX_REQUEST="true").status_code == 403
+    assert browser.post(url, HTTP_HX_REQUEST="true", HTTP_X_CSRFTOKEN=token).status_code in (200, 202, 302)
