@@ -47,28 +47,33 @@ def normalize_dashboard_url(raw: str) -> str:
 
 def check_network_policy(url: str) -> None:
     """Refuse addresses Fleetdeck must never call (link-local metadata services, multicast) and,
-    when FLEETDECK_CLUSTER_NETWORKS is set, anything outside it."""
+    when FLEETDECK_CLUSTER_NETWORKS is set, anything outside it. Connections are checked again,
+    address by address, when they are made (apps/clusters/egress.py)."""
     parts = urlsplit(url)
     try:
         infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
     except (socket.gaierror, UnicodeError) as exc:
         raise ValidationError(f"The host {parts.hostname!r} cannot be resolved.") from exc
-    allowed = [ipaddress.ip_network(cidr, strict=False) for cidr in settings.FLEETDECK_CLUSTER_NETWORKS]
     for info in infos:
-        address = ipaddress.ip_address(info[4][0].split("%")[0])
-        never = address.is_link_local or address.is_multicast or address.is_unspecified
-        # Python counts ::1 as reserved; loopback is a legitimate local dashboard.
-        never = never or (address.is_reserved and not address.is_loopback) or address in METADATA_ADDRESSES
-        if getattr(address, "ipv4_mapped", None) is not None:
-            mapped = address.ipv4_mapped
-            never = never or mapped.is_link_local or mapped in METADATA_ADDRESSES
-        if never:
-            raise ValidationError(f"{parts.hostname} resolves to {address}, an address Fleetdeck never calls.")
-        if allowed and not any(address in network for network in allowed):
-            raise ValidationError(
-                f"{parts.hostname} resolves to {address}, outside the networks this Fleetdeck may reach "
-                "(FLEETDECK_CLUSTER_NETWORKS)."
-            )
+        refusal(parts.hostname, info[4][0].split("%")[0])
+
+
+def refusal(host: str, raw_address: str) -> None:
+    """Raise ValidationError when `host`, resolved to `raw_address`, may not be called."""
+    address = ipaddress.ip_address(raw_address)
+    never = address.is_link_local or address.is_multicast or address.is_unspecified
+    # Python counts ::1 as reserved; loopback is a legitimate local dashboard.
+    never = never or (address.is_reserved and not address.is_loopback) or address in METADATA_ADDRESSES
+    if getattr(address, "ipv4_mapped", None) is not None:
+        mapped = address.ipv4_mapped
+        never = never or mapped.is_link_local or mapped in METADATA_ADDRESSES
+    if never:
+        raise ValidationError(f"{host} resolves to {address}, an address Fleetdeck never calls.")
+    allowed = [ipaddress.ip_network(cidr, strict=False) for cidr in settings.FLEETDECK_CLUSTER_NETWORKS]
+    if allowed and not any(address in network for network in allowed):
+        raise ValidationError(
+            f"{host} resolves to {address}, outside the networks this Fleetdeck may reach (FLEETDECK_CLUSTER_NETWORKS)."
+        )
 
 
 def checked_url(raw: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import httpx
 
+from apps.clusters.egress import PinnedTransport
 from apps.incidents.ray_metrics import MetricsUnavailable
 from apps.incidents.signals import DeploymentSignals, NodeSignals, Reading
 
@@ -13,7 +14,7 @@ WINDOW = "2m"
 
 def query(base_url: str, promql: str, *, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> list[tuple[dict, float]]:
     try:
-        with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False, transport=transport,
+        with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False, transport=transport or PinnedTransport(),
                           headers={"User-Agent": "fleetdeck-prometheus/1"}) as client:
             response = client.get(f"{base_url.rstrip('/')}/api/v1/query", params={"query": promql})
     except httpx.TimeoutException as exc:

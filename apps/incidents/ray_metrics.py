@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from apps.clusters.egress import PinnedTransport
+
 USER_AGENT = "fleetdeck-metrics/1"
 # A scrape of a busy node is ~760 KB; refuse what is clearly not a metrics page.
 MAX_BYTES = 32 * 1024 * 1024
@@ -53,7 +55,7 @@ def parse(text: str, at: float | None = None) -> Scrape:
 
 def scrape(url: str, *, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> Scrape:
     try:
-        with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False, transport=transport,
+        with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False, transport=transport or PinnedTransport(),
                           headers={"User-Agent": USER_AGENT, "Accept": "text/plain"}) as client:
             with client.stream("GET", url) as response:
                 if response.status_code != 200:

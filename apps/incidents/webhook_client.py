@@ -8,6 +8,8 @@ import json
 
 import httpx
 
+from apps.clusters.egress import PinnedTransport
+
 USER_AGENT = "fleetdeck-webhook/1"
 
 
@@ -23,7 +25,7 @@ def post(url: str, payload: dict, *, secret: str = "", timeout_s: float = 5.0, t
     if secret:
         headers["X-Fleetdeck-Signature"] = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     try:
-        with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False, transport=transport) as client:
+        with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False, transport=transport or PinnedTransport()) as client:
             response = client.post(url, content=body, headers=headers)
     except httpx.TimeoutException as exc:
         raise DeliveryError(f"{url} did not answer in time.", transient=True) from exc

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from apps.clusters.egress import PinnedTransport
+
 USER_AGENT = "fleetdeck-warmup/1"
 
 
@@ -25,7 +27,7 @@ class Sample:
 
 def send(base_url: str, *, method: str, path: str, headers: dict, body, requests: int, concurrency: int, timeout_s: float) -> list[Sample]:
     """The first request alone (the cold one), then the rest `concurrency` at a time."""
-    with httpx.Client(base_url=base_url, timeout=timeout_s, follow_redirects=False, trust_env=False,
+    with httpx.Client(base_url=base_url, timeout=timeout_s, follow_redirects=False, trust_env=False, transport=PinnedTransport(),
                       headers={"User-Agent": USER_AGENT, **headers}) as client:
 
         def one(index: int) -> Sample:

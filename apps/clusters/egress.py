@@ -1,0 +1,61 @@
+"""Outbound connections that cannot be talked into the wrong address.
+
+Every adapter's HTTP client connects through `PinnedTransport`: it resolves the request's host
+once, refuses it when any resolved address is one Fleetdeck never calls (link-local, cloud
+metadata) or lies outside the allowed networks, and then connects to the very address it checked.
+Checking a name and letting the client resolve it again would leave a window for DNS rebinding:
+a name that answers a public address to the check and 169.254.169.254 to the connection."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+from django.core.exceptions import ValidationError
+
+from apps.clusters.validation import refusal
+
+
+class EgressRefused(httpx.TransportError):
+    """The network policy forbids this destination; nothing was sent."""
+
+
+class PinnedTransport(httpx.BaseTransport):
+    def __init__(self, *, verify=True, inner: httpx.BaseTransport | None = None):
+        self.inner = inner or httpx.HTTPTransport(verify=verify)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        port = request.url.port or (443 if request.url.scheme == "https" else 80)
+        addresses = allowed_addresses(host, port)
+        original, extensions = request.url, request.extensions
+        for index, address in enumerate(addresses):
+            if address != host:
+                # The Host header already names the host; TLS verifies the certificate against it too.
+                request.url = original.copy_with(host=address)
+                request.extensions = {**extensions, "sni_hostname": host}
+            try:
+                return self.inner.handle_request(request)
+            except httpx.ConnectError:
+                # Like any client, try the next address of the name (::1 then 127.0.0.1); all were checked.
+                if index == len(addresses) - 1:
+                    raise
+        raise httpx.ConnectError(f"the host {host!r} has no address")
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def allowed_addresses(host: str, port: int) -> list[str]:
+    """The addresses to connect to for `host`: every address it resolves to must be allowed."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise httpx.ConnectError(f"the host {host!r} cannot be resolved") from exc
+    addresses = list(dict.fromkeys(info[4][0].split("%")[0] for info in infos))
+    for address in addresses:
+        try:
+            refusal(host, address)
+        except ValidationError as exc:
+            raise EgressRefused(exc.messages[0]) from exc
+    return addresses
