@@ -212,6 +212,11 @@ def roll_back(change: Change, why: str) -> None:
     try:
         live = _read_live(change.cluster)
         times = {name: live.applications[name].last_deployed_time_s for name in change.touched_applications if name in live.applications}
+    except RayError:
+        # The base config goes back even when the cluster cannot be read now; verification then
+        # goes by statuses and effective configs alone, without Ray's deploy stamps.
+        times = {}
+    try:
         writer_for(change.cluster).push(change.base_config)
     except (RayError, WriterUnavailable) as exc:
         return _finish(change, ChangeState.ROLLBACK_FAILED, f"{why}\nThe rollback push failed too: {_message(exc)}", error=True)

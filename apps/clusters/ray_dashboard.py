@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import ssl
+import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -214,6 +215,8 @@ class RayDashboard:
             trust_env=False,
             transport=transport or PinnedTransport(verify=_tls_context()),
         )
+        # Timeouts apply per read; this bounds a whole answer, which a server could trickle forever.
+        self._deadline_s = max(3 * timeout_s, 10.0)
 
     def close(self) -> None:
         self._client.close()
@@ -226,14 +229,29 @@ class RayDashboard:
 
     # --- low level -------------------------------------------------------------------------
 
-    def _get(self, path: str, params: list[tuple[str, str]] | None = None) -> Any:
+    def _send(self, method: str, path: str, *, label: str = "", **kwargs) -> httpx.Response:
+        """One request with its body read under a byte cap and a total deadline: reading first and
+        measuring after would hold an enormous answer in memory."""
+        deadline = time.monotonic() + self._deadline_s
         try:
-            response = self._client.get(path, params=params)
+            with self._client.stream(method, path, **kwargs) as response:
+                body = bytearray()
+                for chunk in response.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_RESPONSE_BYTES:
+                        raise RayBadResponse(f"{path} answered more than {MAX_RESPONSE_BYTES // 2**20} MiB, more than Fleetdeck accepts.")
+                    if time.monotonic() > deadline:
+                        raise RayTimeout(f"Ray dashboard sent its answer to {label or path} too slowly (over {self._deadline_s:.0f} s).")
         except httpx.TimeoutException as exc:
-            raise RayTimeout(f"Ray dashboard did not answer {path} in time ({exc.__class__.__name__}).") from exc
+            raise RayTimeout(f"Ray dashboard did not answer {label or path} in time ({exc.__class__.__name__}).") from exc
         except httpx.TransportError as exc:
             raise RayUnreachable(f"Cannot reach the Ray dashboard: {str(exc) or exc.__class__.__name__}.") from exc
-        return self._decode(path, response)
+        # The body is already decoded: the copy must not claim an encoding or a length.
+        headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in ("content-encoding", "content-length")]
+        return httpx.Response(response.status_code, headers=headers, content=bytes(body), request=response.request)
+
+    def _get(self, path: str, params: list[tuple[str, str]] | None = None) -> Any:
+        return self._decode(path, self._send("GET", path, params=params))
 
     def _decode(self, path: str, response: httpx.Response) -> Any:
         status = response.status_code
@@ -303,13 +321,8 @@ class RayDashboard:
         """Replace the cluster's whole Serve config. 200 means accepted, not healthy: poll after.
         Ray answers a config it refuses with 400 and a plain-text pydantic message."""
         path = "/api/serve/applications/"
-        try:
-            response = self._client.put(path, json=config, headers={"Content-Type": "application/json"})
-        except httpx.TimeoutException as exc:
-            # The PUT may or may not have been applied: the caller must re-read before deciding.
-            raise RayTimeout(f"Ray dashboard did not answer the PUT in time ({exc.__class__.__name__}).") from exc
-        except httpx.TransportError as exc:
-            raise RayUnreachable(f"Cannot reach the Ray dashboard: {str(exc) or exc.__class__.__name__}.") from exc
+        # On a timeout the PUT may or may not have been applied: the caller must re-read before deciding.
+        response = self._send("PUT", path, label="the PUT", json=config, headers={"Content-Type": "application/json"})
         if response.status_code == 400:
             raise RayValidationError(response.text.strip() or "Ray refused the config (HTTP 400).", status=400)
         if response.status_code >= 300:
@@ -387,12 +400,7 @@ class RayDashboard:
         return bool(body.get("stopped"))
 
     def _post(self, path: str, body: dict[str, Any] | None) -> Any:
-        try:
-            response = self._client.post(path, json=body, headers={"Content-Type": "application/json"})
-        except httpx.TimeoutException as exc:
-            raise RayTimeout(f"Ray dashboard did not answer {path} in time ({exc.__class__.__name__}).") from exc
-        except httpx.TransportError as exc:
-            raise RayUnreachable(f"Cannot reach the Ray dashboard: {str(exc) or exc.__class__.__name__}.") from exc
+        response = self._send("POST", path, json=body, headers={"Content-Type": "application/json"})
         if response.status_code == 400:
             # The jobs API answers a refused request with a Python traceback; its last line says why.
             lines = [line.strip() for line in response.text.splitlines() if line.strip()]
