@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install browser
+.PHONY: run test install browser fault-loop
 
 $(STAMP): pyproject.toml scripts/install.sh
 	scripts/install.sh $(VENV)
@@ -19,3 +19,7 @@ run: $(STAMP)
 
 test: $(STAMP) browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Long fault loops, kept out of `make test`: a worker SIGKILLed at random points of 20 changes.
+fault-loop: $(STAMP)
+	$(PY) -m pytest -m fault_loop tests/faults $(PYTEST_ARGS)
