@@ -1,8 +1,7 @@
-from django.db.models import Q
 from rest_framework import serializers, viewsets
 
-from apps.accounts.models import AuditEvent, Role
-from apps.accounts.permissions import teams_where
+from apps.accounts import access
+from apps.accounts.models import AuditEvent
 
 
 class AuditEventSerializer(serializers.ModelSerializer):
@@ -25,8 +24,4 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user
             return AuditEvent.objects.none()
-        user = self.request.user
-        events = AuditEvent.objects.select_related("team").order_by("-created_at", "-id")
-        if user.is_superuser:
-            return events
-        return events.filter(Q(team__in=teams_where(user, Role.ADMIN)) | Q(actor=user))
+        return access.visible(self.request.user, AuditEvent).select_related("team").order_by("-created_at", "-id")

@@ -1,19 +1,34 @@
-"""DRF glue: team-scoped roles, and Django validation errors as API errors."""
+"""DRF glue: team-scoped roles and related fields, and Django validation errors as API errors."""
 
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
+from apps.accounts import access
 from apps.accounts.models import Role
-from apps.accounts.permissions import has_role
 
 
 def require_role(request, team, needed: Role, what: str) -> None:
-    from rest_framework.exceptions import PermissionDenied
+    access.require(request.user, team, needed, what)
 
-    if not has_role(request.user, team, needed):
-        raise PermissionDenied(f"You need the {needed.label.lower()} role in team {team} to {what}.")
+
+class VisibleRelatedField:
+    """A related field that finds only what the requesting user may see: naming another team's
+    object is refused exactly like naming one that does not exist. Needs the request in the
+    serializer's context."""
+
+    def get_queryset(self):
+        request = self.context.get("request")
+        return access.visible(getattr(request, "user", None), super().get_queryset())
+
+
+class VisiblePrimaryKeyRelatedField(VisibleRelatedField, serializers.PrimaryKeyRelatedField):
+    pass
+
+
+class VisibleSlugRelatedField(VisibleRelatedField, serializers.SlugRelatedField):
+    pass
 
 
 def as_api_error(exc: DjangoValidationError) -> serializers.ValidationError:

@@ -1,0 +1,121 @@
+"""Object-level access in one place: which rows of a team-owned model a user may see, fetching
+one of them or answering 404, and refusing what the user's role in the row's team does not allow.
+
+Pages, API viewsets and serializer fields all ask here, so the UI and the API cannot disagree,
+and another team's object is always answered exactly like one that does not exist (404, or for a
+reference in a request body the same 400 as an unknown id): its existence is never confirmed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import reduce
+
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied, ValidationError
+from django.db.models import Model, Q, QuerySet
+from django.http import Http404
+from django.shortcuts import get_object_or_404
+
+from apps.accounts.models import Role, Team
+from apps.accounts.permissions import User, has_role, teams_where, visible_teams
+
+# How each team-owned model reaches its team. A model missing here cannot be asked about, so a
+# new one forces the question.
+TEAM_PATHS: dict[str, str] = {
+    "accounts.team": "",
+    "accounts.auditevent": "team",
+    "clusters.cluster": "team",
+    "clusters.clusterevent": "cluster__team",
+    "fleet.application": "cluster__team",
+    "fleet.deployment": "application__cluster__team",
+    "fleet.configrevision": "cluster__team",
+    "changes.change": "cluster__team",
+    "changes.preset": "team",
+    "maintenance.recycleschedule": "deployment__application__cluster__team",
+    "maintenance.warmupprofile": "application__cluster__team",
+    "maintenance.maintenancerun": "cluster__team",
+    "incidents.incident": "cluster__team",
+    "incidents.webhook": "team",
+    "remediation.finding": "cluster__team",
+    "remediation.wizard": "cluster__team",
+    "calibration.memorycalibration": "cluster__team",
+    "kubernetes_link.kubeconnection": "team",
+    "kubernetes_link.kubelink": "cluster__team",
+}
+
+
+def _presets(user: User, teams: QuerySet[Team]) -> Q:
+    return Q(builtin=True) | Q(team__in=teams)
+
+
+def _rollouts(user: User, teams: QuerySet[Team]) -> Q:
+    """Rollouts the user started, or with a change on a cluster of one of the teams."""
+    from apps.changes.models import Change
+
+    return Q(created_by=user) | Q(pk__in=Change.objects.filter(cluster__team__in=teams).values("rollout"))
+
+
+def _audit_events(user: User, teams: QuerySet[Team]) -> Q:
+    """A team's log is for its admins; everyone sees what they did themselves."""
+    if user.is_superuser:
+        return Q()
+    return Q(team__in=teams_where(user, Role.ADMIN)) | Q(actor=user)
+
+
+# Models whose rows are not simply "in one of the teams". A rollout spans teams, so it has no path.
+RULES: dict[str, Callable[[User, QuerySet[Team]], Q]] = {
+    "changes.preset": _presets,
+    "changes.rollout": _rollouts,
+    "accounts.auditevent": _audit_events,
+}
+
+
+def _queryset(rows: QuerySet | type[Model]) -> QuerySet:
+    return rows._default_manager.all() if isinstance(rows, type) else rows
+
+
+def _team_path(model: type[Model]) -> str:
+    label = model._meta.label_lower
+    if label not in TEAM_PATHS:
+        raise ImproperlyConfigured(f"Say in apps.accounts.access.TEAM_PATHS how a {label} belongs to a team.")
+    return TEAM_PATHS[label]
+
+
+def visible(user: User, rows: QuerySet | type[Model], *, role: Role = Role.VIEWER) -> QuerySet:
+    """The rows in teams where the user holds at least `role` (any membership by default)."""
+    queryset = _queryset(rows)
+    if user is None or not user.is_authenticated:
+        return queryset.none()
+    teams = visible_teams(user) if role == Role.VIEWER else teams_where(user, role)
+    rule = RULES.get(queryset.model._meta.label_lower)
+    if rule is not None:
+        return queryset.filter(rule(user, teams))
+    path = _team_path(queryset.model)
+    return queryset.filter(**{f"{path}__in" if path else "pk__in": teams})
+
+
+def team_of(obj: Model) -> Team | None:
+    """The team that owns `obj` (None for a built-in preset or a team-less audit event)."""
+    path = _team_path(type(obj))
+    return reduce(getattr, path.split("__"), obj) if path else obj
+
+
+def require(user: User, team: Team | None, needed: Role, what: str = "") -> None:
+    """403 unless the user holds `needed` in `team`. Raised as Django's PermissionDenied, which
+    pages render as 403 and DRF answers as 403 with the same message."""
+    if not has_role(user, team, needed):
+        raise PermissionDenied(f"You need the {needed.label.lower()} role in team {team}{f' to {what}' if what else ''}.")
+
+
+def get_visible_or_404(user: User, rows: QuerySet | type[Model], **lookup) -> Model:
+    try:
+        return get_object_or_404(visible(user, rows), **lookup)
+    except (ValueError, ValidationError) as exc:  # a form's "abc" where an id belongs names nothing
+        raise Http404("No such object.") from exc
+
+
+def get_for(user: User, rows: QuerySet | type[Model], needed: Role, what: str = "", **lookup) -> Model:
+    """The row if the user may see it (404 otherwise) and holds `needed` in its team (403
+    otherwise): members learn what their role lacks, everyone else learns nothing."""
+    obj = get_visible_or_404(user, rows, **lookup)
+    require(user, team_of(obj), needed, what)
+    return obj

@@ -1,0 +1,59 @@
+"""Error answers in the OpenAPI schema. drf-spectacular documents what an operation answers when
+it works; the ways any operation can fail (bad input, no credentials, a role that does not allow
+it, an object that does not exist or is not yours, throttling) are added here, once, with DRF's
+error shapes, so clients can rely on every status the API gives being in the schema.
+
+An operation that can also answer 409 says so itself with `extend_schema(responses={409: CONFLICT})`;
+this hook gives every documented error without a body the shape below."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiResponse
+
+ERROR = {
+    "type": "object",
+    "properties": {
+        "detail": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+    },
+    "required": ["detail"],
+}
+INVALID = {
+    "type": "object",
+    "description": "Each field in error (or `detail`, `non_field_errors`) with its messages, nested like the input.",
+    "additionalProperties": True,
+}
+METHODS = {"get", "put", "post", "patch", "delete"}
+
+CONFLICT = OpenApiResponse(description="The object moved on meanwhile, or another operation holds it; nothing was changed.")
+
+
+def _ref(name: str) -> dict:
+    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}
+
+
+def document_errors(result: dict, generator, request, public) -> dict:
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    schemas["Error"] = ERROR
+    schemas["ValidationError"] = INVALID
+    for operations in result.get("paths", {}).values():
+        for method, operation in operations.items():
+            if method not in METHODS:
+                continue
+            responses = operation.setdefault("responses", {})
+            common = {
+                "401": "No credentials, or a token that is not valid.",
+                "403": "Your role in the object's team does not allow this.",
+                # Lists too: a page past the last one.
+                "404": "No such object, or it belongs to a team you are not a member of.",
+                "429": "Too many requests; retry after the time the Retry-After header gives.",
+            }
+            if method != "get" or any(p.get("in") == "query" for p in operation.get("parameters", [])):
+                common["400"] = "The input is not valid, or the request was refused: the body says why."
+            if "requestBody" in operation:
+                common["415"] = "The body is not in a media type the operation accepts."
+            for code, description in common.items():
+                responses.setdefault(code, {"description": description})
+            for code, response in responses.items():
+                if code.isdigit() and int(code) >= 400 and "content" not in response:
+                    response["content"] = _ref("ValidationError" if code == "400" else "Error")
+    return result
