@@ -19,11 +19,13 @@ from apps.changes import planner
 from apps.changes.models import ACTIVE_STATES, Change, ChangeState, ChangeStep, Preset
 from apps.changes.signals import change_finished
 from apps.changes.validation import validate_options
-from apps.changes.writers import WriterUnavailable, writer_for
+from apps.changes.writers import WriterUnavailable, owner_waiting_for, writer_for
 from apps.clusters.models import Cluster
 from apps.clusters.ray_dashboard import RayError, RayValidationError, ServeStatus
 from apps.clusters.services import dashboard_for
 from apps.fleet.configs import config_hash, unified_diff
+from apps.kube.adapter import KubeConflict, KubeError
+from apps.kube.objects import ServeConfigError
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +180,7 @@ def run(change_id: int) -> None:
 
 def _push_and_verify(change: Change) -> None:
     try:
-        writer = writer_for(change.cluster)
+        writer = writer_for(change.cluster, planned_base=change.base_config)
     except WriterUnavailable as exc:
         return _finish(change, ChangeState.FAILED, str(exc))
     _transition(change, ChangeState.PUSHING, "Pushing the full config (every application) to the cluster.")
@@ -190,6 +192,16 @@ def _push_and_verify(change: Change) -> None:
         if exc.transient and _live_hash(change) == change.base_hash:
             return _finish(change, ChangeState.FAILED, f"The push did not reach Ray ({exc.message}); nothing changed.")
         _step(change, f"The push answered with an error ({exc.message}); verifying what the cluster runs.")
+    # Only the RayService writer raises these (a cluster whose config a KubeRay RayService owns).
+    except KubeConflict as exc:
+        # serveConfigV2 changed since the plan, or kept changing under the writer: nothing was written.
+        return _finish(change, ChangeState.DRIFTED, f"{exc.message} The RayService changed outside this change: re-plan.")
+    except (KubeError, ServeConfigError) as exc:
+        # As with a Ray timeout, a patch whose answer was lost may have landed: only a read-back
+        # without the new config lets the change end as "nothing changed".
+        if not getattr(exc, "transient", False) or not writer.may_hold(change.new_config):
+            return _finish(change, ChangeState.FAILED, f"The RayService was not changed: {_message(exc)}")
+        _step(change, f"The patch answered with an error ({_message(exc)}); verifying what the cluster runs.")
     change.pushed_at = timezone.now()
     change.save(update_fields=["pushed_at"])
     _verify_or_roll_back(change)
@@ -218,7 +230,7 @@ def roll_back(change: Change, why: str) -> None:
         times = {}
     try:
         writer_for(change.cluster).push(change.base_config)
-    except (RayError, WriterUnavailable) as exc:
+    except (RayError, KubeError, ServeConfigError, WriterUnavailable) as exc:
         return _finish(change, ChangeState.ROLLBACK_FAILED, f"{why}\nThe rollback push failed too: {_message(exc)}", error=True)
     expected = planner.expected_deployments(change.base_config, change.touched_applications, Change.Kind.RESTORE)
     verdict = _wait(change, expected, times)
@@ -235,6 +247,12 @@ def _wait(change: Change, expected: dict, base_deploy_times: dict) -> planner.Ve
             verdict = planner.verify(_read_live(change.cluster), expected, base_deploy_times)
         except RayError as exc:
             verdict = planner.Verdict(done=False, waiting_for=[f"cluster not answering: {exc.message}"])
+        if verdict.done:
+            # A RayService-owned cluster is verified once KubeRay agrees too: it has reconciled the
+            # new generation and reports the applications healthy. Empty for any other cluster.
+            waiting = owner_waiting_for(change.cluster, sorted({app for app, _ in expected} | set(base_deploy_times)))
+            if waiting:
+                verdict = planner.Verdict(done=False, waiting_for=waiting)
         Change.objects.filter(pk=change.pk).update(heartbeat_at=timezone.now())
         if verdict.done or verdict.failure:
             return verdict

@@ -15,6 +15,7 @@ from django.conf import settings
 ENCRYPTED_FIELDS: list[tuple[str, str]] = [
     ("clusters.Cluster", "token_ciphertext"),
     ("incidents.Webhook", "secret_ciphertext"),
+    ("kubernetes_link.KubeConnection", "kubeconfig_ciphertext"),
 ]
 
 

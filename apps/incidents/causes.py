@@ -89,3 +89,43 @@ def rank_ratchet_causes() -> list[dict]:
         cause("OOM-5", "Memory only grew over hours and never came back: allocator fragmentation or caching allocators keep it. A rolling recycle returns it.", 1),
         cause("OOM-4", "An unbounded cache grows with every new key: bound it by size and TTL.", 2),
     ]
+
+
+@dataclass(frozen=True)
+class KernelOomContext:
+    """A Ray container the kernel OOM-killed, as Kubernetes reported it."""
+
+    pod: str
+    container: str
+    limit_bytes: float | None
+    ray_memory_bytes: int | None  # what Ray plans with on that node, when known
+    ray_memory_source: str  # where that figure comes from ("Ray's dashboard", "rayStartParams memory")
+
+
+def rank_kernel_oom_causes(ctx: KernelOomContext) -> list[dict]:
+    """The kernel, not Ray's memory monitor, killed the container: OOM-6 first, with the
+    container limit set against the memory Ray believes it has."""
+    gib = 2**30
+    what = f"The kernel OOM-killed {ctx.container} in pod {ctx.pod}"
+    if ctx.limit_bytes is None:
+        first = (f"{what}, which has no memory limit: the node ran out and the kernel chose it. Ray's memory monitor sizes "
+                 "itself from the whole node, so it never saw this coming. Set requests.memory = limits.memory (K1).")
+    elif ctx.ray_memory_bytes is not None and ctx.ray_memory_bytes > ctx.limit_bytes:
+        first = (f"{what} at its {ctx.limit_bytes / gib:.1f} GiB container limit, while Ray plans with "
+                 f"{ctx.ray_memory_bytes / gib:.1f} GiB ({ctx.ray_memory_source}): Ray's memory monitor acts at a fraction of "
+                 "what Ray believes it has, so the kernel acted first. Align Ray's --memory and object store with the limit (K1).")
+    elif ctx.ray_memory_bytes is not None:
+        first = (f"{what} at its {ctx.limit_bytes / gib:.1f} GiB container limit; Ray plans with "
+                 f"{ctx.ray_memory_bytes / gib:.1f} GiB ({ctx.ray_memory_source}), so the memory that tipped it over was outside "
+                 "Ray's accounting (object store shared memory, sidecars) or grew faster than the monitor polls. Leave headroom "
+                 "between Ray's sizes and the limit (K1).")
+    else:
+        first = (f"{what} at its {ctx.limit_bytes / gib:.1f} GiB container limit: a kill by the kernel rather than by Ray's memory "
+                 "monitor means Ray believed it had room. Ray's own view of the node was not available to compare: check that "
+                 "Ray's --memory and object store fit inside the limit (K1).")
+    return [
+        cause("OOM-6", first, 1),
+        cause("OOM-3", "An object store sized from the host's memory rather than the container's fills the limit together "
+                       "with the heap.", 2),
+        cause("OOM-2", "Replicas on this pod that accept many requests at once multiply their per-request memory.", 3),
+    ]

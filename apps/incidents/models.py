@@ -79,6 +79,28 @@ class OomKillRecord(models.Model):
         constraints = [models.UniqueConstraint(fields=["incident", "actor_id"], name="one_record_per_killed_actor")]
 
 
+class PodKillRecord(models.Model):
+    """A Ray container Kubernetes reports OOMKilled (the kernel's kill, not Ray's memory monitor)."""
+
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="pod_kills")
+    # Pod uid, container and finish time: the same kill read again on the next pass has the same key.
+    kill_key = models.CharField(max_length=400)
+    namespace = models.CharField(max_length=63)
+    pod = models.CharField(max_length=253)
+    container = models.CharField(max_length=253)
+    node = models.CharField(max_length=253, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    restart_count = models.PositiveIntegerField(default=0)
+    memory_limit_bytes = models.BigIntegerField(null=True, blank=True)
+    ray_memory_bytes = models.BigIntegerField(null=True, blank=True)
+    seen_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["seen_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["incident", "kill_key"], name="one_record_per_pod_kill")]
+
+
 class IncidentEvent(models.Model):
     class Kind(models.TextChoices):
         DETECTED = "detected", "Detected"

@@ -349,18 +349,36 @@ def open_for(deployment: Deployment) -> Incident | None:
 def related_work(incident: Incident) -> list[dict]:
     """Changes and maintenance runs on the incident's application around its window, for the
     timeline: what an operator asks first is "what did we change?"."""
+    return related_work_for([incident])[incident.pk]
+
+
+def related_work_for(incidents: list[Incident]) -> dict[int, list[dict]]:
+    """`related_work` of a page of incidents in two queries, not two per incident."""
     from apps.maintenance.models import MaintenanceRun
 
+    if not incidents:
+        return {}
+    clusters = {incident.cluster_id for incident in incidents}
+    since = min(incident.started_at for incident in incidents) - RECENT
+    changes = list(Change.objects.filter(cluster_id__in=clusters, created_at__gte=since).order_by("created_at", "id"))
+    runs = list(MaintenanceRun.objects.filter(cluster_id__in=clusters, created_at__gte=since).order_by("created_at", "id"))
+    return {incident.pk: _related(incident, changes, runs) for incident in incidents}
+
+
+def _related(incident: Incident, changes: list[Change], runs: list) -> list[dict]:
     since = incident.started_at - RECENT
     items = []
-    for change in Change.objects.filter(cluster=incident.cluster, created_at__gte=since).order_by("created_at"):
+    for change in changes:
+        if change.cluster_id != incident.cluster_id or change.created_at < since:
+            continue
         if not incident.application_name or incident.application_name in change.touched_applications:
             items.append({"at": change.started_at or change.created_at, "kind": "change", "id": change.pk,
                           "text": f"Change #{change.pk} ({change.get_state_display().lower()}): {change.reason}"})
-    runs = MaintenanceRun.objects.filter(cluster=incident.cluster, created_at__gte=since)
-    if incident.deployment_id:
-        runs = runs.filter(deployment_id=incident.deployment_id)
-    for run in runs.order_by("created_at"):
+    for run in runs:
+        if run.cluster_id != incident.cluster_id or run.created_at < since:
+            continue
+        if incident.deployment_id and run.deployment_id != incident.deployment_id:
+            continue
         items.append({"at": run.started_at or run.created_at, "kind": "maintenance", "id": run.pk,
                       "text": f"{run.get_kind_display()} run #{run.pk} ({run.get_state_display().lower()})"})
     return sorted(items, key=lambda item: item["at"])

@@ -118,6 +118,18 @@ PODS = _Kind("", "v1", "pods", "Pod")
 EVENTS = _Kind("", "v1", "events", "Event")
 HPAS = _Kind("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler")
 
+# The RBAC the adapter's calls need, by (API group, resource), and nothing more: deploy/k8s/rbac.yaml
+# grants exactly READS cluster-wide, deploy/k8s/optional/rayservice-writer exactly WRITES per namespace.
+READS = {
+    (RAYCLUSTERS.group, RAYCLUSTERS.plural): ("list",),
+    (RAYSERVICES.group, RAYSERVICES.plural): ("get", "list"),
+    (PODS.group, PODS.plural): ("list",),
+    (EVENTS.group, EVENTS.plural): ("list",),
+    (HPAS.group, HPAS.plural): ("list",),
+    (SCALEDOBJECTS.group, SCALEDOBJECTS.plural): ("list",),
+}
+WRITES = {(RAYSERVICES.group, RAYSERVICES.plural): ("patch",)}
+
 
 class KubeAdapter:
     def __init__(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 import yaml
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from apps.accounts.audit import Actor, record
@@ -49,29 +51,71 @@ def subjects(cluster: Cluster) -> list[tuple[Deployment, rules.Subject]]:
 
 
 def recompute(cluster_id: int) -> dict:
-    """Open findings for rules that fire, resolve those that stopped. Unchanged findings cost no write."""
+    """Open findings for rules that fire, resolve those that stopped. Unchanged findings cost no write.
+    Owns the config-lint rules only: Kubernetes findings are recomputed by `recompute_kube`."""
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None:
         return {}
-    hits: dict[tuple[str, str, str], tuple[Deployment | None, rules.Hit]] = {}
+    wanted: dict[tuple[str, str, str, str], _Row] = {}
     for dep, subject in subjects(cluster):
         for hit in rules.evaluate(subject):
-            hits[(subject.application, subject.deployment, hit.rule)] = (dep, hit)
+            wanted[(subject.application, subject.deployment, "", hit.rule)] = _Row.of_hit(dep, hit)
     for hit in rules.cluster_hits(cluster.auth_mode):
-        hits[("", "", hit.rule)] = (None, hit)
+        wanted[("", "", "", hit.rule)] = _Row.of_hit(None, hit)
+    # Every rule but the Kubernetes checks, so a finding of a rule since retired still resolves.
+    return _reconcile(cluster, wanted, owned=~Q(rule__in=rules.KUBE_IDS))
+
+
+def recompute_kube(cluster: Cluster, kube_findings: list, *, complete: bool) -> dict:
+    """Store the K1-K4 findings of a Kubernetes inspection (`apps.kube.checks.Finding`). Several
+    findings of one rule on one subject become one row. When the inspection saw only part of
+    the cluster (`complete` false), findings it did not see again stay open rather than resolve."""
+    wanted: dict[tuple[str, str, str, str], _Row] = {}
+    for found in kube_findings:
+        key = ("", "", found.subject[:300], found.rule)
+        evidence = {**found.evidence, "cause": found.cause} if found.cause else dict(found.evidence)
+        row = _Row(None, found.severity, evidence, None, "", found.message)
+        wanted[key] = wanted[key].merged(row) if key in wanted else row
+    return _reconcile(cluster, wanted, owned=Q(rule__in=rules.KUBE_IDS), resolve_missing=complete)
+
+
+@dataclass(frozen=True)
+class _Row:
+    deployment: Deployment | None
+    severity: str
+    evidence: dict
+    patch: dict | None
+    action: str
+    message: str = ""
+
+    @classmethod
+    def of_hit(cls, dep: Deployment | None, hit: rules.Hit) -> "_Row":
+        return cls(dep, hit.severity, hit.evidence, hit.patch, hit.action)
+
+    def merged(self, other: "_Row") -> "_Row":
+        causes = ", ".join(dict.fromkeys(c for c in (self.evidence.get("cause"), other.evidence.get("cause")) if c))
+        evidence = {**self.evidence, **other.evidence} | ({"cause": causes} if causes else {})
+        severity = "major" if "major" in (self.severity, other.severity) else self.severity
+        return _Row(self.deployment, severity, evidence, self.patch, self.action, f"{self.message} {other.message}".strip())
+
+
+def _reconcile(cluster: Cluster, wanted: dict, *, owned: Q, resolve_missing: bool = True) -> dict:
     now = timezone.now()
     opened = resolved = 0
     with transaction.atomic():
-        current = {(f.application_name, f.deployment_name, f.rule): f for f in Finding.objects.filter(cluster=cluster, resolved_at__isnull=True)}
-        for key, (dep, hit) in hits.items():
+        current = {(f.application_name, f.deployment_name, f.subject, f.rule): f
+                   for f in Finding.objects.filter(owned, cluster=cluster, resolved_at__isnull=True)}
+        for key, row in wanted.items():
             finding = current.get(key)
             if finding is None:
-                Finding.objects.create(cluster=cluster, deployment=dep, application_name=key[0], deployment_name=key[1], rule=hit.rule,
-                                       severity=hit.severity, evidence=hit.evidence, patch=hit.patch, action=hit.action)
+                Finding.objects.create(cluster=cluster, deployment=row.deployment, application_name=key[0], deployment_name=key[1],
+                                       subject=key[2], rule=key[3], severity=row.severity, evidence=row.evidence, patch=row.patch,
+                                       action=row.action, message=row.message)
                 opened += 1
-            elif (finding.evidence, finding.patch, finding.severity) != (hit.evidence, hit.patch, hit.severity):
-                Finding.objects.filter(pk=finding.pk).update(evidence=hit.evidence, patch=hit.patch, severity=hit.severity)
-        gone = [f.pk for key, f in current.items() if key not in hits]
+            elif (finding.evidence, finding.patch, finding.severity, finding.message) != (row.evidence, row.patch, row.severity, row.message):
+                Finding.objects.filter(pk=finding.pk).update(evidence=row.evidence, patch=row.patch, severity=row.severity,
+                                                             message=row.message)
+        gone = [f.pk for key, f in current.items() if key not in wanted] if resolve_missing else []
         if gone:
             resolved = Finding.objects.filter(pk__in=gone).update(resolved_at=now)
     return {"opened": opened, "resolved": resolved}

@@ -15,8 +15,12 @@ class Finding(models.Model):
     deployment = models.ForeignKey(Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="findings")
     application_name = models.CharField(max_length=200, blank=True)
     deployment_name = models.CharField(max_length=200, blank=True)
+    # What a Kubernetes check (K1-K4) points at ("namespace/pod/container"); empty for config lint.
+    subject = models.CharField(max_length=300, blank=True)
     rule = models.CharField(max_length=40, db_index=True)
     severity = models.CharField(max_length=16)
+    # The check's own explanation of this occurrence; config lint explains itself through its rule.
+    message = models.TextField(blank=True)
     evidence = models.JSONField(default=dict)
     patch = models.JSONField(null=True, blank=True)
     action = models.CharField(max_length=16, blank=True)
@@ -30,14 +34,14 @@ class Finding(models.Model):
         ordering = ["rule", "cluster__name", "application_name", "deployment_name"]
         constraints = [
             models.UniqueConstraint(
-                fields=["cluster", "application_name", "deployment_name", "rule"],
+                fields=["cluster", "application_name", "deployment_name", "subject", "rule"],
                 condition=models.Q(resolved_at__isnull=True),
                 name="one_open_finding_per_subject_and_rule",
             )
         ]
 
     def __str__(self) -> str:
-        where = f"{self.application_name}/{self.deployment_name}" if self.deployment_name else "cluster"
+        where = f"{self.application_name}/{self.deployment_name}" if self.deployment_name else (self.subject or "cluster")
         return f"{self.rule} on {self.cluster.name} {where}"
 
 

@@ -182,7 +182,31 @@ CLUSTER_RULES = [
          "later support token authentication; enable it and give Fleetdeck the token.", lambda s: None, scope="cluster"),
 ]
 
-BY_ID = {rule.id: rule for rule in RULES + CLUSTER_RULES}
+# The playbook's Kubernetes checks. They judge KubeRay resources and pods, not a Serve config, so
+# `apps.kube.checks` computes them from what the Kubernetes API reports; these entries give them a
+# title and a reason on the findings page, in the API and for muting. None is an R-remedy.
+KUBE_RULES = [
+    Rule("K1", "Ray container memory does not fit its Kubernetes limit", "",
+         "A Ray container needs a memory request and limit, and the memory and object store Ray plans with must fit inside that "
+         "limit. When Ray believes it has more than the container may use, its memory monitor never reaches its threshold: the "
+         "kernel kills the whole pod instead of one replica, with the raylet, every replica on it and, on the head, the Serve "
+         "controller (OOM-6).", lambda s: None, scope="kubernetes"),
+    Rule("K2", "An HPA or KEDA scales workers that Ray already scales", "",
+         "Two autoscalers on the same Ray workers react to the same load: they overwrite each other's replica counts, overshoot, "
+         "and scale in pods that still hold running replicas. Let Serve autoscaling drive the Ray autoscaler and remove the "
+         "external scaler.", lambda s: None, scope="kubernetes"),
+    Rule("K3", "Pods stuck Terminating past their deadline", "",
+         "A pod still Terminating after its grace period keeps its memory and GPU while the pod replacing it starts, so rolling "
+         "updates and scale-in briefly need both on the node (OOM-7). Finalizers nobody removes and unresponsive kubelets are the "
+         "usual reasons.", lambda s: None, scope="kubernetes"),
+    Rule("K4", "GPU pods with too little CPU", "",
+         "KubeRay hands the container's CPU to Ray, and every Serve replica asks for a CPU next to its GPU: below one CPU per GPU "
+         "some GPUs never get a replica. The host-side work that feeds a GPU (parsing, tokenization, batching) also throttles, "
+         "which shows up as latency spikes with the GPU idle (LAT-3).", lambda s: None, scope="kubernetes"),
+]
+KUBE_IDS = frozenset(rule.id for rule in KUBE_RULES)
+
+BY_ID = {rule.id: rule for rule in RULES + CLUSTER_RULES + KUBE_RULES}
 
 
 def evaluate(subject: Subject) -> list[Hit]:

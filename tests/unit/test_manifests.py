@@ -19,6 +19,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from apps.kube.adapter import READS, WRITES
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
@@ -523,14 +525,13 @@ def reader_problems(rules: list[dict]) -> list[str]:
             problems.append(f"wildcard in {rule}")
         if "secrets" in rule["resources"]:
             problems.append("reads secrets")
-    granted = {(group, resource) for rule in rules for group in rule["apiGroups"] for resource in rule["resources"]
-               if READ_VERBS <= set(rule["verbs"])}
-    needed = {
-        ("", "pods"), ("", "events"), ("", "services"), ("", "namespaces"),
-        ("ray.io", "rayclusters"), ("ray.io", "rayservices"),
-        ("autoscaling", "horizontalpodautoscalers"), ("keda.sh", "scaledobjects"),
-    }
-    problems += [f"cannot get/list/watch {group or 'core'}/{resource}" for group, resource in sorted(needed - granted)]
+    # Exactly what the adapter calls: a missing grant breaks a feature, an extra one is unused access.
+    granted = {(group, resource, verb) for rule in rules for group in rule["apiGroups"] for resource in rule["resources"]
+               for verb in rule["verbs"] if verb in READ_VERBS}
+    needed = {(group, resource, verb) for (group, resource), verbs in READS.items() for verb in verbs}
+    problems += [f"cannot {verb} {group or 'core'}/{resource}" for group, resource, verb in sorted(needed - granted)]
+    problems += [f"grants {verb} on {group or 'core'}/{resource}, which Fleetdeck never calls"
+                 for group, resource, verb in sorted(granted - needed)]
     return problems
 
 
@@ -541,13 +542,22 @@ def test_the_reader_role_reads_what_the_checks_need_and_writes_nothing():
 def test_a_write_verb_in_the_reader_role_is_caught():
     rules = copy.deepcopy(rules_of(fleetdeck_docs(), "ClusterRole", "fleetdeck-reader"))
     rules[0]["verbs"].append("delete")
-    assert reader_problems(rules) == ["write verbs ['delete'] on ['pods', 'events', 'services', 'namespaces']"]
+    assert reader_problems(rules) == ["write verbs ['delete'] on ['pods', 'events']"]
 
 
-def test_the_optional_writer_may_only_patch_or_update_rayservices():
+def test_a_missing_or_unused_read_in_the_reader_role_is_caught():
+    rules = copy.deepcopy(rules_of(fleetdeck_docs(), "ClusterRole", "fleetdeck-reader"))
+    rules[0]["verbs"] = ["list", "watch"]
+    rules[-1]["verbs"] = []
+    assert reader_problems(rules) == ["cannot list keda.sh/scaledobjects", "grants watch on core/events, which Fleetdeck never calls",
+                                      "grants watch on core/pods, which Fleetdeck never calls"]
+
+
+def test_the_optional_writer_may_only_patch_rayservices():
     docs = load_docs(DEPLOY / "k8s" / "optional")
     rules = rules_of(docs, "ClusterRole", "fleetdeck-rayservice-writer")
-    assert rules == [{"apiGroups": ["ray.io"], "resources": ["rayservices"], "verbs": ["patch", "update"]}]
+    assert rules == [{"apiGroups": [group], "resources": [resource], "verbs": list(verbs)} for (group, resource), verbs in WRITES.items()]
+    assert rules == [{"apiGroups": ["ray.io"], "resources": ["rayservices"], "verbs": ["patch"]}]
     # The writer is opt-in: the base kustomization must not grant it.
     assert not [doc for doc in fleetdeck_docs() if doc.name == "fleetdeck-rayservice-writer" and doc.path.parent == K8S]
 
