@@ -5,11 +5,12 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.response import Response
 
+from apps.accounts import access
 from apps.accounts.audit import Actor
-from apps.accounts.drf import as_api_error, require_role
+from apps.accounts.drf import VisiblePrimaryKeyRelatedField, as_api_error, require_role
 from apps.accounts.models import Role
-from apps.accounts.permissions import visible_teams
 from apps.calibration import services
+from apps.calibration.curve import AXES
 from apps.calibration.filters import CalibrationFilter
 from apps.calibration.models import MemoryCalibration
 from apps.fleet.models import Deployment
@@ -35,40 +36,42 @@ class CalibrationSerializer(serializers.ModelSerializer):
 
 
 class CalibrateSerializer(serializers.Serializer):
-    deployment = serializers.PrimaryKeyRelatedField(queryset=Deployment.objects.select_related("application__cluster__team"))
+    deployment = VisiblePrimaryKeyRelatedField(queryset=Deployment.objects.select_related("application__cluster__team"))
+    axis = serializers.ChoiceField(choices=AXES, default="concurrency",
+                                   help_text="concurrency: k concurrent __call__s per level. token_sum: one batch per level through "
+                                             "the class's calibration_batch(token_sum) hook.")
     levels = serializers.ListField(child=serializers.IntegerField(), required=False,
-                                   help_text=f"Concurrency levels to measure, increasing; default {list(services.DEFAULT_LEVELS)}.")
+                                   help_text=f"Concurrency levels (1–{services.MAX_LEVEL}; default {list(services.DEFAULT_LEVELS)}) or "
+                                             f"token sums (1–{services.MAX_TOKEN_SUM}; default {list(services.DEFAULT_TOKEN_SUMS)}).")
     call = serializers.JSONField(required=False, allow_null=True,
-                                 help_text="The one argument each __call__ gets; absent or null: no argument.")
+                                 help_text="The one argument each __call__ gets (concurrency axis only); absent or null: no argument.")
 
 
 class CalibrationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
     """Memory calibrations: a Ray job that measures a deployment's peak memory at rising
-    concurrency. The remediation wizard sizes `max_ongoing_requests` from the latest curve."""
+    concurrency or batch token sum. The remediation wizard sizes `max_ongoing_requests` (and, from
+    a token-sum curve, `max_batch_tokens`) from the latest curve."""
 
     serializer_class = CalibrationSerializer
     filterset_class = CalibrationFilter
     ordering_fields = ["created_at", "finished_at"]
 
     def get_queryset(self):
-        return (MemoryCalibration.objects.filter(cluster__team__in=visible_teams(self.request.user))
+        return (access.visible(self.request.user, MemoryCalibration)
                 .select_related("cluster").order_by("-created_at", "-id"))
 
     @extend_schema(request=CalibrateSerializer, responses={202: CalibrationSerializer})
     def create(self, request, *args, **kwargs):
         """Calibrate a deployment (operator role). Answers 202 with the calibration; poll it until
         its state is final."""
-        body = CalibrateSerializer(data=request.data)
+        body = CalibrateSerializer(data=request.data, context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
         deployment = body.validated_data["deployment"]
-        team = deployment.application.cluster.team
-        if team not in visible_teams(request.user):
-            raise serializers.ValidationError({"deployment": ["No such deployment."]})
-        require_role(request, team, Role.OPERATOR, "calibrate deployments")
+        require_role(request, deployment.application.cluster.team, Role.OPERATOR, "calibrate deployments")
         try:
             calibration = services.request_calibration(
-                Actor.from_request(request), deployment,
-                levels=body.validated_data.get("levels") or services.DEFAULT_LEVELS, call=body.validated_data.get("call"),
+                Actor.from_request(request), deployment, axis=body.validated_data["axis"],
+                levels=body.validated_data.get("levels") or None, call=body.validated_data.get("call"),
             )
         except DjangoValidationError as exc:
             raise as_api_error(exc) from exc

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from itertools import pairwise
 
-from apps.calibration.job_script import ERROR_MARKER, MARKER
+from apps.calibration.job_script import AXES, ERROR_MARKER, MARKER
 
-AXES = ("concurrency", "token_sum")
 MAX_POINTS = 64
 MIB = 2**20
 

@@ -2,12 +2,13 @@ from __future__ import annotations
 
 import django_filters
 
+from apps.accounts.filters import IdFilter
 from apps.calibration.models import MemoryCalibration
 
 
 class CalibrationFilter(django_filters.FilterSet):
-    cluster = django_filters.NumberFilter(field_name="cluster_id")
-    deployment = django_filters.NumberFilter(field_name="deployment_id")
+    cluster = IdFilter(field_name="cluster_id")
+    deployment = IdFilter(field_name="deployment_id")
 
     class Meta:
         model = MemoryCalibration

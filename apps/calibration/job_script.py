@@ -1,14 +1,25 @@
-"""Measure one Serve deployment's memory against concurrency, as a Ray job on its own cluster.
+"""Measure one Serve deployment's memory on its own cluster, as a Ray job, against one of two axes.
 
 Fleetdeck ships this file inline (base64 in the job's entrypoint), so it imports nothing but the
 standard library and whatever the deployment itself imports; it never runs inside Fleetdeck.
 
 It imports the deployment class, builds it with no arguments (deployments whose constructor
 takes arguments, such as handles to other deployments, cannot be calibrated this way), applies
-the user_config through `reconfigure`, takes the process's peak memory as the baseline, then runs
-k concurrent calls of `__call__` for each level k in increasing order and records the peak after
-each. The peak is a high-water mark (ru_maxrss, or torch's max_memory_allocated on CUDA), hence
-the increasing order: each level only shows memory beyond what the earlier ones reached.
+the user_config through `reconfigure`, takes the process's peak memory as the baseline, then
+measures each level in increasing order and records the peak after each:
+
+- `--axis concurrency`: k concurrent calls of `__call__` for each level k.
+- `--axis token_sum`: one batch per level through the deployment's calibration hook,
+
+      def calibration_batch(self, token_sum: int) -> None
+
+  which runs ONE batch whose prompt and generated tokens sum to `token_sum`, synchronously and
+  without Serve (no batcher, no replica context), holding the same temporaries a served batch of
+  that sum holds. It is called on an instance built and reconfigured as above, with sums that may
+  exceed the deployment's own batch limit. A class without it cannot be calibrated on this axis.
+
+The peak is a high-water mark (ru_maxrss, or torch's max_memory_allocated on CUDA), hence the
+increasing order: each level only shows memory beyond what the earlier ones reached.
 
 The last line it prints is the result, one line of JSON after a marker:
     FLEETDECK_CALIBRATION {"device": "cpu", "axis": "concurrency", "baseline_bytes": N, "points": [...]}
@@ -31,6 +42,8 @@ from concurrent.futures import ThreadPoolExecutor
 MARKER = "FLEETDECK_CALIBRATION"
 ERROR_MARKER = "FLEETDECK_CALIBRATION_ERROR"
 MIB = 1024 * 1024
+AXES = ("concurrency", "token_sum")
+HOOK = "calibration_batch"
 
 
 class CalibrationFailed(Exception):
@@ -75,13 +88,14 @@ def _cuda_torch():
 
 
 class Caller:
-    """Runs k concurrent calls: on one event loop for coroutine functions, in threads otherwise."""
+    """Runs the measured call: k at once on one event loop for coroutine functions, in threads
+    otherwise; `run` makes one call and awaits it if it returns an awaitable."""
 
-    def __init__(self, instance, args: tuple):
+    def __init__(self, call, args: tuple):
         self.loop = asyncio.new_event_loop()
         # Deployments that look up "the" event loop (asyncio.get_event_loop) must find this one.
         asyncio.set_event_loop(self.loop)
-        self.call = instance.__call__
+        self.call = call
         self.args = args
         self.is_async = inspect.iscoroutinefunction(self.call)
 
@@ -106,10 +120,15 @@ class Caller:
         return [future.exception() or future.result() for future in futures]
 
 
-def calibrate(import_path: str, user_config, call_args: tuple, levels: list[int]) -> dict:
+def calibrate(import_path: str, user_config, call_args: tuple, levels: list[int], axis: str = "concurrency") -> dict:
     cls = load_class(import_path)
+    if axis == "token_sum" and not callable(getattr(cls, HOOK, None)):
+        raise CalibrationFailed(
+            f"{import_path} has no {HOOK}(token_sum) method: the token_sum axis runs one batch of each token sum "
+            "through it. Add the hook to the deployment class, or calibrate the concurrency axis."
+        )
     instance = cls()
-    caller = Caller(instance, call_args)
+    caller = Caller(getattr(instance, HOOK) if axis == "token_sum" else instance.__call__, call_args)
     if user_config is not None and hasattr(instance, "reconfigure"):
         caller.run(instance.reconfigure, user_config)
     torch = _cuda_torch()
@@ -121,24 +140,30 @@ def calibrate(import_path: str, user_config, call_args: tuple, levels: list[int]
         baseline = peak_rss_bytes()
     print(f"baseline: {baseline / MIB:.1f} MiB on {'cuda' if torch else 'cpu'}", flush=True)
     points = []
-    for k in levels:
+    for level in levels:
         gc.collect()
         if torch is not None:
             torch.cuda.reset_peak_memory_stats()
-        results = caller.concurrently(k)
-        failures = [result for result in results if isinstance(result, BaseException)]
-        if failures:
-            first = failures[0]
-            raise CalibrationFailed(f"{len(failures)} of {k} calls failed at concurrency {k}: {type(first).__name__}: {first}")
-        point = {"concurrency": k}
+        if axis == "token_sum":
+            try:
+                caller.run(caller.call, level)
+            except Exception as exc:
+                raise CalibrationFailed(f"{HOOK}({level}) failed: {type(exc).__name__}: {exc}") from exc
+        else:
+            results = caller.concurrently(level)
+            failures = [result for result in results if isinstance(result, BaseException)]
+            if failures:
+                first = failures[0]
+                raise CalibrationFailed(f"{len(failures)} of {level} calls failed at concurrency {level}: {type(first).__name__}: {first}")
+        point = {axis: level}
         if torch is not None:
             torch.cuda.synchronize()
             point.update(peak_bytes=torch.cuda.max_memory_allocated(), rss_peak_bytes=peak_rss_bytes())
         else:
             point["peak_bytes"] = peak_rss_bytes()
         points.append(point)
-        print(f"concurrency {k}: peak {point['peak_bytes'] / MIB:.1f} MiB", flush=True)
-    return {"device": "cuda" if torch else "cpu", "axis": "concurrency", "baseline_bytes": baseline, "points": points}
+        print(f"{axis} {level}: peak {point['peak_bytes'] / MIB:.1f} MiB", flush=True)
+    return {"device": "cuda" if torch else "cpu", "axis": axis, "baseline_bytes": baseline, "points": points}
 
 
 def parse_levels(text: str) -> list[int]:
@@ -162,12 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--import-path", required=True, help="module:Class of the deployment")
     parser.add_argument("--user-config", default="null", help="JSON given to reconfigure()")
     parser.add_argument("--call", default=None, help="JSON value passed as __call__'s one argument; absent: no argument")
-    parser.add_argument("--levels", default="1,2,4", help="concurrency levels, increasing")
+    parser.add_argument("--axis", choices=AXES, default="concurrency", help="what the levels count")
+    parser.add_argument("--levels", default="1,2,4", help="concurrency levels or token sums, increasing")
     try:
         args = parser.parse_args(argv)
         user_config = json.loads(args.user_config)
         call_args = () if args.call is None else (json.loads(args.call),)
-        result = calibrate(args.import_path, user_config, call_args, parse_levels(args.levels))
+        result = calibrate(args.import_path, user_config, call_args, parse_levels(args.levels), args.axis)
     except Exception as exc:  # noqa: BLE001 - every failure must end in the error line
         traceback.print_exc()
         message = " ".join((str(exc) if isinstance(exc, CalibrationFailed) else f"{type(exc).__name__}: {exc}").split())

@@ -18,7 +18,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.accounts.audit import Actor, record
-from apps.calibration.curve import CalibrationOutputError, Curve, parse_output, reported_error
+from apps.calibration.curve import AXES, CalibrationOutputError, Curve, parse_output, reported_error
 from apps.calibration.models import MemoryCalibration
 from apps.clusters.ray_dashboard import JobInfo, RayError, RayJobNotFound, RayTimeout, RayUnreachable
 from apps.clusters.services import dashboard_for
@@ -29,6 +29,14 @@ __all__ = ["Curve", "latest_curve", "parse_output", "poll", "request_calibration
 JOB_SCRIPT = Path(__file__).with_name("job_script.py")
 DEFAULT_LEVELS = (1, 2, 4)
 MAX_LEVEL = 64
+# Around the batch limits deployments commonly run (the reference app's is 1,024), so the limit the
+# wizard computes falls inside the measured range, not far past it.
+DEFAULT_TOKEN_SUMS = (256, 1024, 4096)
+# Past any batch one replica runs; larger sums would only keep the job busy for minutes.
+MAX_TOKEN_SUM = 65_536
+DEFAULTS_BY_AXIS = {"concurrency": DEFAULT_LEVELS, "token_sum": DEFAULT_TOKEN_SUMS}
+MAX_BY_AXIS = {"concurrency": MAX_LEVEL, "token_sum": MAX_TOKEN_SUM}
+LEVEL_NAMES = {"concurrency": "concurrency levels", "token_sum": "token sums"}
 MAX_LEVELS = 8
 # The call argument travels inside the job's command line.
 MAX_CALL_BYTES = 16 * 1024
@@ -59,16 +67,23 @@ def stale_after_s() -> float:
 # --- validation ----------------------------------------------------------------------------
 
 
-def validate_levels(levels) -> list[int]:
+def validate_axis(axis) -> str:
+    if axis not in AXES:
+        raise ValidationError(f"The axis must be one of {', '.join(AXES)}, not {axis!r}.")
+    return axis
+
+
+def validate_levels(levels, axis: str = "concurrency") -> list[int]:
+    names = LEVEL_NAMES[validate_axis(axis)]
     if not isinstance(levels, (list, tuple)) or not levels:
-        raise ValidationError("Give at least one concurrency level.")
+        raise ValidationError(f"Give at least one of the {names}.")
     if any(isinstance(k, bool) or not isinstance(k, int) for k in levels):
-        raise ValidationError("Concurrency levels must be whole numbers.")
+        raise ValidationError(f"The {names} must be whole numbers.")
     clean = sorted(set(levels))
-    if clean[0] < 1 or clean[-1] > MAX_LEVEL:
-        raise ValidationError(f"Concurrency levels must be between 1 and {MAX_LEVEL}.")
+    if clean[0] < 1 or clean[-1] > MAX_BY_AXIS[axis]:
+        raise ValidationError(f"The {names} must be between 1 and {MAX_BY_AXIS[axis]:,}.")
     if len(clean) > MAX_LEVELS:
-        raise ValidationError(f"At most {MAX_LEVELS} concurrency levels per calibration.")
+        raise ValidationError(f"At most {MAX_LEVELS} {names} per calibration.")
     return clean
 
 
@@ -107,13 +122,14 @@ def job_runtime_env(deployment: Deployment) -> dict | None:
     return merged or None
 
 
-def build_entrypoint(import_path: str, *, user_config, call, levels: list[int], python: str | None = None) -> str:
+def build_entrypoint(import_path: str, *, user_config, call, levels: list[int], axis: str = "concurrency",
+                     python: str | None = None) -> str:
     """The job's shell command: the measuring script shipped inline, so nothing is installed on the
     cluster beforehand. Every argument is shell-quoted."""
     code = base64.b64encode(JOB_SCRIPT.read_bytes()).decode("ascii")
     loader = f"import base64,sys;exec(compile(base64.b64decode('{code}'),'fleetdeck_calibrate','exec'))"
     args = [python or _python(), "-c", loader, "--import-path", import_path, "--user-config", json.dumps(user_config),
-            "--levels", ",".join(str(k) for k in levels)]
+            "--axis", axis, "--levels", ",".join(str(k) for k in levels)]
     if call is not None:
         args += ["--call", json.dumps(call)]
     return shlex.join(args)
@@ -122,15 +138,23 @@ def build_entrypoint(import_path: str, *, user_config, call, levels: list[int], 
 # --- requesting ----------------------------------------------------------------------------
 
 
-def request_calibration(actor: Actor, deployment: Deployment, *, levels=DEFAULT_LEVELS, call=None) -> MemoryCalibration:
+def request_calibration(actor: Actor, deployment: Deployment, *, axis: str = "concurrency", levels=None,
+                        call=None) -> MemoryCalibration:
     """Submit a calibration job for `deployment`. The caller checks the operator role.
 
-    `call` is the one argument each `__call__` gets (None: no argument). The user_config is the
-    one the deployment runs now (its effective config). The job runs where Ray places job drivers
-    (the head node, unless a GPU is reserved), and its peak memory lands there while it runs."""
+    `axis` "concurrency" runs `levels` concurrent `__call__`s, each with the one argument `call`
+    (None: no argument); "token_sum" runs one batch of each token sum in `levels` through the
+    class's `calibration_batch(token_sum)` hook (see job_script.py). `levels` defaults to the
+    axis's defaults. The user_config is the one the deployment runs now (its effective config).
+    The job runs where Ray places job drivers (the head node, unless a GPU is reserved), and its
+    peak memory lands there while it runs."""
     application = deployment.application
     cluster = application.cluster
-    levels = validate_levels(list(levels))
+    axis = validate_axis(axis)
+    levels = validate_levels(list(DEFAULTS_BY_AXIS[axis] if levels is None else levels), axis)
+    if axis == "token_sum" and call is not None:
+        raise ValidationError("A token_sum calibration calls calibration_batch(token_sum), not __call__: leave the request "
+                              "argument empty.")
     validate_call(call)
     if deployment.removed_at is not None:
         raise ValidationError(f"{application.name}/{deployment.name} is no longer on the cluster.")
@@ -140,20 +164,20 @@ def request_calibration(actor: Actor, deployment: Deployment, *, levels=DEFAULT_
     actor_options = deployment.effective_config.get("ray_actor_options") or {}
     # Without a GPU reserved the job would land on a node with none and measure host memory.
     gpus = float(actor_options.get("num_gpus") or 0) or None
-    request = {"import_path": import_path, "user_config": user_config, "call": call, "runtime_env": runtime_env,
+    request = {"import_path": import_path, "axis": axis, "user_config": user_config, "call": call, "runtime_env": runtime_env,
                "entrypoint_num_gpus": gpus}
     try:
         with transaction.atomic():
             calibration = MemoryCalibration.objects.create(
                 deployment=deployment, cluster=cluster, application_name=application.name, deployment_name=deployment.name,
-                submission_id=f"fleetdeck-calibration-{secrets.token_hex(6)}", levels=levels, request=request,
+                submission_id=f"fleetdeck-calibration-{secrets.token_hex(6)}", axis=axis, levels=levels, request=request,
                 created_by=actor.user,
             )
     except IntegrityError as exc:
         raise ValidationError(
             f"A calibration of {application.name}/{deployment.name} is already running; wait for it to finish."
         ) from exc
-    entrypoint = build_entrypoint(import_path, user_config=user_config, call=call, levels=levels)
+    entrypoint = build_entrypoint(import_path, user_config=user_config, call=call, levels=levels, axis=axis)
     try:
         with dashboard_for(cluster) as ray:
             ray.submit_job(
@@ -173,7 +197,7 @@ def request_calibration(actor: Actor, deployment: Deployment, *, levels=DEFAULT_
             raise ValidationError(f"Cluster {cluster.name} is unreachable, so nothing was calibrated: {exc.message}") from exc
         raise ValidationError(f"Ray refused the calibration job: {exc.message}") from exc
     record(actor, "calibration.request", calibration, team=cluster.team,
-           changes={"deployment": f"{application.name}/{deployment.name}", "levels": levels, "call": call,
+           changes={"deployment": f"{application.name}/{deployment.name}", "axis": axis, "levels": levels, "call": call,
                     "submission_id": calibration.submission_id})
     transaction.on_commit(lambda: _enqueue(calibration.pk))
     return calibration
@@ -236,6 +260,9 @@ def _finish_from_job(calibration: MemoryCalibration, info: JobInfo, logs: str) -
             result = parse_output(logs)
         except CalibrationOutputError as exc:
             return _finish(calibration, State.FAILED, error=f"The job ended but left no usable result: {exc}", log_tail=tail, **times)
+        if calibration.axis and result["axis"] != calibration.axis:
+            return _finish(calibration, State.FAILED, log_tail=tail, **times,
+                           error=f"The job measured the {result['axis']} axis, but {calibration.axis} was requested.")
         return _finish(calibration, State.SUCCEEDED, log_tail=tail, **times, **result)
     if info.status == "STOPPED":
         return _finish(calibration, State.STOPPED, error=info.message or "The job was stopped.", log_tail=tail, **times)

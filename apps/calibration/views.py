@@ -6,12 +6,13 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.models import Role
-from apps.accounts.permissions import has_role, visible_teams
+from apps.accounts.permissions import has_role
 from apps.calibration import services
 from apps.calibration.curve import MIB
 from apps.calibration.forms import CalibrateForm
@@ -49,8 +50,7 @@ def _chart(curve: services.Curve) -> dict:
 
 
 def _deployment(request, pk: int) -> Deployment:
-    return get_object_or_404(Deployment.objects.select_related("application__cluster__team"), pk=pk,
-                             application__cluster__team__in=visible_teams(request.user))
+    return access.get_visible_or_404(request.user, Deployment.objects.select_related("application__cluster__team"), pk=pk)
 
 
 @login_required
@@ -70,7 +70,7 @@ def calibrate(request, deployment_pk: int):
     form = CalibrateForm(request.POST)
     if form.is_valid():
         try:
-            calibration = services.request_calibration(Actor.from_request(request), deployment,
+            calibration = services.request_calibration(Actor.from_request(request), deployment, axis=form.cleaned_data["axis"],
                                                        levels=form.cleaned_data["levels"], call=form.cleaned_data["call"])
         except ValidationError as exc:
             form.add_error(None, exc)

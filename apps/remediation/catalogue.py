@@ -39,6 +39,17 @@ REMEDIES_FOR = {
 }
 
 
+# The playbook's Kubernetes checks. Their fixes live in pod specs and KubeRay resources, not in a
+# Serve config, so they are not remedies a wizard applies: a cause names the check that fixes it.
+CHECKS = {
+    "K1": "Memory requests and limits on every Ray container; Ray's memory and object store inside the limit",
+    "K2": "No HPA or KEDA ScaledObject scaling what Ray or Serve autoscaling already scales",
+    "K3": "No pod hanging in Terminating: scale-in frees memory",
+    "K4": "GPU pods request enough CPU",
+}
+CHECKS_FOR = {"OOM-6": ["K1"], "OOM-7": ["K3"]}
+
+
 def cause(cause_id: str, reason: str, rank: int) -> dict:
     return {
         "id": cause_id,
@@ -46,6 +57,7 @@ def cause(cause_id: str, reason: str, rank: int) -> dict:
         "reason": reason,
         "rank": rank,
         "remedies": [{"id": r, "title": REMEDIES[r]} for r in REMEDIES_FOR[cause_id]],
+        "checks": [{"id": k, "title": CHECKS[k]} for k in CHECKS_FOR.get(cause_id, [])],
     }
 
 
@@ -59,7 +71,9 @@ GUIDANCE = {
           "requested tokens, and answer 413 or 422 with the limit in the message. An outlier request then costs a 4xx, not a replica.",
     "R4": "Batch by the sum of tokens (pixels, frames) rather than by request count, so one long request cannot make a batch ten "
           "times the memory of a typical one. Serve's @serve.batch takes a size function for this; size the sum from the "
-          "calibrated memory curve.",
+          "calibrated memory curve: give the deployment class a calibration_batch(token_sum) method, calibrate it on the token-sum "
+          "axis, and the wizard computes the largest sum that fits the memory budget. Read the limit from user_config "
+          "(max_batch_tokens) and the wizard can apply it as a config change.",
     "R5": "Keep large inputs and results out of request bodies and the object store: upload to object storage, pass the key, "
           "return small JSON. Large bodies cost serialization time (LAT-4) and object-store memory (OOM-3).",
     "R6": "Run one dummy inference in the replica's constructor and ship model files with the image, so a new replica is warm "

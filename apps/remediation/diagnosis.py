@@ -15,6 +15,8 @@ from apps.remediation.models import Finding
 from apps.remediation.rules import BY_ID
 
 AUTOSCALING_KEYS = ("min_replicas", "max_replicas", "target_ongoing_requests", "upscale_delay_s", "downscale_delay_s")
+# user_config keys the values depend on (a request's token caps) or set (R4's batch limit).
+USER_CONFIG_KEYS = ("max_prompt_tokens", "max_tokens_cap", "max_batch_tokens")
 
 
 @dataclass
@@ -33,6 +35,9 @@ def settings_of(effective: dict) -> dict:
         out["autoscaling_config"] = {k: auto.get(k) for k in AUTOSCALING_KEYS}
     else:
         out["num_replicas"] = effective.get("num_replicas")
+    user_config = effective.get("user_config")
+    if isinstance(user_config, dict) and (tracked := {k: user_config[k] for k in USER_CONFIG_KEYS if k in user_config}):
+        out["user_config"] = tracked
     return out
 
 
@@ -45,6 +50,12 @@ def with_patch(settings: dict, patch: dict) -> dict:
             auto.update({k: v for k, v in value.items() if k in AUTOSCALING_KEYS})
             out["autoscaling_config"] = auto
             out.pop("num_replicas", None)
+        elif key == "user_config" and isinstance(value, dict):
+            # Serve replaces user_config wholesale, but the change planner merges the patch into the
+            # running one, so the keys the patch leaves out keep their values.
+            tracked = {**(out.get("user_config") or {}), **{k: v for k, v in value.items() if k in USER_CONFIG_KEYS}}
+            if tracked:
+                out["user_config"] = tracked
         elif key in out or key in ("max_ongoing_requests", "max_queued_requests"):
             out[key] = value
     return out
@@ -57,7 +68,7 @@ def diagnose(cluster: Cluster, app: str, dep: str, effective: dict, *, incident:
     load = sizing.load_from_points(points)
     current = sizing.Current.of(effective, cluster.ray_version)
     memory, budget = _memory_and_budget(cluster, app, dep, incident, current, points, curve)
-    computed = sizing.compute(current, memory, budget, load, latency_objective_ms=latency_objective_ms)
+    computed = sizing.compute(current, memory, budget, load, latency_objective_ms=latency_objective_ms, curve=curve)
 
     if incident is not None:
         causes = incident.causes
@@ -103,7 +114,8 @@ def _finding_causes(rule_id: str, remedy: str) -> list[dict]:
 def _memory_and_budget(cluster, app, dep, incident, current, points, curve):
     from apps.incidents.models import OomKillRecord
 
-    memory = sizing.memory_from_curve(curve)
+    # A token-sum curve prices a request by its tokens: the deployment's own caps when it has them.
+    memory = sizing.memory_from_curve(curve, *sizing.request_tokens(current.user_config))
     budget = None
     kill = (OomKillRecord.objects.filter(incident__cluster=cluster, incident__application_name=app, incident__deployment_name=dep)
             .exclude(message="").order_by("-seen_at", "-id").first())

@@ -1,10 +1,13 @@
-"""Computed values for the config remedies (R1, R2, R10): from measured memory and load, not
-constants. Pure functions; every value comes with the reason it has that value.
+"""Computed values for the config remedies (R1, R2, R10) and the token-sum batch limit (R4): from
+measured memory and load, not constants. Pure functions; every value comes with the reason it has
+that value.
 
 Memory: `baseline` is a replica at rest (model, runtime), `per_request` what one request in
 flight adds at its peak. A replica taking `c` requests at once peaks at baseline + c × per_request.
 The budget is what this deployment's replicas may use on one node, with a safety margin below
-the point where Ray's memory monitor (or the kernel) kills."""
+the point where Ray's memory monitor (or the kernel) kills. From a token-sum calibration, a
+request costs its tokens times the curve's cost per token, and the batch limit is the largest
+token sum whose measured peak fits one replica's share of the budget."""
 
 from __future__ import annotations
 
@@ -19,6 +22,9 @@ SAFETY_MARGIN = 0.8
 RAY_MEMORY_THRESHOLD = 0.95
 MIB = 2**20
 MAX_QUEUE_BOUND = 10_000
+# A batch limit may extrapolate the curve's last step this far past the largest calibrated sum;
+# further out a straight line is a guess, and a calibration of larger sums is the answer.
+MAX_EXTRAPOLATION = 4
 
 
 @dataclass(frozen=True)
@@ -53,13 +59,16 @@ class Current:
     autoscaling: dict | None
     num_replicas: int | None
     ray_version: str
+    user_config: dict | None = None
 
     @classmethod
     def of(cls, effective: dict, ray_version: str) -> Current:
         auto = effective.get("autoscaling_config")
         replicas = effective.get("num_replicas")
+        user_config = effective.get("user_config")
         return cls(effective.get("max_ongoing_requests"), effective.get("max_queued_requests"),
-                   auto if isinstance(auto, dict) else None, replicas if isinstance(replicas, int) else None, ray_version)
+                   auto if isinstance(auto, dict) else None, replicas if isinstance(replicas, int) else None, ray_version,
+                   user_config if isinstance(user_config, dict) else None)
 
 
 @dataclass
@@ -74,19 +83,41 @@ class Sizing:
 # --- where memory figures come from --------------------------------------------------------
 
 
-def memory_from_curve(curve, tokens_per_request: int | None = None) -> Memory | None:
-    """A calibration curve (peak bytes against concurrency, or against batch token sum)."""
+def request_tokens(user_config: dict | None) -> tuple[int | None, str]:
+    """The most tokens one request can bring to a batch: the deployment's own caps, when its
+    user_config sets both (max_prompt_tokens + max_tokens_cap); else None, with the reason."""
+    config = user_config or {}
+    caps = {name: config.get(name) for name in ("max_prompt_tokens", "max_tokens_cap")}
+    missing = [name for name, value in caps.items() if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1)]
+    if missing:
+        return None, f"the user_config caps no {' and no '.join(missing)}"
+    tokens = sum(caps.values())
+    return tokens, (f"a request brings at most {tokens} tokens (user_config max_prompt_tokens {caps['max_prompt_tokens']} + "
+                    f"max_tokens_cap {caps['max_tokens_cap']})")
+
+
+def memory_from_curve(curve, tokens_per_request: int | None = None, tokens_reason: str = "") -> Memory | None:
+    """A calibration curve (peak bytes against concurrency, or against batch token sum). On the
+    token-sum axis a request costs `tokens_per_request` tokens (`tokens_reason` says why), or,
+    unknown, as much as the largest calibrated batch."""
     if curve is None:
         return None
     if curve.axis == "concurrency":
         return Memory(curve.baseline_bytes, max(curve.per_unit_bytes, 1), "calibration",
                       f"Calibration #{curve.calibration_id} ({curve.device}, {curve.measured_at:%Y-%m-%d %H:%M}): "
                       f"{_mib(curve.baseline_bytes)} at rest, +{_mib(curve.per_unit_bytes)} per request in flight (steepest step).")
-    tokens = tokens_per_request or int(max(x for x, _ in curve.points))
+    largest = int(max(x for x, _ in curve.points))
+    tokens = tokens_per_request or largest
+    if tokens_per_request:
+        tokens_reason = tokens_reason or f"a request of {tokens} tokens"
+    else:
+        tokens_reason = (f"{tokens_reason or 'no request size is known'}, so a request is taken to be as large as the largest "
+                         f"calibrated batch, {largest} tokens (conservative)")
     per_request = max(int(curve.per_unit_bytes * tokens), 1)
     return Memory(curve.baseline_bytes, per_request, "calibration",
-                  f"Calibration #{curve.calibration_id} ({curve.device}): +{curve.per_unit_bytes / 1024:.0f} KiB per token; "
-                  f"a request of {tokens} tokens adds {_mib(per_request)}.")
+                  f"Calibration #{curve.calibration_id} ({curve.device}, token sums up to {largest}): {_mib(curve.baseline_bytes)} at "
+                  f"rest, +{curve.per_unit_bytes / 1024:.0f} KiB per token (steepest step); {tokens_reason}: {_mib(per_request)} per "
+                  "request.")
 
 
 def memory_from_kill(replicas: list[ReplicaMemory], app: str, dep: str, in_flight: float | None, cap: int | None) -> Memory | None:
@@ -153,13 +184,17 @@ def load_from_points(points: list[dict]) -> Load:
 # --- the values ----------------------------------------------------------------------------
 
 
-def compute(current: Current, memory: Memory | None, budget: Budget | None, load: Load, *, latency_objective_ms: int) -> Sizing:
+def compute(current: Current, memory: Memory | None, budget: Budget | None, load: Load, *, latency_objective_ms: int,
+            curve=None) -> Sizing:
+    """R1, R2 and R10 always; R4 when `curve` is a token-sum calibration."""
     sizing = Sizing(conservative=memory is None or budget is None)
     concurrency, max_replicas, r1 = _concurrency(current, memory, budget)
     sizing.values["R1"] = r1
     r2, max_replicas = _autoscaling(current, concurrency, max_replicas, load)
     sizing.values["R2"] = r2
     sizing.values["R10"] = _queue_bound(current, concurrency, max_replicas, load, latency_objective_ms)
+    if curve is not None and curve.axis == "token_sum":
+        sizing.values["R4"] = _batch_tokens(current, curve, budget, r1.get("replicas_per_node"), r1.get("sized_at_concurrency"))
     return sizing
 
 
@@ -198,7 +233,7 @@ def _concurrency_alone(current: Current, memory: Memory | None, budget: Budget |
     else:
         concurrency = 2 if capacity[2] > capacity[1] else 1
         per_node = fits(concurrency)
-    replicas = per_node * budget.nodes
+    replicas, sized_at = per_node * budget.nodes, concurrency
     peak = memory.baseline_bytes + concurrency * memory.per_request_bytes
     reasons = {
         "max_ongoing_requests": f"{concurrency}: a replica then peaks at about {_mib(peak)} "
@@ -209,7 +244,8 @@ def _concurrency_alone(current: Current, memory: Memory | None, budget: Budget |
         concurrency = current.max_ongoing_requests
         reasons["max_ongoing_requests"] += f" It is already {concurrency}, lower than computed: kept."
     return concurrency, replicas, {"patch": {"max_ongoing_requests": concurrency}, "reasons": reasons, "warnings": warnings,
-                                   "conservative": False, "replica_peak_bytes": peak}
+                                   "conservative": False, "replica_peak_bytes": peak, "replicas_per_node": per_node,
+                                   "sized_at_concurrency": sized_at}
 
 
 def _autoscaling(current: Current, concurrency: int, memory_replicas: int | None, load: Load) -> tuple[dict, int]:
@@ -274,6 +310,72 @@ def _queue_bound(current: Current, concurrency: int, max_replicas: int, load: Lo
         reason = f"{bound}: twice the {slots} request slots; no latency measurement yet to size it from the objective."
     reason += " Serve applies it per caller (each proxy and handle), so the total queue is this bound per proxy."
     return {"patch": {"max_queued_requests": bound}, "reasons": {"max_queued_requests": reason}, "warnings": []}
+
+
+def _batch_tokens(current: Current, curve, budget: Budget | None, per_node: int | None, concurrency: int | None) -> dict:
+    """R4: the largest batch token sum whose measured peak fits one replica's share of the node
+    budget (the budget ÷ the replicas per node that R1 sized at its concurrency, which R2 keeps
+    to). A patch only
+    where the deployment reads the limit from its user_config (a `max_batch_tokens` key);
+    elsewhere the limit lives in code and the value is guidance."""
+    config = current.user_config or {}
+    if budget is None or not per_node:
+        return {"patch": None, "value": {"max_batch_tokens": None}, "largest_fitting_tokens": None, "warnings": [],
+                "reasons": {"max_batch_tokens": "Not computed: there is no memory budget (no kill message and no node reading) to fit "
+                                                "a batch into. Collect metrics or wait for a kill, then re-plan."}}
+    share = budget.bytes_per_node // per_node
+    largest = int(max(x for x, _ in curve.points))
+    ceiling = MAX_EXTRAPOLATION * largest
+    limit = largest_token_sum(curve, share, ceiling)
+    share_text = (f"one replica's share of the budget is {_mib(share)} ({_mib(budget.bytes_per_node)} per node ÷ {per_node} replica(s) "
+                  f"per node at max_ongoing_requests {concurrency}; the safety margin is already in the budget)")
+    warnings: list[str] = []
+    if limit == 0:
+        warnings.append(f"The replica at rest ({_mib(curve.baseline_bytes)}) already needs more than its share ({_mib(share)}): no "
+                        "batch fits. Give the deployment more memory per node or fewer replicas per node.")
+        return {"patch": None, "value": {"max_batch_tokens": None}, "largest_fitting_tokens": 0, "warnings": warnings,
+                "reasons": {"max_batch_tokens": f"Not computed: {share_text}, and nothing fits it."}}
+    reason = (f"{limit}: a batch of {limit} tokens peaks at about {_mib(curve.peak_at(limit))} on calibration #{curve.calibration_id} "
+              f"({curve.device}); {share_text}.")
+    if limit == ceiling:
+        reason += (f" Capped at {MAX_EXTRAPOLATION} × the largest calibrated sum ({largest}): the budget may hold more, but that far "
+                   "out the curve is a straight-line guess. Calibrate larger token sums to go further.")
+    value = limit
+    existing = config.get("max_batch_tokens")
+    if isinstance(existing, int) and not isinstance(existing, bool) and 1 <= existing < limit:
+        value = existing
+        reason += f" It is already {existing}, lower than computed: kept."
+    if largest < value < ceiling:
+        warnings.append(f"{value} tokens is beyond the largest calibrated sum ({largest}): the curve's last step is extrapolated. "
+                        f"Calibrate up to {value} tokens to confirm it.")
+    tokens, _ = request_tokens(config)
+    if tokens is not None and tokens > value:
+        warnings.append(f"One request may bring {tokens} tokens (its caps) but a batch holds at most {value}: larger requests would "
+                        "be refused. Lower the input caps (R3) or give the replica more memory.")
+    patch = {"user_config": {"max_batch_tokens": value}} if "max_batch_tokens" in config else None
+    return {"patch": patch, "value": {"max_batch_tokens": value}, "largest_fitting_tokens": limit,
+            "reasons": {"max_batch_tokens": reason}, "warnings": warnings}
+
+
+def largest_token_sum(curve, limit_bytes: int, ceiling: int) -> int:
+    """The largest whole token sum up to `ceiling` whose peak on `curve`, and that of every smaller
+    sum, stays within `limit_bytes`; 0 when not even the replica at rest fits. Smaller sums count
+    too because a dip in a measured curve is noise, not room."""
+
+    def fits(token_sum: int) -> bool:
+        worst = max((peak for x, peak in curve.points if x <= token_sum), default=0)
+        return max(curve.peak_at(token_sum), worst) <= limit_bytes
+
+    if not fits(0):
+        return 0
+    low, high = 0, ceiling
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _mib(value: float) -> str:

@@ -110,17 +110,26 @@ def _create_steps(wizard: Wizard, found: diagnosis.Diagnosis, effective: dict) -
 
 
 def _remedy_step(wizard: Wizard, position: int, remedy: str, found: diagnosis.Diagnosis, effective: dict) -> WizardStep:
-    title = f"{remedy}: {REMEDIES[remedy]}"
-    if remedy not in CONFIG_REMEDIES:
-        return WizardStep(wizard=wizard, position=position, kind=WizardStep.Kind.CHECKLIST, remedy=remedy, title=title,
-                          values={"guidance": GUIDANCE[remedy]})
-    step = WizardStep(wizard=wizard, position=position, kind=WizardStep.Kind.CONFIG, remedy=remedy, title=title)
+    step = WizardStep(wizard=wizard, position=position, remedy=remedy, title=f"{remedy}: {REMEDIES[remedy]}")
     _set_values(step, found, effective)
     return step
 
 
 def _set_values(step: WizardStep, found: diagnosis.Diagnosis, effective: dict) -> None:
+    """A config step for the config remedies, and for any other remedy the sizing gives a patch
+    (R4 where the deployment reads its batch limit from user_config); a checklist otherwise, with
+    the computed values, if any, as guidance."""
     computed = found.sizing.values.get(step.remedy, {})
+    if step.remedy not in CONFIG_REMEDIES and not computed.get("patch"):
+        step.kind, step.patch, step.values = WizardStep.Kind.CHECKLIST, None, {"guidance": GUIDANCE[step.remedy]}
+        if computed:
+            step.values["warnings"] = computed.get("warnings", [])
+            step.values["computed"] = [{"option": key, "value": value, "reason": computed.get("reasons", {}).get(key, "")}
+                                       for key, value in computed.get("value", {}).items()]
+        if step.status in (Status.NOT_APPLICABLE, Status.FAILED):
+            step.status, step.note = Status.PENDING, ""
+        return
+    step.kind = WizardStep.Kind.CONFIG
     step.values = {k: v for k, v in computed.items() if k != "patch"}
     step.patch = computed.get("patch")
     if computed.get("not_applicable"):
@@ -259,12 +268,14 @@ def replan(actor: Actor, wizard: Wizard, *, revision: int | None = None, effecti
         wizard.diagnosis = found.summary
         wizard.basis = {"at": timezone.now().isoformat(), "settings": diagnosis.settings_of(effective)}
         wizard.save(update_fields=["diagnosis", "basis"])
-        steps = {s.remedy: s for s in WizardStep.objects.filter(wizard=wizard, kind=WizardStep.Kind.CONFIG)}
+        steps = {s.remedy: s for s in WizardStep.objects.filter(wizard=wizard).exclude(remedy="")}
         for step in steps.values():
-            if step.status in (Status.PENDING, Status.FAILED, Status.NOT_APPLICABLE):
+            # Checklists with computed values (R4) follow a new calibration too, and may become config steps.
+            recomputed = step.kind == WizardStep.Kind.CONFIG or step.remedy in found.sizing.values
+            if recomputed and step.status in (Status.PENDING, Status.FAILED, Status.NOT_APPLICABLE):
                 _set_values(step, found, effective)
-                step.save(update_fields=["values", "patch", "status", "note"])
-        missing = [r for r in found.remedies if r not in steps and r in CONFIG_REMEDIES]
+                step.save(update_fields=["kind", "values", "patch", "status", "note"])
+        missing = [r for r in found.remedies if r not in steps and (r in CONFIG_REMEDIES or found.sizing.patch(r))]
         if missing:
             _insert_steps(wizard, missing, found, effective)
         _bump(wizard, actor)

@@ -13,6 +13,10 @@ the same code into the misbehaving deployment of `misbehaving.json`, which repro
     POST <route>      {"prompt": "...", "max_tokens": 32}
                       -> {"text", "prompt_tokens", "completion_tokens", "cached"}
     GET  <route>/stats
+
+`Generator.calibration_batch(token_sum)` is Fleetdeck's calibration hook: a calibration job builds
+the class outside Serve, applies the user_config and calls it with rising token sums to measure
+the memory peak of one batch against its token sum, which sizes `max_batch_tokens`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import torch
 from cachetools import TTLCache
 from ray import serve
 from ray.serve import metrics
+from ray.serve.exceptions import RayServeException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -39,6 +44,10 @@ DEFAULT_MAX_TOKENS = 32
 # body is a few short fields.
 BODY_BYTES_PER_PROMPT_TOKEN = 6
 BODY_OVERHEAD_BYTES = 1024
+# Calibration batches are made of requests this long (calibrate.py's default): short requests put
+# many in a batch of a given sum, so the per-request temporaries count as fully as they can.
+CALIBRATION_REQUEST_TOKENS = 64
+CALIBRATION_PROMPT = b"calibrating the memory of a batch against its token sum. "
 
 
 @dataclass(frozen=True)
@@ -180,6 +189,45 @@ def new_batch_stats() -> dict:
     return {"count": 0, "largest_token_sum": 0, "largest_size": 0}
 
 
+def calibration_requests(token_sum: int, settings: Settings) -> list[byte_lm.Request]:
+    """Requests whose tokens sum to `token_sum`, each one as the edge would accept it: half
+    prompt, half generated, within max_prompt_tokens and max_tokens_cap."""
+    if not (_is_int(token_sum) and token_sum >= 1):
+        raise ValueError(f"token_sum must be a positive integer, not {token_sum!r}")
+    prompt_cap = settings.max_prompt_tokens or sys.maxsize
+    generated_cap = settings.max_tokens_cap or sys.maxsize
+    size = min(CALIBRATION_REQUEST_TOKENS, prompt_cap + generated_cap)
+    sizes = [size] * (token_sum // size) + ([token_sum % size] if token_sum % size else [])
+    requests = []
+    for tokens in sizes:
+        generated = min(tokens - tokens // 2, generated_cap)
+        prompt = min(tokens - generated, prompt_cap)
+        generated = tokens - prompt
+        text = CALIBRATION_PROMPT * (prompt // len(CALIBRATION_PROMPT) + 1)
+        requests.append(byte_lm.Request(text[:prompt], generated))
+    return requests
+
+
+def replica_gauges() -> dict[str, metrics.Gauge]:
+    """The replica's memory and batch gauges. Outside a Serve replica (a calibration job) there
+    are none: Serve could not tag the series with a deployment and replica, and a calibration
+    run's figures published as this deployment's would mislead whoever reads them."""
+    try:
+        serve.get_replica_context()
+    except RayServeException:
+        return {}
+    return {
+        name: metrics.Gauge(f"reference_app_{name}", description=description)
+        for name, description in (
+            ("peak_rss_bytes", "Peak resident memory of the replica process."),
+            ("rss_bytes", "Resident memory of the replica process."),
+            ("gpu_peak_bytes", "Peak GPU memory allocated by torch in the replica."),
+            ("largest_batch_token_sum", "Largest token sum of a batch the replica ran."),
+            ("cache_entries", "Entries in the replica's response cache."),
+        )
+    }
+
+
 @serve.deployment
 class Generator:
     def __init__(self) -> None:
@@ -189,16 +237,7 @@ class Generator:
         self.cache: TTLCache = TTLCache(maxsize=DEFAULTS.cache_max_entries, ttl=DEFAULTS.cache_ttl_s)
         self.counts = {"total": 0, "generated": 0, "cache_hits": 0, "rejected": 0}
         self.batches = new_batch_stats()
-        self.gauges = {
-            name: metrics.Gauge(f"reference_app_{name}", description=description)
-            for name, description in (
-                ("peak_rss_bytes", "Peak resident memory of the replica process."),
-                ("rss_bytes", "Resident memory of the replica process."),
-                ("gpu_peak_bytes", "Peak GPU memory allocated by torch in the replica."),
-                ("largest_batch_token_sum", "Largest token sum of a batch the replica ran."),
-                ("cache_entries", "Entries in the replica's response cache."),
-            )
-        }
+        self.gauges = replica_gauges()
         # Serve only routes traffic to a replica once its constructor has returned, so the
         # first real request finds the kernels, allocator pools and code paths already warm.
         started = time.perf_counter()
@@ -270,6 +309,18 @@ class Generator:
         self.counts["generated"] += len(requests)
         self.observe()
         return [output.decode("ascii") for output in outputs]
+
+    def calibration_batch(self, token_sum: int) -> None:
+        """Fleetdeck's calibration hook: run one batch of `token_sum` tokens now, synchronously
+        and without Serve's batcher, holding the same temporaries as a served batch of that sum.
+        Sums above max_batch_tokens are allowed: calibration measures past the current limit."""
+        settings = self.settings
+        byte_lm.run_batch(
+            self.model,
+            calibration_requests(token_sum, settings),
+            kb_per_token=settings.scratch_kb_per_token,
+            mb_per_request=settings.scratch_mb_per_request,
+        )
 
     def observe(self) -> dict:
         memory = memory_usage(self.device)

@@ -4,6 +4,7 @@ service against a fake dashboard in every job state, the API's roles and the dep
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -211,9 +212,10 @@ def fake_app(tmp_path):
     return tmp_path
 
 
-def run_job(fake_app, import_path, *, user_config=None, call=None, levels=(1, 2, 4)):
-    entrypoint = services.build_entrypoint(import_path, user_config=user_config, call=call, levels=list(levels), python=sys.executable)
-    return subprocess.run(entrypoint, shell=True, capture_output=True, text=True, timeout=60,
+def run_job(fake_app, import_path, *, user_config=None, call=None, levels=(1, 2, 4), axis="concurrency", timeout=60):
+    entrypoint = services.build_entrypoint(import_path, user_config=user_config, call=call, levels=list(levels), axis=axis,
+                                           python=sys.executable)
+    return subprocess.run(entrypoint, shell=True, capture_output=True, text=True, timeout=timeout,
                           env={"PYTHONPATH": str(fake_app), "PATH": "/usr/bin:/bin"}, cwd=fake_app)
 
 
@@ -299,7 +301,69 @@ def test_the_entrypoint_quotes_every_argument_for_the_shell():
     entrypoint = services.build_entrypoint("m:Cls", user_config={"q": "it's $HOME"}, call={"t": "a b"}, levels=[1, 2], python="python")
     argv = shlex.split(entrypoint)
     assert argv[:2] == ["python", "-c"] and "fleetdeck_calibrate" in argv[2]
-    assert argv[3:] == ["--import-path", "m:Cls", "--user-config", '{"q": "it\'s $HOME"}', "--levels", "1,2", "--call", '{"t": "a b"}']
+    assert argv[3:] == ["--import-path", "m:Cls", "--user-config", '{"q": "it\'s $HOME"}', "--axis", "concurrency", "--levels", "1,2",
+                        "--call", '{"t": "a b"}']
+
+
+TOKEN_APP = """
+class Batcher:
+    \"\"\"Holds 8 KiB per token of a batch while it runs.\"\"\"
+    def __init__(self):
+        self.kib = 0
+    def reconfigure(self, config):
+        self.kib = config["kib_per_token"]
+    def calibration_batch(self, token_sum):
+        scratch = bytearray(b"\\x01") * (token_sum * self.kib * 1024)
+        return len(scratch)
+
+class NoHook:
+    def __call__(self):
+        return 1
+
+class BadHook:
+    def calibration_batch(self, token_sum):
+        raise MemoryError(f"{token_sum} tokens do not fit")
+"""
+
+
+def test_the_token_sum_axis_runs_one_batch_per_sum_through_the_calibration_hook(fake_app):
+    (fake_app / "token_app.py").write_text(TOKEN_APP)
+    done = run_job(fake_app, "token_app:Batcher", user_config={"kib_per_token": 64}, levels=(256, 1024, 2048), axis="token_sum")
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout.splitlines()[-1].removeprefix("FLEETDECK_CALIBRATION "))
+    assert result["axis"] == "token_sum" and [p["token_sum"] for p in result["points"]] == [256, 1024, 2048]
+    parsed = parse_output(done.stdout)
+    assert parsed["monotone"] and parsed["points"][-1]["peak_bytes"] - parsed["baseline_bytes"] >= 0.9 * 2048 * 64 * 1024
+
+
+@pytest.mark.parametrize(
+    "import_path, message",
+    [
+        ("token_app:NoHook", "token_app:NoHook has no calibration_batch(token_sum) method: the token_sum axis runs one batch of each "
+                             "token sum through it. Add the hook to the deployment class, or calibrate the concurrency axis."),
+        ("token_app:BadHook", "calibration_batch(64) failed: MemoryError: 64 tokens do not fit"),
+    ],
+)
+def test_a_class_without_a_working_hook_cannot_be_calibrated_by_token_sum(fake_app, import_path, message):
+    (fake_app / "token_app.py").write_text(TOKEN_APP)
+    done = run_job(fake_app, import_path, levels=(64,), axis="token_sum")
+    assert done.returncode == 1 and done.stdout.splitlines()[-1] == f"FLEETDECK_CALIBRATION_ERROR {message}"
+
+
+def test_the_reference_generator_is_calibrated_by_token_sum_outside_serve():
+    """The shipped reference app, built in a plain process as a Ray job builds it: no replica, no
+    Serve metrics, its own temporaries (64 KiB per token in reference.json) in every batch."""
+    from controlplane.local_ray import REFERENCE_APP_DIR
+
+    user_config = next(d for d in json.loads((REFERENCE_APP_DIR / "reference.json").read_text())["applications"][0]["deployments"]
+                       if d["name"] == "Generator")["user_config"]
+    done = run_job(REFERENCE_APP_DIR, "reference_app:Generator", user_config=user_config, levels=(64, 1024), axis="token_sum",
+                   timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    parsed = parse_output(done.stdout)
+    (_, small), (_, large) = [(p["x"], p["peak_bytes"]) for p in parsed["points"]]
+    scratch = (1024 - 64) * user_config["scratch_kb_per_token"] * 1024
+    assert parsed["monotone"] and large - small >= 0.9 * scratch, parsed
 
 
 # --- the service against a fake dashboard ------------------------------------------------------
@@ -392,6 +456,35 @@ def test_an_unknown_import_path_is_refused(model, operator):
 def test_bad_levels_are_refused(model, operator, levels, message):
     with pytest.raises(ValidationError, match=message):
         services.request_calibration(operator, model, levels=levels)
+
+
+def test_a_token_sum_calibration_submits_the_axis_with_its_default_sums_and_records_it(model, operator, use_replay):
+    calibration = services.request_calibration(operator, model, axis="token_sum")
+    assert calibration.axis == "token_sum" and calibration.levels == [256, 1024, 4096]
+    assert calibration.request["axis"] == "token_sum" and calibration.request["call"] is None
+    argv = shlex.split(json.loads(use_replay.requests[-1].content)["entrypoint"])
+    assert argv[argv.index("--axis") + 1] == "token_sum" and argv[argv.index("--levels") + 1] == "256,1024,4096"
+    assert "--call" not in argv
+    assert AuditEvent.objects.get(action="calibration.request").changes["axis"] == "token_sum"
+
+
+@pytest.mark.parametrize("axis, levels, call, message", [
+    ("token_sum", [64, 65_537], None, "The token sums must be between 1 and 65,536."),
+    ("token_sum", list(range(1, 10)), None, "At most 8 token sums per calibration."),
+    ("token_sum", [1024], "hi", "leave the request argument empty"),
+    ("batch", [1], None, "The axis must be one of concurrency, token_sum, not 'batch'."),
+])
+def test_token_sums_are_validated_by_their_own_rules(model, operator, axis, levels, call, message):
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        services.request_calibration(operator, model, axis=axis, levels=levels, call=call)
+    assert services.validate_levels([65_536, 64], "token_sum") == [64, 65_536]
+
+
+def test_a_job_that_measured_another_axis_than_requested_fails(model, operator, use_replay):
+    calibration = services.request_calibration(operator, model, axis="token_sum")
+    job_says(use_replay, calibration, "SUCCEEDED", logs=result_line())
+    failed = services.poll(calibration.pk)
+    assert failed.state == "failed" and failed.error == "The job measured the concurrency axis, but token_sum was requested."
 
 
 def test_a_huge_call_argument_is_refused(model, operator):
@@ -537,6 +630,18 @@ def test_an_operator_calibrates_through_the_api_and_gets_202(api_as, model):
     assert body["per_unit_bytes"] is None
 
 
+def test_automation_calibrates_by_token_sum_through_the_api(api_as, model):
+    operator = api_as("operator")
+    response = operator.post("/api/v1/calibrations/", {"deployment": model.pk, "axis": "token_sum", "levels": [512, 2048]}, format="json")
+    assert response.status_code == 202, response.content
+    assert response.json()["axis"] == "token_sum" and response.json()["levels"] == [512, 2048]
+    MemoryCalibration.objects.all().delete()
+    refused = operator.post("/api/v1/calibrations/", {"deployment": model.pk, "axis": "pixels"}, format="json")
+    assert refused.status_code == 400 and "axis" in refused.json()
+    too_big = operator.post("/api/v1/calibrations/", {"deployment": model.pk, "axis": "token_sum", "levels": [100_000]}, format="json")
+    assert too_big.status_code == 400 and "between 1 and 65,536" in too_big.json()["detail"][0]
+
+
 def test_a_viewer_cannot_calibrate(api_as, model):
     response = api_as("viewer").post("/api/v1/calibrations/", {"deployment": model.pk}, format="json")
     assert response.status_code == 403 and "operator role" in response.json()["detail"]
@@ -546,7 +651,8 @@ def test_an_outsider_sees_no_calibration_and_cannot_request_one(api_as, model, o
     services.request_calibration(operator, model)
     assert api_as("outsider").get("/api/v1/calibrations/").json()["count"] == 0
     response = api_as("outsider").post("/api/v1/calibrations/", {"deployment": model.pk}, format="json")
-    assert response.status_code == 400 and response.json() == {"deployment": ["No such deployment."]}
+    # Exactly what naming a deployment that does not exist answers.
+    assert response.status_code == 400 and response.json() == {"deployment": [f'Invalid pk "{model.pk}" - object does not exist.']}
 
 
 def test_service_refusals_come_back_as_400_with_the_reason(api_as, model, operator):
@@ -636,6 +742,30 @@ def test_the_card_charts_the_latest_curve_and_stops_polling(login, model, operat
     card = login("viewer").get(reverse("calibration:card", args=[model.pk]), HTTP_HX_REQUEST="true").content.decode()
     assert "hx-trigger" not in card and 'id="calibration-chart"' in card
     assert '"baseline": 100.0' in card and '{"x": 4.0, "y": 356.0}' in card and "64.0\xa0MB" in card
+
+
+def test_calibrating_by_token_sum_from_the_card_uses_the_axis_defaults_and_says_so(login, model):
+    response = login("operator").post(reverse("calibration:calibrate", args=[model.pk]), {"axis": "token_sum", "levels": "", "call": ""},
+                                      HTTP_HX_REQUEST="true")
+    assert "measures peak memory at batch token sums 256, 1024, 4096" in response.content.decode()
+    calibration = MemoryCalibration.objects.get()
+    assert calibration.axis == "token_sum" and calibration.levels == [256, 1024, 4096]
+
+
+def test_the_form_judges_levels_by_their_axis(login, model):
+    response = login("operator").post(reverse("calibration:calibrate", args=[model.pk]), {"axis": "concurrency", "levels": "4096"},
+                                      HTTP_HX_REQUEST="true")
+    assert "The concurrency levels must be between 1 and 64." in response.content.decode()
+    assert not MemoryCalibration.objects.exists()
+
+
+def test_the_card_charts_a_token_sum_curve_against_the_token_sum(login, model, operator, use_replay):
+    calibration = services.request_calibration(operator, model, axis="token_sum")
+    points = [{"token_sum": 256, "peak_bytes": 116 * MIB}, {"token_sum": 1024, "peak_bytes": 164 * MIB}]
+    job_says(use_replay, calibration, "SUCCEEDED", logs=result_line(axis="token_sum", points=points))
+    assert services.poll(calibration.pk).state == "succeeded"
+    card = login("viewer").get(reverse("calibration:card", args=[model.pk]), HTTP_HX_REQUEST="true").content.decode()
+    assert '"axis": "token sum per batch"' in card and "per token" in card and '{"x": 1024.0, "y": 164.0}' in card
 
 
 def test_the_card_shows_a_failure_with_the_log_tail(login, model, operator, use_replay):

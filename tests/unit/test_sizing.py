@@ -174,3 +174,117 @@ def test_lowering_the_cap_below_the_autoscaling_target_lowers_the_target_too():
     low_target = current(autoscaling={"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1})
     assert "autoscaling_config" not in sizing.compute(low_target, memory(100, 100), budget(5000), sizing.Load(),
                                                       latency_objective_ms=5_000).patch("R1")
+
+
+# --- token-sum calibrations and R4 ------------------------------------------------------------
+
+
+KIB = 2**10
+CAPS = {"max_prompt_tokens": 512, "max_tokens_cap": 128}
+
+
+def token_curve(per_token_kib: int = 64, baseline_mib: int = 100, sums=(256, 1024)) -> Curve:
+    return curve("token_sum", [(n, baseline_mib * MIB + n * per_token_kib * KIB) for n in sums], baseline_mib * MIB)
+
+
+def test_a_request_brings_the_tokens_its_caps_allow_or_none_is_known():
+    assert sizing.request_tokens(CAPS) == (640, "a request brings at most 640 tokens (user_config max_prompt_tokens 512 + "
+                                                "max_tokens_cap 128)")
+    tokens, reason = sizing.request_tokens({"max_prompt_tokens": 512, "max_tokens_cap": None})
+    assert tokens is None and reason == "the user_config caps no max_tokens_cap"
+    assert sizing.request_tokens({"max_prompt_tokens": True, "max_tokens_cap": 0})[1] == ("the user_config caps no max_prompt_tokens "
+                                                                                         "and no max_tokens_cap")
+    assert sizing.request_tokens(None)[0] is None
+
+
+def test_memory_from_a_token_curve_says_where_the_request_size_comes_from():
+    capped = sizing.memory_from_curve(token_curve(), *sizing.request_tokens(CAPS))
+    assert capped.per_request_bytes == 640 * 64 * KIB and "max_prompt_tokens 512 + max_tokens_cap 128" in capped.reason
+    uncapped = sizing.memory_from_curve(token_curve(), *sizing.request_tokens({}))
+    assert uncapped.per_request_bytes == 1024 * 64 * KIB
+    assert "caps no max_prompt_tokens and no max_tokens_cap, so a request is taken to be as large as the largest calibrated " \
+           "batch, 1024 tokens (conservative)" in uncapped.reason
+    # A concurrency curve has no tokens to price: the caps change nothing.
+    assert sizing.memory_from_curve(curve("concurrency", [(1, 300 * MIB)], 200 * MIB), 640, "x").per_request_bytes == 100 * MIB
+
+
+def r4(user_config: dict | None, token: Curve, found_budget: sizing.Budget | None, **overrides) -> dict:
+    now = current(user_config=user_config, **overrides)
+    memory_found = sizing.memory_from_curve(token, *sizing.request_tokens(user_config))
+    return sizing.compute(now, memory_found, found_budget, sizing.Load(), latency_objective_ms=10_000, curve=token).values
+
+
+def test_the_batch_limit_is_the_largest_sum_whose_peak_fits_one_replica_s_share_of_the_budget():
+    token = token_curve()
+    values = r4({**CAPS, "max_batch_tokens": 4096, "scratch_kb_per_token": 64}, token, budget(2000))
+    # A 640-token request costs 40 MiB: c=1 fits 14 replicas of 140 MiB, c=2 11 of 180 MiB, so 2 at once and 11 per node.
+    assert values["R1"]["patch"]["max_ongoing_requests"] == 2 and values["R1"]["replicas_per_node"] == 11
+    share = 2000 * MIB // 11
+    limit = values["R4"]["value"]["max_batch_tokens"]
+    assert token.peak_at(limit) <= share < token.peak_at(limit + 1) and limit == 1309
+    # Serve replaces user_config wholesale; the planner merges this into the running one, keeping the other keys.
+    assert values["R4"]["patch"] == {"user_config": {"max_batch_tokens": 1309}}
+    reason = values["R4"]["reasons"]["max_batch_tokens"]
+    assert reason.startswith("1309: a batch of 1309 tokens peaks at about 182 MiB") and "2,000 MiB per node ÷ 11 replica(s)" in reason
+    assert "max_ongoing_requests 2" in reason and "safety margin is already in the budget" in reason
+    assert values["R4"]["warnings"] == ["1309 tokens is beyond the largest calibrated sum (1024): the curve's last step is "
+                                        "extrapolated. Calibrate up to 1309 tokens to confirm it."]
+
+
+def test_without_a_max_batch_tokens_key_the_limit_is_guidance_not_a_patch():
+    values = r4(dict(CAPS), token_curve(), budget(2000))
+    assert values["R4"]["patch"] is None and values["R4"]["value"] == {"max_batch_tokens": 1309}
+
+
+def test_a_lower_batch_limit_is_kept_and_an_unbounded_one_is_bounded():
+    kept = r4({**CAPS, "max_batch_tokens": 512}, token_curve(), budget(2000))["R4"]
+    assert kept["patch"] == {"user_config": {"max_batch_tokens": 512}} and kept["largest_fitting_tokens"] == 1309
+    assert kept["reasons"]["max_batch_tokens"].endswith(
+        "It is already 512, lower than computed: kept.")
+    assert kept["warnings"][0].startswith("One request may bring 640 tokens (its caps) but a batch holds at most 512")
+    unbounded = r4({**CAPS, "max_batch_tokens": None}, token_curve(), budget(2000))["R4"]
+    assert unbounded["patch"] == {"user_config": {"max_batch_tokens": 1309}}
+
+
+def test_requests_larger_than_the_fitting_batch_are_called_out():
+    # 1 MiB per token: a 640-token request alone (740 MiB) is more than the 500 MiB budget.
+    values = r4({**CAPS, "max_batch_tokens": 4096}, token_curve(per_token_kib=1024), budget(500))
+    assert values["R1"]["replicas_per_node"] == 1
+    assert values["R4"]["value"] == {"max_batch_tokens": 400} and values["R4"]["patch"] == {"user_config": {"max_batch_tokens": 400}}
+    assert "One request may bring 640 tokens (its caps) but a batch holds at most 400: larger requests would be refused" in \
+        values["R4"]["warnings"][0]
+
+
+def test_no_batch_fits_when_the_replica_at_rest_exceeds_its_share():
+    values = r4({**CAPS, "max_batch_tokens": 1024}, token_curve(baseline_mib=900), budget(800))
+    assert values["R4"]["patch"] is None and values["R4"]["value"] == {"max_batch_tokens": None}
+    assert "already needs more than its share" in values["R4"]["warnings"][0]
+    assert values["R4"]["reasons"]["max_batch_tokens"].startswith("Not computed:")
+
+
+def test_without_a_budget_the_batch_limit_is_not_computed_and_says_why():
+    values = r4({**CAPS, "max_batch_tokens": 1024}, token_curve(), None)
+    assert values["R4"]["patch"] is None and "no memory budget" in values["R4"]["reasons"]["max_batch_tokens"]
+
+
+def test_a_flat_curve_is_not_extrapolated_past_four_times_the_largest_calibrated_sum():
+    flat = curve("token_sum", [(256, 200 * MIB), (1024, 200 * MIB)], 100 * MIB)
+    values = r4({**CAPS, "max_batch_tokens": 100_000}, flat, budget(10_000))
+    assert values["R4"]["value"] == {"max_batch_tokens": 4096}
+    assert "Capped at 4 × the largest calibrated sum (1024)" in values["R4"]["reasons"]["max_batch_tokens"]
+    assert not any("beyond the largest calibrated sum" in w for w in values["R4"]["warnings"])
+
+
+def test_a_dip_in_the_measured_curve_never_counts_as_room():
+    dipping = curve("token_sum", [(256, 300 * MIB), (1024, 200 * MIB)], 100 * MIB)
+    # The rise to 300 MiB at 256 tokens crosses 250 MiB at 192; the lower peak measured at 1024 does not make 1024 fit.
+    assert sizing.largest_token_sum(dipping, 250 * MIB, 4096) == 192
+    assert sizing.largest_token_sum(dipping, 99 * MIB, 4096) == 0
+    assert sizing.largest_token_sum(dipping, 10_000 * MIB, 4096) == 4096
+
+
+def test_a_concurrency_curve_leaves_r4_without_a_computed_value():
+    concurrency = curve("concurrency", [(1, 300 * MIB), (2, 400 * MIB)], 200 * MIB)
+    out = sizing.compute(current(user_config=CAPS), sizing.memory_from_curve(concurrency), budget(2000), sizing.Load(),
+                         latency_objective_ms=10_000, curve=concurrency)
+    assert "R4" not in out.values

@@ -12,6 +12,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.accounts.audit import Actor
+from apps.calibration import services as calibration
+from apps.calibration.curve import Curve
+from apps.calibration.models import MemoryCalibration
 from apps.changes.models import Change, ChangeState
 from apps.changes.signals import change_finished
 from apps.clusters.models import Cluster
@@ -396,3 +399,100 @@ def test_in_flight_readings_near_the_kill_turn_the_kill_message_into_a_per_reque
     # 5.48 GiB over the 4 requests the deployment held (per running replica), no idle peer listed.
     assert memory["per_request_bytes"] == int(5.48 * 2**30 / (4 / replicas))
     assert wizard.diagnosis["load"]["peak_in_flight"] == 7
+
+
+# --- R4 from a token-sum calibration ------------------------------------------------------------
+
+
+MIB = 2**20
+TOKEN_CAPS = {"max_prompt_tokens": 512, "max_tokens_cap": 128}
+
+
+def run_with_user_config(live, cluster, user_config: dict) -> None:
+    """The Model deployment now runs `user_config` (submitted and effective), and Fleetdeck has synced it."""
+    live.model()["user_config"] = user_config
+    entry = next(d for d in live.payload["applications"]["demo"]["deployed_app_config"]["deployments"] if d["name"] == "Model")
+    entry["user_config"] = dict(user_config)
+    assert sync.sync_cluster(cluster.pk).ok
+
+
+def token_calibration(deployment, mib_per_token: int = 1, baseline_mib: int = 300) -> Curve:
+    """A finished token-sum calibration: `mib_per_token` per token of a batch, on top of the replica at rest."""
+    points = [{"x": n, "peak_bytes": (baseline_mib + n * mib_per_token) * MIB} for n in (256, 1024, 4096)]
+    row = MemoryCalibration.objects.create(
+        deployment=deployment, cluster=deployment.application.cluster, application_name="demo", deployment_name="Model",
+        submission_id=f"token-{MemoryCalibration.objects.count()}", state="succeeded", axis="token_sum", device="cpu",
+        baseline_bytes=baseline_mib * MIB, points=points, monotone=True, levels=[256, 1024, 4096], finished_at=timezone.now())
+    return calibration.curve_of(row)
+
+
+def share_of(wizard: Wizard) -> int:
+    """One replica's share of the node budget, as the diagnosis found it."""
+    return wizard.diagnosis["budget"]["bytes_per_node"] // by_remedy(wizard)["R1"].values["replicas_per_node"]
+
+
+def test_a_token_sum_calibration_gives_r4_the_largest_fitting_batch_limit_applied_as_a_user_config_change(people, incident, live,
+                                                                                                         cluster):
+    run_with_user_config(live, cluster, {"alloc_mb": 0, "hold_s": 0.05, **TOKEN_CAPS, "max_batch_tokens": 65536})
+    curve = token_calibration(incident.deployment)
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    # A request is priced at its caps: 640 tokens at 1 MiB each.
+    memory = wizard.diagnosis["memory"]
+    assert memory["per_request_bytes"] == 640 * MIB and "max_prompt_tokens 512 + max_tokens_cap 128" in memory["reason"]
+    r4 = by_remedy(wizard)["R4"]
+    limit = r4.patch["user_config"]["max_batch_tokens"]
+    assert r4.kind == "config" and r4.status == "pending" and r4.patch == {"user_config": {"max_batch_tokens": limit}}
+    assert curve.peak_at(limit) <= share_of(wizard) < curve.peak_at(limit + 1)
+    assert f"{limit}: a batch of {limit} tokens" in r4.values["reasons"]["max_batch_tokens"]
+
+    change = wizards.apply(actor(people), wizard, [r4.position], revision=wizard.revision)
+    assert change.patch == {"user_config": {"max_batch_tokens": limit}}
+    model = next(d for d in change.new_config["applications"][0]["deployments"] if d["name"] == "Model")
+    # Serve replaces user_config wholesale: the pushed one keeps every other key.
+    assert model["user_config"] == {"alloc_mb": 0, "hold_s": 0.05, **TOKEN_CAPS, "max_batch_tokens": limit}
+
+
+def test_a_batch_limit_already_lower_than_computed_leaves_r4_not_applicable(people, incident, live, cluster):
+    run_with_user_config(live, cluster, {**TOKEN_CAPS, "max_batch_tokens": 700})
+    token_calibration(incident.deployment)
+    r4 = by_remedy(wizards.start(actor(people), incident=incident)[0])["R4"]
+    assert r4.kind == "config" and r4.status == "not_applicable" and r4.patch == {"user_config": {"max_batch_tokens": 700}}
+    assert "It is already 700, lower than computed: kept." in r4.values["reasons"]["max_batch_tokens"]
+
+
+def test_without_a_max_batch_tokens_key_r4_stays_a_checklist_that_shows_the_computed_limit(client, people, incident, live, cluster):
+    run_with_user_config(live, cluster, {"alloc_mb": 0, "hold_s": 0.05})
+    curve = token_calibration(incident.deployment)
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    r4 = by_remedy(wizard)["R4"]
+    assert r4.kind == "checklist" and r4.patch is None and "calibration_batch(token_sum)" in r4.values["guidance"]
+    [row] = r4.values["computed"]
+    # No caps: a request is taken to be as large as the largest calibrated batch (conservative).
+    assert "as large as the largest calibrated batch, 4096 tokens" in wizard.diagnosis["memory"]["reason"]
+    assert row["option"] == "max_batch_tokens" and curve.peak_at(row["value"]) <= share_of(wizard) < curve.peak_at(row["value"] + 1)
+    client.force_login(people["viewer"])
+    page = client.get(reverse("remediation:wizard", args=[wizard.pk]), {"step": r4.position}).content.decode()
+    assert "Computed value" in page and f"<strong>{row['value']}</strong>" in page and row["reason"].split(";")[0] in page
+
+
+def test_a_token_calibration_made_after_the_start_turns_r4_into_a_config_step_on_replan(people, incident, live, cluster):
+    run_with_user_config(live, cluster, {**TOKEN_CAPS, "max_batch_tokens": 65536})
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    assert by_remedy(wizard)["R4"].kind == "checklist" and "computed" not in by_remedy(wizard)["R4"].values
+    token_calibration(incident.deployment)
+    wizards.replan(actor(people), wizard, revision=wizard.revision)
+    r4 = by_remedy(wizard)["R4"]
+    assert r4.kind == "config" and r4.status == "pending" and r4.patch["user_config"]["max_batch_tokens"] < 65536
+    assert [s.remedy for s in wizard.steps.all() if s.remedy].count("R4") == 1
+
+
+def test_changed_token_caps_make_the_wizard_replan_instead_of_apply(people, incident, live, cluster):
+    run_with_user_config(live, cluster, {**TOKEN_CAPS, "max_batch_tokens": 65536})
+    token_calibration(incident.deployment)
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    live.model()["user_config"] = {**TOKEN_CAPS, "max_tokens_cap": 1024, "max_batch_tokens": 65536}
+    with pytest.raises(wizards.WizardStale, match="user_config"):
+        wizards.apply(actor(people), wizard, [by_remedy(wizard)["R4"].position], revision=wizard.revision)
+    wizard.refresh_from_db()
+    # Re-planned from the live caps: a request now brings 1,536 tokens.
+    assert wizard.diagnosis["memory"]["per_request_bytes"] == 1536 * MIB and not Change.objects.exists()
