@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "apps.incidents",
     "apps.remediation",
     "apps.calibration",
+    "apps.kubernetes_link",
 ]
 
 MIDDLEWARE = [
@@ -107,7 +108,10 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # The web process, the worker and beat share one file: wait for locks instead of failing.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # IMMEDIATE takes the write lock when a transaction begins: a deferred one that read first
+    # (a sync's row lock is a plain SELECT here) fails at once with "database is locked" when it
+    # tries to write while another process writes, without waiting.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(timeout=20, transaction_mode="IMMEDIATE")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -187,7 +191,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": env_int("FLEETDECK_API_PAGE_SIZE", 50, minimum=1),
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
+        "apps.accounts.filters.FilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -208,6 +212,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "controlplane.openapi.document_errors"],
     "ENUM_NAME_OVERRIDES": {
         "ChangeStateEnum": "apps.changes.models.ChangeState",
         "RolloutStateEnum": "apps.changes.models.Rollout.State",
@@ -235,7 +240,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
         "store_processed": False,
     }
     if CELERY_BROKER_URL.startswith("filesystem")
-    else {}
+    # Redis hands an unacknowledged task to another worker after this long: well above the longest
+    # task (a change waits up to FLEETDECK_CHANGE_VERIFY_TIMEOUT_S, twice with a rollback), or a
+    # slow task would run twice.
+    else {"visibility_timeout": 3600}
 )
 if CELERY_BROKER_URL.startswith("filesystem"):
     for _folder in ("broker", "broker-processed"):
@@ -245,7 +253,12 @@ CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 # The UI reads our own rows, never Celery results.
 CELERY_TASK_IGNORE_RESULT = True
-CELERY_TASK_ACKS_LATE = True
+# Acknowledged on receipt by default. Tasks that are safe to run twice (sync, tick, polls, the
+# reconciler) ask for late acknowledgement themselves, so a worker killed mid-task has them
+# redelivered; changes and maintenance runs persist every step instead, and the reconciler
+# finishes what a dead worker left; a webhook delivered twice would notify twice.
+CELERY_TASK_ACKS_LATE = False
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env_bool("FLEETDECK_TASKS_EAGER", False)
@@ -274,6 +287,11 @@ FLEETDECK_RECYCLE_REPLICA_MEMORY_MB = env_int("FLEETDECK_RECYCLE_REPLICA_MEMORY_
 FLEETDECK_CALIBRATION_PYTHON = env_str("FLEETDECK_CALIBRATION_PYTHON", "python")
 FLEETDECK_CALIBRATION_TIMEOUT_S = env_int("FLEETDECK_CALIBRATION_TIMEOUT_S", 900, minimum=30)
 FLEETDECK_CALIBRATION_POLL_S = env_float("FLEETDECK_CALIBRATION_POLL_S", 2.0, minimum=0.2)
+# Kubernetes API calls: one attempt each within the timeout; lists page through `continue`
+# tokens and stop at the cap, marking the result partial rather than reading a huge cluster whole.
+FLEETDECK_KUBE_TIMEOUT_S = env_float("FLEETDECK_KUBE_TIMEOUT_S", 10.0, minimum=0.5)
+FLEETDECK_KUBE_PAGE_SIZE = env_int("FLEETDECK_KUBE_PAGE_SIZE", 500, minimum=1)
+FLEETDECK_KUBE_MAX_ITEMS = env_int("FLEETDECK_KUBE_MAX_ITEMS", 5000, minimum=1)
 
 LOGGING = {
     "version": 1,

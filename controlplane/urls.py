@@ -3,6 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.db import connection
 from django.http import JsonResponse
 from django.urls import include, path
+from django.views.defaults import page_not_found
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
@@ -12,6 +13,7 @@ from apps.changes.api import ChangeViewSet, PresetViewSet, RolloutViewSet
 from apps.clusters.api import ClusterViewSet
 from apps.fleet.api import ApplicationViewSet, ConfigRevisionViewSet, DeploymentViewSet
 from apps.incidents.api import IncidentViewSet, WebhookViewSet
+from apps.kubernetes_link.api import KubeConnectionViewSet, KubeLinkViewSet
 from apps.maintenance.api import ProfileViewSet, RunViewSet, ScheduleViewSet
 from apps.remediation.api import FindingViewSet, WizardViewSet
 
@@ -32,6 +34,8 @@ router.register("webhooks", WebhookViewSet, basename="webhook")
 router.register("findings", FindingViewSet, basename="finding")
 router.register("calibrations", CalibrationViewSet, basename="memorycalibration")
 router.register("wizards", WizardViewSet, basename="wizard")
+router.register("kube/connections", KubeConnectionViewSet, basename="kubeconnection")
+router.register("kube/links", KubeLinkViewSet, basename="kubelink")
 
 
 def healthz(request):
@@ -39,6 +43,13 @@ def healthz(request):
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return JsonResponse({"status": "ok"})
+
+
+def not_found(request, exception):
+    """A URL no route matches: API clients get DRF's JSON error, people the site's page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Not found."}, status=404)
+    return page_not_found(request, exception)
 
 
 urlpatterns = [
@@ -49,6 +60,7 @@ urlpatterns = [
     path("", include("apps.incidents.urls")),
     path("", include("apps.remediation.urls")),
     path("", include("apps.calibration.urls")),
+    path("", include("apps.kubernetes_link.urls")),
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include(router.urls)),
@@ -58,3 +70,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
 ]
+
+handler404 = not_found

@@ -57,19 +57,24 @@ def replay_ray():
     return ReplayRay()
 
 
-@pytest.fixture
-def use_replay(monkeypatch, replay_ray):
-    """Route every adapter the services build to `replay_ray` instead of the network."""
+def route_adapters_to(monkeypatch, replay: ReplayRay) -> ReplayRay:
+    """Route every adapter the services build to `replay` instead of the network."""
     import apps.clusters.services as cluster_services
 
     def fake_dashboard(base_url, *, token="", timeout_s=5.0):
-        return replay_ray.dashboard(base_url, token)
+        return replay.dashboard(base_url, token)
 
     # Both the registration probe and every sync build their adapter here.
     monkeypatch.setattr(cluster_services, "RayDashboard", fake_dashboard)
     # "ray.test" does not resolve; the policy itself is tested on its own.
     monkeypatch.setattr("apps.clusters.validation.check_network_policy", lambda url: None)
-    return replay_ray
+    return replay
+
+
+@pytest.fixture
+def use_replay(monkeypatch, replay_ray):
+    """Route every adapter the services build to `replay_ray` instead of the network."""
+    return route_adapters_to(monkeypatch, replay_ray)
 
 
 @pytest.fixture

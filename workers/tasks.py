@@ -13,9 +13,10 @@ from apps.incidents.webhook_client import DeliveryError
 log = logging.getLogger(__name__)
 
 
-@shared_task(name="fleet.sync_cluster", ignore_result=True)
+@shared_task(name="fleet.sync_cluster", ignore_result=True, acks_late=True)
 def sync_cluster(cluster_id: int) -> None:
     from apps.incidents import services as incidents
+    from apps.kubernetes_link.services import is_linked
     from apps.remediation import findings
 
     outcome = sync.sync_cluster(cluster_id)
@@ -27,9 +28,21 @@ def sync_cluster(cluster_id: int) -> None:
         incidents.detect(cluster_id)
         incidents.collect_metrics(cluster_id)
         findings.recompute(cluster_id)
+    # Kubernetes is read after failed syncs too: a head pod the kernel keeps killing is exactly
+    # when the dashboard does not answer.
+    if outcome is not None and is_linked(cluster_id):
+        inspect_kubernetes.delay(cluster_id)
 
 
-@shared_task(name="fleet.tick", ignore_result=True)
+@shared_task(name="kube.inspect_cluster", ignore_result=True, acks_late=True)
+def inspect_kubernetes(cluster_id: int) -> None:
+    """K1-K4 findings, kernel OOM kills and the pods snapshot of a cluster linked to Kubernetes."""
+    from apps.kubernetes_link import inspection
+
+    inspection.inspect(cluster_id)
+
+
+@shared_task(name="fleet.tick", ignore_result=True, acks_late=True)
 def tick() -> None:
     """The one periodic entry point: find due work in the database and enqueue it."""
     from apps.changes import protocol
@@ -63,7 +76,7 @@ def run_change(change_id: int) -> None:
     protocol.run(change_id)
 
 
-@shared_task(name="changes.reconcile", ignore_result=True)
+@shared_task(name="changes.reconcile", ignore_result=True, acks_late=True)
 def reconcile_change(change_id: int) -> None:
     from apps.changes import protocol
 
@@ -77,7 +90,7 @@ def run_maintenance(run_id: int) -> None:
     services.execute(run_id)
 
 
-@shared_task(name="calibration.poll", ignore_result=True)
+@shared_task(name="calibration.poll", ignore_result=True, acks_late=True)
 def poll_calibration(calibration_id: int, follow: bool = True) -> None:
     """Polls until the calibration is final, then stops: past its deadline the service fails it,
     so the chain always ends. The tick polls (without following) any whose chain was lost."""

@@ -1,23 +1,24 @@
 from __future__ import annotations
 
+from django.core.exceptions import PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import Q
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException
 from rest_framework.response import Response
 
+from apps.accounts import access
 from apps.accounts.audit import Actor
-from apps.accounts.drf import as_api_error, require_role
+from apps.accounts.drf import VisiblePrimaryKeyRelatedField, VisibleSlugRelatedField, as_api_error, require_role
 from apps.accounts.models import Role, Team
-from apps.accounts.permissions import visible_teams
+from apps.accounts.permissions import teams_where
 from apps.changes import presets, protocol, rollouts
 from apps.changes.models import Change, ChangeStep, Preset, Rollout
 from apps.changes.validation import parse_options_text, validate_options
 from apps.clusters.models import Cluster
 from apps.fleet.models import ConfigRevision
+from controlplane.openapi import CONFLICT
 
 
 class Conflict(APIException):
@@ -27,7 +28,9 @@ class Conflict(APIException):
 
 
 class PresetSerializer(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all(), required=False, allow_null=True)
+    team = VisibleSlugRelatedField(slug_field="slug", queryset=Team.objects.all(), required=False, allow_null=True)
+    remedies = serializers.ListField(child=serializers.CharField(max_length=16), required=False,
+                                     help_text="Playbook remedy ids, e.g. R1, R2.")
 
     class Meta:
         model = Preset
@@ -41,6 +44,11 @@ class PresetSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError(exc.messages) from exc
 
 
+class CloneSerializer(serializers.Serializer):
+    team = VisibleSlugRelatedField(slug_field="slug", queryset=Team.objects.all(), help_text="The team that gets the copy.")
+    name = serializers.CharField(max_length=120, required=False, allow_blank=True, help_text="Default: the source's name with (copy).")
+
+
 class PresetViewSet(viewsets.ModelViewSet):
     """Tuning presets: built-ins from the playbook (read-only) and your teams' own."""
 
@@ -49,7 +57,7 @@ class PresetViewSet(viewsets.ModelViewSet):
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
     def get_queryset(self):
-        return Preset.objects.filter(Q(builtin=True) | Q(team__in=visible_teams(self.request.user))).select_related("team").order_by("-builtin", "name")
+        return access.visible(self.request.user, Preset).select_related("team").order_by("-builtin", "name")
 
     def perform_create(self, serializer):
         team = serializer.validated_data.get("team")
@@ -79,14 +87,16 @@ class PresetViewSet(viewsets.ModelViewSet):
         require_role(self.request, instance.team, Role.OPERATOR, "delete presets")
         presets.delete_preset(Actor.from_request(self.request), instance)
 
-    @extend_schema(request=None, responses={201: PresetSerializer})
+    @extend_schema(request=CloneSerializer, responses={201: PresetSerializer})
     @action(detail=True, methods=["post"])
     def clone(self, request, pk=None):
         """Copy a preset (built-in or custom) into one of your teams, to adapt it."""
         source = self.get_object()
-        team = get_object_or_404(Team, slug=request.data.get("team", ""))
+        body = CloneSerializer(data=request.data, context=self.get_serializer_context())
+        body.is_valid(raise_exception=True)
+        team = body.validated_data["team"]
         require_role(request, team, Role.OPERATOR, "create presets")
-        clone = presets.clone_preset(Actor.from_request(request), source, team=team, name=request.data.get("name"))
+        clone = presets.clone_preset(Actor.from_request(request), source, team=team, name=body.validated_data.get("name") or None)
         return Response(PresetSerializer(clone).data, status=status.HTTP_201_CREATED)
 
 
@@ -98,9 +108,9 @@ class ChangeStepSerializer(serializers.ModelSerializer):
 
 class ChangeSerializer(serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
-    preset = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
-    applied_by = serializers.CharField(source="applied_by.username", read_only=True, default=None)
+    preset = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None, allow_null=True)
+    applied_by = serializers.CharField(source="applied_by.username", read_only=True, default=None, allow_null=True)
     steps = ChangeStepSerializer(many=True, read_only=True)
 
     class Meta:
@@ -119,9 +129,9 @@ class TargetSerializer(serializers.Serializer):
 
 
 class PlanSerializer(serializers.Serializer):
-    cluster = serializers.PrimaryKeyRelatedField(queryset=Cluster.objects.all())
+    cluster = VisiblePrimaryKeyRelatedField(queryset=Cluster.objects.all())
     targets = TargetSerializer(many=True, allow_empty=False)
-    preset = serializers.SlugRelatedField(slug_field="slug", queryset=Preset.objects.all(), required=False, allow_null=True)
+    preset = VisibleSlugRelatedField(slug_field="slug", queryset=Preset.objects.all(), required=False, allow_null=True)
     options = serializers.JSONField(required=False, help_text="Deployment options as an object.")
     options_text = serializers.CharField(required=False, allow_blank=True, help_text="Deployment options as YAML or JSON text.")
     reason = serializers.CharField(max_length=2000)
@@ -138,7 +148,7 @@ class PlanSerializer(serializers.Serializer):
 
 
 class RestoreSerializer(serializers.Serializer):
-    revision = serializers.PrimaryKeyRelatedField(queryset=ConfigRevision.objects.select_related("application", "cluster"))
+    revision = VisiblePrimaryKeyRelatedField(queryset=ConfigRevision.objects.select_related("application", "cluster__team"))
     reason = serializers.CharField(max_length=2000)
 
 
@@ -151,7 +161,7 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
 
     def get_queryset(self):
         return (
-            Change.objects.filter(cluster__team__in=visible_teams(self.request.user))
+            access.visible(self.request.user, Change)
             .select_related("cluster", "preset", "created_by", "applied_by")
             .prefetch_related("steps")
             .order_by("-created_at", "-id")
@@ -159,12 +169,10 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
 
     @extend_schema(request=PlanSerializer, responses={201: ChangeSerializer})
     def create(self, request, *args, **kwargs):
-        plan = PlanSerializer(data=request.data)
+        plan = PlanSerializer(data=request.data, context=self.get_serializer_context())
         plan.is_valid(raise_exception=True)
         data = plan.validated_data
         cluster = data["cluster"]
-        if cluster.team not in visible_teams(request.user):
-            raise serializers.ValidationError({"cluster": ["No such cluster."]})
         require_role(request, cluster.team, Role.OPERATOR, "change clusters")
         try:
             change = protocol.plan_change(
@@ -180,7 +188,7 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
         require_role(request, change.cluster.team, Role.OPERATOR, what)
         return change
 
-    @extend_schema(request=None, responses={202: ChangeSerializer})
+    @extend_schema(request=None, responses={202: ChangeSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def apply(self, request, pk=None):
         """Queue the change. 409 while another change is active on the cluster."""
@@ -191,7 +199,7 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
             raise Conflict(" ".join(exc.messages)) from exc
         return Response(ChangeSerializer(self.get_queryset().get(pk=change.pk)).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(request=None, responses={202: ChangeSerializer})
+    @extend_schema(request=None, responses={202: ChangeSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def rollback(self, request, pk=None):
         """Restore the applications this change touched to their config before it, as a new change."""
@@ -202,7 +210,7 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
             raise Conflict(" ".join(exc.messages)) from exc
         return Response(ChangeSerializer(self.get_queryset().get(pk=restore.pk)).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(request=None, responses={200: ChangeSerializer})
+    @extend_schema(request=None, responses={200: ChangeSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         change = self._act(request, "cancel changes")
@@ -216,12 +224,10 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
     @action(detail=False, methods=["post"])
     def restore(self, request):
         """Plan putting one application back to a recorded config revision."""
-        body = RestoreSerializer(data=request.data)
+        body = RestoreSerializer(data=request.data, context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
         revision = body.validated_data["revision"]
         cluster = revision.cluster
-        if cluster.team not in visible_teams(request.user):
-            raise serializers.ValidationError({"revision": ["No such revision."]})
         require_role(request, cluster.team, Role.OPERATOR, "change clusters")
         try:
             change = protocol.plan_restore(
@@ -242,7 +248,7 @@ class RolloutChangeSerializer(serializers.ModelSerializer):
 
 
 class RolloutSerializer(serializers.ModelSerializer):
-    preset = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    preset = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
     changes = RolloutChangeSerializer(many=True, read_only=True)
 
     class Meta:
@@ -253,7 +259,7 @@ class RolloutSerializer(serializers.ModelSerializer):
 
 class RolloutPlanSerializer(serializers.Serializer):
     selection = serializers.DictField(help_text="Filters: team, label (key=value), cluster, application, deployment, uses_gpu.")
-    preset = serializers.SlugRelatedField(slug_field="slug", queryset=Preset.objects.all(), required=False, allow_null=True)
+    preset = VisibleSlugRelatedField(slug_field="slug", queryset=Preset.objects.all(), required=False, allow_null=True)
     options = serializers.JSONField(required=False)
     canary = serializers.CharField(required=False, allow_blank=True, help_text="Cluster name for the first wave.")
     reason = serializers.CharField(max_length=2000)
@@ -269,11 +275,15 @@ class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user
             return Rollout.objects.none()
-        return Rollout.objects.visible_to(self.request.user).prefetch_related("changes__cluster").order_by("-created_at", "-id")
+        return (access.visible(self.request.user, Rollout).select_related("preset").prefetch_related("changes__cluster")
+                .order_by("-created_at", "-id"))
 
     @extend_schema(request=RolloutPlanSerializer, responses={201: RolloutSerializer})
     def create(self, request, *args, **kwargs):
-        body = RolloutPlanSerializer(data=request.data)
+        # As on the rollout page: a rollout only ever changes teams where you operate.
+        if not teams_where(request.user, Role.OPERATOR).exists():
+            raise PermissionDenied("Only operators and admins run rollouts.")
+        body = RolloutPlanSerializer(data=request.data, context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
         data = body.validated_data
         if not data.get("preset") and not data.get("options"):
@@ -291,7 +301,7 @@ class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
         for change in rollout.changes.select_related("cluster__team"):
             require_role(request, change.cluster.team, Role.OPERATOR, "run this rollout")
 
-    @extend_schema(request=None, responses={202: RolloutSerializer})
+    @extend_schema(request=None, responses={202: RolloutSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def start(self, request, pk=None):
         rollout = self.get_object()
@@ -302,7 +312,7 @@ class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
             raise Conflict(" ".join(exc.messages)) from exc
         return Response(RolloutSerializer(self.get_queryset().get(pk=rollout.pk)).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(request=None, responses={200: RolloutSerializer})
+    @extend_schema(request=None, responses={200: RolloutSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         rollout = self.get_object()

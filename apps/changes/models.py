@@ -56,14 +56,6 @@ FINAL_STATES = [
 ]
 
 
-class RolloutQuerySet(models.QuerySet):
-    def visible_to(self, user) -> "RolloutQuerySet":
-        """Rollouts the user started, or with a change on a cluster the user can see."""
-        from apps.accounts.permissions import visible_teams
-
-        return self.filter(models.Q(created_by=user) | models.Q(changes__cluster__team__in=visible_teams(user))).distinct()
-
-
 class Rollout(models.Model):
     """One preset or option set applied to many deployments across clusters, in waves: a canary
     cluster first, then the rest, stopping at the first change that does not succeed."""
@@ -86,8 +78,6 @@ class Rollout(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-
-    objects = RolloutQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -8,13 +8,13 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404
-from django.db.models import Q
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.models import Role
-from apps.accounts.permissions import has_role, teams_where, visible_teams
+from apps.accounts.permissions import has_role, teams_where
 from apps.changes import presets, protocol, rollouts
 from apps.changes.forms import PlanForm, PresetForm, RolloutForm
 from apps.changes.models import Change, Preset, Rollout
@@ -22,18 +22,13 @@ from apps.clusters.models import Cluster
 from apps.fleet.configs import unified_diff
 
 
-def _change(request, pk: int) -> Change:
-    return get_object_or_404(Change.objects.select_related("cluster__team", "preset"), pk=pk, cluster__team__in=visible_teams(request.user))
-
-
-def _require(request, team, role: Role) -> None:
-    if not has_role(request.user, team, role):
-        raise PermissionDenied(f"You need the {role.label.lower()} role in team {team}.")
+def _change(request, pk: int, needed: Role = Role.VIEWER) -> Change:
+    return access.get_for(request.user, Change.objects.select_related("cluster__team", "preset"), needed, pk=pk)
 
 
 @login_required
 def change_list(request):
-    changes = Change.objects.filter(cluster__team__in=visible_teams(request.user)).select_related("cluster", "created_by")
+    changes = access.visible(request.user, Change).select_related("cluster", "created_by")
     cluster_id = request.GET.get("cluster")
     if cluster_id and cluster_id.isdigit():
         changes = changes.filter(cluster_id=int(cluster_id))
@@ -43,8 +38,7 @@ def change_list(request):
 
 @login_required
 def plan(request, cluster_pk: int):
-    cluster = get_object_or_404(Cluster.objects.select_related("team"), pk=cluster_pk, team__in=visible_teams(request.user))
-    _require(request, cluster.team, Role.OPERATOR)
+    cluster = access.get_for(request.user, Cluster.objects.select_related("team"), Role.OPERATOR, pk=cluster_pk)
     # "Plan this fix" links arrive with the targets, options and reason filled in.
     initial = {"targets": request.GET.getlist("target"), "options_text": request.GET.get("options", ""), "reason": request.GET.get("reason", "")}
     form = PlanForm(request.POST or None, cluster=cluster, user=request.user, initial=initial)
@@ -78,11 +72,10 @@ def detail(request, pk: int):
 @require_POST
 def change_action(request, pk: int, action: str):
     """Apply, cancel or roll back: each is one protocol call; refusals come back as messages."""
-    change = _change(request, pk)
-    _require(request, change.cluster.team, Role.OPERATOR)
     operations = {"apply": protocol.request_apply, "cancel": protocol.cancel, "rollback": protocol.roll_back_change}
     if action not in operations:
         raise Http404("No such action.")
+    change = _change(request, pk, Role.OPERATOR)
     try:
         result = operations[action](Actor.from_request(request), change)
     except ValidationError as exc:
@@ -93,7 +86,7 @@ def change_action(request, pk: int, action: str):
 
 @login_required
 def preset_list(request):
-    items = Preset.objects.filter(Q(builtin=True) | Q(team__in=visible_teams(request.user))).select_related("team")
+    items = access.visible(request.user, Preset).select_related("team")
     for preset in items:
         preset.options_yaml = yaml.safe_dump(preset.options, sort_keys=False)
     return render(request, "changes/preset_list.html", {"presets": items, "can_create": teams_where(request.user, Role.OPERATOR).exists()})
@@ -122,14 +115,14 @@ def preset_create(request):
 
 @login_required
 def preset_edit(request, pk: int):
-    preset = get_object_or_404(Preset, pk=pk, builtin=False, team__in=teams_where(request.user, Role.OPERATOR))
+    preset = access.get_for(request.user, Preset.objects.filter(builtin=False), Role.OPERATOR, pk=pk)
     return _preset_form_view(request, preset)
 
 
 @login_required
 @require_POST
 def preset_clone(request, pk: int):
-    source = get_object_or_404(Preset.objects.filter(Q(builtin=True) | Q(team__in=visible_teams(request.user))), pk=pk)
+    source = access.get_visible_or_404(request.user, Preset, pk=pk)
     team = teams_where(request.user, Role.OPERATOR).first()
     if team is None:
         raise PermissionDenied("Only operators and admins manage presets.")
@@ -140,7 +133,7 @@ def preset_clone(request, pk: int):
 @login_required
 @require_POST
 def preset_delete(request, pk: int):
-    preset = get_object_or_404(Preset, pk=pk, builtin=False, team__in=teams_where(request.user, Role.OPERATOR))
+    preset = access.get_for(request.user, Preset.objects.filter(builtin=False), Role.OPERATOR, pk=pk)
     presets.delete_preset(Actor.from_request(request), preset)
     messages.success(request, f"Deleted preset {preset.name}.")
     return redirect("changes:presets")
@@ -148,7 +141,7 @@ def preset_delete(request, pk: int):
 
 @login_required
 def rollout_list(request):
-    page = Paginator(Rollout.objects.visible_to(request.user).order_by("-created_at", "-id"), 50).get_page(request.GET.get("page"))
+    page = Paginator(access.visible(request.user, Rollout).order_by("-created_at", "-id"), 50).get_page(request.GET.get("page"))
     return render(request, "changes/rollout_list.html", {"page": page, "can_plan": teams_where(request.user, Role.OPERATOR).exists()})
 
 
@@ -173,7 +166,7 @@ def rollout_create(request):
 
 @login_required
 def rollout_detail(request, pk: int):
-    rollout = get_object_or_404(Rollout.objects.visible_to(request.user), pk=pk)
+    rollout = access.get_visible_or_404(request.user, Rollout, pk=pk)
     can_run = all(has_role(request.user, change.cluster.team, Role.OPERATOR) for change in rollout.changes.select_related("cluster__team"))
     template = "changes/partials/rollout_progress.html" if request.htmx else "changes/rollout_detail.html"
     return render(request, template, {"rollout": rollout, "can_run": can_run})
@@ -182,11 +175,14 @@ def rollout_detail(request, pk: int):
 @login_required
 @require_POST
 def rollout_action(request, pk: int, action: str):
-    rollout = get_object_or_404(Rollout.objects.visible_to(request.user), pk=pk)
+    operations = {"start": rollouts.start, "cancel": rollouts.cancel}
+    if action not in operations:
+        raise Http404("No such action.")
+    rollout = access.get_visible_or_404(request.user, Rollout, pk=pk)
     for change in rollout.changes.select_related("cluster__team"):
-        _require(request, change.cluster.team, Role.OPERATOR)
+        access.require(request.user, change.cluster.team, Role.OPERATOR)
     try:
-        (rollouts.start if action == "start" else rollouts.cancel)(Actor.from_request(request), rollout)
+        operations[action](Actor.from_request(request), rollout)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     return redirect("changes:rollout", pk=rollout.pk)
@@ -197,8 +193,7 @@ def rollout_action(request, pk: int, action: str):
 def restore_revision(request, pk: int):
     from apps.fleet.models import ConfigRevision
 
-    revision = get_object_or_404(ConfigRevision.objects.select_related("application", "cluster__team"), pk=pk, cluster__team__in=visible_teams(request.user))
-    _require(request, revision.cluster.team, Role.OPERATOR)
+    revision = access.get_for(request.user, ConfigRevision.objects.select_related("application", "cluster__team"), Role.OPERATOR, pk=pk)
     reason = request.POST.get("reason", "").strip() or f"Restore {revision.application.name} to revision {revision.config_hash[:12]}"
     try:
         change = protocol.plan_restore(

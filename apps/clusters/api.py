@@ -7,16 +7,16 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from apps.accounts.audit import Actor
-from apps.accounts.drf import require_role
+from apps.accounts.drf import VisibleSlugRelatedField, require_role
 from apps.accounts.models import Role, Team
 from apps.clusters import services
 from apps.clusters.filters import ClusterFilter
 from apps.clusters.models import Cluster, ClusterEvent
-from apps.clusters.validation import normalize_dashboard_url, validate_labels
+from apps.clusters.validation import normalize_dashboard_url, validate_labels, validate_token
 
 
 class ClusterSerializer(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
+    team = VisibleSlugRelatedField(slug_field="slug", queryset=Team.objects.all())
     # A plain string so the URL check below explains what is wrong instead of "Enter a valid URL".
     dashboard_url = serializers.CharField(max_length=300)
     token = serializers.CharField(
@@ -64,6 +64,12 @@ class ClusterSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError(exc.messages) from exc
 
     validate_metrics_url = validate_serve_url = validate_prometheus_url = _optional_url
+
+    def validate_token(self, value: str) -> str:
+        try:
+            return validate_token(value)
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.messages) from exc
 
     def validate_labels(self, value):
         try:

@@ -6,7 +6,7 @@ from django.core.exceptions import ValidationError
 from apps.accounts.models import Role
 from apps.accounts.permissions import teams_where
 from apps.clusters.models import Cluster
-from apps.clusters.validation import labels_text, normalize_dashboard_url, parse_labels_text
+from apps.clusters.validation import labels_text, normalize_dashboard_url, parse_labels_text, validate_token
 
 
 class ClusterForm(forms.Form):
@@ -76,6 +76,9 @@ class ClusterForm(forms.Form):
 
     def clean_dashboard_url(self):
         return normalize_dashboard_url(self.cleaned_data["dashboard_url"])
+
+    def clean_token(self):
+        return validate_token(self.cleaned_data["token"])
 
     def clean_metrics_url(self):
         return normalize_dashboard_url(self.cleaned_data["metrics_url"]) if self.cleaned_data["metrics_url"].strip() else ""

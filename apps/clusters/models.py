@@ -3,6 +3,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
+from django.db.models import OuterRef, Subquery
+from django.db.models.functions import Coalesce
 
 from apps.accounts.models import Team
 
@@ -16,19 +18,25 @@ class Reachability(models.TextChoices):
 
 class ClusterQuerySet(models.QuerySet):
     def visible_to(self, user) -> "ClusterQuerySet":
-        from apps.accounts.permissions import visible_teams
+        from apps.accounts.access import visible
 
-        return self.filter(team__in=visible_teams(user))
+        return visible(user, self)
 
     def with_counts(self) -> "ClusterQuerySet":
-        """Live applications and deployments per cluster, in the same query."""
-        live_apps = models.Q(applications__removed_at__isnull=True)
-        live_deps = models.Q(
-            applications__removed_at__isnull=True, applications__deployments__removed_at__isnull=True
-        )
+        """Live applications and deployments per cluster, in the same query. Correlated subqueries
+        rather than a join and GROUP BY: the database counts only the rows of the page it returns,
+        and a paginator's COUNT leaves them out (the join aggregated the whole fleet for both)."""
+        from apps.fleet.models import Application, Deployment
+
+        def live(queryset, cluster: str) -> Coalesce:
+            per_cluster = queryset.filter(**{cluster: OuterRef("pk")}).order_by().values(cluster)
+            return Coalesce(Subquery(per_cluster.annotate(n=models.Count("pk")).values("n")), 0)
+
         return self.annotate(
-            application_count=models.Count("applications", filter=live_apps, distinct=True),
-            deployment_count=models.Count("applications__deployments", filter=live_deps, distinct=True),
+            application_count=live(Application.objects.filter(removed_at__isnull=True), "cluster"),
+            deployment_count=live(
+                Deployment.objects.filter(removed_at__isnull=True, application__removed_at__isnull=True), "application__cluster"
+            ),
         )
 
     def listing_for(self, user) -> "ClusterQuerySet":

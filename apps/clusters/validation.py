@@ -13,6 +13,8 @@ from django.core.exceptions import ValidationError
 LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
 LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$|^$")
 MAX_LABELS = 32
+# A bearer token travels in an HTTP header, which carries visible ASCII only.
+TOKEN = re.compile(r"^[\x21-\x7e]*$")
 # Cloud metadata services that are not link-local (AWS over IPv6, Alibaba Cloud).
 METADATA_ADDRESSES = {ipaddress.ip_address("fd00:ec2::254"), ipaddress.ip_address("100.100.100.200")}
 
@@ -43,6 +45,13 @@ def normalize_dashboard_url(raw: str) -> str:
     if port is not None:
         netloc += f":{port}"
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+def validate_token(raw: str) -> str:
+    token = (raw or "").strip()
+    if not TOKEN.match(token):
+        raise ValidationError("The token must be printable ASCII without spaces, as Ray issues it.")
+    return token
 
 
 def check_network_policy(url: str) -> None:

@@ -5,22 +5,20 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.models import Role
-from apps.accounts.permissions import has_role, teams_where, visible_teams
+from apps.accounts.permissions import teams_where
 from apps.clusters import services
 from apps.clusters.forms import ClusterForm
 from apps.clusters.models import Cluster
 
 
 def _cluster(request, pk: int, needed: Role) -> Cluster:
-    cluster = get_object_or_404(Cluster.objects.select_related("team"), pk=pk, team__in=visible_teams(request.user))
-    if not has_role(request.user, cluster.team, needed):
-        raise PermissionDenied(f"You need the {needed.label.lower()} role in team {cluster.team}.")
-    return cluster
+    return access.get_for(request.user, Cluster.objects.select_related("team"), needed, pk=pk)
 
 
 def _form_error(form: ClusterForm, exc: ValidationError) -> None:

@@ -6,7 +6,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
-from apps.accounts.permissions import visible_teams
+from apps.accounts import access
 from apps.fleet.filters import ApplicationFilter, ConfigRevisionFilter, DeploymentFilter
 from apps.fleet.history import previous_revision, revision_diff
 from apps.fleet.models import Application, ConfigRevision, Deployment
@@ -55,7 +55,7 @@ class ApplicationViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         return (
-            Application.objects.filter(cluster__team__in=visible_teams(self.request.user))
+            access.visible(self.request.user, Application)
             .select_related("cluster")
             .order_by("cluster__name", "name")
         )
@@ -70,7 +70,7 @@ class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         return (
-            Deployment.objects.filter(application__cluster__team__in=visible_teams(self.request.user))
+            access.visible(self.request.user, Deployment)
             .select_related("application")
             .order_by("application__cluster__name", "application__name", "name")
         )
@@ -85,7 +85,7 @@ class ConfigRevisionViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         return (
-            ConfigRevision.objects.filter(cluster__team__in=visible_teams(self.request.user))
+            access.visible(self.request.user, ConfigRevision)
             .select_related("application")
             .order_by("-observed_at", "-id")
         )

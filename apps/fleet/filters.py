@@ -1,5 +1,6 @@
 import django_filters
 
+from apps.accounts.filters import IdFilter
 from apps.fleet.models import Application, ConfigRevision, Deployment
 
 
@@ -18,7 +19,7 @@ class HidesRemoved(django_filters.FilterSet):
 
 
 class ApplicationFilter(HidesRemoved):
-    cluster = django_filters.NumberFilter(field_name="cluster_id")
+    cluster = IdFilter(field_name="cluster_id")
     cluster_name = django_filters.CharFilter(field_name="cluster__name")
     status = django_filters.CharFilter(field_name="status", lookup_expr="iexact")
 
@@ -28,8 +29,8 @@ class ApplicationFilter(HidesRemoved):
 
 
 class DeploymentFilter(HidesRemoved):
-    cluster = django_filters.NumberFilter(field_name="application__cluster_id")
-    application = django_filters.NumberFilter(field_name="application_id")
+    cluster = IdFilter(field_name="application__cluster_id")
+    application = IdFilter(field_name="application_id")
     status = django_filters.CharFilter(field_name="status", lookup_expr="iexact")
     uses_gpu = django_filters.BooleanFilter(method="filter_gpu", label="Requests GPUs")
 
@@ -42,8 +43,8 @@ class DeploymentFilter(HidesRemoved):
 
 
 class ConfigRevisionFilter(django_filters.FilterSet):
-    cluster = django_filters.NumberFilter(field_name="cluster_id")
-    application = django_filters.NumberFilter(field_name="application_id")
+    cluster = IdFilter(field_name="cluster_id")
+    application = IdFilter(field_name="application_id")
 
     class Meta:
         model = ConfigRevision

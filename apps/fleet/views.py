@@ -8,6 +8,7 @@ from django.core.paginator import Paginator
 from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404, render
 
+from apps.accounts import access
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role, teams_where, visible_teams
 from apps.calibration.views import card_context as calibration_card
@@ -15,6 +16,7 @@ from apps.clusters.filters import ClusterFilter
 from apps.clusters.models import Cluster
 from apps.fleet.history import previous_revision, revision_diff
 from apps.fleet.models import Application, ConfigRevision, Deployment
+from apps.kubernetes_link.views import card_context as kube_card
 
 PAGE_SIZE = 50
 
@@ -66,7 +68,7 @@ def _cluster_context(request, cluster: Cluster) -> dict:
 @login_required
 def cluster_detail(request, pk: int):
     cluster = _visible_cluster(request, pk)
-    return render(request, "fleet/cluster_detail.html", _cluster_context(request, cluster))
+    return render(request, "fleet/cluster_detail.html", {**_cluster_context(request, cluster), "kube": kube_card(cluster)})
 
 
 @login_required
@@ -78,11 +80,7 @@ def cluster_status(request, pk: int):
 
 @login_required
 def deployment_detail(request, pk: int):
-    deployment = get_object_or_404(
-        Deployment.objects.select_related("application__cluster__team"),
-        pk=pk,
-        application__cluster__team__in=visible_teams(request.user),
-    )
+    deployment = access.get_visible_or_404(request.user, Deployment.objects.select_related("application__cluster__team"), pk=pk)
     context = {
         "deployment": deployment,
         "application": deployment.application,
@@ -102,19 +100,15 @@ def deployment_detail(request, pk: int):
 
 @login_required
 def application_history(request, pk: int):
-    application = get_object_or_404(
-        Application.objects.select_related("cluster"), pk=pk, cluster__team__in=visible_teams(request.user)
-    )
+    application = access.get_visible_or_404(request.user, Application.objects.select_related("cluster"), pk=pk)
     page = Paginator(application.revisions.all(), 20).get_page(request.GET.get("page"))
     return render(request, "fleet/application_history.html", {"application": application, "page": page})
 
 
 @login_required
 def revision_detail(request, pk: int):
-    revision = get_object_or_404(
-        ConfigRevision.objects.select_related("application__cluster", "cluster__team"),
-        pk=pk,
-        cluster__team__in=visible_teams(request.user),
+    revision = access.get_visible_or_404(
+        request.user, ConfigRevision.objects.select_related("application__cluster", "cluster__team"), pk=pk
     )
     against_id = request.GET.get("against")
     old = None

@@ -1,18 +1,22 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import Prefetch
+from django.db.models.manager import BaseManager
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from apps.accounts import access
 from apps.accounts.audit import Actor
-from apps.accounts.drf import require_role
+from apps.accounts.drf import VisibleSlugRelatedField, require_role
 from apps.accounts.models import Role, Team
-from apps.accounts.permissions import teams_where, visible_teams
 from apps.incidents import services, webhooks
 from apps.incidents.filters import IncidentFilter
-from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, Webhook
+from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, PodKillRecord, Webhook, WebhookDelivery
+
+RECENT_DELIVERIES = 10
 
 
 class OomKillSerializer(serializers.ModelSerializer):
@@ -21,30 +25,48 @@ class OomKillSerializer(serializers.ModelSerializer):
         fields = ["actor_id", "replica", "node_ip", "used_bytes", "threshold_bytes", "message", "seen_at"]
 
 
+class PodKillSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = PodKillRecord
+        fields = ["namespace", "pod", "container", "node", "exit_code", "finished_at", "restart_count", "memory_limit_bytes",
+                  "ray_memory_bytes", "seen_at"]
+
+
 class EventSerializer(serializers.ModelSerializer):
-    author = serializers.CharField(source="author.username", default=None, read_only=True)
+    author = serializers.CharField(source="author.username", default=None, read_only=True, allow_null=True)
 
     class Meta:
         model = IncidentEvent
         fields = ["kind", "message", "author", "at"]
 
 
+class IncidentListSerializer(serializers.ListSerializer):
+    def to_representation(self, data):
+        incidents = list(data.all() if isinstance(data, BaseManager) else data)
+        self.context["related_work"] = services.related_work_for(incidents)
+        return super().to_representation(incidents)
+
+
 class IncidentSerializer(serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     related_work = serializers.SerializerMethodField(help_text="Changes and maintenance runs around the incident.")
     oom_kills = OomKillSerializer(many=True, read_only=True)
+    pod_kills = PodKillSerializer(many=True, read_only=True, help_text="Kernel OOM kills of Ray containers, as Kubernetes reported them.")
     timeline = EventSerializer(many=True, read_only=True)
 
     class Meta:
         model = Incident
         fields = ["id", "kind", "status", "severity", "title", "cluster", "cluster_name", "application_name", "deployment_name",
-                  "deployment", "node_ip", "started_at", "last_signal_at", "resolved_at", "signal_count", "causes", "evidence", "oom_kills",
+                  "deployment", "node_ip", "started_at", "last_signal_at", "resolved_at", "signal_count", "causes", "evidence", "oom_kills", "pod_kills",
                   "timeline", "related_work"]
         read_only_fields = fields
+        list_serializer_class = IncidentListSerializer
 
 
     def get_related_work(self, obj) -> list[dict]:
-        return [{**item, "at": item["at"].isoformat()} for item in services.related_work(obj)]
+        by_incident = self.context.get("related_work") or {}
+        items = by_incident[obj.pk] if obj.pk in by_incident else services.related_work(obj)
+        return [{**item, "at": item["at"].isoformat()} for item in items]
 
 
 class NoteSerializer(serializers.Serializer):
@@ -58,8 +80,8 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = IncidentFilter
 
     def get_queryset(self):
-        return (Incident.objects.filter(cluster__team__in=visible_teams(self.request.user))
-                .select_related("cluster").prefetch_related("oom_kills", "timeline__author").order_by("-last_signal_at", "-id"))
+        return (access.visible(self.request.user, Incident)
+                .select_related("cluster").prefetch_related("oom_kills", "pod_kills", "timeline__author").order_by("-last_signal_at", "-id"))
 
     def _transition(self, request, status):
         incident = self.get_object()
@@ -80,7 +102,7 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
     def resolve(self, request, pk=None):
         return self._transition(request, Incident.Status.RESOLVED)
 
-    @extend_schema(request=NoteSerializer, responses=IncidentSerializer)
+    @extend_schema(request=NoteSerializer, responses={201: IncidentSerializer})
     @action(detail=True, methods=["post"])
     def notes(self, request, pk=None):
         incident = self.get_object()
@@ -92,7 +114,7 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 class WebhookSerializer(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
+    team = VisibleSlugRelatedField(slug_field="slug", queryset=Team.objects.all())
     secret = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=500,
                                    help_text="Signs each body: header X-Fleetdeck-Signature: sha256=<HMAC>. Stored encrypted, never returned.")
     has_secret = serializers.SerializerMethodField()
@@ -108,7 +130,13 @@ class WebhookSerializer(serializers.ModelSerializer):
 
     def get_recent_deliveries(self, obj) -> list[dict]:
         return [{"incident": d.incident_id, "state": d.state, "attempts": d.attempts, "last_status": d.last_status,
-                 "last_error": d.last_error} for d in obj.deliveries.all()[:10]]
+                 "last_error": d.last_error} for d in self._recent(obj)]
+
+    def _recent(self, obj) -> list:
+        # Prefetched for lists; a webhook just saved has no prefetch.
+        if hasattr(obj, "recent_deliveries"):
+            return obj.recent_deliveries
+        return list(obj.deliveries.order_by("-created_at", "-id")[:RECENT_DELIVERIES])
 
 
 class WebhookViewSet(viewsets.ModelViewSet):
@@ -120,7 +148,11 @@ class WebhookViewSet(viewsets.ModelViewSet):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return Webhook.objects.none()
-        return Webhook.objects.filter(team__in=teams_where(self.request.user, Role.ADMIN)).select_related("team").order_by("id")
+        # Sliced prefetch (a window function): one query for the page, not one per webhook.
+        recent = Prefetch("deliveries", queryset=WebhookDelivery.objects.order_by("-created_at", "-id")[:RECENT_DELIVERIES],
+                          to_attr="recent_deliveries")
+        return (access.visible(self.request.user, Webhook, role=Role.ADMIN).select_related("team")
+                .prefetch_related(recent).order_by("id"))
 
     def _save(self, serializer, team, webhook=None):
         require_role(self.request, team, Role.ADMIN, "manage webhooks")

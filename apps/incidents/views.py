@@ -2,21 +2,22 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.models import Role
-from apps.accounts.permissions import has_role, visible_teams
+from apps.accounts.permissions import has_role
 from apps.incidents import services
 from apps.incidents.filters import IncidentFilter
 from apps.incidents.models import Incident
 
 
 def _visible(request):
-    return Incident.objects.filter(cluster__team__in=visible_teams(request.user)).select_related("cluster")
+    return access.visible(request.user, Incident).select_related("cluster")
 
 
 @login_required
@@ -28,7 +29,7 @@ def incident_list(request):
 
 @login_required
 def incident_detail(request, pk: int):
-    incident = get_object_or_404(_visible(request).prefetch_related("oom_kills", "timeline__author"), pk=pk)
+    incident = get_object_or_404(_visible(request).prefetch_related("oom_kills", "pod_kills", "timeline__author"), pk=pk)
     context = {
         "incident": incident,
         "can_operate": has_role(request.user, incident.cluster.team, Role.OPERATOR),
@@ -63,17 +64,17 @@ def chart_data(incident: Incident) -> dict | None:
 @login_required
 @require_POST
 def incident_action(request, pk: int, action: str):
+    statuses = {"acknowledge": Incident.Status.ACKNOWLEDGED, "resolve": Incident.Status.RESOLVED}
+    if action != "note" and action not in statuses:
+        raise Http404("No such action.")
     incident = get_object_or_404(_visible(request), pk=pk)
     actor = Actor.from_request(request)
     if action == "note":
         if request.POST.get("text", "").strip():
             services.add_note(actor, incident, request.POST["text"])
         return redirect("incidents:detail", pk=pk)
-    if not has_role(request.user, incident.cluster.team, Role.OPERATOR):
-        raise PermissionDenied("Only operators acknowledge or resolve incidents.")
-    status = {"acknowledge": Incident.Status.ACKNOWLEDGED, "resolve": Incident.Status.RESOLVED}.get(action)
-    if status is None:
-        raise PermissionDenied("No such action.")
+    access.require(request.user, incident.cluster.team, Role.OPERATOR, "acknowledge or resolve incidents")
+    status = statuses[action]
     try:
         services.set_status(actor, incident, status)
     except ValueError as exc:

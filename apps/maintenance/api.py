@@ -6,10 +6,10 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from apps.accounts import access
 from apps.accounts.audit import Actor
-from apps.accounts.drf import as_api_error, require_role
+from apps.accounts.drf import VisiblePrimaryKeyRelatedField, as_api_error, require_role
 from apps.accounts.models import Role
-from apps.accounts.permissions import visible_teams
 from apps.fleet.models import Application, Deployment
 from apps.maintenance import services
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
@@ -19,8 +19,8 @@ WINDOW = ["window_days", "window_start_hour", "window_end_hour", "timezone"]
 
 
 class ScheduleSerializer(serializers.ModelSerializer):
-    deployment = serializers.PrimaryKeyRelatedField(queryset=Deployment.objects.all())
-    warmup = serializers.PrimaryKeyRelatedField(queryset=WarmupProfile.objects.all(), required=False, allow_null=True)
+    deployment = VisiblePrimaryKeyRelatedField(queryset=Deployment.objects.all())
+    warmup = VisiblePrimaryKeyRelatedField(queryset=WarmupProfile.objects.all(), required=False, allow_null=True)
 
     class Meta:
         model = RecycleSchedule
@@ -29,7 +29,7 @@ class ScheduleSerializer(serializers.ModelSerializer):
 
 
 class ProfileSerializer(serializers.ModelSerializer):
-    application = serializers.PrimaryKeyRelatedField(queryset=Application.objects.all())
+    application = VisiblePrimaryKeyRelatedField(queryset=Application.objects.all())
 
     class Meta:
         model = WarmupProfile
@@ -48,7 +48,7 @@ class RunSerializer(serializers.ModelSerializer):
 
 
 class RecycleRequestSerializer(serializers.Serializer):
-    deployment = serializers.PrimaryKeyRelatedField(queryset=Deployment.objects.select_related("application__cluster__team"))
+    deployment = VisiblePrimaryKeyRelatedField(queryset=Deployment.objects.select_related("application__cluster__team"))
     override_reason = serializers.CharField(required=False, allow_blank=True, max_length=1000,
                                             help_text="Run despite the guards; recorded in the audit log.")
 
@@ -57,8 +57,6 @@ class _Writes:
     """Writes go through the service, with the operator role in the cluster's team."""
 
     def _check(self, team):
-        if team not in visible_teams(self.request.user):
-            raise serializers.ValidationError({"detail": ["No such object."]})
         require_role(self.request, team, Role.OPERATOR, "manage maintenance")
 
 
@@ -70,7 +68,7 @@ class ScheduleViewSet(_Writes, viewsets.ModelViewSet):
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
     def get_queryset(self):
-        return RecycleSchedule.objects.filter(deployment__application__cluster__team__in=visible_teams(self.request.user)).order_by("id")
+        return access.visible(self.request.user, RecycleSchedule).order_by("id")
 
     def _save(self, serializer, deployment):
         self._check(deployment.application.cluster.team)
@@ -99,7 +97,7 @@ class ProfileViewSet(_Writes, viewsets.ModelViewSet):
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
     def get_queryset(self):
-        return WarmupProfile.objects.filter(application__cluster__team__in=visible_teams(self.request.user)).order_by("id")
+        return access.visible(self.request.user, WarmupProfile).order_by("id")
 
     def _save(self, serializer, application, profile=None):
         self._check(application.cluster.team)
@@ -136,18 +134,15 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     filterset_fields = ["cluster", "deployment", "kind", "state", "trigger"]
 
     def get_queryset(self):
-        return MaintenanceRun.objects.filter(cluster__team__in=visible_teams(self.request.user)).order_by("-created_at", "-id")
+        return access.visible(self.request.user, MaintenanceRun).order_by("-created_at", "-id")
 
     @extend_schema(request=RecycleRequestSerializer, responses={202: RunSerializer})
     @action(detail=False, methods=["post"])
     def recycle(self, request):
         """Recycle a deployment now, with the same guards as a schedule (override with a reason)."""
-        body = RecycleRequestSerializer(data=request.data)
+        body = RecycleRequestSerializer(data=request.data, context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
         deployment = body.validated_data["deployment"]
-        team = deployment.application.cluster.team
-        if team not in visible_teams(request.user):
-            raise serializers.ValidationError({"deployment": ["No such deployment."]})
-        require_role(request, team, Role.OPERATOR, "recycle deployments")
+        require_role(request, deployment.application.cluster.team, Role.OPERATOR, "recycle deployments")
         run = services.request_recycle(Actor.from_request(request), deployment, override_reason=body.validated_data.get("override_reason", ""))
         return Response(RunSerializer(run).data, status=status.HTTP_202_ACCEPTED)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied, ValidationError
-from django.shortcuts import get_object_or_404, redirect, render
+from django.core.exceptions import ValidationError
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.models import Role
-from apps.accounts.permissions import has_role, visible_teams
+from apps.accounts.permissions import has_role
 from apps.fleet.models import Application, Deployment
 from apps.maintenance import services
 from apps.maintenance.forms import ProfileForm, ScheduleForm
@@ -17,13 +18,11 @@ from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfi
 
 
 def _operator(request, team) -> None:
-    if not has_role(request.user, team, Role.OPERATOR):
-        raise PermissionDenied(f"You need the operator role in team {team}.")
+    access.require(request.user, team, Role.OPERATOR)
 
 
 def _deployment(request, pk: int) -> Deployment:
-    return get_object_or_404(Deployment.objects.select_related("application__cluster__team"), pk=pk,
-                             application__cluster__team__in=visible_teams(request.user))
+    return access.get_visible_or_404(request.user, Deployment.objects.select_related("application__cluster__team"), pk=pk)
 
 
 @login_required
@@ -54,8 +53,7 @@ def recycle_now(request, deployment_pk: int):
 
 @login_required
 def warmups(request, application_pk: int):
-    application = get_object_or_404(Application.objects.select_related("cluster__team"), pk=application_pk,
-                                    cluster__team__in=visible_teams(request.user))
+    application = access.get_visible_or_404(request.user, Application.objects.select_related("cluster__team"), pk=application_pk)
     can_operate = has_role(request.user, application.cluster.team, Role.OPERATOR)
     form = ProfileForm(request.POST or None, initial={"path": application.route_prefix or "/"})
     if request.method == "POST":
@@ -74,8 +72,7 @@ def warmups(request, application_pk: int):
 @login_required
 @require_POST
 def warmup_run(request, pk: int):
-    profile = get_object_or_404(WarmupProfile.objects.select_related("application__cluster__team"), pk=pk,
-                                application__cluster__team__in=visible_teams(request.user))
+    profile = access.get_visible_or_404(request.user, WarmupProfile.objects.select_related("application__cluster__team"), pk=pk)
     _operator(request, profile.application.cluster.team)
     run = services.request_warmup(Actor.from_request(request), profile)
     return redirect("maintenance:run", pk=run.pk)
@@ -83,8 +80,9 @@ def warmup_run(request, pk: int):
 
 @login_required
 def run_detail(request, pk: int):
-    run = get_object_or_404(MaintenanceRun.objects.select_related("cluster", "deployment__application", "profile", "change"), pk=pk,
-                            cluster__team__in=visible_teams(request.user))
+    run = access.get_visible_or_404(
+        request.user, MaintenanceRun.objects.select_related("cluster", "deployment__application", "profile", "change"), pk=pk
+    )
     samples = run.results.get("samples", []) if run.results else []
     peak = max([s["ms"] for s in samples], default=1) or 1
     bars = []

@@ -7,25 +7,27 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.drf import as_api_error, require_role
+from apps.accounts.filters import IdFilter
 from apps.accounts.models import Role
-from apps.accounts.permissions import visible_teams
 from apps.changes.api import Conflict
 from apps.incidents.models import Incident
 from apps.remediation import findings, remedy_checks, verification, wizards
 from apps.remediation.models import Finding, Wizard, WizardStep
 from apps.remediation.rules import BY_ID
+from controlplane.openapi import CONFLICT
 
 
 class FindingFilter(django_filters.FilterSet):
-    cluster = django_filters.NumberFilter(field_name="cluster_id")
+    cluster = IdFilter(field_name="cluster_id")
     open = django_filters.BooleanFilter(field_name="resolved_at", lookup_expr="isnull", label="Still firing")
     muted = django_filters.BooleanFilter(field_name="muted_at", lookup_expr="isnull", exclude=True, label="Muted")
 
     class Meta:
         model = Finding
-        fields = ["cluster", "rule", "severity", "application_name", "deployment_name", "open", "muted"]
+        fields = ["cluster", "rule", "severity", "application_name", "deployment_name", "subject", "open", "muted"]
 
 
 class FindingSerializer(serializers.ModelSerializer):
@@ -36,8 +38,9 @@ class FindingSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Finding
-        fields = ["id", "cluster", "cluster_name", "application_name", "deployment_name", "deployment", "rule", "title", "severity",
-                  "why", "remedy", "evidence", "patch", "action", "first_seen_at", "resolved_at", "muted_at", "mute_reason"]
+        fields = ["id", "cluster", "cluster_name", "application_name", "deployment_name", "deployment", "subject", "rule", "title",
+                  "severity", "why", "remedy", "message", "evidence", "patch", "action", "first_seen_at", "resolved_at", "muted_at",
+                  "mute_reason"]
         read_only_fields = fields
 
     def get_title(self, obj) -> str:
@@ -55,14 +58,15 @@ class MuteSerializer(serializers.Serializer):
 
 
 class FindingViewSet(viewsets.ReadOnlyModelViewSet):
-    """Config lint recomputed on every sync: what each deployment violates, why, and the patch.
-    Open findings by default (`open=false` for history)."""
+    """Config lint recomputed on every sync: what each deployment violates, why, and the patch; and
+    for clusters linked to Kubernetes, the K1-K4 checks (`subject` names the pod or node group,
+    `message` says what is wrong there). Open findings by default (`open=false` for history)."""
 
     serializer_class = FindingSerializer
     filterset_class = FindingFilter
 
     def get_queryset(self):
-        queryset = Finding.objects.filter(cluster__team__in=visible_teams(self.request.user)).select_related("cluster")
+        queryset = access.visible(self.request.user, Finding).select_related("cluster")
         if "open" not in self.request.query_params:
             queryset = queryset.filter(resolved_at__isnull=True)
         return queryset.order_by("rule", "cluster__name", "application_name", "deployment_name", "id")
@@ -86,7 +90,7 @@ class FindingViewSet(viewsets.ReadOnlyModelViewSet):
 
 class WizardStepSerializer(serializers.ModelSerializer):
     status_label = serializers.CharField(source="get_status_display", read_only=True)
-    change_state = serializers.CharField(source="change.state", default=None, read_only=True)
+    change_state = serializers.CharField(source="change.state", default=None, read_only=True, allow_null=True)
 
     class Meta:
         model = WizardStep
@@ -158,7 +162,7 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     filterset_fields = ["state", "cluster", "incident", "finding", "application_name", "deployment_name"]
 
     def get_queryset(self):
-        return (Wizard.objects.filter(cluster__team__in=visible_teams(self.request.user)).select_related("cluster")
+        return (access.visible(self.request.user, Wizard).select_related("cluster")
                 .prefetch_related("steps__change").order_by("-created_at", "-id"))
 
     def _respond(self, wizard, code=status.HTTP_200_OK):
@@ -169,21 +173,20 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         require_role(request, wizard.cluster.team, Role.OPERATOR, what)
         return wizard
 
-    @extend_schema(request=WizardStartSerializer, responses={201: WizardSerializer, 200: WizardSerializer})
+    @extend_schema(request=WizardStartSerializer, responses={201: WizardSerializer, 200: WizardSerializer, 409: CONFLICT})
     def create(self, request, *args, **kwargs):
         """Start a wizard from an incident or a finding. An active wizard for the same deployment is
         returned (200) instead of a second one."""
         body = WizardStartSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        teams = visible_teams(request.user)
         incident = finding = None
         if data.get("incident"):
-            incident = Incident.objects.filter(pk=data["incident"], cluster__team__in=teams).select_related("cluster__team").first()
+            incident = access.visible(request.user, Incident).filter(pk=data["incident"]).select_related("cluster__team").first()
             if incident is None:
                 raise serializers.ValidationError({"incident": ["No such incident."]})
         if data.get("finding"):
-            finding = Finding.objects.filter(pk=data["finding"], cluster__team__in=teams).select_related("cluster__team").first()
+            finding = access.visible(request.user, Finding).filter(pk=data["finding"]).select_related("cluster__team").first()
             if finding is None:
                 raise serializers.ValidationError({"finding": ["No such finding."]})
         source = incident or finding
@@ -193,7 +196,7 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
                              latency_objective_ms=data.get("latency_objective_ms"), verification_window_s=data.get("verification_window_s"))
         return self._respond(wizard, status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
-    @extend_schema(request=ApplySerializer, responses=WizardSerializer)
+    @extend_schema(request=ApplySerializer, responses={202: WizardSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def apply(self, request, pk=None):
         """Apply config step(s) through the change protocol (one change). Poll the wizard for the result."""
@@ -212,25 +215,25 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         wizard_call(fn, Actor.from_request(request), wizard, data["step"], revision=data.get("revision"), **extra(data))
         return self._respond(wizard)
 
-    @extend_schema(request=StepSerializer, responses=WizardSerializer)
+    @extend_schema(request=StepSerializer, responses={200: WizardSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def confirm(self, request, pk=None):
         """Mark a code-level remedy as done, with a note."""
         return self._step_action(request, wizards.confirm, "confirm remedies", extra=lambda d: {"note": d.get("note", "")})
 
-    @extend_schema(request=StepSerializer, responses=WizardSerializer)
+    @extend_schema(request=StepSerializer, responses={200: WizardSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def skip(self, request, pk=None):
         """Skip a remedy; `note` says why (required)."""
         return self._step_action(request, wizards.skip, "skip remedies", extra=lambda d: {"reason": d.get("note", "")})
 
-    @extend_schema(request=StepSerializer, responses=WizardSerializer)
+    @extend_schema(request=StepSerializer, responses={200: WizardSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def check(self, request, pk=None):
         """Run a code-level remedy's automatic check (R3 oversized input, R6 cold start, R7, R8, R9)."""
         return self._step_action(request, remedy_checks.run, "run checks", extra=lambda d: {"params": d.get("params") or {}})
 
-    @extend_schema(request=RevisionSerializer, responses=WizardSerializer)
+    @extend_schema(request=RevisionSerializer, responses={200: WizardSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def replan(self, request, pk=None):
         """Recompute the diagnosis and the values of steps not yet applied (e.g. after a calibration)."""
@@ -240,7 +243,7 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         wizard_call(wizards.replan, Actor.from_request(request), wizard, revision=body.validated_data.get("revision"))
         return self._respond(wizard)
 
-    @extend_schema(request=VerifySerializer, responses=WizardSerializer)
+    @extend_schema(request=VerifySerializer, responses={200: WizardSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def verify(self, request, pk=None):
         """Start the verification window; the worker concludes it (or call `evaluate`)."""
@@ -259,7 +262,7 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         verification.evaluate(wizard.pk)
         return self._respond(wizard)
 
-    @extend_schema(request=AbandonSerializer, responses=WizardSerializer)
+    @extend_schema(request=AbandonSerializer, responses={200: WizardSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def abandon(self, request, pk=None):
         wizard = self._operable(request, "abandon wizards")

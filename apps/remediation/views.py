@@ -12,9 +12,10 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.models import Role
-from apps.accounts.permissions import has_role, visible_teams
+from apps.accounts.permissions import has_role, teams_where
 from apps.incidents.models import Incident
 from apps.remediation import findings, remedy_checks, verification, wizards
 from apps.remediation.models import Finding, Wizard
@@ -38,14 +39,16 @@ def fix_url(finding: Finding) -> str:
 @login_required
 def finding_list(request):
     show_muted = request.GET.get("muted") == "1"
-    queryset = (Finding.objects.filter(cluster__team__in=visible_teams(request.user), resolved_at__isnull=True)
+    queryset = (access.visible(request.user, Finding).filter(resolved_at__isnull=True)
                 .select_related("cluster", "deployment__application"))
     if not show_muted:
         queryset = queryset.filter(muted_at__isnull=True)
+    # Roles once per page, not a team and a membership query per finding.
+    operable = set(teams_where(request.user, Role.OPERATOR).values_list("pk", flat=True))
     by_rule = defaultdict(list)
     for finding in queryset.order_by("cluster__name", "application_name", "deployment_name"):
         finding.fix_url = fix_url(finding)
-        finding.can_operate = has_role(request.user, finding.cluster.team, Role.OPERATOR)
+        finding.can_operate = finding.cluster.team_id in operable
         by_rule[finding.rule].append(finding)
     groups = [{"rule": BY_ID[rule], "findings": items} for rule, items in sorted(by_rule.items(), key=lambda kv: -len(kv[1]))]
     return render(request, "remediation/findings.html", {"groups": groups, "show_muted": show_muted})
@@ -54,9 +57,7 @@ def finding_list(request):
 @login_required
 @require_POST
 def finding_mute(request, pk: int):
-    finding = get_object_or_404(Finding.objects.select_related("cluster__team"), pk=pk, cluster__team__in=visible_teams(request.user))
-    if not has_role(request.user, finding.cluster.team, Role.OPERATOR):
-        raise PermissionDenied("Only operators mute findings.")
+    finding = access.get_for(request.user, Finding.objects.select_related("cluster__team"), Role.OPERATOR, "mute findings", pk=pk)
     try:
         if finding.muted_at:
             findings.unmute(Actor.from_request(request), finding)
@@ -71,7 +72,7 @@ def finding_mute(request, pk: int):
 
 
 def _wizards(request):
-    return Wizard.objects.filter(cluster__team__in=visible_teams(request.user)).select_related("cluster", "incident", "deployment")
+    return access.visible(request.user, Wizard).select_related("cluster", "incident", "deployment")
 
 
 @login_required
@@ -84,12 +85,11 @@ def wizard_list(request):
 @login_required
 @require_POST
 def wizard_start(request):
-    teams = visible_teams(request.user)
     incident = finding = None
     if request.POST.get("incident"):
-        incident = get_object_or_404(Incident.objects.select_related("cluster__team"), pk=request.POST["incident"], cluster__team__in=teams)
+        incident = access.get_visible_or_404(request.user, Incident.objects.select_related("cluster__team"), pk=request.POST["incident"])
     elif request.POST.get("finding"):
-        finding = get_object_or_404(Finding.objects.select_related("cluster__team"), pk=request.POST["finding"], cluster__team__in=teams)
+        finding = access.get_visible_or_404(request.user, Finding.objects.select_related("cluster__team"), pk=request.POST["finding"])
     source = incident or finding
     if source is None:
         raise Http404("Start a wizard from an incident or a finding.")

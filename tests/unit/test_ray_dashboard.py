@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 
 import httpx
 import pytest
@@ -487,3 +488,13 @@ def test_requests_go_to_the_dashboard_url_without_a_doubled_slash():
     ray = replay.dashboard(url="http://ray.test:8265/")
     ray.version()
     assert str(replay.requests[0].url) == "http://ray.test:8265/api/version"
+
+
+def test_building_an_adapter_does_not_load_the_ca_certificates_again(monkeypatch):
+    # A sync builds two adapters per cluster; loading the CA bundle each time cost ~20 ms of CPU.
+    RayDashboard("https://ray.test:8265").close()
+    loads = []
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", lambda self, *args, **kwargs: loads.append(args))
+    for _ in range(3):
+        RayDashboard("https://ray.test:8265").close()
+    assert loads == []

@@ -76,3 +76,14 @@ def test_an_htmx_post_without_the_csrf_token_is_refused(people, team, use_replay
     url = reverse("clusters:sync", args=[cluster.pk])
     assert browser.post(url, HTTP_HX_REQUEST="true").status_code == 403
     assert browser.post(url, HTTP_HX_REQUEST="true", HTTP_X_CSRFTOKEN=token).status_code in (200, 202, 302)
+
+
+def test_the_api_throttles_a_user_past_the_rate(api_as, monkeypatch):
+    from django.core.cache import cache
+    from rest_framework.throttling import UserRateThrottle
+
+    cache.clear()
+    monkeypatch.setattr(UserRateThrottle, "THROTTLE_RATES", {"user": "3/min", "anon": "3/min"})
+    client = api_as("viewer")
+    answers = [client.get("/api/v1/clusters/").status_code for _ in range(4)]
+    assert answers == [200, 200, 200, 429]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+
 import httpx
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
+from apps.clusters.ray_dashboard import VersionInfo, parse_serve_status
 from apps.fleet import sync
 from apps.fleet.models import Application, ConfigRevision, Deployment
 from tests.conftest import ray_fixture
@@ -242,3 +245,40 @@ def test_one_broken_cluster_does_not_stop_the_others(monkeypatch, team, replay_r
 
     assert outcomes[bad.pk].ok is False and outcomes[good.pk].ok is True
     assert Application.objects.filter(cluster=good).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_syncs_that_write_at_the_same_time_wait_for_each_other(monkeypatch, team):
+    # Both read their cluster row, then both write: on SQLite a deferred transaction failed at once
+    # with "database is locked" here, so a worker pool of two lost syncs.
+    clusters = [Cluster.objects.create(name=f"twin-{i}", team=team, dashboard_url=f"http://twin-{i}.test:8265") for i in range(2)]
+    both_read = threading.Barrier(2)
+    upsert = sync._upsert_applications
+
+    def after_the_read(*args):
+        try:
+            both_read.wait(timeout=1)
+        except threading.BrokenBarrierError:
+            pass  # the other sync waits for our transaction to end: nothing to meet
+        return upsert(*args)
+
+    monkeypatch.setattr(sync, "_upsert_applications", after_the_read)
+    version = VersionInfo("2.60.0", "abc", "session_1")
+    serve = parse_serve_status(ray_fixture("serve_applications_two_apps.json"))
+    errors = []
+
+    def run(cluster_id):
+        try:
+            sync.apply_observation(cluster_id, version, serve, duration_ms=1)
+        except Exception as exc:  # noqa: BLE001 - the assertion below shows it
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(cluster.pk,)) for cluster in clusters]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert errors == []
+    assert Application.objects.filter(cluster__in=clusters).count() == 4
