@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import Prefetch
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -275,7 +276,10 @@ class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user
             return Rollout.objects.none()
-        return (access.visible(self.request.user, Rollout).select_related("preset").prefetch_related("changes__cluster")
+        # Changes joined to their cluster: prefetching clusters by id lists every cluster of the
+        # page's rollouts, past SQLite's limit of 1,000 terms for a fleet-wide rollout.
+        changes = Prefetch("changes", queryset=Change.objects.select_related("cluster"))
+        return (access.visible(self.request.user, Rollout).select_related("preset").prefetch_related(changes)
                 .order_by("-created_at", "-id"))
 
     @extend_schema(request=RolloutPlanSerializer, responses={201: RolloutSerializer})
