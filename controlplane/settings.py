@@ -98,8 +98,8 @@ TEMPLATES = [
 ]
 
 _DATABASE_URL = env_str("DATABASE_URL", "")
-if not _DATABASE_URL:
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
+# Beat keeps its schedule here whatever the database: without the folder it cannot start.
+VAR_DIR.mkdir(parents=True, exist_ok=True)
 DATABASES = {
     "default": dj_database_url.parse(
         _DATABASE_URL or f"sqlite:///{VAR_DIR / 'fleetdeck.sqlite3'}",
