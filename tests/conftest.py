@@ -8,6 +8,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from apps.accounts.models import Membership, Role, Team
+from apps.clusters import network_policy
 from apps.clusters.ray_dashboard import RayDashboard
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ray"
@@ -50,6 +51,14 @@ class ReplayRay:
 
     def dashboard(self, url: str = "http://ray.test:8265", token: str = "") -> RayDashboard:
         return RayDashboard(url, token=token, transport=httpx.MockTransport(self))
+
+
+@pytest.fixture(autouse=True)
+def fresh_network_policy():
+    """A test's allow-list rows are rolled back with it: the next test must not see them cached."""
+    network_policy.forget()
+    yield
+    network_policy.forget()
 
 
 @pytest.fixture

@@ -1,6 +1,16 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_delete, post_save
 
 
 class ClustersConfig(AppConfig):
     name = "apps.clusters"
     label = "clusters"
+
+    def ready(self) -> None:
+        from apps.clusters import network_policy
+        from apps.clusters.models import EgressRule
+
+        # This process sees an allow-list edit at once; others within network_policy.CACHE_S.
+        for signal in (post_save, post_delete):
+            signal.connect(lambda **kwargs: network_policy.forget(), sender=EgressRule, weak=False,
+                           dispatch_uid=f"egress-rules-{signal is post_save}")

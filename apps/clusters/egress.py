@@ -2,7 +2,7 @@
 
 Every adapter's HTTP client connects through `PinnedTransport`: it resolves the request's host
 once, refuses it when any resolved address is one Fleetdeck never calls (link-local, cloud
-metadata) or lies outside the allowed networks, and then connects to the very address it checked.
+metadata) or the network allow-list does not cover, and then connects to the very address it checked.
 Checking a name and letting the client resolve it again would leave a window for DNS rebinding:
 a name that answers a public address to the check and 169.254.169.254 to the connection."""
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import socket
 
 import httpx
-from django.core.exceptions import ValidationError
 
-from apps.clusters.validation import refusal
+from apps.clusters import network_policy
+from apps.clusters.network_policy import NetworkPolicy
 
 
 class EgressRefused(httpx.TransportError):
@@ -21,13 +21,15 @@ class EgressRefused(httpx.TransportError):
 
 
 class PinnedTransport(httpx.BaseTransport):
-    def __init__(self, *, verify=True, inner: httpx.BaseTransport | None = None):
+    def __init__(self, *, verify=True, inner: httpx.BaseTransport | None = None, policy: NetworkPolicy | None = None):
         self.inner = inner or httpx.HTTPTransport(verify=verify)
+        # Read now, in the thread that builds the client: requests may come from worker threads.
+        self.policy = policy or network_policy.current()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         host = request.url.host
         port = request.url.port or (443 if request.url.scheme == "https" else 80)
-        addresses = allowed_addresses(host, port)
+        addresses = allowed_addresses(host, port, self.policy)
         original, extensions = request.url, request.extensions
         for index, address in enumerate(addresses):
             if address != host:
@@ -46,7 +48,7 @@ class PinnedTransport(httpx.BaseTransport):
         self.inner.close()
 
 
-def allowed_addresses(host: str, port: int) -> list[str]:
+def allowed_addresses(host: str, port: int, policy: NetworkPolicy) -> list[str]:
     """The addresses to connect to for `host`: every address it resolves to must be allowed."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -54,8 +56,7 @@ def allowed_addresses(host: str, port: int) -> list[str]:
         raise httpx.ConnectError(f"the host {host!r} cannot be resolved") from exc
     addresses = list(dict.fromkeys(info[4][0].split("%")[0] for info in infos))
     for address in addresses:
-        try:
-            refusal(host, address)
-        except ValidationError as exc:
-            raise EgressRefused(exc.messages[0]) from exc
+        reason = policy.refusal(host, address)
+        if reason:
+            raise EgressRefused(reason)
     return addresses

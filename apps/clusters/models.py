@@ -161,3 +161,37 @@ class ClusterEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster}: {self.get_kind_display()}"
+
+
+class EgressRule(models.Model):
+    """A network or host name Fleetdeck may call: dashboards, metrics, Prometheus, Serve, webhooks.
+
+    Administrators keep the list (Django admin); with no rule here and none in
+    FLEETDECK_CLUSTER_NETWORKS, any address may be called except those that are always refused.
+    apps/clusters/network_policy.py decides; the value is normalized by `clean`."""
+
+    class Kind(models.TextChoices):
+        NETWORK = "network", "Network (CIDR)"
+        HOST = "host", "Host name"
+
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    value = models.CharField(
+        max_length=253, unique=True,
+        help_text="A network such as 10.20.0.0/16, or a host name such as ray.prod.example or *.prod.example.",
+    )
+    note = models.CharField(max_length=200, blank=True, help_text="Why this destination is allowed.")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["kind", "value"]
+        verbose_name = "network allow-list entry"
+        verbose_name_plural = "network allow-list"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def clean(self) -> None:
+        from apps.clusters.network_policy import normalize_rule
+
+        self.value = normalize_rule(self.kind, self.value)

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import socket
 from urllib.parse import urlsplit, urlunsplit
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
+
+from apps.clusters import network_policy
+from apps.clusters.network_policy import NetworkPolicy
 
 LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
 LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$|^$")
 MAX_LABELS = 32
 # A bearer token travels in an HTTP header, which carries visible ASCII only.
 TOKEN = re.compile(r"^[\x21-\x7e]*$")
-# Cloud metadata services that are not link-local (AWS over IPv6, Alibaba Cloud).
-METADATA_ADDRESSES = {ipaddress.ip_address("fd00:ec2::254"), ipaddress.ip_address("100.100.100.200")}
 
 
 def normalize_dashboard_url(raw: str) -> str:
@@ -54,35 +53,19 @@ def validate_token(raw: str) -> str:
     return token
 
 
-def check_network_policy(url: str) -> None:
-    """Refuse addresses Fleetdeck must never call (link-local metadata services, multicast) and,
-    when FLEETDECK_CLUSTER_NETWORKS is set, anything outside it. Connections are checked again,
-    address by address, when they are made (apps/clusters/egress.py)."""
+def check_network_policy(url: str, policy: NetworkPolicy | None = None) -> None:
+    """Refuse a URL whose host resolves to an address Fleetdeck may not call (network_policy.py).
+    Connections are checked again, address by address, when they are made (egress.py)."""
+    policy = policy or network_policy.current()
     parts = urlsplit(url)
     try:
         infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
     except (socket.gaierror, UnicodeError) as exc:
         raise ValidationError(f"The host {parts.hostname!r} cannot be resolved.") from exc
     for info in infos:
-        refusal(parts.hostname, info[4][0].split("%")[0])
-
-
-def refusal(host: str, raw_address: str) -> None:
-    """Raise ValidationError when `host`, resolved to `raw_address`, may not be called."""
-    address = ipaddress.ip_address(raw_address)
-    never = address.is_link_local or address.is_multicast or address.is_unspecified
-    # Python counts ::1 as reserved; loopback is a legitimate local dashboard.
-    never = never or (address.is_reserved and not address.is_loopback) or address in METADATA_ADDRESSES
-    if getattr(address, "ipv4_mapped", None) is not None:
-        mapped = address.ipv4_mapped
-        never = never or mapped.is_link_local or mapped in METADATA_ADDRESSES
-    if never:
-        raise ValidationError(f"{host} resolves to {address}, an address Fleetdeck never calls.")
-    allowed = [ipaddress.ip_network(cidr, strict=False) for cidr in settings.FLEETDECK_CLUSTER_NETWORKS]
-    if allowed and not any(address in network for network in allowed):
-        raise ValidationError(
-            f"{host} resolves to {address}, outside the networks this Fleetdeck may reach (FLEETDECK_CLUSTER_NETWORKS)."
-        )
+        reason = policy.refusal(parts.hostname, info[4][0].split("%")[0])
+        if reason:
+            raise ValidationError(reason)
 
 
 def checked_url(raw: str) -> str:

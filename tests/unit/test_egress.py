@@ -14,6 +14,8 @@ from apps.clusters import egress
 from apps.clusters.ray_dashboard import RayDashboard, RayUnreachable
 from apps.incidents import webhook_client
 
+pytestmark = pytest.mark.django_db
+
 
 def resolving(monkeypatch, *answers: str):
     """getaddrinfo answering each call with the next address (the last one repeats)."""

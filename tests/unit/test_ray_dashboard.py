@@ -431,6 +431,7 @@ def test_a_400_with_a_plain_text_body_is_a_permanent_bad_response_with_an_excerp
     assert caught.value.message.startswith(f"{SERVE} answered HTTP 400: 1 validation error for ServeDeploySchema")
 
 
+@pytest.mark.django_db
 def test_a_closed_port_on_localhost_is_unreachable():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -490,6 +491,7 @@ def test_requests_go_to_the_dashboard_url_without_a_doubled_slash():
     assert str(replay.requests[0].url) == "http://ray.test:8265/api/version"
 
 
+@pytest.mark.django_db
 def test_building_an_adapter_does_not_load_the_ca_certificates_again(monkeypatch):
     # A sync builds two adapters per cluster; loading the CA bundle each time cost ~20 ms of CPU.
     RayDashboard("https://ray.test:8265").close()

@@ -102,32 +102,32 @@ def test_a_bad_port_is_refused(url):
 # --- check_network_policy --------------------------------------------------------------------
 
 
-def test_loopback_is_allowed_when_no_networks_are_configured(settings):
+def test_loopback_is_allowed_when_no_networks_are_configured(db, settings):
     settings.FLEETDECK_CLUSTER_NETWORKS = []
     assert check_network_policy("http://127.0.0.1:8265") is None
 
 
-def test_ipv6_loopback_is_allowed_when_no_networks_are_configured(settings):
+def test_ipv6_loopback_is_allowed_when_no_networks_are_configured(db, settings):
     # ::1 is the IPv6 twin of 127.0.0.1 (allowed above); "localhost" resolves to it on dual-stack hosts.
     settings.FLEETDECK_CLUSTER_NETWORKS = []
     assert check_network_policy("http://[::1]:8265") is None
 
 
-def test_the_cloud_metadata_address_is_refused(settings):
+def test_the_cloud_metadata_address_is_refused(db, settings):
     settings.FLEETDECK_CLUSTER_NETWORKS = []
     with pytest.raises(ValidationError) as caught:
         check_network_policy("http://169.254.169.254")
     assert message_of(caught) == "169.254.169.254 resolves to 169.254.169.254, an address Fleetdeck never calls."
 
 
-def test_the_cloud_metadata_address_is_refused_even_inside_the_allow_list(settings):
+def test_the_cloud_metadata_address_is_refused_even_inside_the_allow_list(db, settings):
     settings.FLEETDECK_CLUSTER_NETWORKS = ["169.254.0.0/16", "0.0.0.0/0"]
     with pytest.raises(ValidationError) as caught:
         check_network_policy("http://169.254.169.254:80")
     assert "an address Fleetdeck never calls" in message_of(caught)
 
 
-def test_the_metadata_address_is_refused_when_written_as_ipv4_mapped_ipv6(settings):
+def test_the_metadata_address_is_refused_when_written_as_ipv4_mapped_ipv6(db, settings):
     settings.FLEETDECK_CLUSTER_NETWORKS = []
     with pytest.raises(ValidationError) as caught:
         check_network_policy("http://[::ffff:169.254.169.254]")
@@ -135,7 +135,7 @@ def test_the_metadata_address_is_refused_when_written_as_ipv4_mapped_ipv6(settin
 
 
 @pytest.mark.parametrize("host", ["[fd00:ec2::254]", "100.100.100.200"])
-def test_metadata_services_outside_link_local_are_refused(settings, host):
+def test_metadata_services_outside_link_local_are_refused(db, settings, host):
     settings.FLEETDECK_CLUSTER_NETWORKS = []
     with pytest.raises(ValidationError) as caught:
         check_network_policy(f"http://{host}")
@@ -143,28 +143,29 @@ def test_metadata_services_outside_link_local_are_refused(settings, host):
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "224.0.0.1", "[fe80::1]"])
-def test_unspecified_multicast_and_link_local_addresses_are_refused(settings, host):
+def test_unspecified_multicast_and_link_local_addresses_are_refused(db, settings, host):
     settings.FLEETDECK_CLUSTER_NETWORKS = []
     with pytest.raises(ValidationError) as caught:
         check_network_policy(f"http://{host}:8265")
     assert "an address Fleetdeck never calls" in message_of(caught)
 
 
-def test_an_address_outside_the_allow_list_is_refused(settings):
+def test_an_address_outside_the_allow_list_is_refused(db, settings):
     settings.FLEETDECK_CLUSTER_NETWORKS = ["10.0.0.0/8"]
     with pytest.raises(ValidationError) as caught:
         check_network_policy("http://127.0.0.1:8265")
     assert message_of(caught) == (
-        "127.0.0.1 resolves to 127.0.0.1, outside the networks this Fleetdeck may reach (FLEETDECK_CLUSTER_NETWORKS)."
+        "127.0.0.1 resolves to 127.0.0.1, outside the networks and hosts this Fleetdeck may reach: "
+        "an administrator can add it to the network allow-list."
     )
 
 
-def test_an_address_inside_the_allow_list_is_allowed(settings):
+def test_an_address_inside_the_allow_list_is_allowed(db, settings):
     settings.FLEETDECK_CLUSTER_NETWORKS = ["10.0.0.0/8", "127.0.0.0/8"]
     assert check_network_policy("http://127.0.0.1:8265") is None
 
 
-def test_an_unresolvable_host_is_refused(settings):
+def test_an_unresolvable_host_is_refused(db, settings):
     settings.FLEETDECK_CLUSTER_NETWORKS = []
     with pytest.raises(ValidationError) as caught:
         check_network_policy("http://nonexistent.invalid:8265")
