@@ -86,7 +86,7 @@ class ScheduleViewSet(_Writes, viewsets.ModelViewSet):
 
     def perform_destroy(self, instance):
         self._check(instance.deployment.application.cluster.team)
-        instance.delete()
+        services.delete_schedule(Actor.from_request(self.request), instance)
 
 
 class ProfileViewSet(_Writes, viewsets.ModelViewSet):
@@ -115,7 +115,7 @@ class ProfileViewSet(_Writes, viewsets.ModelViewSet):
 
     def perform_destroy(self, instance):
         self._check(instance.application.cluster.team)
-        instance.delete()
+        services.delete_profile(Actor.from_request(self.request), instance)
 
     @extend_schema(request=None, responses={202: RunSerializer})
     @action(detail=True, methods=["post"])

@@ -93,6 +93,21 @@ def save_profile(actor: Actor, application, data: dict, profile: WarmupProfile |
     return profile
 
 
+def delete_schedule(actor: Actor, schedule: RecycleSchedule) -> None:
+    with transaction.atomic():
+        # Recorded before the delete: the row's id and name are gone after it.
+        record(actor, "recycle_schedule.delete", schedule, team=schedule.deployment.application.cluster.team,
+               changes={"deployment": str(schedule.deployment)})
+        schedule.delete()
+
+
+def delete_profile(actor: Actor, profile: WarmupProfile) -> None:
+    with transaction.atomic():
+        record(actor, "warmup_profile.delete", profile, team=profile.application.cluster.team,
+               changes={"application": str(profile.application), "name": profile.name})
+        profile.delete()
+
+
 # --- scheduling ----------------------------------------------------------------------------
 
 

@@ -12,12 +12,13 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.accounts.audit import Actor
+from apps.accounts.models import AuditEvent
 from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.fleet.models import Deployment
 from apps.maintenance import schedule as timing
 from apps.maintenance import services
-from apps.maintenance.models import MaintenanceRun, RecycleSchedule
+from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
 from apps.maintenance.serve_http import Sample
 
 UTC = dt_timezone.utc
@@ -190,6 +191,32 @@ def test_the_api_manages_schedules_and_answers_202_for_recycle_now(api_as, deplo
     assert profile.status_code == 201, profile.content
     assert client.post(f"/api/v1/maintenance/warmup-profiles/{profile.json()['id']}/run/").status_code == 202
     assert len(api_as("viewer").get("/api/v1/maintenance/runs/").json()["results"]) == 2
+
+
+@pytest.fixture
+def schedule_and_profile(deployment, operator):
+    profile = services.save_profile(operator, deployment.application, {"name": "w", "path": "/demo"})
+    schedule = services.save_schedule(operator, deployment, {"every_hours": 6, "cron": "", "warmup": profile})
+    return [("schedules", "recycle_schedule.delete", schedule), ("warmup-profiles", "warmup_profile.delete", profile)]
+
+
+@pytest.mark.django_db
+def test_api_deletes_of_schedules_and_profiles_are_audited(api_as, people, deployment, schedule_and_profile):
+    for path, action, item in schedule_and_profile:
+        response = api_as("operator").delete(f"/api/v1/maintenance/{path}/{item.pk}/")
+        assert response.status_code == 204, response.content
+        event = AuditEvent.objects.get(action=action)
+        assert (event.actor, event.team, event.via) == (people["operator"], deployment.application.cluster.team, "api")
+        assert (event.object_type, event.object_id) == (item._meta.label_lower, str(item.pk))
+    assert not RecycleSchedule.objects.exists() and not WarmupProfile.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_viewer_cannot_delete_schedules_or_profiles_and_nothing_is_audited(api_as, schedule_and_profile):
+    for path, _, item in schedule_and_profile:
+        assert api_as("viewer").delete(f"/api/v1/maintenance/{path}/{item.pk}/").status_code == 403
+    assert RecycleSchedule.objects.exists() and WarmupProfile.objects.exists()
+    assert not AuditEvent.objects.filter(action__endswith=".delete").exists()
 
 
 @pytest.mark.django_db
