@@ -13,7 +13,7 @@ from apps.accounts.models import Role, Team
 from apps.accounts.permissions import visible_teams
 from apps.clusters.api import ClusterSerializer
 from apps.clusters.models import Cluster
-from apps.clusters.validation import normalize_dashboard_url, validate_labels
+from apps.clusters.validation import normalize_dashboard_url, validate_labels, validate_token
 from apps.kubernetes_link import discovery, services
 from apps.kubernetes_link.models import KubeConnection, KubeLink
 from apps.kubernetes_link.validation import validate_cluster_name, validate_namespaces
@@ -112,6 +112,9 @@ class RegisterSerializer(ResourceSerializer):
 
     def validate_dashboard_url(self, value):
         return _django_errors(normalize_dashboard_url, value) if value else ""
+
+    def validate_token(self, value):
+        return _django_errors(validate_token, value)
 
     def validate_labels(self, value):
         return _django_errors(validate_labels, value)

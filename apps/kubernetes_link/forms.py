@@ -6,7 +6,7 @@ from django.core.exceptions import ValidationError
 from apps.accounts.models import Role
 from apps.accounts.permissions import teams_where
 from apps.clusters.models import Cluster
-from apps.clusters.validation import normalize_dashboard_url, parse_labels_text
+from apps.clusters.validation import normalize_dashboard_url, parse_labels_text, validate_token
 from apps.kubernetes_link.models import KubeConnection, KubeLink
 from apps.kubernetes_link.validation import validate_cluster_name, validate_namespaces
 
@@ -68,6 +68,9 @@ class RegisterForm(forms.Form):
     def clean_dashboard_url(self):
         url = self.cleaned_data["dashboard_url"].strip()
         return normalize_dashboard_url(url) if url else ""
+
+    def clean_token(self):
+        return validate_token(self.cleaned_data["token"])
 
     def clean_labels(self):
         return parse_labels_text(self.cleaned_data["labels"])

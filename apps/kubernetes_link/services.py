@@ -13,6 +13,7 @@ from apps.accounts.models import Team
 from apps.clusters import secrets
 from apps.clusters import services as cluster_services
 from apps.clusters.models import Cluster
+from apps.clusters.validation import validate_token
 from apps.kube.adapter import KubeError
 from apps.kubernetes_link import discovery
 from apps.kubernetes_link.models import KubeConnection, KubeLink
@@ -119,6 +120,8 @@ def register_discovered(
     """Register a discovered RayCluster or RayService as a Fleetdeck cluster of the connection's
     team, linked to it. Registration is the ordinary one (URL policy, connection test)."""
     validate_cluster_name(cluster_name)
+    # register_cluster leaves the token to its callers' forms; a token no header can carry must not be stored.
+    token = validate_token(token)
     _refuse_linked_resource(connection, kind, namespace, name)
     found = _find(connection, kind, namespace, name)
     with transaction.atomic():

@@ -117,6 +117,19 @@ def test_register_refuses_a_taken_cluster_name_and_a_resource_that_is_gone(api_a
     assert gone.status_code == 400 and "RayService ml/gone does not exist" in str(gone.json())
 
 
+@pytest.mark.parametrize("token", ["tökén", "a b"])
+def test_register_refuses_a_token_no_header_can_carry(api_as, kube, team, use_replay, token):
+    kube.serve_rayservice(fixture("rayservice_vision.json"))
+    created = connection(kube, team)
+
+    response = api_as("admin").post(f"{URL}{created.pk}/register/", {"kind": "RayService", "namespace": "ml", "name": "vision",
+                                                                    "cluster_name": "vision-prod", "token": token}, format="json")
+
+    assert response.status_code == 400, response.content
+    assert response.json()["token"] == ["The token must be printable ASCII without spaces, as Ray issues it."]
+    assert not Cluster.objects.exists() and not KubeLink.objects.exists()
+
+
 @pytest.mark.parametrize("who, status", [("admin", 201), ("operator", 403)])
 def test_only_admins_link_clusters(api_as, kube, team, who, status):
     kube.serve_rayservice(fixture("rayservice_vision.json"))

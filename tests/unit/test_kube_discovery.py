@@ -154,6 +154,16 @@ def test_registering_a_discovered_rayservice_makes_a_rayservice_owned_linked_clu
     assert {"cluster.register", "kube.link"} <= set(AuditEvent.objects.values_list("action", flat=True))
 
 
+@pytest.mark.parametrize("token", ["tökén", "a b"])
+def test_registering_refuses_a_token_no_header_can_carry(kube, team, people, use_replay, token):
+    kube.serve_rayservice(fixture("rayservice_vision.json"))
+
+    with pytest.raises(ValidationError, match="printable ASCII without spaces"):
+        services.register_discovered(admin(people), connection(kube, team), kind="RayService", namespace="ml", name="vision",
+                                     cluster_name="vision-prod", token=token)
+    assert not Cluster.objects.exists() and not KubeLink.objects.exists()
+
+
 def test_a_raycluster_owned_by_a_rayservice_is_not_linked_on_its_own(kube, team, people, use_replay):
     serve_kuberay(kube)
 

@@ -106,6 +106,20 @@ def test_registering_from_discovery_creates_a_linked_cluster(login, kube, team, 
     assert cluster.serve_config_owner == "rayservice" and cluster.kube_link.name == "vision"
 
 
+@pytest.mark.parametrize("token", ["tökén", "a b"])
+def test_a_token_no_header_can_carry_is_refused_on_the_register_form(login, kube, team, use_replay, token):
+    kube.serve_rayservice(fixture("rayservice_vision.json"))
+    created = connection(kube, team)
+
+    response = login("admin").post(reverse("kubernetes_link:register", args=[created.pk]),
+                                   {"kind": "RayService", "namespace": "ml", "name": "vision", "cluster_name": "vision-prod",
+                                    "token": token})
+
+    assert response.status_code == 200
+    assert response.context["form"].errors["token"] == ["The token must be printable ASCII without spaces, as Ray issues it."]
+    assert not Cluster.objects.exists() and not KubeLink.objects.exists()
+
+
 def test_a_dashboard_that_does_not_answer_is_explained_on_the_register_form(login, kube, team, use_replay):
     import httpx
 
