@@ -18,11 +18,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from apps.clusters.network_policy import NetworkPolicy
 from apps.clusters.ray_dashboard import RayDashboard, RayError
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_APP_DIR = REPO / "deploy" / "demo_app"
 REFERENCE_APP_DIR = REPO / "deploy" / "reference_app"
+# The head this process started on loopback: the administrators' allow-list is about clusters
+# they register, and the database holding it may not exist yet when the head is waited for.
+OWN_HEAD = NetworkPolicy()
 
 
 def free_port() -> int:
@@ -97,7 +101,7 @@ class LocalRayHead:
     def wait_ready(self, timeout_s: float = 90.0) -> None:
         deadline = time.monotonic() + timeout_s
         last_error = ""
-        with RayDashboard(self.dashboard_url, timeout_s=2.0) as ray:
+        with RayDashboard(self.dashboard_url, timeout_s=2.0, policy=OWN_HEAD) as ray:
             while time.monotonic() < deadline:
                 if self.process and self.process.poll() is not None:
                     raise RuntimeError(f"ray start exited with {self.process.returncode}:\n{self.log_tail()}")
@@ -130,7 +134,7 @@ class LocalRayHead:
     def wait_running(self, names: set[str], *, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         statuses: dict[str, str] = {}
-        with RayDashboard(self.dashboard_url, timeout_s=5.0) as ray:
+        with RayDashboard(self.dashboard_url, timeout_s=5.0, policy=OWN_HEAD) as ray:
             while time.monotonic() < deadline:
                 serve = ray.serve_applications()
                 statuses = {name: app.status for name, app in serve.applications.items()}

@@ -57,7 +57,7 @@ def tick() -> None:
         rollouts.advance(rollout_id)
     from apps.maintenance import services as maintenance
 
-    for run_id in maintenance.claim_due():
+    for run_id in maintenance.claim_due() + maintenance.requeue_lost():
         run_maintenance.delay(run_id)
     from apps.calibration import services as calibration
 

@@ -204,9 +204,10 @@ def request_calibration(actor: Actor, deployment: Deployment, *, axis: str = "co
 
 
 def _enqueue(calibration_id: int) -> None:
-    from controlplane.celery import app
+    from controlplane.celery import send
 
-    app.send_task("calibration.poll", args=[calibration_id], countdown=poll_interval_s())
+    # A lost poll leaves the calibration stale: the tick polls it again (stale_ids).
+    send("calibration.poll", [calibration_id], countdown=poll_interval_s())
 
 
 # --- following the job ---------------------------------------------------------------------

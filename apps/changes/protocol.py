@@ -335,6 +335,7 @@ def _message(exc: Exception) -> str:
 
 
 def _enqueue(task_name: str, change_id: int) -> None:
-    from controlplane.celery import app
+    from controlplane.celery import send
 
-    app.send_task(task_name, args=[change_id])
+    # A message the broker refused or lost leaves the change queued: the reconciler queues it again.
+    send(task_name, [change_id])

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from apps.clusters.egress import PinnedTransport
+from apps.clusters.network_policy import NetworkPolicy
 
 USER_AGENT = "fleetdeck-ray-adapter/1"
 # Ray's state API refuses a larger limit unless the server was configured otherwise.
@@ -203,6 +204,7 @@ class RayDashboard:
         token: str = "",
         timeout_s: float = 5.0,
         transport: httpx.BaseTransport | None = None,
+        policy: NetworkPolicy | None = None,
     ):
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if token:
@@ -213,7 +215,7 @@ class RayDashboard:
             timeout=httpx.Timeout(timeout_s),
             follow_redirects=False,
             trust_env=False,
-            transport=transport or PinnedTransport(verify=_tls_context()),
+            transport=transport or PinnedTransport(verify=_tls_context(), policy=policy),
         )
         # Timeouts apply per read; this bounds a whole answer, which a server could trickle forever.
         self._deadline_s = max(3 * timeout_s, 10.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from apps.changes.models import Change
 from apps.clusters.models import Cluster
@@ -104,6 +105,8 @@ class MaintenanceRun(models.Model):
     log = models.JSONField(default=list, blank=True)
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
+    # When the run was last handed to the broker: a queued run long past it was lost on the way.
+    enqueued_at = models.DateTimeField(default=timezone.now, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

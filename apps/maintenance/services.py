@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -183,18 +184,46 @@ def warm_after_change(sender, change: Change, **kwargs) -> None:
 
 
 def _enqueue(run_id: int) -> None:
-    from controlplane.celery import app
+    from controlplane.celery import send
 
-    app.send_task("maintenance.run", args=[run_id])
+    send("maintenance.run", [run_id])
+
+
+def requeue_lost(now=None) -> list[int]:
+    """Queued runs no worker took up within FLEETDECK_CHANGE_STALE_S of being sent: the broker
+    refused or lost the message (a Redis restarted without persistence keeps no queue). Each is
+    claimed before it is sent again, so two ticks send it once; a late original finds it claimed
+    by `execute` and does nothing."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.FLEETDECK_CHANGE_STALE_S)
+    lost = MaintenanceRun.objects.filter(state=MaintenanceRun.State.QUEUED, enqueued_at__lt=cutoff)
+    requeued = []
+    for run in lost.order_by("pk"):
+        if MaintenanceRun.objects.filter(pk=run.pk, state=MaintenanceRun.State.QUEUED, enqueued_at__lt=cutoff).update(enqueued_at=now):
+            _log(run, f"No worker took this run up within {settings.FLEETDECK_CHANGE_STALE_S} s; sent to the workers again.")
+            requeued.append(run.pk)
+    return requeued
 
 
 # --- execution -----------------------------------------------------------------------------
 
 
 def execute(run_id: int) -> None:
-    if not MaintenanceRun.objects.filter(pk=run_id, state=MaintenanceRun.State.QUEUED).exists():
+    """Run a queued run once: the claim is a conditional UPDATE, so a message sent twice (see
+    `requeue_lost`) or delivered twice finds the run taken and returns."""
+    run = MaintenanceRun.objects.select_related("cluster", "deployment__application", "schedule__warmup", "profile__application").filter(
+        pk=run_id, state=MaintenanceRun.State.QUEUED).first()
+    if run is None:
         return
-    run = MaintenanceRun.objects.select_related("cluster", "deployment__application", "schedule__warmup", "profile__application").get(pk=run_id)
+    try:
+        with transaction.atomic():
+            claimed = MaintenanceRun.objects.filter(pk=run.pk, state=MaintenanceRun.State.QUEUED).update(
+                state=MaintenanceRun.State.RUNNING, started_at=timezone.now())
+    except IntegrityError:
+        return _end(run, MaintenanceRun.State.SKIPPED, "Skipped: another recycle is running on this cluster.", skip_reason="recycle running")
+    if not claimed:
+        return
+    run.state = MaintenanceRun.State.RUNNING
     if run.kind == MaintenanceRun.Kind.RECYCLE:
         _recycle(run)
     else:
@@ -268,12 +297,6 @@ def _recycle(run: MaintenanceRun) -> None:
         return _end(run, MaintenanceRun.State.SKIPPED, f"Skipped: {cluster.name} is not reachable ({cluster.last_error or cluster.reachability}).",
                     skip_reason="cluster unreachable")
     try:
-        with transaction.atomic():
-            MaintenanceRun.objects.filter(pk=run.pk).update(state=MaintenanceRun.State.RUNNING, started_at=timezone.now())
-    except IntegrityError:
-        return _end(run, MaintenanceRun.State.SKIPPED, "Skipped: another recycle is running on this cluster.", skip_reason="recycle running")
-    run.state = MaintenanceRun.State.RUNNING
-    try:
         before, effective = _replicas(cluster, deployment)
     except (LookupError, RayError) as exc:
         return _end(run, MaintenanceRun.State.FAILED, f"Failed: {getattr(exc, 'message', exc)}", error=str(exc))
@@ -327,7 +350,6 @@ def _wait_final(change: Change) -> Change:
 
 def _warmup(run: MaintenanceRun) -> None:
     profile = run.profile
-    MaintenanceRun.objects.filter(pk=run.pk).update(state=MaintenanceRun.State.RUNNING, started_at=timezone.now())
     if profile is None:
         return _end(run, MaintenanceRun.State.FAILED, "The warmup profile was deleted.")
     base = run.cluster.serve_endpoint

@@ -142,6 +142,25 @@ def test_cancel_only_a_planned_change(api_as, cluster):
     assert api_as("operator").post(f"/api/v1/changes/{change_id}/apply/").status_code == 409
 
 
+def test_a_broker_that_refuses_the_message_leaves_the_change_queued_for_the_reconciler(
+        api_as, cluster, monkeypatch, settings, django_capture_on_commit_callbacks):
+    from kombu.exceptions import OperationalError
+
+    from apps.changes import protocol
+    from controlplane.celery import app
+
+    def refused(*args, **kwargs):
+        raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    change_id = plan(api_as("operator"), cluster, options={"max_queued_requests": 10}).json()["id"]
+    monkeypatch.setattr(app, "send_task", refused)
+    with django_capture_on_commit_callbacks(execute=True):
+        applied = api_as("operator").post(f"/api/v1/changes/{change_id}/apply/")
+    assert applied.status_code == 202 and applied.json()["state"] == "queued"
+    settings.FLEETDECK_CHANGE_STALE_S = 0
+    assert change_id in protocol.stale_changes()
+
+
 def test_restore_plans_a_past_revision(api_as, cluster, use_replay):
     from apps.fleet.models import ConfigRevision
     from tests.conftest import ray_fixture

@@ -257,3 +257,75 @@ def test_a_change_that_replaces_replicas_queues_the_applications_warmups(deploym
 
     runs = MaintenanceRun.objects.filter(profile=profile)
     assert [(r.trigger, r.change_id) for r in runs] == [(MaintenanceRun.Trigger.AFTER_CHANGE, replaces.pk)]
+
+
+# --- runs whose message was lost or sent twice -----------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_queued_run_nobody_took_up_is_sent_again_once(deployment, operator, settings):
+    settings.FLEETDECK_CHANGE_STALE_S = 60
+    run = services.request_recycle(operator, deployment)
+    sent = run.enqueued_at
+    assert services.requeue_lost(now=sent + timedelta(seconds=30)) == []
+    later = sent + timedelta(seconds=61)
+    assert services.requeue_lost(now=later) == [run.pk]
+    # A second tick at the same moment finds it claimed.
+    assert services.requeue_lost(now=later) == []
+    run.refresh_from_db()
+    assert run.enqueued_at == later and "sent to the workers again" in run.log[-1]["message"]
+    services.execute(run.pk)
+    assert services.requeue_lost(now=later + timedelta(hours=1)) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_delivered_twice_at_once_runs_once(deployment, operator, monkeypatch):
+    run = services.request_recycle(operator, deployment)
+    calls, barrier = [], threading.Barrier(2)
+    monkeypatch.setattr(services, "_recycle", lambda claimed: calls.append(claimed.pk))
+    real_first = services.MaintenanceRun.objects.filter
+
+    def both_read_it_queued(*args, **kwargs):
+        rows = real_first(*args, **kwargs)
+        if "state" in kwargs and not barrier.broken:
+            try:
+                barrier.wait(timeout=2)
+            except threading.BrokenBarrierError:
+                pass
+        return rows
+
+    monkeypatch.setattr(services.MaintenanceRun.objects, "filter", both_read_it_queued)
+
+    def deliver():
+        try:
+            services.execute(run.pk)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=deliver) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert calls == [run.pk]
+    assert MaintenanceRun.objects.get(pk=run.pk).state == MaintenanceRun.State.RUNNING
+
+
+@pytest.mark.django_db
+def test_a_broker_that_refuses_the_message_delays_a_recycle_and_fails_nothing(api_as, deployment, monkeypatch,
+                                                                                django_capture_on_commit_callbacks):
+    from kombu.exceptions import OperationalError
+
+    from controlplane.celery import app
+
+    def refused(*args, **kwargs):
+        raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(app, "send_task", refused)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api_as("operator").post("/api/v1/maintenance/runs/recycle/", {"deployment": deployment.pk}, format="json")
+    assert response.status_code == 202, response.content
+    run = MaintenanceRun.objects.get(pk=response.json()["id"])
+    assert run.state == MaintenanceRun.State.QUEUED
+    # The tick finds it once the broker is back.
+    assert services.requeue_lost(now=run.enqueued_at + timedelta(hours=1)) == [run.pk]
