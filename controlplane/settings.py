@@ -237,6 +237,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
         "data_folder_in": str(VAR_DIR / "broker"),
         "data_folder_out": str(VAR_DIR / "broker"),
         "processed_folder": str(VAR_DIR / "broker-processed"),
+        # Its exchange tables too: by default they land in the working directory.
+        "control_folder": str(VAR_DIR / "broker-control"),
         "store_processed": False,
     }
     if CELERY_BROKER_URL.startswith("filesystem")
@@ -246,7 +248,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
     else {"visibility_timeout": 3600}
 )
 if CELERY_BROKER_URL.startswith("filesystem"):
-    for _folder in ("broker", "broker-processed"):
+    for _folder in ("broker", "broker-processed", "broker-control"):
         (VAR_DIR / _folder).mkdir(parents=True, exist_ok=True)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
