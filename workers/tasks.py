@@ -9,6 +9,7 @@ from django.conf import settings
 
 from apps.fleet import sync
 from apps.incidents.webhook_client import DeliveryError
+from apps.incidents.webhooks import RETRY_BACKOFF_MAX_S
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,10 @@ def tick() -> None:
 
     for run_id in maintenance.claim_due() + maintenance.requeue_lost():
         run_maintenance.delay(run_id)
+    from apps.incidents import webhooks
+
+    for delivery_id in webhooks.requeue_lost():
+        deliver_webhook.delay(delivery_id)
     from apps.calibration import services as calibration
 
     for calibration_id in calibration.stale_ids():
@@ -106,7 +111,7 @@ def poll_calibration(calibration_id: int, follow: bool = True) -> None:
     ignore_result=True,
     autoretry_for=(DeliveryError,),
     retry_backoff=2,
-    retry_backoff_max=300,
+    retry_backoff_max=RETRY_BACKOFF_MAX_S,
     retry_jitter=True,
     max_retries=5,
 )

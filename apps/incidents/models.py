@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from apps.clusters.models import Cluster
 from apps.fleet.models import Deployment
@@ -185,6 +186,8 @@ class WebhookDelivery(models.Model):
     last_status = models.PositiveIntegerField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # When it was last handed to the broker or attempted: pending long past it, its message was lost.
+    sent_at = models.DateTimeField(default=timezone.now, db_index=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -12,6 +15,8 @@ from apps.incidents import webhook_client
 from apps.incidents.models import Incident, Webhook, WebhookDelivery
 
 MAX_ATTEMPTS = 6
+# The longest wait between two attempts (the task's retry backoff cap).
+RETRY_BACKOFF_MAX_S = 300
 
 
 def save_webhook(actor: Actor, *, team, url: str, secret: str = "", enabled: bool = True, webhook: Webhook | None = None) -> Webhook:
@@ -48,9 +53,20 @@ def queue_for(incident: Incident) -> list[int]:
 
 
 def _enqueue(delivery_id: int) -> None:
-    from controlplane.celery import app
+    from controlplane.celery import send
 
-    app.send_task("incidents.deliver_webhook", args=[delivery_id])
+    send("incidents.deliver_webhook", [delivery_id])
+
+
+def requeue_lost(now=None) -> list[int]:
+    """Pending deliveries with no attempt for longer than any retry waits: the broker refused or
+    lost their message (a retry waiting out its backoff is a message too). Claimed before they are
+    sent again, so two ticks send each once; MAX_ATTEMPTS still bounds the attempts."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=RETRY_BACKOFF_MAX_S + settings.FLEETDECK_CHANGE_STALE_S)
+    pending = WebhookDelivery.objects.filter(state=WebhookDelivery.State.PENDING, sent_at__lt=cutoff)
+    return [delivery_id for delivery_id in pending.order_by("pk").values_list("pk", flat=True)
+            if WebhookDelivery.objects.filter(pk=delivery_id, state=WebhookDelivery.State.PENDING, sent_at__lt=cutoff).update(sent_at=now)]
 
 
 def deliver(delivery_id: int) -> None:
@@ -59,6 +75,7 @@ def deliver(delivery_id: int) -> None:
     if delivery is None:
         return
     delivery.attempts += 1
+    delivery.sent_at = timezone.now()
     try:
         status = webhook_client.post(delivery.webhook.url, payload(delivery.incident), secret=secrets.decrypt(delivery.webhook.secret_ciphertext))
     except webhook_client.DeliveryError as exc:

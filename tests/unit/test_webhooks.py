@@ -110,6 +110,28 @@ def test_delivery_gives_up_after_the_last_attempt(oom_cluster, team, people, end
     assert delivery.state == "failed" and delivery.attempts == webhooks.MAX_ATTEMPTS
 
 
+def test_a_delivery_whose_message_was_lost_is_sent_again_once(
+        oom_cluster, team, people, endpoint, settings):
+    from datetime import timedelta
+
+    settings.FLEETDECK_CHANGE_STALE_S = 60
+    webhooks.save_webhook(Actor(user=people["admin"]), team=team, url=endpoint(503, 200).url)
+    [incident_id] = services.detect(oom_cluster.pk)
+    delivery = WebhookDelivery.objects.get(incident_id=incident_id)
+    with pytest.raises(webhook_client.DeliveryError):
+        webhooks.deliver(delivery.pk)  # the retry's message is then lost with the broker
+    attempted = WebhookDelivery.objects.get(pk=delivery.pk).sent_at
+
+    # A retry may wait up to the backoff cap: not lost yet.
+    assert webhooks.requeue_lost(now=attempted + timedelta(seconds=webhooks.RETRY_BACKOFF_MAX_S)) == []
+    later = attempted + timedelta(seconds=webhooks.RETRY_BACKOFF_MAX_S + 61)
+    assert webhooks.requeue_lost(now=later) == [delivery.pk]
+    assert webhooks.requeue_lost(now=later) == []  # claimed: a second tick does not send it again
+    webhooks.deliver(delivery.pk)
+    assert WebhookDelivery.objects.get(pk=delivery.pk).state == "delivered"
+    assert webhooks.requeue_lost(now=later + timedelta(days=1)) == []
+
+
 def test_webhook_urls_follow_the_network_policy(team, people):
     with pytest.raises(ValidationError):
         webhooks.save_webhook(Actor(user=people["admin"]), team=team, url="http://169.254.169.254/latest")
