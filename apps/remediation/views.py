@@ -7,6 +7,8 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
+from django.db.models import Count, F, Window
+from django.db.models.functions import RowNumber
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -36,6 +38,12 @@ def fix_url(finding: Finding) -> str:
     return ""
 
 
+# The fleet page shows this many places per rule; "show all" pages through one rule.
+FINDINGS_PER_GROUP = 25
+FINDINGS_PER_PAGE = 100
+FINDING_ORDER = ("cluster__name", "application_name", "deployment_name", "pk")
+
+
 @login_required
 def finding_list(request):
     show_muted = request.GET.get("muted") == "1"
@@ -43,15 +51,27 @@ def finding_list(request):
                 .select_related("cluster", "deployment__application"))
     if not show_muted:
         queryset = queryset.filter(muted_at__isnull=True)
+    counts = dict(queryset.order_by().values_list("rule").annotate(n=Count("pk")))
+    only = request.GET.get("rule")
+    page = None
+    if only in counts:
+        page = Paginator(queryset.filter(rule=only).order_by(*FINDING_ORDER), FINDINGS_PER_PAGE).get_page(request.GET.get("page"))
+        rows = list(page.object_list)
+    else:
+        only = None
+        # The first places of every rule in one query, whatever the size of the fleet.
+        place = Window(RowNumber(), partition_by=[F("rule")], order_by=[F(field).asc() for field in FINDING_ORDER])
+        rows = list(queryset.annotate(place=place).filter(place__lte=FINDINGS_PER_GROUP).order_by(*FINDING_ORDER))
     # Roles once per page, not a team and a membership query per finding.
     operable = set(teams_where(request.user, Role.OPERATOR).values_list("pk", flat=True))
     by_rule = defaultdict(list)
-    for finding in queryset.order_by("cluster__name", "application_name", "deployment_name"):
+    for finding in rows:
         finding.fix_url = fix_url(finding)
         finding.can_operate = finding.cluster.team_id in operable
         by_rule[finding.rule].append(finding)
-    groups = [{"rule": BY_ID[rule], "findings": items} for rule, items in sorted(by_rule.items(), key=lambda kv: -len(kv[1]))]
-    return render(request, "remediation/findings.html", {"groups": groups, "show_muted": show_muted})
+    groups = [{"rule": BY_ID[rule], "findings": items, "count": counts[rule], "hidden": counts[rule] - len(items)}
+              for rule, items in sorted(by_rule.items(), key=lambda kv: (-counts[kv[0]], kv[0]))]
+    return render(request, "remediation/findings.html", {"groups": groups, "show_muted": show_muted, "only": only, "page": page})
 
 
 @login_required

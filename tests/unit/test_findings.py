@@ -136,3 +136,26 @@ def test_muting_needs_a_reason_is_audited_and_hides_the_finding(cluster, api_as)
     assert operator.post(f"/api/v1/findings/{finding.pk}/unmute/").json()["muted_at"] is None
     detail = api_as("viewer").get(f"/api/v1/findings/{finding.pk}/").json()
     assert detail["why"].startswith("An unbounded queue") and detail["remedy"] == "R10"
+
+
+def test_a_rule_with_many_places_shows_its_first_ones_and_pages_through_all(cluster, client, people):
+    from apps.remediation import views
+
+    findings.recompute(cluster.pk)
+    many = views.FINDINGS_PER_GROUP + 5
+    Finding.objects.bulk_create([
+        Finding(cluster=cluster, application_name=f"app{i:03}", deployment_name="Model", rule="unbounded-queue",
+                severity="minor", message="no bound") for i in range(many)])
+    total = Finding.objects.filter(rule="unbounded-queue", resolved_at__isnull=True).count()
+    client.force_login(people["viewer"])
+
+    fleet = client.get(reverse("remediation:findings")).content.decode()
+    assert f"{total} places" in fleet and f"Show all {total} places" in fleet
+    assert fleet.count("app0") == views.FINDINGS_PER_GROUP  # the first places, in order
+    assert "Ray dashboard without authentication" in fleet  # other rules still listed
+
+    one = client.get(reverse("remediation:findings"), {"rule": "unbounded-queue"}).content.decode()
+    assert one.count("app0") == many and "Show all" not in one and "Ray dashboard without authentication" not in one
+    assert "← Every rule" in one
+    # An unknown rule is the whole page, not an error.
+    assert client.get(reverse("remediation:findings"), {"rule": "nope"}).status_code == 200
