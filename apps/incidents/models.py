@@ -49,6 +49,9 @@ class Incident(models.Model):
 
     class Meta:
         ordering = ["-last_signal_at", "-id"]
+        # The incident list and API pages walk this order: without the index, every page sorts
+        # the whole table (a fleet keeps every incident it ever had).
+        indexes = [models.Index(fields=["-last_signal_at", "-id"], name="incident_recent_first")]
         constraints = [
             models.UniqueConstraint(
                 fields=["cluster", "application_name", "deployment_name", "node_ip", "kind"],
