@@ -17,6 +17,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import urllib3
 import yaml
@@ -131,6 +132,18 @@ READS = {
 WRITES = {(RAYSERVICES.group, RAYSERVICES.plural): ("patch",)}
 
 
+def _pin(configuration: client.Configuration, pin: Callable[[str, int], str]) -> None:
+    url = urlsplit(configuration.host)
+    host = url.hostname or ""
+    port = url.port or (443 if url.scheme == "https" else 80)
+    address = pin(host, port)
+    if address == host:
+        return
+    configuration.host = urlunsplit(url._replace(netloc=f"[{address}]:{port}" if ":" in address else f"{address}:{port}"))
+    if url.scheme == "https":
+        configuration.tls_server_name = host
+
+
 class KubeAdapter:
     def __init__(
         self,
@@ -159,6 +172,7 @@ class KubeAdapter:
         *,
         context: str | None = None,
         allow_plugins: bool = False,
+        pin: Callable[[str, int], str] | None = None,
         **options: Any,
     ) -> "KubeAdapter":
         """From a kubeconfig file path or an already-parsed kubeconfig dict; `context` defaults to
@@ -166,7 +180,11 @@ class KubeAdapter:
 
         Credential plugins (`exec`, `auth-provider`) run a command or call an identity provider on
         the machine that loads the kubeconfig: a stored kubeconfig would run its command on every
-        worker. They are refused unless `allow_plugins` says the kubeconfig is the operator's own."""
+        worker. They are refused unless `allow_plugins` says the kubeconfig is the operator's own.
+
+        `pin(host, port)` returns the vetted address to connect to for the API server's name (or
+        raises): the client then connects to that address and verifies TLS against the name, so
+        a name that resolves elsewhere later cannot move the connection."""
         configuration = client.Configuration()
         try:
             if not allow_plugins:
@@ -182,6 +200,8 @@ class KubeAdapter:
                 )
         except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
             raise KubeConfigInvalid(f"The kubeconfig cannot be used: {exc}") from exc
+        if pin is not None:
+            _pin(configuration, pin)
         return cls._from_configuration(configuration, **options)
 
     @classmethod

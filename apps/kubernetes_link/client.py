@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import httpx
 import yaml
 from django.conf import settings
 
-from apps.clusters import secrets
-from apps.kube.adapter import KubeAdapter, KubeConfigInvalid
+from apps.clusters import egress, network_policy, secrets
+from apps.kube.adapter import KubeAdapter, KubeConfigInvalid, KubeUnavailable
 from apps.kubernetes_link.models import KubeConnection
 
 
 def adapter_for(connection: KubeConnection) -> KubeAdapter:
-    """An adapter with the connection's credentials and the configured timeout, page size and cap.
-    Every failure to build one is a KubeConfigInvalid, so callers handle Kubernetes errors only."""
+    """An adapter with the connection's credentials and the configured timeout, page size and cap,
+    connecting to the API server address the network allow-list vetted. Every failure to build one
+    is a KubeError, so callers handle Kubernetes errors only."""
     options = {
         "timeout_s": settings.FLEETDECK_KUBE_TIMEOUT_S,
         "page_size": settings.FLEETDECK_KUBE_PAGE_SIZE,
@@ -30,4 +32,20 @@ def adapter_for(connection: KubeConnection) -> KubeAdapter:
     if not text:
         raise KubeConfigInvalid(f"Connection {connection.name} has no kubeconfig and does not use the in-cluster account.")
     # Stored kubeconfigs never run credential plugins: they would execute on every worker.
-    return KubeAdapter.from_kubeconfig(yaml.safe_load(text), context=connection.context or None, **options)
+    return KubeAdapter.from_kubeconfig(yaml.safe_load(text), context=connection.context or None, pin=_vetted(connection), **options)
+
+
+def _vetted(connection: KubeConnection):
+    policy = network_policy.current()
+
+    def address(host: str, port: int) -> str:
+        try:
+            addresses = egress.allowed_addresses(host, port, policy)
+        except egress.EgressRefused as exc:
+            raise KubeConfigInvalid(f"Connection {connection.name}: {exc}") from exc
+        except httpx.ConnectError as exc:
+            raise KubeUnavailable(f"Connection {connection.name}: {exc}") from exc
+        # One address is pinned: IPv4 first, the family every API server listens on.
+        return next((a for a in addresses if ":" not in a), addresses[0])
+
+    return address

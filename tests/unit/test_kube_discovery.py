@@ -195,3 +195,53 @@ def test_a_connection_links_only_its_own_teams_clusters(kube, team, other_team, 
     cluster = Cluster.objects.create(name="speech", team=other_team, dashboard_url="http://ray.test:8265")
     with pytest.raises(ValidationError, match="belongs to team Vision"):
         services.link_cluster(admin(people), connection(kube, team), cluster, kind="RayService", namespace="ml", name="vision")
+
+
+# --- the API server's address, vetted and pinned ---------------------------------------------
+
+
+def named_connection(kube, team, server: str) -> KubeConnection:
+    text = yaml.safe_dump(kubeconfig(server))
+    return KubeConnection.objects.create(team=team, name="named", kubeconfig_ciphertext=secrets.encrypt(text), context="ml",
+                                         namespaces=["ml"])
+
+
+def resolving(monkeypatch, address: str) -> None:
+    import socket
+
+    from apps.clusters import egress
+
+    def fake(host, port, *args, **kwargs):
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    monkeypatch.setattr(egress.socket, "getaddrinfo", fake)
+
+
+def test_the_api_server_is_reached_at_the_address_the_allow_list_vetted(kube, team, monkeypatch):
+    from apps.kubernetes_link.client import adapter_for
+
+    serve_kuberay(kube)
+    port = kube.url.rsplit(":", 1)[1]
+    resolving(monkeypatch, "127.0.0.1")
+    conn = named_connection(kube, team, f"http://kube.internal:{port}")
+    with adapter_for(conn) as adapter:
+        assert adapter._api.configuration.host == f"http://127.0.0.1:{port}"
+    assert discovery.discover(conn).error == ""
+
+
+def test_tls_to_a_pinned_api_server_is_verified_against_its_name(team, monkeypatch):
+    from apps.kubernetes_link.client import adapter_for
+
+    resolving(monkeypatch, "10.1.2.3")
+    conn = KubeConnection.objects.create(team=team, name="tls", context="ml", namespaces=["ml"],
+                                         kubeconfig_ciphertext=secrets.encrypt(yaml.safe_dump(kubeconfig("https://kube.internal:6443"))))
+    with adapter_for(conn) as adapter:
+        configuration = adapter._api.configuration
+    assert (configuration.host, configuration.tls_server_name) == ("https://10.1.2.3:6443", "kube.internal")
+
+
+def test_an_api_server_name_that_resolves_to_the_metadata_service_is_never_called(kube, team, monkeypatch):
+    serve_kuberay(kube)
+    resolving(monkeypatch, "169.254.169.254")
+    found = discovery.discover(named_connection(kube, team, "http://kube.internal:6443"))
+    assert "an address Fleetdeck never calls" in found.error and found.resources == []
