@@ -1,7 +1,9 @@
 import logging
 import os
+from datetime import datetime
 
 from celery import Celery
+from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 log = logging.getLogger(__name__)
@@ -32,3 +34,16 @@ def send(task_name: str, args: list, **options) -> bool:
         log.warning("the broker did not take %s%s (%s); the tick sends it again", task_name, args, exc)
         return False
     return True
+
+
+# A running worker takes a message up within a second or two; past this, the page says why it may wait.
+PICKUP_S = 10
+
+
+def unclaimed_for(sent_at: datetime | None, now: datetime | None = None) -> int | None:
+    """Whole seconds a queued row has waited for a worker since it was last sent, once that is
+    longer than a worker normally takes; None before then."""
+    if sent_at is None:
+        return None
+    waited = ((now or timezone.now()) - sent_at).total_seconds()
+    return int(waited) if waited >= PICKUP_S else None

@@ -279,7 +279,10 @@ def reconcile(change_id: int) -> None:
     if not Change.objects.filter(pk=change.pk, state=change.state, heartbeat_at__lt=cutoff).update(heartbeat_at=timezone.now()):
         return
     prefix = f"Reconciler: the worker stopped during '{change.get_state_display().lower()}'"
-    if change.state in (ChangeState.QUEUED, ChangeState.CHECKING):
+    if change.state == ChangeState.QUEUED:
+        _step(change, f"Reconciler: no worker took this change up within {settings.FLEETDECK_CHANGE_STALE_S} s; sent to the workers again.")
+        return _enqueue("changes.run", change.pk)
+    if change.state == ChangeState.CHECKING:
         Change.objects.filter(pk=change.pk).update(state=ChangeState.QUEUED)
         _step(change, f"{prefix} before anything was pushed; queued again.")
         return _enqueue("changes.run", change.pk)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import yaml
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -17,9 +18,10 @@ from apps.accounts.models import Role
 from apps.accounts.permissions import has_role, teams_where
 from apps.changes import presets, protocol, rollouts
 from apps.changes.forms import PlanForm, PresetForm, RolloutForm
-from apps.changes.models import Change, Preset, Rollout
+from apps.changes.models import Change, ChangeState, Preset, Rollout
 from apps.clusters.models import Cluster
 from apps.fleet.configs import unified_diff
+from controlplane.celery import unclaimed_for
 
 
 def _change(request, pk: int, needed: Role = Role.VIEWER) -> Change:
@@ -63,6 +65,8 @@ def detail(request, pk: int):
         "change": change,
         "diff": unified_diff(change.base_config, change.new_config, old_label="live at planning", new_label="planned"),
         "can_operate": has_role(request.user, change.cluster.team, Role.OPERATOR),
+        "waiting_s": unclaimed_for(change.heartbeat_at) if change.state == ChangeState.QUEUED else None,
+        "resend_s": settings.FLEETDECK_CHANGE_STALE_S,
     }
     template = "changes/partials/progress.html" if request.htmx else "changes/change_detail.html"
     return render(request, template, context)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.shortcuts import redirect, render
@@ -15,6 +16,7 @@ from apps.fleet.models import Application, Deployment
 from apps.maintenance import services
 from apps.maintenance.forms import ProfileForm, ScheduleForm
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
+from controlplane.celery import unclaimed_for
 
 
 def _operator(request, team) -> None:
@@ -90,6 +92,10 @@ def run_detail(request, pk: int):
         height = max(1.0, sample["ms"] / peak * 100)
         ok = sample["status"] is not None and 200 <= sample["status"] < 300
         bars.append({"x": i * 12, "y": round(105 - height, 1), "h": round(height, 1), "ms": sample["ms"], "ok": ok})
-    context = {"run": run, "bars": bars, "chart_width": max(len(bars) * 12, 12)}
+    context = {
+        "run": run, "bars": bars, "chart_width": max(len(bars) * 12, 12),
+        "waiting_s": unclaimed_for(run.enqueued_at) if run.state == MaintenanceRun.State.QUEUED else None,
+        "resend_s": settings.FLEETDECK_CHANGE_STALE_S,
+    }
     template = "maintenance/partials/run_live.html" if request.htmx else "maintenance/run_detail.html"
     return render(request, template, context)

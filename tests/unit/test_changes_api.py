@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
 from apps.accounts.models import AuditEvent
 from apps.changes.models import Change, ChangeState, Preset
@@ -143,7 +145,7 @@ def test_cancel_only_a_planned_change(api_as, cluster):
 
 
 def test_a_broker_that_refuses_the_message_leaves_the_change_queued_for_the_reconciler(
-        api_as, cluster, monkeypatch, settings, django_capture_on_commit_callbacks):
+        api_as, client, people, cluster, monkeypatch, settings, django_capture_on_commit_callbacks):
     from kombu.exceptions import OperationalError
 
     from apps.changes import protocol
@@ -157,8 +159,22 @@ def test_a_broker_that_refuses_the_message_leaves_the_change_queued_for_the_reco
     with django_capture_on_commit_callbacks(execute=True):
         applied = api_as("operator").post(f"/api/v1/changes/{change_id}/apply/")
     assert applied.status_code == 202 and applied.json()["state"] == "queued"
-    settings.FLEETDECK_CHANGE_STALE_S = 0
-    assert change_id in protocol.stale_changes()
+
+    # The page says why it waits, then the reconciler sends it again with the broker back.
+    Change.objects.filter(pk=change_id).update(heartbeat_at=timezone.now() - timedelta(seconds=25))
+    client.force_login(people["viewer"])
+    page = client.get(reverse("changes:detail", args=[change_id])).content.decode()
+    assert "Waiting for a worker" in page and "25 s ago" in page
+    sent = []
+    monkeypatch.setattr(app, "send_task", lambda name, args, **options: sent.append((name, args)))
+    settings.FLEETDECK_CHANGE_STALE_S = 5
+    assert protocol.stale_changes() == [change_id]
+    protocol.reconcile(change_id)
+    protocol.reconcile(change_id)
+    change = Change.objects.get(pk=change_id)
+    assert sent == [("changes.run", [change_id])] and change.state == ChangeState.QUEUED
+    assert change.steps.last().message == "Reconciler: no worker took this change up within 5 s; sent to the workers again."
+    assert "Waiting for a worker" not in client.get(reverse("changes:detail", args=[change_id])).content.decode()
 
 
 def test_restore_plans_a_past_revision(api_as, cluster, use_replay):

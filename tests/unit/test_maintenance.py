@@ -329,3 +329,19 @@ def test_a_broker_that_refuses_the_message_delays_a_recycle_and_fails_nothing(ap
     assert run.state == MaintenanceRun.State.QUEUED
     # The tick finds it once the broker is back.
     assert services.requeue_lost(now=run.enqueued_at + timedelta(hours=1)) == [run.pk]
+
+
+@pytest.mark.django_db
+def test_the_run_page_says_when_no_worker_has_taken_the_run_up(client, people, deployment, operator, settings):
+    settings.FLEETDECK_CHANGE_STALE_S = 60
+    run = services.request_recycle(operator, deployment)
+    client.force_login(people["viewer"])
+    url = reverse("maintenance:run", args=[run.pk])
+    assert "Waiting for a worker" not in client.get(url).content.decode()
+
+    MaintenanceRun.objects.filter(pk=run.pk).update(enqueued_at=timezone.now() - timedelta(seconds=42))
+    page = client.get(url, HTTP_HX_REQUEST="true").content.decode()
+    assert "Waiting for a worker" in page and "42 s ago" in page and "sends it again after 60 s" in page
+
+    MaintenanceRun.objects.filter(pk=run.pk).update(state=MaintenanceRun.State.RUNNING)
+    assert "Waiting for a worker" not in client.get(url).content.decode()
