@@ -98,7 +98,11 @@ def advance(rollout_id: int) -> None:
     if rollout is None:
         return
     wave = list(rollout.changes.filter(wave=rollout.current_wave))
-    if any(not change.is_final and change.state != ChangeState.PLANNED for change in wave):
+    if any(change.state == ChangeState.PLANNED for change in wave):
+        # The wave was entered but not all of it applied: a worker died between moving the rollout
+        # on (or starting it) and applying. Counting those changes as done would skip the wave.
+        return _apply_wave(Actor.system(), rollout, rollout.current_wave)
+    if any(not change.is_final for change in wave):
         return
     failed = [c for c in wave if c.is_final and c.state != ChangeState.SUCCEEDED]
     if failed:
@@ -116,6 +120,8 @@ def _apply_wave(actor: Actor, rollout: Rollout, wave: int) -> None:
         try:
             protocol.request_apply(actor, change)
         except ValidationError as exc:
+            if not Change.objects.filter(pk=change.pk, state=ChangeState.PLANNED).exists():
+                continue  # a concurrent tick or start applied it first
             return _stop(rollout, f"{change.cluster.name}: {' '.join(exc.messages)}")
 
 

@@ -64,6 +64,48 @@ def test_the_next_wave_starts_only_after_the_canary_succeeded(clusters, operator
     assert Rollout.objects.get(pk=rollout.pk).state == Rollout.State.SUCCEEDED
 
 
+def test_a_worker_killed_between_starting_and_applying_the_canary_never_skips_it(clusters, operator):
+    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy())
+    # What `start` commits before it applies wave 0; the kill lands between the two.
+    Rollout.objects.filter(pk=rollout.pk).update(state=Rollout.State.RUNNING)
+
+    rollouts.advance(rollout.pk)
+
+    assert Change.objects.get(rollout=rollout, wave=0).state == ChangeState.QUEUED
+    assert Change.objects.get(rollout=rollout, wave=1).state == ChangeState.PLANNED
+    assert Rollout.objects.get(pk=rollout.pk).current_wave == 0
+
+
+def test_a_worker_killed_between_moving_on_and_applying_a_wave_applies_it_on_the_next_tick(clusters, operator):
+    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy())
+    rollouts.start(operator, rollout)
+    Change.objects.filter(rollout=rollout, wave=0).update(state=ChangeState.SUCCEEDED)
+    # What `advance` commits before it applies wave 1; the kill lands between the two.
+    Rollout.objects.filter(pk=rollout.pk).update(current_wave=1)
+
+    rollouts.advance(rollout.pk)
+
+    assert Rollout.objects.get(pk=rollout.pk).state == Rollout.State.RUNNING
+    assert Change.objects.get(rollout=rollout, wave=1).state == ChangeState.QUEUED
+
+
+def test_a_change_another_tick_applied_first_does_not_stop_the_rollout(clusters, operator, monkeypatch):
+    from apps.changes import protocol
+
+    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy())
+    real_apply = protocol.request_apply
+
+    def raced(actor, change):
+        real_apply(actor, Change.objects.get(pk=change.pk))  # the other tick wins
+        return real_apply(actor, change)
+
+    monkeypatch.setattr(protocol, "request_apply", raced)
+    rollouts.start(operator, rollout)
+
+    assert Rollout.objects.get(pk=rollout.pk).state == Rollout.State.RUNNING
+    assert Change.objects.get(rollout=rollout, wave=0).state == ChangeState.QUEUED
+
+
 def test_a_failed_canary_stops_the_rollout_and_cancels_the_rest(clusters, operator):
     rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy())
     rollouts.start(operator, rollout)
