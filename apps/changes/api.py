@@ -2,7 +2,6 @@ from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import Prefetch
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -250,12 +249,16 @@ class RolloutChangeSerializer(serializers.ModelSerializer):
 
 class RolloutSerializer(serializers.ModelSerializer):
     preset = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
-    changes = RolloutChangeSerializer(many=True, read_only=True)
+    changes = RolloutChangeSerializer(many=True, read_only=True, help_text="The changes on clusters of your teams.")
+    error = serializers.SerializerMethodField(help_text="Why the rollout stopped, as far as it concerns clusters of your teams.")
 
     class Meta:
         model = Rollout
         fields = ["id", "reason", "preset", "options", "selection", "state", "current_wave", "error", "created_at", "started_at", "finished_at", "changes"]
         read_only_fields = fields
+
+    def get_error(self, rollout: Rollout) -> str:
+        return rollouts.error_seen_by(rollout)
 
 
 class RolloutPlanSerializer(serializers.Serializer):
@@ -276,11 +279,7 @@ class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user
             return Rollout.objects.none()
-        # Changes joined to their cluster: prefetching clusters by id lists every cluster of the
-        # page's rollouts, past SQLite's limit of 1,000 terms for a fleet-wide rollout.
-        changes = Prefetch("changes", queryset=Change.objects.select_related("cluster"))
-        return (access.visible(self.request.user, Rollout).select_related("preset").prefetch_related(changes)
-                .order_by("-created_at", "-id"))
+        return rollouts.seen_by(self.request.user, access.visible(self.request.user, Rollout).select_related("preset")).order_by("-created_at", "-id")
 
     @extend_schema(request=RolloutPlanSerializer, responses={201: RolloutSerializer})
     def create(self, request, *args, **kwargs):

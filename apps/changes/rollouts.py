@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Count, Prefetch, QuerySet
 from django.utils import timezone
 
+from apps.accounts import access
 from apps.accounts.audit import Actor, record
 from apps.accounts.models import Role
 from apps.accounts.permissions import teams_where
@@ -138,3 +140,27 @@ def _cancel_planned(rollout: Rollout) -> None:
 
 def running_rollouts() -> list[int]:
     return list(Rollout.objects.filter(state=Rollout.State.RUNNING).values_list("pk", flat=True))
+
+
+# --- what one user sees of a rollout ----------------------------------------------------------
+
+
+def seen_by(user, rollouts: QuerySet[Rollout]) -> QuerySet[Rollout]:
+    """Rollouts with only the changes on the user's teams prefetched: a rollout spans teams, and
+    the changes, cluster names and errors of another team are not the user's to read. Changes
+    are joined to their cluster: prefetching clusters by id would list every cluster of the
+    page's rollouts, past SQLite's limit of 1,000 terms for a fleet-wide rollout."""
+    mine = access.visible(user, Change).select_related("cluster__team")
+    return rollouts.annotate(change_total=Count("changes")).prefetch_related(Prefetch("changes", queryset=mine))
+
+
+def error_seen_by(rollout: Rollout) -> str:
+    """The rollout's error cut to the clusters whose changes were prefetched by `seen_by`. Each
+    part of an error names its cluster first ("eu-prod: change #5 rolled back")."""
+    if not rollout.error:
+        return ""
+    mine = {change.cluster.name for change in rollout.changes.all()}
+    if len(rollout.changes.all()) == rollout.change_total:
+        return rollout.error
+    parts = [part for part in rollout.error.split("; ") if part.split(":", 1)[0] in mine]
+    return "; ".join(parts) or "The rollout stopped at a change on a cluster of another team."

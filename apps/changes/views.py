@@ -170,10 +170,13 @@ def rollout_create(request):
 
 @login_required
 def rollout_detail(request, pk: int):
-    rollout = access.get_visible_or_404(request.user, Rollout, pk=pk)
-    can_run = all(has_role(request.user, change.cluster.team, Role.OPERATOR) for change in rollout.changes.select_related("cluster__team"))
+    rollout = access.get_visible_or_404(request.user, rollouts.seen_by(request.user, Rollout.objects.all()), pk=pk)
+    # Only someone who operates every cluster of the rollout sees all of it, and may run it.
+    can_run = len(rollout.changes.all()) == rollout.change_total and all(
+        has_role(request.user, change.cluster.team, Role.OPERATOR) for change in rollout.changes.all())
+    hidden = rollout.change_total - len(rollout.changes.all())
     template = "changes/partials/rollout_progress.html" if request.htmx else "changes/rollout_detail.html"
-    return render(request, template, {"rollout": rollout, "can_run": can_run})
+    return render(request, template, {"rollout": rollout, "can_run": can_run, "hidden": hidden, "error": rollouts.error_seen_by(rollout)})
 
 
 @login_required

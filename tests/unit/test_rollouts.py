@@ -163,3 +163,32 @@ def test_the_rollout_page_shows_waves(client, people, clusters, operator):
     assert "Wave 1: canary" in page and "Wave 2: the rest" in page and "eu-prod" in page and "Start with the canary" in page
     form = client.post(reverse("changes:rollout_create"), {"preset": heavy().pk, "label": "env=dev", "deployment": "Model", "reason": "dev too"})
     assert form.status_code == 302
+
+
+def test_a_rollout_across_teams_shows_each_viewer_only_their_teams_changes(clusters, people, other_team, api_as, client, use_replay):
+    from apps.accounts.models import Membership
+
+    speech = Cluster.objects.create(name="speech-prod", team=other_team, dashboard_url="http://speech-prod.test:8265",
+                                    ray_version="2.60.0", labels={"env": "prod"})
+    sync.sync_cluster(speech.pk)
+    Membership.objects.create(user=people["admin"], team=other_team, role="operator")
+    both = Actor(user=people["admin"])
+    rollout = rollouts.plan_rollout(both, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy(), canary="speech-prod")
+    rollouts.start(both, rollout)
+    canary = rollout.changes.get(wave=0)
+    Change.objects.filter(pk=canary.pk).update(state=ChangeState.ROLLED_BACK)
+    rollouts.advance(rollout.pk)
+    assert "speech-prod" in Rollout.objects.get(pk=rollout.pk).error
+
+    seen = api_as("viewer").get(f"/api/v1/rollouts/{rollout.pk}/").json()
+    assert sorted(c["cluster_name"] for c in seen["changes"]) == ["eu-prod", "us-prod"]
+    assert "speech" not in seen["error"] and seen["error"] == "The rollout stopped at a change on a cluster of another team."
+    assert [c["cluster_name"] for c in api_as("viewer").get("/api/v1/rollouts/").json()["results"][0]["changes"]] != []
+    assert "speech-prod" not in str(api_as("viewer").get("/api/v1/rollouts/").json())
+
+    client.force_login(people["viewer"])
+    page = client.get(reverse("changes:rollout", args=[rollout.pk])).content.decode()
+    assert "speech-prod" not in page and "eu-prod" in page and "clusters of teams you are not in" in page
+
+    whole = api_as("admin").get(f"/api/v1/rollouts/{rollout.pk}/").json()
+    assert len(whole["changes"]) == 3 and "speech-prod" in whole["error"]
