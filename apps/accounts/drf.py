@@ -1,9 +1,12 @@
-"""DRF glue: team-scoped roles and related fields, and Django validation errors as API errors."""
+"""DRF glue: team-scoped roles and related fields, and Django errors as API errors."""
 
 from __future__ import annotations
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
-from rest_framework import serializers
+from rest_framework import serializers, status, views
+from rest_framework.response import Response
 
 from apps.accounts import access
 from apps.accounts.models import Role
@@ -34,3 +37,13 @@ class VisibleSlugRelatedField(VisibleRelatedField, serializers.SlugRelatedField)
 def as_api_error(exc: DjangoValidationError) -> serializers.ValidationError:
     """A service's refusal, with every message, as a 400 the API client can read."""
     return serializers.ValidationError({"detail": exc.messages})
+
+
+def exception_handler(exc, context):
+    """DRF's handler, with a body over FLEETDECK_MAX_BODY_BYTES answered as the API answers
+    everything, in JSON (413 and the limit) rather than Django's HTML 400 page."""
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Response({"detail": f"The request body is too large: the limit is {limit:,} bytes."},
+                        status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+    return views.exception_handler(exc, context)

@@ -181,9 +181,10 @@ def request_sync(actor: Actor, cluster: Cluster) -> Cluster:
 
 
 def _enqueue_sync(cluster_id: int) -> None:
-    from workers.tasks import sync_cluster
+    from controlplane.celery import send
 
-    transaction.on_commit(lambda: sync_cluster.delay(cluster_id))
+    # A message the broker refused delays the sync to the tick's next pass over due clusters.
+    transaction.on_commit(lambda: send("fleet.sync_cluster", [cluster_id]))
 
 
 def mark_unreachable(cluster: Cluster, error: RayError, *, at) -> None:
