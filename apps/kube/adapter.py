@@ -180,15 +180,18 @@ class KubeAdapter:
 
         Credential plugins (`exec`, `auth-provider`) run a command or call an identity provider on
         the machine that loads the kubeconfig: a stored kubeconfig would run its command on every
-        worker. They are refused unless `allow_plugins` says the kubeconfig is the operator's own.
+        worker. File references (`tokenFile`, `certificate-authority`, `client-certificate`,
+        `client-key`) would read the worker's own files, such as its service-account token, and
+        send them. Both are refused unless `allow_plugins` says the kubeconfig is the operator's
+        own. A `proxy-url` is always refused: the client would send the credentials to the proxy,
+        an address nothing vetted.
 
         `pin(host, port)` returns the vetted address to connect to for the API server's name (or
         raises): the client then connects to that address and verifies TLS against the name, so
         a name that resolves elsewhere later cannot move the connection."""
         configuration = client.Configuration()
         try:
-            if not allow_plugins:
-                _refuse_plugins(kubeconfig)
+            _refuse_unsafe(kubeconfig, allow_plugins=allow_plugins)
             if isinstance(kubeconfig, dict):
                 config.load_kube_config_from_dict(
                     kubeconfig, context=context, client_configuration=configuration, persist_config=False
@@ -218,6 +221,9 @@ class KubeAdapter:
     def _from_configuration(cls, configuration: client.Configuration, **options: Any) -> "KubeAdapter":
         # One attempt per call: urllib3 would otherwise retry reads and multiply the timeout.
         configuration.retries = False
+        # The client picks up HTTP(S)_PROXY from the environment; the bearer token must reach only
+        # the vetted API server address. Set last: changing the host re-reads the environment.
+        configuration.proxy = None
         return cls(client.ApiClient(configuration=configuration), **options)
 
     def close(self) -> None:
@@ -407,18 +413,45 @@ class KubeAdapter:
         return body
 
 
-def _refuse_plugins(kubeconfig: str | os.PathLike | dict[str, Any]) -> None:
+# Kubeconfig keys whose value is a path the client opens, with the key that carries the same inline.
+_CLUSTER_FILES = {"certificate-authority": "certificate-authority-data"}
+_USER_FILES = {"tokenFile": "token", "client-certificate": "client-certificate-data", "client-key": "client-key-data"}
+
+
+def _refuse_unsafe(kubeconfig: str | os.PathLike | dict[str, Any], *, allow_plugins: bool) -> None:
     if not isinstance(kubeconfig, dict):
         with open(kubeconfig, encoding="utf-8") as handle:
             kubeconfig = yaml.safe_load(handle) or {}
-    for entry in kubeconfig.get("users") or [] if isinstance(kubeconfig, dict) else []:
-        user = _dict(_dict(entry).get("user"))
+    if not isinstance(kubeconfig, dict):
+        return
+    clusters = [_dict(entry) for entry in _list(kubeconfig.get("clusters"))]
+    users = [_dict(entry) for entry in _list(kubeconfig.get("users"))]
+    for entry in clusters:
+        if _dict(entry.get("cluster")).get("proxy-url"):
+            raise KubeConfigInvalid(
+                "Fleetdeck connects to the API server directly; remove proxy-url from the kubeconfig's cluster "
+                f"{entry.get('name')!r}."
+            )
+    if allow_plugins:
+        return
+    for entry in users:
+        user = _dict(entry.get("user"))
         plugin = next((key for key in ("exec", "auth-provider") if user.get(key)), None)
         if plugin:
             raise KubeConfigInvalid(
-                f"The kubeconfig's user {_dict(entry).get('name')!r} uses an {plugin} credential plugin, which would "
+                f"The kubeconfig's user {entry.get('name')!r} uses an {plugin} credential plugin, which would "
                 "run on Fleetdeck's workers; give it a token or client certificate instead."
             )
+    for kind, entries, files in (("cluster", clusters, _CLUSTER_FILES), ("user", users, _USER_FILES)):
+        for entry in entries:
+            section = _dict(entry.get(kind))
+            for key, inline in files.items():
+                if section.get(key):
+                    what = "the token itself" if key == "tokenFile" else "the file's contents, base64-encoded,"
+                    raise KubeConfigInvalid(
+                        f"The kubeconfig's {kind} {entry.get('name')!r} names a local file in {key}, which Fleetdeck "
+                        f"would read on its own machines; put {what} in {inline} instead."
+                    )
 
 
 class _ContinueExpired(KubeError):
@@ -494,6 +527,10 @@ def _status_body(text: Any) -> dict[str, Any]:
 
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _excerpt(text: str | bytes, limit: int = 300) -> str:

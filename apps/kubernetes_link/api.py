@@ -31,8 +31,8 @@ class KubeConnectionSerializer(serializers.ModelSerializer):
     kubeconfig = serializers.CharField(
         write_only=True, required=False, allow_blank=True, trim_whitespace=False, max_length=256 * 1024,
         style={"base_template": "textarea.html"},
-        help_text="A kubeconfig (YAML) with a token or client certificate; credential plugins are refused. Stored encrypted, "
-                  "never returned. On update, empty keeps the stored one.",
+        help_text="A kubeconfig (YAML) with a token or client certificate, inline (token, *-data); credential plugins, file "
+                  "paths and proxy-url are refused. Stored encrypted, never returned. On update, empty keeps the stored one.",
     )
     has_kubeconfig = serializers.BooleanField(read_only=True)
     namespaces = serializers.ListField(child=serializers.CharField(max_length=63), allow_empty=False,
@@ -44,6 +44,8 @@ class KubeConnectionSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "team", "in_cluster", "kubeconfig", "has_kubeconfig", "context", "namespaces", "read_only",
                   "last_checked_at", "last_error", "last_warnings", "link_count", "created_at"]
         read_only_fields = ["last_checked_at", "last_error", "last_warnings", "created_at"]
+        extra_kwargs = {"in_cluster": {"help_text": "Use Fleetdeck's own service account. Superusers only (403 for others): it "
+                                                    "can read every team's namespaces."}}
 
     def get_fields(self):
         fields = super().get_fields()
@@ -127,7 +129,7 @@ class LinkSerializer(ResourceSerializer):
 class KubeConnectionViewSet(viewsets.ModelViewSet):
     """Connections to Kubernetes API servers, per team: a kubeconfig context or the in-cluster
     service account, the namespaces to look in, and whether RayService writes are allowed.
-    Team admins add, change and delete them."""
+    Team admins add, change and delete them; only superusers use the in-cluster service account."""
 
     serializer_class = KubeConnectionSerializer
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]

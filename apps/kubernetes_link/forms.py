@@ -8,6 +8,7 @@ from apps.accounts.permissions import teams_where
 from apps.clusters.models import Cluster
 from apps.clusters.validation import normalize_dashboard_url, parse_labels_text, validate_token
 from apps.kubernetes_link.models import KubeConnection, KubeLink
+from apps.kubernetes_link.services import can_use_in_cluster
 from apps.kubernetes_link.validation import validate_cluster_name, validate_namespaces
 
 
@@ -16,10 +17,12 @@ class ConnectionForm(forms.Form):
     team = forms.ModelChoiceField(queryset=None, empty_label=None)
     in_cluster = forms.BooleanField(
         label="Use Fleetdeck's own service account (Fleetdeck runs in this Kubernetes cluster)", required=False,
+        help_text="Superusers only: this account can read every team's namespaces.",
     )
     kubeconfig = forms.CharField(
         required=False, widget=forms.Textarea(attrs={"rows": 8, "autocomplete": "off", "spellcheck": "false"}),
-        help_text="A kubeconfig with a token or client certificate (credential plugins are refused). Stored encrypted, never shown again.",
+        help_text="A kubeconfig with a token or client certificate, inline (token, *-data): credential plugins, file paths and "
+                  "proxy-url are refused. Stored encrypted, never shown again.",
     )
     context = forms.CharField(required=False, max_length=253, help_text="Empty: the kubeconfig's current-context.")
     namespaces = forms.CharField(
@@ -40,10 +43,20 @@ class ConnectionForm(forms.Form):
             })
         super().__init__(*args, **kwargs)
         self.fields["team"].queryset = teams_where(user, Role.ADMIN)
+        superuser = can_use_in_cluster(user)
         if instance is not None:
             for name in ("name", "team", "in_cluster"):
                 self.fields[name].disabled = True
+            if instance.in_cluster and not superuser:
+                self.fields["namespaces"].disabled = True
+                self.fields["namespaces"].help_text = (
+                    "Only a superuser changes the namespaces of a connection that uses Fleetdeck's own service account."
+                )
             self.fields["kubeconfig"].help_text = "Leave empty to keep the stored kubeconfig."
+        elif not superuser:
+            # A disabled field keeps its initial False whatever is posted; the service refuses it as well.
+            self.fields["in_cluster"].disabled = True
+            self.fields["in_cluster"].widget = forms.HiddenInput()
 
     def clean_namespaces(self):
         return validate_namespaces(self.cleaned_data["namespaces"])

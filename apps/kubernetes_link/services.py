@@ -5,7 +5,7 @@ only that it was set or changed."""
 
 from __future__ import annotations
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 
 from apps.accounts.audit import Actor, record
@@ -34,6 +34,11 @@ def create_connection(
     context: str = "",
     read_only: bool = True,
 ) -> KubeConnection:
+    if in_cluster:
+        _require_in_cluster_rights(actor, (
+            "Only a Fleetdeck superuser can use Fleetdeck's own service account: it can read every team's namespaces. "
+            "Give a kubeconfig whose credentials reach only your team's namespaces."
+        ))
     KubeConnection._meta.get_field("name").run_validators(name)
     if KubeConnection.objects.filter(team=team, name=name).exists():
         raise ValidationError(f"Team {team} already has a Kubernetes connection named {name}.", code="name")
@@ -59,6 +64,12 @@ def update_connection(
     if namespaces is not UNSET:
         clean = validate_namespaces(namespaces)
         if clean != connection.namespaces:
+            if connection.in_cluster:
+                # The namespaces are all that keeps a team inside its own part of the cluster.
+                _require_in_cluster_rights(actor, (
+                    f"Connection {connection.name} uses Fleetdeck's own service account: only a Fleetdeck superuser can "
+                    "change its namespaces."
+                ))
             changes["namespaces"] = {"from": connection.namespaces, "to": clean}
             connection.namespaces = clean
     if (kubeconfig is not UNSET and kubeconfig) or (context is not UNSET and context != connection.context):
@@ -91,6 +102,17 @@ def delete_connection(actor: Actor, connection: KubeConnection) -> None:
         record(actor, "kube.connection.delete", connection, team=connection.team,
                changes={"unlinked": sorted(link.cluster.name for link in links)})
         connection.delete()
+
+
+def can_use_in_cluster(user) -> bool:
+    """Fleetdeck's own service account reads every namespace (deploy/k8s/rbac.yaml), other teams'
+    included: only a superuser may point a connection at it."""
+    return bool(getattr(user, "is_superuser", False))
+
+
+def _require_in_cluster_rights(actor: Actor, refusal: str) -> None:
+    if not can_use_in_cluster(actor.user):
+        raise PermissionDenied(refusal)
 
 
 def _checked_credentials(in_cluster: bool, kubeconfig: str, context: str) -> str:

@@ -1,6 +1,6 @@
 """What an admin types about a Kubernetes connection, checked in one place for forms and
 serializers. Nothing here calls the API server: a kubeconfig is loaded offline to prove the
-context exists and carries no credential plugin."""
+context exists and carries no credential plugin, local file reference or proxy."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ MAX_KUBECONFIG_BYTES = 256 * 1024
 
 def parse_kubeconfig(text: str) -> dict[str, Any]:
     if not (text or "").strip():
-        raise ValidationError("Paste the kubeconfig (YAML), or use the in-cluster service account.")
+        raise ValidationError("Paste the kubeconfig (YAML); only a superuser can use the in-cluster service account instead.")
     if len(text.encode()) > MAX_KUBECONFIG_BYTES:
         raise ValidationError(f"The kubeconfig is larger than {MAX_KUBECONFIG_BYTES // 1024} KiB.")
     try:
@@ -34,7 +34,8 @@ def parse_kubeconfig(text: str) -> dict[str, Any]:
 
 
 def check_kubeconfig(config: dict[str, Any], context: str) -> None:
-    """Load it as the adapter will (no network), then apply the URL policy to its API server."""
+    """Load it as the adapter will (no network; the adapter refuses plugins, files and proxies),
+    then apply the URL policy to its API server."""
     try:
         KubeAdapter.from_kubeconfig(config, context=context or None).close()
     except KubeConfigInvalid as exc:
