@@ -60,6 +60,7 @@ def tick() -> None:
 
     for run_id in maintenance.claim_due() + maintenance.requeue_lost():
         run_maintenance.delay(run_id)
+    maintenance.abandon_stale()
     from apps.incidents import webhooks
 
     for delivery_id in webhooks.requeue_lost():

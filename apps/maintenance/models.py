@@ -108,6 +108,9 @@ class MaintenanceRun(models.Model):
     # When the run was last handed to the broker: a queued run long past it was lost on the way.
     enqueued_at = models.DateTimeField(default=timezone.now, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
+    # Touched by the worker while the run is running; a stale one means the worker died with the
+    # run (and, for a recycle, the cluster's one running-recycle slot) still held.
+    heartbeat_at = models.DateTimeField(null=True, blank=True, db_index=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

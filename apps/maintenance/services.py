@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
+import threading
 import time
+from contextlib import contextmanager
 from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from apps.accounts.audit import Actor, record
@@ -26,6 +29,10 @@ from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfi
 GENERATION_VAR = "FLEETDECK_RECYCLE_GENERATION"
 METHODS = {"GET", "POST", "PUT", "HEAD"}
 MAX_REQUESTS, MAX_CONCURRENCY = 1000, 64
+# Longest gap between heartbeats of a running run (shorter still when FLEETDECK_CHANGE_STALE_S is small).
+HEARTBEAT_S = 5.0
+
+log = logging.getLogger(__name__)
 
 # --- schedules and profiles ----------------------------------------------------------------
 
@@ -205,6 +212,52 @@ def requeue_lost(now=None) -> list[int]:
     return requeued
 
 
+def abandon_stale(now=None) -> list[int]:
+    """Fail running runs whose worker stopped: no heartbeat for FLEETDECK_CHANGE_STALE_S. A recycle
+    is not run again (it would stop replicas a second time without anyone deciding to); the record
+    says how far it got, and failing it frees the cluster for the next recycle. Each run is claimed
+    with a conditional UPDATE, so two ticks fail it once."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.FLEETDECK_CHANGE_STALE_S)
+    stale = MaintenanceRun.objects.select_related("cluster", "deployment__application", "change").filter(
+        state=MaintenanceRun.State.RUNNING, heartbeat_at__lt=cutoff)
+    abandoned = []
+    for run in stale.order_by("pk"):
+        if run.change is not None and run.change.state in ACTIVE_STATES:
+            # The change's own reconciler finishes it; its outcome is what this run's record should say.
+            continue
+        message = _abandoned(run)
+        with transaction.atomic():
+            if not MaintenanceRun.objects.filter(pk=run.pk, state=MaintenanceRun.State.RUNNING, heartbeat_at__lt=cutoff).update(
+                    state=MaintenanceRun.State.FAILED, finished_at=now):
+                continue
+            _end(run, MaintenanceRun.State.FAILED, message, error=message)
+        abandoned.append(run.pk)
+    return abandoned
+
+
+def _abandoned(run: MaintenanceRun) -> str:
+    lead = f"The worker stopped during the run (no heartbeat for {settings.FLEETDECK_CHANGE_STALE_S} s)"
+    if run.kind == MaintenanceRun.Kind.WARMUP:
+        return f"{lead}; its results were lost. A warmup changes nothing on the cluster: run it again if needed."
+    if run.change is None:
+        return f"{lead} before it started its change; no replica was recycled."
+    change = f"change #{run.change.pk} {run.change.get_state_display().lower()}"
+    before = run.replicas_before
+    try:
+        if run.deployment is None:
+            raise LookupError("the deployment is no longer known")
+        if run.cluster.reachability != Reachability.OK:
+            raise LookupError(f"{run.cluster.name} is not reachable")
+        now_running, _ = _replicas(run.cluster, run.deployment)
+    except (LookupError, RayError) as exc:
+        return (f"{lead}; {change}, and the running replicas could not be read ({getattr(exc, 'message', exc)}), so how many "
+                f"of the {len(before)} replica(s) were recycled is unknown: check the deployment before recycling it again.")
+    kept = sorted(set(before) & set(now_running))
+    return (f"{lead}; {len(before) - len(kept)} of {len(before)} replica(s) had been recycled ({change})"
+            + (f"; still running from before: {', '.join(kept)}." if kept else "."))
+
+
 # --- execution -----------------------------------------------------------------------------
 
 
@@ -215,24 +268,63 @@ def execute(run_id: int) -> None:
         pk=run_id, state=MaintenanceRun.State.QUEUED).first()
     if run is None:
         return
+    started = timezone.now()
     try:
         with transaction.atomic():
             claimed = MaintenanceRun.objects.filter(pk=run.pk, state=MaintenanceRun.State.QUEUED).update(
-                state=MaintenanceRun.State.RUNNING, started_at=timezone.now())
+                state=MaintenanceRun.State.RUNNING, started_at=started, heartbeat_at=started)
     except IntegrityError:
         return _end(run, MaintenanceRun.State.SKIPPED, "Skipped: another recycle is running on this cluster.", skip_reason="recycle running")
     if not claimed:
         return
-    run.state = MaintenanceRun.State.RUNNING
-    if run.kind == MaintenanceRun.Kind.RECYCLE:
-        _recycle(run)
-    else:
-        _warmup(run)
+    # `_end` saves the whole row: keep what the UPDATE wrote.
+    run.state, run.started_at, run.heartbeat_at = MaintenanceRun.State.RUNNING, started, started
+    with _keepalive(run):
+        if run.kind == MaintenanceRun.Kind.RECYCLE:
+            _recycle(run)
+        else:
+            _warmup(run)
+
+
+@contextmanager
+def _keepalive(run: MaintenanceRun):
+    """Touch the heartbeat from a thread while the run executes: the inline change run and a
+    warmup's requests block for longer than FLEETDECK_CHANGE_STALE_S without logging or polling,
+    and the reaper must not fail a run whose worker is alive. Not inside a caller's transaction
+    (tests, eager tasks): another connection could not see the row, or would wait on its lock until
+    this one's transaction ends; log lines and polls touch it there."""
+    if connection.in_atomic_block:
+        yield
+        return
+    stop = threading.Event()
+    interval = min(HEARTBEAT_S, settings.FLEETDECK_CHANGE_STALE_S / 4)
+
+    def beat():
+        try:
+            while not stop.wait(interval):
+                try:
+                    MaintenanceRun.objects.filter(pk=run.pk, state=MaintenanceRun.State.RUNNING).update(heartbeat_at=timezone.now())
+                except DatabaseError as exc:
+                    log.warning("heartbeat of maintenance run %s not written: %s", run.pk, exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=beat, name=f"maintenance-run-{run.pk}-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _log(run: MaintenanceRun, message: str) -> None:
-    run.log = [*run.log, {"at": timezone.now().isoformat(), "message": message}]
-    MaintenanceRun.objects.filter(pk=run.pk).update(log=run.log)
+    now = timezone.now()
+    run.log = [*run.log, {"at": now.isoformat(), "message": message}]
+    fields = {"log": run.log}
+    if run.state == MaintenanceRun.State.RUNNING:
+        run.heartbeat_at = fields["heartbeat_at"] = now
+    MaintenanceRun.objects.filter(pk=run.pk).update(**fields)
 
 
 def _end(run: MaintenanceRun, state: str, message: str, **fields) -> None:
@@ -322,7 +414,7 @@ def _recycle(run: MaintenanceRun) -> None:
     run.save(update_fields=["change", "replicas_before"])
     _log(run, f"Change #{change.pk} bumps {GENERATION_VAR} to {generation}.")
     protocol.run(change.pk)  # a worker may have claimed it first; then this returns at once
-    change = _wait_final(change)
+    change = _wait_final(run, change)
     if change.state != ChangeState.SUCCEEDED:
         return _end(run, MaintenanceRun.State.FAILED, f"Change #{change.pk} {change.get_state_display().lower()}: {change.error}", error=change.error)
     after, _ = _replicas(cluster, deployment)
@@ -333,17 +425,23 @@ def _recycle(run: MaintenanceRun) -> None:
     _end(run, MaintenanceRun.State.SUCCEEDED if not kept else MaintenanceRun.State.FAILED, message, replicas_after=after, cold_start_s=cold)
     warmup = run.schedule.warmup if run.schedule else None
     if warmup is not None and warmup.enabled:
+        # Run here, so created running: a queued one would look lost to `requeue_lost` and run twice.
+        now = timezone.now()
         follow = MaintenanceRun.objects.create(kind=MaintenanceRun.Kind.WARMUP, trigger=MaintenanceRun.Trigger.AFTER_RECYCLE,
-                                               cluster=cluster, profile=warmup, after=run)
-        _warmup(follow)
+                                               cluster=cluster, profile=warmup, after=run, state=MaintenanceRun.State.RUNNING,
+                                               started_at=now, heartbeat_at=now)
+        with _keepalive(follow):
+            _warmup(follow)
 
 
-def _wait_final(change: Change) -> Change:
+def _wait_final(run: MaintenanceRun, change: Change) -> Change:
     deadline = time.monotonic() + settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S * 2 + 60
     while time.monotonic() < deadline:
         change.refresh_from_db()
         if change.is_final:
             return change
+        run.heartbeat_at = timezone.now()
+        MaintenanceRun.objects.filter(pk=run.pk, state=MaintenanceRun.State.RUNNING).update(heartbeat_at=run.heartbeat_at)
         time.sleep(0.5)
     return change
 

@@ -345,3 +345,142 @@ def test_the_run_page_says_when_no_worker_has_taken_the_run_up(client, people, d
 
     MaintenanceRun.objects.filter(pk=run.pk).update(state=MaintenanceRun.State.RUNNING)
     assert "Waiting for a worker" not in client.get(url).content.decode()
+
+
+# --- runs whose worker died ------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_recycle_whose_worker_died_is_failed_once_with_how_far_it_got_and_frees_the_cluster(deployment, operator, settings, monkeypatch):
+    from apps.changes import protocol
+    from apps.changes.models import ChangeState
+
+    settings.FLEETDECK_CHANGE_STALE_S = 60
+    monkeypatch.setattr(services, "_recycle", lambda claimed: None)  # the worker dies mid-recycle
+    run = services.request_recycle(operator, deployment)
+    services.execute(run.pk)
+    live, _ = services._replicas(deployment.application.cluster, deployment)
+    change = protocol.plan_change(operator, deployment.application.cluster, targets=[{"application": "demo", "deployment": "Model"}],
+                                  options={"ray_actor_options": {"num_cpus": 0.3}}, reason="recycle")
+    protocol._finish(change, ChangeState.SUCCEEDED, "Verified.")
+    MaintenanceRun.objects.filter(pk=run.pk).update(change=change, replicas_before=[*live, "replaced-1"])
+    beat = MaintenanceRun.objects.get(pk=run.pk).heartbeat_at
+
+    assert services.abandon_stale(now=beat + timedelta(seconds=30)) == []
+    later = beat + timedelta(seconds=61)
+    assert services.abandon_stale(now=later) == [run.pk]
+    assert services.abandon_stale(now=later) == []  # a second tick at the same moment finds it failed
+    run.refresh_from_db()
+    assert run.state == MaintenanceRun.State.FAILED and run.finished_at
+    assert run.log[-1]["message"] == run.error
+    assert run.error.startswith("The worker stopped during the run")
+    assert f"1 of {len(live) + 1} replica(s) had been recycled (change #{change.pk} succeeded)" in run.error
+    assert f"still running from before: {', '.join(live)}" in run.error
+    assert AuditEvent.objects.filter(action="recycle.failed", object_id=str(run.pk)).count() == 1
+
+    calls = []
+    monkeypatch.setattr(services, "_recycle", lambda claimed: calls.append(claimed.pk))
+    following = services.request_recycle(operator, deployment)
+    services.execute(following.pk)
+    following.refresh_from_db()
+    assert calls == [following.pk] and following.state == MaintenanceRun.State.RUNNING and not following.skip_reason
+
+
+@pytest.mark.django_db
+def test_a_running_run_with_a_fresh_heartbeat_or_an_active_change_is_left_alone(deployment, operator, settings, monkeypatch):
+    from apps.changes import protocol
+
+    settings.FLEETDECK_CHANGE_STALE_S = 60
+    monkeypatch.setattr(services, "_recycle", lambda claimed: None)
+    run = services.request_recycle(operator, deployment)
+    services.execute(run.pk)
+    beat = MaintenanceRun.objects.get(pk=run.pk).heartbeat_at
+    assert services.abandon_stale(now=beat + timedelta(seconds=59)) == []
+    # Stale, but its change is still on its way: the change's reconciler finishes that first.
+    change = protocol.plan_change(operator, deployment.application.cluster, targets=[{"application": "demo", "deployment": "Model"}],
+                                  options={"ray_actor_options": {"num_cpus": 0.3}}, reason="recycle")
+    protocol.request_apply(operator, change)
+    MaintenanceRun.objects.filter(pk=run.pk).update(change=change)
+    assert services.abandon_stale(now=beat + timedelta(hours=1)) == []
+    run.refresh_from_db()
+    assert run.state == MaintenanceRun.State.RUNNING and not run.error
+
+
+@pytest.mark.django_db
+def test_a_recycle_touches_its_heartbeat_at_the_claim_each_log_line_and_each_poll_of_its_change(deployment, operator, monkeypatch):
+    from apps.changes import protocol
+    from apps.changes.models import Change, ChangeState
+
+    change = protocol.plan_change(operator, deployment.application.cluster, targets=[{"application": "demo", "deployment": "Model"}],
+                                  options={"ray_actor_options": {"num_cpus": 0.3}}, reason="recycle")
+    run = services.request_recycle(operator, deployment)
+    beats = []
+
+    def beat():
+        beats.append(MaintenanceRun.objects.get(pk=run.pk).heartbeat_at)
+
+    def recycle(claimed):
+        beat()
+        services._log(claimed, "a step")
+        beat()
+        services._wait_final(claimed, change)
+
+    def replicas_come_back(seconds):
+        beat()
+        Change.objects.filter(pk=change.pk).update(state=ChangeState.SUCCEEDED)
+
+    monkeypatch.setattr(services, "_recycle", recycle)
+    monkeypatch.setattr(services.time, "sleep", replicas_come_back)
+    services.execute(run.pk)
+    assert beats[0] is not None and beats[0] < beats[1] < beats[2]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_blocked_in_a_long_call_keeps_its_heartbeat(deployment, operator, monkeypatch):
+    import time
+
+    # The inline change run and a warmup's requests neither log nor poll for minutes.
+    monkeypatch.setattr(services, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(services, "_enqueue", lambda run_id: None)
+    run = services.request_recycle(operator, deployment)
+    beats = []
+
+    def blocked(claimed):
+        beats.append(MaintenanceRun.objects.get(pk=run.pk).heartbeat_at)
+        time.sleep(0.5)
+        beats.append(MaintenanceRun.objects.get(pk=run.pk).heartbeat_at)
+
+    monkeypatch.setattr(services, "_recycle", blocked)
+    services.execute(run.pk)
+    assert beats[0] is not None and beats[1] > beats[0]
+
+
+@pytest.mark.django_db
+def test_the_warmup_after_a_recycle_runs_once_however_long_it_takes(deployment, operator, settings, monkeypatch):
+    from apps.changes import protocol
+    from apps.changes.models import Change, ChangeState
+
+    settings.FLEETDECK_CHANGE_STALE_S = 60
+    profile = services.save_profile(operator, deployment.application, {"name": "w", "path": "/demo"})
+    schedule = RecycleSchedule.objects.create(deployment=deployment, every_hours=6, warmup=profile, created_by=operator.user)
+    run = services.request_recycle(operator, deployment)
+    MaintenanceRun.objects.filter(pk=run.pk).update(schedule=schedule)
+    replicas = iter([(["r1", "r2"], {}), (["r3", "r4"], {})])
+    monkeypatch.setattr(services, "_replicas", lambda cluster, dep: next(replicas))
+    monkeypatch.setattr(services, "recycle_guards", lambda *args: [])
+    monkeypatch.setattr(protocol, "run", lambda pk: Change.objects.filter(pk=pk).update(
+        state=ChangeState.SUCCEEDED, pushed_at=timezone.now(), finished_at=timezone.now()))
+    seen = []
+
+    def slow_warmup(follow):
+        # An hour later, as far as the tick can tell: a queued follow-up would look lost and be sent again.
+        seen.append((MaintenanceRun.objects.get(pk=follow.pk).state, services.requeue_lost(now=timezone.now() + timedelta(hours=1))))
+        services._end(follow, MaintenanceRun.State.SUCCEEDED, "warm")
+
+    monkeypatch.setattr(services, "_warmup", slow_warmup)
+    services.execute(run.pk)
+
+    assert MaintenanceRun.objects.get(pk=run.pk).state == MaintenanceRun.State.SUCCEEDED
+    assert seen == [(MaintenanceRun.State.RUNNING, [])]
+    follow = MaintenanceRun.objects.get(after=run)
+    assert follow.state == MaintenanceRun.State.SUCCEEDED and follow.started_at
