@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -12,7 +13,7 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from apps.accounts.audit import Actor
-from apps.clusters.models import Cluster
+from apps.clusters.models import Cluster, ClusterEvent
 from apps.fleet import sync
 from apps.incidents import services, webhook_client, webhooks
 from apps.incidents.models import WebhookDelivery
@@ -148,3 +149,30 @@ def test_team_admins_manage_webhooks_and_the_secret_never_comes_back(api_as, end
     assert api_as("operator").get("/api/v1/webhooks/").json()["results"] == []
     bad = api_as("admin").post("/api/v1/webhooks/", {"team": "vision", "url": "http://169.254.169.254/"}, format="json")
     assert bad.status_code == 400 and "never calls" in str(bad.json())
+
+
+def test_no_secret_reaches_a_log_line(oom_cluster, team, people, endpoint, api_as, use_replay, caplog):
+    """Every logger, at DEBUG (httpx and httpcore included), through a registration, a sync that
+    fails on the token, and a signed delivery that is retried."""
+    import httpx
+
+    for name in (None, "httpx", "httpcore", "celery", "apps"):
+        caplog.set_level(logging.DEBUG, logger=name)
+    body = {"name": "speech-prod", "team": "vision", "dashboard_url": "http://ray.test:8265/", "token": "tok-s3cret-91"}
+    assert api_as("admin").post("/api/v1/clusters/", body, format="json").status_code == 201
+    use_replay.routes["/api/serve/applications/"] = httpx.Response(401, text="token tok-s3cret-91 is not valid")
+    sync.sync_cluster(Cluster.objects.get(name="speech-prod").pk)
+    assert any(r.headers.get("authorization") == "Bearer tok-s3cret-91" for r in use_replay.requests)
+
+    webhooks.save_webhook(Actor(user=people["admin"]), team=team, url=endpoint(503, 200).url, secret="hook-s3cret-17")
+    [incident_id] = services.detect(oom_cluster.pk)
+    delivery = WebhookDelivery.objects.get(incident_id=incident_id)
+    with pytest.raises(webhook_client.DeliveryError) as failed:
+        webhooks.deliver(delivery.pk)
+    webhooks.deliver(delivery.pk)
+
+    logged = "\n".join(f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in caplog.records)
+    assert "HTTP Request: POST" in logged and "send_request_headers" in logged, "the HTTP clients logged nothing to check"
+    # What a worker would log for a failed task, and what the pages show.
+    shown = [str(failed.value), *ClusterEvent.objects.values_list("message", flat=True), WebhookDelivery.objects.get().last_error]
+    assert "s3cret" not in logged + "\n".join(shown)
