@@ -145,7 +145,10 @@ WHITENOISE_USE_FINDERS = DEBUG
 # Request bodies above this are refused before a view sees them.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("FLEETDECK_MAX_BODY_BYTES", 1_048_576, minimum=1024)
 
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("FLEETDECK_BEHIND_TLS_PROXY", False) else None
+# Behind the TLS proxy, one hop of X-Forwarded-For is the proxy's word; anything before it is the
+# client's, and proves nothing. Audit, login lockout and API throttling all read the address so.
+FLEETDECK_PROXY_COUNT = 1 if env_bool("FLEETDECK_BEHIND_TLS_PROXY", False) else 0
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if FLEETDECK_PROXY_COUNT else None
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("FLEETDECK_SECURE_COOKIES", not DEBUG)
 SECURE_SSL_REDIRECT = env_bool("FLEETDECK_SSL_REDIRECT", False)
 SECURE_HSTS_SECONDS = env_int("FLEETDECK_HSTS_SECONDS", 0, minimum=0)
@@ -178,9 +181,7 @@ AXES_COOLOFF_TIME = timedelta(minutes=env_int("FLEETDECK_LOGIN_LOCKOUT_MIN", 15,
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
-# Behind the TLS proxy the client's address is the proxy's first X-Forwarded-For entry.
-AXES_IPWARE_PROXY_COUNT = 1 if SECURE_PROXY_SSL_HEADER else None
-AXES_IPWARE_META_PRECEDENCE_ORDER = ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if SECURE_PROXY_SSL_HEADER else ("REMOTE_ADDR",)
+AXES_CLIENT_IP_CALLABLE = "apps.accounts.audit.client_ip"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -200,6 +201,7 @@ REST_FRAMEWORK = {
         "rest_framework.throttling.UserRateThrottle",
         "rest_framework.throttling.AnonRateThrottle",
     ],
+    "NUM_PROXIES": FLEETDECK_PROXY_COUNT,
     "DEFAULT_THROTTLE_RATES": {
         "user": env_str("FLEETDECK_API_THROTTLE_USER", "1200/min"),
         "anon": env_str("FLEETDECK_API_THROTTLE_ANON", "60/min"),
@@ -243,10 +245,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
         "store_processed": False,
     }
     if CELERY_BROKER_URL.startswith("filesystem")
-    # Redis hands an unacknowledged task to another worker after this long: well above the longest
-    # task (a change waits up to FLEETDECK_CHANGE_VERIFY_TIMEOUT_S, twice with a rollback), or a
-    # slow task would run twice.
-    else {"visibility_timeout": 3600}
+    else {}  # the visibility timeout, below: it follows FLEETDECK_CHANGE_VERIFY_TIMEOUT_S
 )
 if CELERY_BROKER_URL.startswith("filesystem"):
     for _folder in ("broker", "broker-processed", "broker-control"):
@@ -280,6 +279,11 @@ FLEETDECK_UI_REFRESH_S = env_int("FLEETDECK_UI_REFRESH_S", 5, minimum=1)
 FLEETDECK_CHANGE_VERIFY_TIMEOUT_S = env_int("FLEETDECK_CHANGE_VERIFY_TIMEOUT_S", 180, minimum=5)
 FLEETDECK_CHANGE_POLL_S = env_float("FLEETDECK_CHANGE_POLL_S", 0.5, minimum=0.05)
 FLEETDECK_CHANGE_STALE_S = env_int("FLEETDECK_CHANGE_STALE_S", 60, minimum=5)
+if not CELERY_BROKER_URL.startswith("filesystem"):
+    # Redis hands an unacknowledged task to another worker after this long: well above the longest
+    # late-acknowledged task (the reconciler may verify a change, then its rollback), or a slow
+    # task would run twice.
+    CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"] = max(3600, 2 * FLEETDECK_CHANGE_VERIFY_TIMEOUT_S + 600)
 # A surge recycle needs this much free memory per replica it starts, unless the deployment
 # declares its own `ray_actor_options.memory`.
 # An incident with no new signal for this long resolves itself.

@@ -5,9 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import models
 
 from apps.accounts.models import AuditEvent, Team
+
+
+def client_ip(request) -> str | None:
+    """The address that connected to us, or behind FLEETDECK_BEHIND_TLS_PROXY the one our proxy
+    saw: the last X-Forwarded-For entry, which that proxy appended. The entries before it are
+    whatever the client sent."""
+    remote = request.META.get("REMOTE_ADDR") or None
+    if not settings.FLEETDECK_PROXY_COUNT:
+        return remote
+    hops = [hop.strip() for hop in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if hop.strip()]
+    return hops[-settings.FLEETDECK_PROXY_COUNT] if len(hops) >= settings.FLEETDECK_PROXY_COUNT else remote
 
 
 @dataclass(frozen=True)
@@ -21,8 +33,7 @@ class Actor:
 
     @classmethod
     def from_request(cls, request, via: str | None = None) -> "Actor":
-        forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
-        ip = (forwarded.split(",")[0].strip() if forwarded else request.META.get("REMOTE_ADDR")) or None
+        ip = client_ip(request)
         user = request.user if getattr(request, "user", None) and request.user.is_authenticated else None
         return cls(
             user=user,
