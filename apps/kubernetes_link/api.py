@@ -7,10 +7,10 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.drf import VisiblePrimaryKeyRelatedField, VisibleSlugRelatedField, as_api_error, require_role
 from apps.accounts.models import Role, Team
-from apps.accounts.permissions import visible_teams
 from apps.clusters.api import ClusterSerializer
 from apps.clusters.models import Cluster
 from apps.clusters.validation import normalize_dashboard_url, validate_labels, validate_token
@@ -222,7 +222,7 @@ class KubeLinkViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.D
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return KubeLink.objects.none()
-        return (KubeLink.objects.filter(cluster__team__in=visible_teams(self.request.user))
+        return (access.visible(self.request.user, KubeLink)
                 .select_related("cluster__team", "connection").order_by("cluster__name"))
 
     def perform_destroy(self, instance):

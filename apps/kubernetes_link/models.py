@@ -10,9 +10,9 @@ from apps.clusters.models import Cluster
 
 class KubeConnectionQuerySet(models.QuerySet):
     def visible_to(self, user) -> "KubeConnectionQuerySet":
-        from apps.accounts.permissions import visible_teams
+        from apps.accounts.access import visible
 
-        return self.filter(team__in=visible_teams(user))
+        return visible(user, self)
 
 
 class KubeConnection(models.Model):

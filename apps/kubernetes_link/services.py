@@ -219,6 +219,7 @@ def _create_link(actor: Actor, connection: KubeConnection, cluster: Cluster, fou
 
 
 def _enqueue_inspection(cluster_id: int) -> None:
-    from workers.tasks import inspect_kubernetes
+    from controlplane.celery import send
 
-    transaction.on_commit(lambda: inspect_kubernetes.delay(cluster_id))
+    # A message the broker refused delays the inspection to the one after the cluster's next sync.
+    transaction.on_commit(lambda: send("kube.inspect_cluster", [cluster_id]))

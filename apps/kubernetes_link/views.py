@@ -10,9 +10,10 @@ from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.models import Role
-from apps.accounts.permissions import has_role, teams_where, visible_teams
+from apps.accounts.permissions import has_role, teams_where
 from apps.clusters.models import Cluster
 from apps.kubernetes_link import discovery, services
 from apps.kubernetes_link.forms import ConnectionForm, LinkForm, RegisterForm, linkable_clusters
@@ -21,17 +22,11 @@ from apps.kubernetes_link.validation import suggested_cluster_name
 
 
 def _connection(request, pk: int, needed: Role) -> KubeConnection:
-    connection = get_object_or_404(KubeConnection.objects.visible_to(request.user).select_related("team"), pk=pk)
-    if not has_role(request.user, connection.team, needed):
-        raise PermissionDenied(f"You need the {needed.label.lower()} role in team {connection.team}.")
-    return connection
+    return access.get_for(request.user, KubeConnection.objects.select_related("team"), needed, pk=pk)
 
 
 def _cluster(request, pk: int, needed: Role) -> Cluster:
-    cluster = get_object_or_404(Cluster.objects.select_related("team"), pk=pk, team__in=visible_teams(request.user))
-    if not has_role(request.user, cluster.team, needed):
-        raise PermissionDenied(f"You need the {needed.label.lower()} role in team {cluster.team}.")
-    return cluster
+    return access.get_for(request.user, Cluster.objects.select_related("team"), needed, pk=pk)
 
 
 @login_required

@@ -174,6 +174,19 @@ def test_operators_queue_an_inspection(api_as, linked, who, status):
     assert api_as(who).post(f"{LINKS}{linked.pk}/inspect/").status_code == status
 
 
+def test_a_broker_that_refuses_the_inspection_fails_nothing(api_as, linked, monkeypatch, django_capture_on_commit_callbacks):
+    from kombu.exceptions import OperationalError
+
+    from controlplane.celery import app
+
+    def refused(*args, **kwargs):
+        raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(app, "send_task", refused)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api_as("operator").post(f"{LINKS}{linked.pk}/inspect/").status_code == 202
+
+
 @pytest.mark.parametrize("who, status", [("admin", 204), ("operator", 403), ("viewer", 403)])
 def test_only_admins_unlink(api_as, linked, who, status):
     assert api_as(who).delete(f"{LINKS}{linked.pk}/").status_code == status
