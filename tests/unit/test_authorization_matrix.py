@@ -571,8 +571,8 @@ def check(world: World, case: Case) -> list[str]:
 
     anonymous = ask(case, refs=a_refs, model_id=world.a.id)
     if case.route.api:
-        if anonymous.status not in (401, 403):
-            problems.append(f"anonymous: {anonymous}, expected 401/403")
+        if anonymous.status != 401:
+            problems.append(f"anonymous: {anonymous}, expected 401")
     elif not (anonymous.status == 302 and anonymous.location.startswith(_login_url())):
         problems.append(f"anonymous: {anonymous}, expected a redirect to the login page")
 

@@ -63,7 +63,12 @@ def test_a_name_that_rebinds_to_the_metadata_service_is_refused_before_anything_
 
 def test_one_forbidden_address_among_several_refuses_the_name(monkeypatch, settings):
     settings.FLEETDECK_CLUSTER_NETWORKS = ["10.0.0.0/8"]
-    resolving(monkeypatch, "192.168.1.5")
+
+    def two_addresses(host, port, *args, **kwargs):
+        # The allowed one first: a check of the first answer alone would let the name through.
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port)) for address in ("10.0.0.7", "192.168.1.5")]
+
+    monkeypatch.setattr(egress.socket, "getaddrinfo", two_addresses)
     inner = Recorder()
     with pytest.raises(egress.EgressRefused, match="outside the networks"):
         with httpx.Client(transport=egress.PinnedTransport(inner=inner)) as client:
