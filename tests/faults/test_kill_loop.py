@@ -3,7 +3,7 @@ Ray cluster. Every change must end succeeded, rolled back or failed-with-nothing
 step log that says what happened, the cluster running exactly the base or the new config, and
 both applications still there.
 
-Long (about 15 s a round): not part of `make test`. Run it with `make fault-loop`
+Long (about 10 s a round): not part of `make test`. Run it with `make fault-loop`
 (FAULT_LOOP_ROUNDS=20 by default)."""
 
 from __future__ import annotations
@@ -38,6 +38,22 @@ def generation(head) -> str:
         "RECYCLE_GENERATION"]
 
 
+# Where a kill is aimed: before any worker took the change up, while it re-reads the live config,
+# around the PUT, and while it verifies (with a rollback, if verification fails).
+STAGES = [ChangeState.QUEUED, ChangeState.CHECKING, ChangeState.PUSHING, ChangeState.VERIFYING, ChangeState.VERIFYING]
+ORDER = [ChangeState.QUEUED, ChangeState.CHECKING, ChangeState.PUSHING, ChangeState.VERIFYING, ChangeState.ROLLING_BACK]
+
+
+def wait_for_stage(change_id: int, aim: str, timeout_s: float = 60) -> str:
+    """Poll until the change is at `aim` or past it (or final); the state seen."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = Change.objects.values_list("state", flat=True).get(pk=change_id)
+        if state not in ORDER or ORDER.index(state) >= ORDER.index(aim) or time.monotonic() > deadline:
+            return state
+        time.sleep(0.005)
+
+
 def test_changes_survive_a_worker_killed_at_random_points(api_as, ray_head, team, settings):
     settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S = 90
     settings.FLEETDECK_CHANGE_POLL_S = 0.3
@@ -63,8 +79,11 @@ def test_changes_survive_a_worker_killed_at_random_points(api_as, ray_head, team
             )
             try:
                 assert client.post(f"/api/v1/changes/{change_id}/apply/").status_code == 202
-                # Changes finish in about 3 s here: most kills should land before that.
-                time.sleep(rng.uniform(0, 2.5))
+                # A point of the protocol first, then a moment inside it: a kill timed from the
+                # apply alone would mostly land while the worker is still starting.
+                aim = rng.choice(STAGES)
+                reached = wait_for_stage(change_id, aim)
+                time.sleep(rng.uniform(0, 1.5 if reached == ChangeState.VERIFYING else 0.05))
                 killed_in = Change.objects.get(pk=change_id).state
                 os.killpg(worker.pid, signal.SIGKILL)
                 worker.wait(timeout=10)
@@ -96,3 +115,6 @@ def test_changes_survive_a_worker_killed_at_random_points(api_as, ray_head, team
     finally:
         print(f"\nkilled in: {seen}")
         ray_head.deploy(two_app_config())
+    # The kills must have reached the protocol's middle, not only changes no worker had taken up.
+    middle = {state: n for state, n in seen.items() if state in ORDER and state != ChangeState.QUEUED}
+    assert len(middle) >= 3 and sum(middle.values()) >= ROUNDS // 2, seen
