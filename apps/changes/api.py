@@ -300,15 +300,17 @@ class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
             raise as_api_error(exc) from exc
         return Response(RolloutSerializer(self.get_queryset().get(pk=rollout.pk)).data, status=status.HTTP_201_CREATED)
 
-    def _require_operator_everywhere(self, request, rollout: Rollout) -> None:
-        for change in rollout.changes.select_related("cluster__team"):
+    def _require_operator_everywhere(self, request, rollout: Rollout) -> Rollout:
+        """The rollout, unfiltered, once the caller operates every cluster it changes: the one
+        `get_object` returns holds only the caller's teams' changes."""
+        for change in Change.objects.filter(rollout_id=rollout.pk).select_related("cluster__team"):
             require_role(request, change.cluster.team, Role.OPERATOR, "run this rollout")
+        return Rollout.objects.get(pk=rollout.pk)
 
     @extend_schema(request=None, responses={202: RolloutSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def start(self, request, pk=None):
-        rollout = self.get_object()
-        self._require_operator_everywhere(request, rollout)
+        rollout = self._require_operator_everywhere(request, self.get_object())
         try:
             rollouts.start(Actor.from_request(request), rollout)
         except DjangoValidationError as exc:
@@ -318,8 +320,7 @@ class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
     @extend_schema(request=None, responses={200: RolloutSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
-        rollout = self.get_object()
-        self._require_operator_everywhere(request, rollout)
+        rollout = self._require_operator_everywhere(request, self.get_object())
         try:
             rollouts.cancel(Actor.from_request(request), rollout)
         except DjangoValidationError as exc:

@@ -99,7 +99,7 @@ def advance(rollout_id: int) -> None:
     rollout = Rollout.objects.filter(pk=rollout_id, state=Rollout.State.RUNNING).first()
     if rollout is None:
         return
-    wave = list(rollout.changes.filter(wave=rollout.current_wave))
+    wave = list(_all_changes(rollout).filter(wave=rollout.current_wave))
     if any(change.state == ChangeState.PLANNED for change in wave):
         # The wave was entered but not all of it applied: a worker died between moving the rollout
         # on (or starting it) and applying. Counting those changes as done would skip the wave.
@@ -110,15 +110,23 @@ def advance(rollout_id: int) -> None:
     if failed:
         return _stop(rollout, "; ".join(f"{c.cluster.name}: change #{c.pk} {c.get_state_display().lower()}" for c in failed))
     next_wave = rollout.current_wave + 1
-    if not rollout.changes.filter(wave=next_wave).exists():
+    if not _all_changes(rollout).filter(wave=next_wave).exists():
         Rollout.objects.filter(pk=rollout.pk, state=Rollout.State.RUNNING).update(state=Rollout.State.SUCCEEDED, finished_at=timezone.now())
         return
     if Rollout.objects.filter(pk=rollout.pk, current_wave=rollout.current_wave).update(current_wave=next_wave):
         _apply_wave(Actor.system(), rollout, next_wave)
 
 
+def _all_changes(rollout: Rollout):
+    """Every change of the rollout, from the database: `rollout.changes` may hold only the ones
+    one user may see (`seen_by`), and acting on those alone would split the rollout."""
+    return Change.objects.filter(rollout_id=rollout.pk)
+
+
 def _apply_wave(actor: Actor, rollout: Rollout, wave: int) -> None:
-    for change in rollout.changes.filter(wave=wave, state=ChangeState.PLANNED).select_related("cluster"):
+    for change in _all_changes(rollout).filter(wave=wave, state=ChangeState.PLANNED).select_related("cluster"):
+        if not Rollout.objects.filter(pk=rollout.pk, state=Rollout.State.RUNNING).exists():
+            return  # cancelled or stopped meanwhile: queue nothing more
         try:
             protocol.request_apply(actor, change)
         except ValidationError as exc:
@@ -134,8 +142,11 @@ def _stop(rollout: Rollout, why: str) -> None:
 
 
 def _cancel_planned(rollout: Rollout) -> None:
-    for change in rollout.changes.filter(state=ChangeState.PLANNED):
-        protocol.cancel(Actor.system(), change)
+    for change in _all_changes(rollout).filter(state=ChangeState.PLANNED):
+        try:
+            protocol.cancel(Actor.system(), change)
+        except ValidationError:
+            continue  # applied by a tick a moment before: it runs, and is no longer the rollout's to cancel
 
 
 def running_rollouts() -> list[int]:

@@ -189,6 +189,42 @@ def test_a_rollout_across_teams_shows_each_viewer_only_their_teams_changes(clust
     client.force_login(people["viewer"])
     page = client.get(reverse("changes:rollout", args=[rollout.pk])).content.decode()
     assert "speech-prod" not in page and "eu-prod" in page and "clusters of teams you are not in" in page
+    assert "Wave 2: the rest" in page and "canary" not in page
 
     whole = api_as("admin").get(f"/api/v1/rollouts/{rollout.pk}/").json()
     assert len(whole["changes"]) == 3 and "speech-prod" in whole["error"]
+
+
+@pytest.mark.parametrize("action", ["start", "cancel"])
+def test_a_rollout_is_run_only_by_who_operates_every_cluster_it_changes(clusters, people, other_team, api_as, use_replay, action):
+    from apps.accounts.models import Membership
+
+    speech = Cluster.objects.create(name="speech-prod", team=other_team, dashboard_url="http://speech-prod.test:8265",
+                                    ray_version="2.60.0", labels={"env": "prod"})
+    sync.sync_cluster(speech.pk)
+    Membership.objects.create(user=people["admin"], team=other_team, role="operator")
+    rollout = rollouts.plan_rollout(Actor(user=people["admin"]), selection={"label": "env=prod", "deployment": "Model"}, reason="r",
+                                    preset=heavy(), canary="speech-prod")
+
+    # The operator of one team sees the rollout, but not all of it, and may not run it.
+    assert api_as("operator").post(f"/api/v1/rollouts/{rollout.pk}/{action}/").status_code == 403
+    assert Rollout.objects.get(pk=rollout.pk).state == Rollout.State.PLANNED
+    assert set(Change.objects.filter(rollout=rollout).values_list("state", flat=True)) == {ChangeState.PLANNED}
+
+    assert api_as("admin").post(f"/api/v1/rollouts/{rollout.pk}/{action}/").status_code in (200, 202)
+    states = dict(Change.objects.filter(rollout=rollout).values_list("cluster__name", "state"))
+    if action == "start":
+        assert states["speech-prod"] == ChangeState.QUEUED
+    else:
+        assert set(states.values()) == {ChangeState.CANCELLED}
+
+
+def test_a_tick_never_queues_a_change_of_a_rollout_cancelled_meanwhile(clusters, operator):
+    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy())
+    # The tick read the rollout running; `cancel` has marked it cancelled and not yet cancelled its changes.
+    Rollout.objects.filter(pk=rollout.pk).update(state=Rollout.State.CANCELLED)
+
+    rollouts._apply_wave(Actor(), rollout, 0)
+    rollouts._cancel_planned(rollout)
+
+    assert set(Change.objects.filter(rollout=rollout).values_list("state", flat=True)) == {ChangeState.CANCELLED}
