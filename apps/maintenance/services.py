@@ -13,6 +13,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from apps.accounts.audit import Actor, record
@@ -219,20 +220,23 @@ def abandon_stale(now=None) -> list[int]:
     with a conditional UPDATE, so two ticks fail it once."""
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.FLEETDECK_CHANGE_STALE_S)
+    # A run claimed by a worker of a release before heartbeats has none: its start stands in.
+    silent = Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, started_at__lt=cutoff)
     stale = MaintenanceRun.objects.select_related("cluster", "deployment__application", "change").filter(
-        state=MaintenanceRun.State.RUNNING, heartbeat_at__lt=cutoff)
+        silent, state=MaintenanceRun.State.RUNNING)
     abandoned = []
     for run in stale.order_by("pk"):
         if run.change is not None and run.change.state in ACTIVE_STATES:
             # The change's own reconciler finishes it; its outcome is what this run's record should say.
             continue
-        message = _abandoned(run)
-        with transaction.atomic():
-            if not MaintenanceRun.objects.filter(pk=run.pk, state=MaintenanceRun.State.RUNNING, heartbeat_at__lt=cutoff).update(
-                    state=MaintenanceRun.State.FAILED, finished_at=now):
-                continue
-            _end(run, MaintenanceRun.State.FAILED, message, error=message)
-        abandoned.append(run.pk)
+        try:
+            message = _abandoned(run)
+        except Exception as exc:  # one unreadable cluster must not stop the tick's other work
+            log.exception("maintenance run %s: reading how far it got failed", run.pk)
+            message = (f"The worker stopped during the run (no heartbeat for {settings.FLEETDECK_CHANGE_STALE_S} s); how far it "
+                       f"got could not be read ({exc}): check the deployment before recycling it again.")
+        if _end(run, MaintenanceRun.State.FAILED, message, only_if=silent, error=message):
+            abandoned.append(run.pk)
     return abandoned
 
 
@@ -279,29 +283,48 @@ def execute(run_id: int) -> None:
         return
     # `_end` saves the whole row: keep what the UPDATE wrote.
     run.state, run.started_at, run.heartbeat_at = MaintenanceRun.State.RUNNING, started, started
-    with _keepalive(run):
-        if run.kind == MaintenanceRun.Kind.RECYCLE:
-            _recycle(run)
-        else:
-            _warmup(run)
+    try:
+        with _keepalive(run):
+            if run.kind == MaintenanceRun.Kind.RECYCLE:
+                _recycle(run)
+            else:
+                _warmup(run)
+    except Exception as exc:
+        # Recorded as what it was, not left for the reaper to call a dead worker.
+        _end(run, MaintenanceRun.State.FAILED, f"Failed: {getattr(exc, 'message', None) or exc!r}", error=str(exc)[:2000])
+        raise
+
+
+def _longest_s(run: MaintenanceRun) -> float:
+    """The longest a live run can take: past it, a run whose calls never return is stuck, and its
+    heartbeat stops so the reaper can fail it."""
+    if run.kind == MaintenanceRun.Kind.WARMUP:
+        profile = run.profile
+        if profile is None:
+            return 60.0
+        return math.ceil(profile.requests / max(profile.concurrency, 1)) * profile.timeout_s + 60
+    # The inline change run (verification, then a rollback's), then the wait for a change run elsewhere.
+    return 4 * settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S + 300
 
 
 @contextmanager
 def _keepalive(run: MaintenanceRun):
     """Touch the heartbeat from a thread while the run executes: the inline change run and a
     warmup's requests block for longer than FLEETDECK_CHANGE_STALE_S without logging or polling,
-    and the reaper must not fail a run whose worker is alive. Not inside a caller's transaction
-    (tests, eager tasks): another connection could not see the row, or would wait on its lock until
-    this one's transaction ends; log lines and polls touch it there."""
+    and the reaper must not fail a run whose worker is alive. Only for as long as the run can
+    take (`_longest_s`). Not inside a caller's transaction (tests, eager tasks): another connection
+    could not see the row, or would wait on its lock until this one's transaction ends; log lines
+    and polls touch it there."""
     if connection.in_atomic_block:
         yield
         return
     stop = threading.Event()
     interval = min(HEARTBEAT_S, settings.FLEETDECK_CHANGE_STALE_S / 4)
+    give_up = time.monotonic() + _longest_s(run)
 
     def beat():
         try:
-            while not stop.wait(interval):
+            while not stop.wait(interval) and time.monotonic() < give_up:
                 try:
                     MaintenanceRun.objects.filter(pk=run.pk, state=MaintenanceRun.State.RUNNING).update(heartbeat_at=timezone.now())
                 except DatabaseError as exc:
@@ -318,23 +341,34 @@ def _keepalive(run: MaintenanceRun):
         thread.join()
 
 
-def _log(run: MaintenanceRun, message: str) -> None:
+OPEN = [MaintenanceRun.State.QUEUED, MaintenanceRun.State.RUNNING]
+
+
+def _log(run: MaintenanceRun, message: str, *, final: bool = False) -> None:
+    """Append to the log. Only an open run's, unless this is its last line: a worker that wakes
+    after the reaper failed its run must not write over the reaper's record."""
     now = timezone.now()
     run.log = [*run.log, {"at": now.isoformat(), "message": message}]
     fields = {"log": run.log}
     if run.state == MaintenanceRun.State.RUNNING:
         run.heartbeat_at = fields["heartbeat_at"] = now
-    MaintenanceRun.objects.filter(pk=run.pk).update(**fields)
+    rows = MaintenanceRun.objects.filter(pk=run.pk)
+    (rows if final else rows.filter(state__in=OPEN)).update(**fields)
 
 
-def _end(run: MaintenanceRun, state: str, message: str, **fields) -> None:
-    run.state = state
-    run.finished_at = timezone.now()
-    for key, value in fields.items():
+def _end(run: MaintenanceRun, state: str, message: str, *, only_if: Q | None = None, **fields) -> bool:
+    """End an open run once, with what the worker learned (`fields`, and the replicas and change it
+    recorded on the way). False, and nothing written, when someone else ended it first."""
+    values = {"state": state, "finished_at": timezone.now(), "started_at": run.started_at, "change": run.change,
+              "replicas_before": run.replicas_before, **fields}
+    rows = MaintenanceRun.objects.filter(pk=run.pk, state__in=OPEN)
+    if not (rows.filter(only_if) if only_if is not None else rows).update(**values):
+        return False
+    for key, value in values.items():
         setattr(run, key, value)
-    run.save()
-    _log(run, message)
+    _log(run, message, final=True)
     record(Actor.system(), f"{run.kind}.{state}", run, team=run.cluster.team, changes={"message": message[:1000]})
+    return True
 
 
 def _replicas(cluster, deployment) -> tuple[list[str], dict]:
@@ -407,11 +441,13 @@ def _recycle(run: MaintenanceRun) -> None:
             options={"ray_actor_options": {"runtime_env": {"env_vars": {GENERATION_VAR: str(generation)}}}},
             reason=f"Rolling recycle of {deployment} (run #{run.pk}, generation {generation})",
         )
+        # Recorded before it is applied: a worker dying right after must leave a run that names
+        # the change, or the reaper would think no replica could have been touched.
+        run.change = change
+        run.save(update_fields=["change", "replicas_before"])
         protocol.request_apply(actor, change)
     except ValidationError as exc:
         return _end(run, MaintenanceRun.State.FAILED, "Failed to start the change: " + " ".join(exc.messages), error=" ".join(exc.messages))
-    run.change = change
-    run.save(update_fields=["change", "replicas_before"])
     _log(run, f"Change #{change.pk} bumps {GENERATION_VAR} to {generation}.")
     protocol.run(change.pk)  # a worker may have claimed it first; then this returns at once
     change = _wait_final(run, change)
@@ -420,7 +456,8 @@ def _recycle(run: MaintenanceRun) -> None:
     after, _ = _replicas(cluster, deployment)
     cold = (change.finished_at - change.pushed_at).total_seconds() if change.pushed_at and change.finished_at else None
     kept = sorted(set(before) & set(after))
-    message = f"Recycled: {len(before)} replica(s) replaced by {len(after)} new ones in {cold:.1f} s." if not kept else (
+    took = f" in {cold:.1f} s" if cold is not None else ""
+    message = f"Recycled: {len(before)} replica(s) replaced by {len(after)} new ones{took}." if not kept else (
         f"Recycle verified but replica(s) {', '.join(kept)} were not replaced.")
     _end(run, MaintenanceRun.State.SUCCEEDED if not kept else MaintenanceRun.State.FAILED, message, replicas_after=after, cold_start_s=cold)
     warmup = run.schedule.warmup if run.schedule else None

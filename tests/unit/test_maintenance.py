@@ -484,3 +484,90 @@ def test_the_warmup_after_a_recycle_runs_once_however_long_it_takes(deployment, 
     assert seen == [(MaintenanceRun.State.RUNNING, [])]
     follow = MaintenanceRun.objects.get(after=run)
     assert follow.state == MaintenanceRun.State.SUCCEEDED and follow.started_at
+
+
+@pytest.mark.django_db
+def test_a_worker_that_wakes_after_the_reaper_failed_its_run_overwrites_nothing(deployment, operator, settings, monkeypatch):
+    settings.FLEETDECK_CHANGE_STALE_S = 60
+    monkeypatch.setattr(services, "_recycle", lambda claimed: None)
+    run = services.request_recycle(operator, deployment)
+    services.execute(run.pk)
+    worker_copy = MaintenanceRun.objects.get(pk=run.pk)  # what the paused worker holds
+    beat = worker_copy.heartbeat_at
+    assert services.abandon_stale(now=beat + timedelta(seconds=61)) == [run.pk]
+
+    services._log(worker_copy, "Change #1 bumps the generation.")
+    assert services._end(worker_copy, MaintenanceRun.State.SUCCEEDED, "Recycled.") is False
+
+    run.refresh_from_db()
+    assert run.state == MaintenanceRun.State.FAILED and run.log[-1]["message"].startswith("The worker stopped")
+    assert not AuditEvent.objects.filter(action="recycle.succeeded").exists()
+
+
+@pytest.mark.django_db
+def test_a_recycle_that_raises_is_failed_with_its_error_not_left_running(deployment, operator, monkeypatch):
+    def broken(claimed):
+        raise KeyError("replica_id")
+
+    monkeypatch.setattr(services, "_recycle", broken)
+    run = services.request_recycle(operator, deployment)
+    with pytest.raises(KeyError):
+        services.execute(run.pk)
+    run.refresh_from_db()
+    assert run.state == MaintenanceRun.State.FAILED and "replica_id" in run.error and run.started_at
+
+
+@pytest.mark.django_db
+def test_a_run_claimed_before_heartbeats_existed_is_reaped_by_its_start(deployment, operator, settings, monkeypatch):
+    settings.FLEETDECK_CHANGE_STALE_S = 60
+    monkeypatch.setattr(services, "_recycle", lambda claimed: None)
+    run = services.request_recycle(operator, deployment)
+    services.execute(run.pk)
+    started = timezone.now() - timedelta(minutes=10)
+    MaintenanceRun.objects.filter(pk=run.pk).update(heartbeat_at=None, started_at=started)
+    assert services.abandon_stale() == [run.pk]
+
+
+class WorkerDied(BaseException):
+    """What a SIGKILL looks like from inside: nothing after it runs."""
+
+
+@pytest.mark.django_db
+def test_a_worker_killed_as_it_applies_the_recycle_change_leaves_a_run_that_names_it(deployment, operator, settings, monkeypatch):
+    from apps.changes import protocol
+
+    settings.FLEETDECK_CHANGE_STALE_S = 60
+    monkeypatch.setattr(services, "recycle_guards", lambda *args: [])
+
+    def dies(actor, change):
+        raise WorkerDied
+
+    monkeypatch.setattr(protocol, "request_apply", dies)
+    run = services.request_recycle(operator, deployment)
+    with pytest.raises(WorkerDied):
+        services.execute(run.pk)
+    run.refresh_from_db()
+    assert run.state == MaintenanceRun.State.RUNNING and run.change_id is not None
+    assert services.abandon_stale(now=run.heartbeat_at + timedelta(seconds=61)) == [run.pk]
+    assert f"change #{run.change_id}" in MaintenanceRun.objects.get(pk=run.pk).error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_heartbeat_stops_once_a_run_outlives_the_longest_it_could_take(deployment, operator, monkeypatch):
+    import time
+
+    monkeypatch.setattr(services, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(services, "_longest_s", lambda run: 0.2)
+    monkeypatch.setattr(services, "_enqueue", lambda run_id: None)
+    run = services.request_recycle(operator, deployment)
+    beats = []
+
+    def stuck(claimed):
+        time.sleep(0.5)
+        beats.append(MaintenanceRun.objects.get(pk=run.pk).heartbeat_at)
+        time.sleep(0.4)
+        beats.append(MaintenanceRun.objects.get(pk=run.pk).heartbeat_at)
+
+    monkeypatch.setattr(services, "_recycle", stuck)
+    services.execute(run.pk)
+    assert beats[0] == beats[1]
