@@ -181,10 +181,15 @@ def request_sync(actor: Actor, cluster: Cluster) -> Cluster:
 
 
 def _enqueue_sync(cluster_id: int) -> None:
+    transaction.on_commit(lambda: _send_sync(cluster_id))
+
+
+def _send_sync(cluster_id: int) -> None:
     from controlplane.celery import send
 
-    # A message the broker refused delays the sync to the tick's next pass over due clusters.
-    transaction.on_commit(lambda: send("fleet.sync_cluster", [cluster_id]))
+    if not send("fleet.sync_cluster", [cluster_id]):
+        # Due at once: the tick's next pass over due clusters sends it, not the one a full interval away.
+        Cluster.objects.filter(pk=cluster_id).update(next_sync_at=None)
 
 
 def mark_unreachable(cluster: Cluster, error: RayError, *, at) -> None:

@@ -155,10 +155,13 @@ def test_a_broker_that_refuses_the_message_delays_the_first_sync_and_fails_nothi
         response = register(api_as("admin"))
     assert response.status_code == 201, response.content
     cluster = Cluster.objects.get()
+    assert sync.claim_due_clusters() == [cluster.pk]  # the tick's pass: next one in a full interval
+    assert sync.claim_due_clusters() == []
+
     with django_capture_on_commit_callbacks(execute=True):
         assert api_as("operator").post(f"{URL}{cluster.pk}/sync/").status_code == 202
-    # The tick's pass over due clusters takes it: a requested sync is due at once.
-    assert cluster.pk in sync.claim_due_clusters()
+    # The sync asked for and refused is due at once, not at the next interval.
+    assert sync.claim_due_clusters() == [cluster.pk]
 
 
 def test_viewers_read_clusters_of_their_team_and_outsiders_see_nothing(api_as, cluster, other_team):
