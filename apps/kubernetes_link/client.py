@@ -21,6 +21,7 @@ def adapter_for(connection: KubeConnection) -> KubeAdapter:
         "max_items": settings.FLEETDECK_KUBE_MAX_ITEMS,
     }
     if connection.in_cluster:
+        _require_superuser_grant(connection)
         return KubeAdapter.in_cluster(**options)
     try:
         text = secrets.decrypt(connection.kubeconfig_ciphertext)
@@ -34,6 +35,17 @@ def adapter_for(connection: KubeConnection) -> KubeAdapter:
     # Loaded as untrusted (no allow_plugins): a row stored before a check existed is refused here, not used.
     # Plugins would run on every worker, file references read its files, a proxy-url bypass the pinned address.
     return KubeAdapter.from_kubeconfig(yaml.safe_load(text), context=connection.context or None, pin=_vetted(connection), **options)
+
+
+def _require_superuser_grant(connection: KubeConnection) -> None:
+    """Fleetdeck's own service account reads every team's namespaces: used only for a connection a
+    superuser added. One a team admin added before that rule existed is refused here, not used."""
+    owner = connection.created_by
+    if owner is None or not owner.is_superuser:
+        raise KubeConfigInvalid(
+            f"Connection {connection.name} uses Fleetdeck's own service account, which reads every team's namespaces, but was "
+            "not added by a superuser. Ask a superuser to add it again, or give this connection a kubeconfig."
+        )
 
 
 def _vetted(connection: KubeConnection):

@@ -168,3 +168,19 @@ def test_the_form_offers_in_cluster_credentials_to_superusers_only(client, peopl
     response = client.post(reverse("kubernetes_link:connection_create"),
                            {"name": "prod", "team": team.pk, "in_cluster": "on", "namespaces": "ml"})
     assert response.status_code == 302 and KubeConnection.objects.get().in_cluster is True
+
+
+@pytest.mark.django_db
+def test_an_in_cluster_connection_a_team_admin_added_before_the_rule_is_never_used(people, team, monkeypatch):
+    from apps.kube.adapter import KubeAdapter, KubeConfigInvalid
+    from apps.kubernetes_link.client import adapter_for
+
+    built = []
+    monkeypatch.setattr(KubeAdapter, "in_cluster", classmethod(lambda cls, **options: built.append(options) or "adapter"))
+    legacy = KubeConnection.objects.create(team=team, name="legacy", in_cluster=True, namespaces=["ml"], created_by=people["admin"])
+    with pytest.raises(KubeConfigInvalid, match="not added by a superuser"):
+        adapter_for(legacy)
+    assert built == []
+
+    granted = KubeConnection.objects.create(team=team, name="granted", in_cluster=True, namespaces=["ml"], created_by=people["root"])
+    assert adapter_for(granted) == "adapter" and len(built) == 1
