@@ -26,7 +26,6 @@ import multiprocessing
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -219,12 +218,6 @@ def server_times(user, token: str, targets: dict[str, str], repeats: int) -> dic
 # --- production server and load ----------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def hammer(port: int, path: str, token: str, seconds: float, threads: int, out) -> None:
     """One load process: `threads` clients requesting `path` back to back until the deadline."""
     counts = []
@@ -266,6 +259,8 @@ def requests_per_second(port: int, path: str, token: str, seconds: float) -> tup
 
 
 def load(env: dict, token: str, seconds: float) -> dict[str, tuple[float, int]]:
+    from controlplane.local_ray import free_port
+
     port = free_port()
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "gunicorn"), "controlplane.wsgi:application", "--workers", str(GUNICORN_WORKERS),

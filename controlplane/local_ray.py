@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -29,10 +30,33 @@ REFERENCE_APP_DIR = REPO / "deploy" / "reference_app"
 OWN_HEAD = NetworkPolicy()
 
 
+# Ray's workers listen on 10002-19999 by default; the kernel hands out ports from its ephemeral
+# range to every outgoing connection.
+_PORTS_FROM = 20000
+_PICK = random.SystemRandom()
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port nothing listens on, between Ray's worker ports and the ephemeral range. A
+    port the kernel picks (binding port 0) is an ephemeral one, which it may give to one of Ray's
+    outgoing connections before the process it was picked for binds it."""
+    below = _ephemeral_start()
+    for _ in range(200):
+        port = _PICK.randrange(_PORTS_FROM, below) if below > _PORTS_FROM + 100 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise OSError(f"no free loopback port between {_PORTS_FROM} and {below}")
 
 
 def _ray_bin(name: str) -> str:

@@ -9,7 +9,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -17,11 +16,7 @@ from pathlib import Path
 from mirakuru import TCPExecutor
 from mirakuru.exceptions import ProcessFinishedWithError
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from controlplane.local_ray import free_port
 
 
 def _bundled(package: str, relative: str) -> Path | None:
