@@ -69,7 +69,9 @@ class Wizard(models.Model):
     # The deployment's settings the computed values were based on; a live config that differs
     # (other than by this wizard's own changes) makes the wizard stale.
     basis = models.JSONField(default=dict)
-    latency_objective_ms = models.PositiveIntegerField(default=10_000)
+    latency_objective_ms = models.PositiveIntegerField(default=10_000, help_text="p99 the clients may see, end to end (ms).")
+    # Share of client requests (at the proxy) that may fail (5xx, 408) before verification fails.
+    failure_objective = models.FloatField(default=0.05)
     verification_window_s = models.PositiveIntegerField(default=600)
     verify_started_at = models.DateTimeField(null=True, blank=True)
     verify_ends_at = models.DateTimeField(null=True, blank=True, db_index=True)
@@ -97,6 +99,7 @@ class Wizard(models.Model):
 class WizardStep(models.Model):
     class Kind(models.TextChoices):
         DIAGNOSIS = "diagnosis", "Diagnosis"
+        CALIBRATION = "calibration", "Memory calibration"
         CONFIG = "config", "Config remedy"
         CHECKLIST = "checklist", "Code-level remedy"
         VERIFICATION = "verification", "Verification"
@@ -122,6 +125,8 @@ class WizardStep(models.Model):
     values = models.JSONField(default=dict, blank=True, help_text="Computed values with the reason for each.")
     patch = models.JSONField(null=True, blank=True)
     change = models.ForeignKey("changes.Change", null=True, blank=True, on_delete=models.SET_NULL, related_name="wizard_steps")
+    calibration = models.ForeignKey("calibration.MemoryCalibration", null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="wizard_steps")
     check_result = models.JSONField(default=dict, blank=True)
     note = models.TextField(blank=True)
     updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
