@@ -1,28 +1,42 @@
 """Measure one Serve deployment's memory on its own cluster, as a Ray job, against one of two axes.
 
 Fleetdeck ships this file inline (base64 in the job's entrypoint), so it imports nothing but the
-standard library and whatever the deployment itself imports; it never runs inside Fleetdeck.
+standard library, starlette (every Serve install has it) and whatever the deployment itself
+imports; it never runs inside Fleetdeck.
 
-It imports the deployment class, builds it with no arguments (deployments whose constructor
-takes arguments, such as handles to other deployments, cannot be calibrated this way), applies
-the user_config through `reconfigure`, takes the process's peak memory as the baseline, then
-measures each level in increasing order and records the peak after each:
+It builds ONE instance of the deployment's class in this process, as a replica builds it (an
+async constructor awaited, the replica context set, an ASGI app's lifespan started), applies the
+user_config through `reconfigure`, and drives it through the app's own interface, by shape:
 
-- `--axis concurrency`: k concurrent calls of `__call__` for each level k.
-- `--axis token_sum`: one batch per level through the deployment's calibration hook,
+- `starlette`: `__call__(request)` gets a real `starlette.requests.Request` built from the
+  representative HTTP request; a returned Response is rendered as Serve renders it, and its
+  status counts (>= 400 is a failed call).
+- `asgi`: an `@serve.ingress` class (FastAPI or any ASGI app) is called with a real ASGI scope,
+  receive and send; the status it sends counts.
+- `handle`: `__call__(*args)` with the JSON arguments of a handle call.
+- `hook` (`--axis token_sum`): one batch per level through the deployment's calibration hook,
 
       def calibration_batch(self, token_sum: int) -> None
 
   which runs ONE batch whose prompt and generated tokens sum to `token_sum`, synchronously and
-  without Serve (no batcher, no replica context), holding the same temporaries a served batch of
-  that sum holds. It is called on an instance built and reconfigured as above, with sums that may
-  exceed the deployment's own batch limit. A class without it cannot be calibrated on this axis.
+  without Serve, holding the same temporaries a served batch of that sum holds.
 
-The peak is a high-water mark (ru_maxrss, or torch's max_memory_allocated on CUDA), hence the
-increasing order: each level only shows memory beyond what the earlier ones reached.
+Memory: a sampler thread reads this process's RSS and USS every SAMPLE_S, and the kernel's own
+high-water mark (VmHWM, reset through /proc/self/clear_refs before each level) catches peaks
+shorter than a sample. Each level's peak is therefore its own, not the highest so far. On CUDA
+the peak is torch's max_memory_allocated, reset per level.
+
+The baseline is the replica at rest once warm: after one request, since allocators keep the
+pages a request used; the cold one (before any request) is reported beside it.
+
+Budget: the run never crosses the lower of `--stop-at-bytes` and Ray's own kill threshold
+(RAY_memory_usage_threshold x MemTotal), less a margin. A level whose predicted peak would cross
+it is not run, and the sampler ends the process at once if node usage crosses it mid-level, so a
+calibration cannot cause the OOM kill it is meant to prevent.
 
 The last line it prints is the result, one line of JSON after a marker:
-    FLEETDECK_CALIBRATION {"device": "cpu", "axis": "concurrency", "baseline_bytes": N, "points": [...]}
+    FLEETDECK_CALIBRATION {"device": "cpu", "axis": "concurrency", "shape": "starlette", "baseline_bytes": N,
+                           "cold_baseline_bytes": N, "points": [...], "limit_reason": null}
 or, when anything fails, `FLEETDECK_CALIBRATION_ERROR <message>` with exit code 1.
 """
 
@@ -34,8 +48,11 @@ import gc
 import importlib
 import inspect
 import json
-import resource
+import os
+import statistics
 import sys
+import threading
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
@@ -43,17 +60,125 @@ MARKER = "FLEETDECK_CALIBRATION"
 ERROR_MARKER = "FLEETDECK_CALIBRATION_ERROR"
 MIB = 1024 * 1024
 AXES = ("concurrency", "token_sum")
+SHAPES = ("starlette", "asgi", "handle", "hook")
 HOOK = "calibration_batch"
+SAMPLE_S = 0.01
+RAY_THRESHOLD_VAR = "RAY_memory_usage_threshold"
+RAY_DEFAULT_THRESHOLD = 0.95
+# Room left below the stop for what moves between two samples (the allocator grows in steps).
+MIN_MARGIN_BYTES = 64 * MIB
+MARGIN_FRACTION = 0.01
 
 
 class CalibrationFailed(Exception):
     pass
 
 
-def peak_rss_bytes() -> int:
-    # Linux reports ru_maxrss in KiB, macOS in bytes.
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
+# --- memory readings -----------------------------------------------------------------------------
+
+
+def _kib_fields(path: str) -> dict[str, int]:
+    fields = {}
+    with open(path) as file:
+        for line in file:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                fields[key] = int(parts[0]) * 1024
+    return fields
+
+
+def rss_bytes() -> int:
+    return _kib_fields("/proc/self/status")["VmRSS"]
+
+
+def hwm_bytes() -> int:
+    return _kib_fields("/proc/self/status")["VmHWM"]
+
+
+def uss_bytes() -> int | None:
+    try:
+        fields = _kib_fields("/proc/self/smaps_rollup")
+    except OSError:
+        return None
+    return fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
+
+
+def reset_hwm() -> bool:
+    """Set VmHWM back to the current RSS; False where the kernel does not let this process."""
+    try:
+        with open("/proc/self/clear_refs", "w") as file:
+            file.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def node_memory() -> tuple[int, int]:
+    """(total, used) of this node, used as Ray's memory monitor counts it: total - available."""
+    fields = _kib_fields("/proc/meminfo")
+    return fields["MemTotal"], fields["MemTotal"] - fields["MemAvailable"]
+
+
+def stop_bytes(stop_at: int | None, total: int) -> int:
+    """Node usage this run must stay below: the caller's budget or Ray's kill threshold, whichever
+    is lower, less a margin."""
+    try:
+        threshold = float(os.environ.get(RAY_THRESHOLD_VAR, RAY_DEFAULT_THRESHOLD))
+    except ValueError:
+        threshold = RAY_DEFAULT_THRESHOLD
+    limit = int(threshold * total)
+    if stop_at is not None:
+        limit = min(limit, stop_at)
+    return limit - max(MIN_MARGIN_BYTES, int(MARGIN_FRACTION * total))
+
+
+class Sampler(threading.Thread):
+    """Samples RSS, USS and node usage; calls `on_breach(node_used)` once when node usage crosses
+    `stop`. A thread, not the event loop: it must keep sampling while a request holds the loop."""
+
+    def __init__(self, stop: int, on_breach):
+        super().__init__(name="fleetdeck-sampler", daemon=True)
+        self.stop, self.on_breach = stop, on_breach
+        self.lock = threading.Lock()
+        self.rss_peak = self.uss_peak = 0
+        self.breached = False
+        self.halt = threading.Event()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.rss_peak, self.uss_peak = rss_bytes(), uss_bytes() or 0
+
+    def peaks(self) -> tuple[int, int | None]:
+        self.sample()
+        with self.lock:
+            return self.rss_peak, self.uss_peak or None
+
+    def sample(self) -> None:
+        rss, uss = rss_bytes(), uss_bytes()
+        with self.lock:
+            self.rss_peak = max(self.rss_peak, rss)
+            self.uss_peak = max(self.uss_peak, uss or 0)
+        _, used = node_memory()
+        if used > self.stop and not self.breached:
+            self.breached = True
+            self.on_breach(used)
+
+    def run(self) -> None:
+        while not self.halt.wait(SAMPLE_S):
+            self.sample()
+
+
+def _cuda_torch():
+    """torch, when the deployment imported it and a GPU is visible; None otherwise. Importing
+    torch here for a deployment that does not use it would only add to its baseline."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return torch
+    return None
+
+
+# --- the deployment ------------------------------------------------------------------------------
 
 
 def load_class(import_path: str) -> type:
@@ -78,92 +203,339 @@ def load_class(import_path: str) -> type:
     return target
 
 
-def _cuda_torch():
-    """torch, when the deployment imported it and a GPU is visible; None otherwise. Importing
-    torch here for a deployment that does not use it would only add to its baseline."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        return torch
-    return None
+def is_asgi_ingress(cls: type) -> bool:
+    # By name, so a handle-called class does not pay for importing Serve's HTTP machinery.
+    return any(base.__name__ == "ASGIAppReplicaWrapper" for base in cls.__mro__)
 
 
-class Caller:
-    """Runs the measured call: k at once on one event loop for coroutine functions, in threads
-    otherwise; `run` makes one call and awaits it if it returns an awaitable."""
+def _set_replica_context(servable, app_name: str, deployment_name: str) -> None:
+    """What a replica sets before and after building its class: FastAPI class-based views find
+    `self` through it, and deployments may read their names from it. Private Serve API, so a
+    Serve that changed it only loses those, with a note in the log."""
+    serve_context = sys.modules.get("ray.serve.context")
+    if serve_context is None:
+        return
+    try:
+        from ray.serve._private.common import DeploymentID, ReplicaID
+        from ray.serve._private.config import DeploymentConfig
 
-    def __init__(self, call, args: tuple):
-        self.loop = asyncio.new_event_loop()
-        # Deployments that look up "the" event loop (asyncio.get_event_loop) must find this one.
-        asyncio.set_event_loop(self.loop)
-        self.call = call
-        self.args = args
-        self.is_async = inspect.iscoroutinefunction(self.call)
-
-    async def _one(self):
-        return await self.call(*self.args)
-
-    async def _gather(self, k: int) -> list:
-        # Each call inside its own coroutine, so a bad signature fails like any other call.
-        return await asyncio.gather(*(self._one() for _ in range(k)), return_exceptions=True)
-
-    def run(self, function, *args):
-        result = function(*args)
-        if inspect.isawaitable(result):
-            result = self.loop.run_until_complete(result)
-        return result
-
-    def concurrently(self, k: int) -> list:
-        if self.is_async:
-            return self.loop.run_until_complete(self._gather(k))
-        with ThreadPoolExecutor(max_workers=k) as pool:
-            futures = [pool.submit(self.call, *self.args) for _ in range(k)]
-        return [future.exception() or future.result() for future in futures]
-
-
-def calibrate(import_path: str, user_config, call_args: tuple, levels: list[int], axis: str = "concurrency") -> dict:
-    cls = load_class(import_path)
-    if axis == "token_sum" and not callable(getattr(cls, HOOK, None)):
-        raise CalibrationFailed(
-            f"{import_path} has no {HOOK}(token_sum) method: the token_sum axis runs one batch of each token sum "
-            "through it. Add the hook to the deployment class, or calibrate the concurrency axis."
+        serve_context._set_internal_replica_context(
+            replica_id=ReplicaID(unique_id="fleetdeck-calibration",
+                                 deployment_id=DeploymentID(name=deployment_name, app_name=app_name)),
+            servable_object=servable, _deployment_config=DeploymentConfig(), rank=None, world_size=1,
         )
-    instance = cls()
-    caller = Caller(getattr(instance, HOOK) if axis == "token_sum" else instance.__call__, call_args)
-    if user_config is not None and hasattr(instance, "reconfigure"):
-        caller.run(instance.reconfigure, user_config)
-    torch = _cuda_torch()
-    gc.collect()
-    if torch is not None:
-        torch.cuda.synchronize()
-        baseline = torch.cuda.memory_allocated()
-    else:
-        baseline = peak_rss_bytes()
-    print(f"baseline: {baseline / MIB:.1f} MiB on {'cuda' if torch else 'cpu'}", flush=True)
-    points = []
-    for level in levels:
+    except (ImportError, TypeError, AttributeError) as exc:
+        print(f"note: no Serve replica context for the instance ({type(exc).__name__}: {exc})", flush=True)
+
+
+async def build(cls: type, app_name: str, deployment_name: str):
+    """One instance, built as Serve's replica builds it: `__init__` may be a coroutine (it is for
+    every @serve.ingress class), and an ASGI app needs its lifespan started."""
+    _set_replica_context(None, app_name, deployment_name)
+    instance = cls.__new__(cls)
+    started = cls.__init__(instance)
+    if inspect.isawaitable(started):
+        await started
+    _set_replica_context(instance, app_name, deployment_name)
+    if is_asgi_ingress(cls):
+        build_app = getattr(instance, "__serve_build_asgi_app__", None)
+        if not hasattr(instance, "_asgi_app") and build_app is not None:
+            app = build_app()
+            instance._set_asgi_app(await app if inspect.isawaitable(app) else app)
+        await instance._run_asgi_lifespan_startup()
+    return instance
+
+
+# --- requests ------------------------------------------------------------------------------------
+
+
+class CallFailed(Exception):
+    """A call that answered an HTTP error status; the message is the status."""
+
+
+def describe(request: dict) -> str:
+    if request.get("kind") == "http":
+        query = request.get("query") or ""
+        return f"{request.get('method', 'GET').upper()} {request.get('path', '/')}{'?' + query if query else ''}"
+    args = ", ".join(json.dumps(arg) for arg in request.get("args") or [])
+    return f"handle call __call__({args[:200]})"
+
+
+class HttpRequest:
+    """The representative HTTP request, as Serve's proxy hands it to a replica: a fresh ASGI scope
+    and receive per call, the body in one message, then a client that stays connected."""
+
+    def __init__(self, request: dict, route_prefix: str):
+        self.method = str(request.get("method") or "GET").upper()
+        self.path = str(request.get("path") or "/")
+        self.query = str(request.get("query") or "").encode("latin-1")
+        headers = {str(k).lower(): str(v) for k, v in (request.get("headers") or {}).items()}
+        if "json" in request:
+            self.body = json.dumps(request["json"]).encode()
+            headers.setdefault("content-type", "application/json")
+        else:
+            self.body = str(request.get("body") or "").encode()
+        if self.body:
+            headers["content-length"] = str(len(self.body))
+        headers.setdefault("host", "127.0.0.1:8000")
+        self.headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        self.root_path = "" if route_prefix in ("", "/") else route_prefix.rstrip("/")
+
+    def scope(self) -> dict:
+        return {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+            "method": self.method, "scheme": "http", "path": self.path, "raw_path": self.path.encode(),
+            "root_path": self.root_path, "query_string": self.query, "headers": list(self.headers),
+            "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 8000), "state": {},
+        }
+
+    def receive(self):
+        sent = False
+
+        async def receive() -> dict:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": self.body, "more_body": False}
+            await asyncio.Event().wait()
+
+        return receive
+
+
+class StatusSend:
+    def __init__(self):
+        self.status: int | None = None
+
+    async def __call__(self, message: dict) -> None:
+        if message["type"] == "http.response.start":
+            self.status = int(message["status"])
+
+
+def _check_status(status: int | None) -> None:
+    if status is not None and status >= 400:
+        raise CallFailed(f"answered {status}")
+
+
+class Driver:
+    """Makes the calls of one shape on one event loop; sync methods run in threads, as Serve runs
+    them, so k of them are really in flight at once."""
+
+    def __init__(self, shape: str, instance, request: dict, route_prefix: str):
+        self.shape, self.instance = shape, instance
+        self.http = HttpRequest(request, route_prefix) if request.get("kind") == "http" else None
+        self.args = list(request.get("args") or [])
+        self.pool: ThreadPoolExecutor | None = None
+
+    async def _maybe_in_thread(self, function, *args):
+        if inspect.iscoroutinefunction(function):
+            return await function(*args)
+        result = await asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
+        return await result if inspect.isawaitable(result) else result
+
+    async def call(self, level: int) -> None:
+        if self.shape == "hook":
+            await self._maybe_in_thread(getattr(self.instance, HOOK), level)
+        elif self.shape == "handle":
+            await self._maybe_in_thread(self.instance.__call__, *self.args)
+        elif self.shape == "asgi":
+            send = StatusSend()
+            await self.instance(self.http.scope(), self.http.receive(), send)
+            _check_status(send.status)
+        else:
+            from starlette.requests import Request
+            from starlette.responses import Response
+
+            scope, receive = self.http.scope(), self.http.receive()
+            result = await self._maybe_in_thread(self.instance.__call__, Request(scope, receive))
+            if isinstance(result, Response):
+                # Serve renders the response inside the replica: a streamed body's memory counts.
+                send = StatusSend()
+                await result(scope, receive, send)
+                _check_status(send.status)
+
+    async def _timed(self, level: int) -> float:
+        started = time.perf_counter()
+        await self.call(level)
+        return time.perf_counter() - started
+
+    async def level(self, k: int, x: int) -> list:
+        """k calls at once; each one's seconds, or its exception."""
+        self.pool = ThreadPoolExecutor(max_workers=k)
+        try:
+            return await asyncio.gather(*(self._timed(x) for _ in range(k)), return_exceptions=True)
+        finally:
+            self.pool.shutdown(wait=True)
+
+
+def shape_of(cls: type, axis: str, request: dict) -> str:
+    if axis == "token_sum":
+        return "hook"
+    if is_asgi_ingress(cls):
+        if request.get("kind") != "http":
+            raise CalibrationFailed(f"{cls.__name__} is an ASGI (@serve.ingress) app: it is calibrated with an HTTP request, "
+                                    "not a handle call.")
+        return "asgi"
+    return "starlette" if request.get("kind") == "http" else "handle"
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+class Calibration:
+    def __init__(self, import_path: str, user_config, request: dict, levels: list[int], axis: str, stop_at: int | None,
+                 route_prefix: str, app_name: str, deployment_name: str):
+        self.import_path, self.user_config, self.request = import_path, user_config, request
+        self.levels, self.axis, self.route_prefix = levels, axis, route_prefix
+        self.app_name, self.deployment_name = app_name, deployment_name or import_path.partition(":")[2]
+        total, _ = node_memory()
+        self.stop = stop_bytes(stop_at, total)
+        self.hwm_resets = reset_hwm()
+        self.sampler = Sampler(self.stop, self._breached)
+        self.torch = None
+        self.shape = "handle"
+        self.result: dict = {}
+        self.running: str = "construction"
+
+    # What measures the level's peak: the kernel's high-water mark where it can be reset, and the
+    # sampler always (USS has no kernel high-water mark).
+    def _start_peak(self) -> None:
         gc.collect()
-        if torch is not None:
-            torch.cuda.reset_peak_memory_stats()
-        if axis == "token_sum":
-            try:
-                caller.run(caller.call, level)
-            except Exception as exc:
-                raise CalibrationFailed(f"{HOOK}({level}) failed: {type(exc).__name__}: {exc}") from exc
-        else:
-            results = caller.concurrently(level)
-            failures = [result for result in results if isinstance(result, BaseException)]
-            if failures:
-                first = failures[0]
-                raise CalibrationFailed(f"{len(failures)} of {level} calls failed at concurrency {level}: {type(first).__name__}: {first}")
-        point = {axis: level}
-        if torch is not None:
-            torch.cuda.synchronize()
-            point.update(peak_bytes=torch.cuda.max_memory_allocated(), rss_peak_bytes=peak_rss_bytes())
-        else:
-            point["peak_bytes"] = peak_rss_bytes()
-        points.append(point)
-        print(f"{axis} {level}: peak {point['peak_bytes'] / MIB:.1f} MiB", flush=True)
-    return {"device": "cuda" if torch else "cpu", "axis": axis, "baseline_bytes": baseline, "points": points}
+        if self.torch is not None:
+            self.torch.cuda.synchronize()
+            self.torch.cuda.reset_peak_memory_stats()
+        reset_hwm()
+        self.sampler.reset()
+
+    def _host_peaks(self) -> tuple[int, int | None]:
+        rss_peak, uss_peak = self.sampler.peaks()
+        if self.hwm_resets:
+            rss_peak = max(rss_peak, hwm_bytes())
+        return rss_peak, uss_peak
+
+    def _breached(self, used: int) -> None:
+        """Node usage crossed the stop mid-run: report what was measured and leave before Ray's
+        memory monitor kills anything."""
+        reason = (f"Node memory reached {used / MIB:.0f} MiB during {self.running}, past the stop at {self.stop / MIB:.0f} MiB; "
+                  "the run ended there.")
+        if self.result.get("points"):
+            self.result["limit_reason"] = reason
+            print(f"{MARKER} {json.dumps(self.result)}", flush=True)
+            os._exit(0)
+        print(f"{ERROR_MARKER} {reason} Nothing was measured.", flush=True)
+        os._exit(1)
+
+    def run(self) -> dict:
+        cls = load_class(self.import_path)
+        if self.axis == "token_sum" and not callable(getattr(cls, HOOK, None)):
+            raise CalibrationFailed(
+                f"{self.import_path} has no {HOOK}(token_sum) method: the token_sum axis runs one batch of each token sum "
+                "through it. Add the hook to the deployment class, or calibrate the concurrency axis."
+            )
+        self.shape = shape_of(cls, self.axis, self.request)
+        self.sampler.start()
+        try:
+            return self._run(cls)
+        finally:
+            self.sampler.halt.set()
+
+    def _run(self, cls: type) -> dict:
+        loop = asyncio.new_event_loop()
+        # Deployments that look up "the" event loop (asyncio.get_event_loop) must find this one.
+        asyncio.set_event_loop(loop)
+        try:
+            instance = loop.run_until_complete(build(cls, self.app_name, self.deployment_name))
+        except Exception as exc:
+            raise CalibrationFailed(f"{self.import_path} could not be built: {type(exc).__name__}: {exc}") from exc
+        if self.user_config is not None and hasattr(instance, "reconfigure"):
+            self.running = "reconfigure"
+            done = instance.reconfigure(self.user_config)
+            if inspect.isawaitable(done):
+                loop.run_until_complete(done)
+        self.torch = _cuda_torch()
+        return self._measure(loop, Driver(self.shape, instance, self.request, self.route_prefix))
+
+    def _resting(self) -> int:
+        gc.collect()
+        if self.torch is not None:
+            self.torch.cuda.synchronize()
+            return self.torch.cuda.memory_allocated()
+        return rss_bytes()
+
+    def _what(self, x: int) -> str:
+        if self.shape == "hook":
+            return f"{HOOK}({x})"
+        return f"concurrency {x}"
+
+    def _run_level(self, loop, driver: Driver, x: int) -> list[float]:
+        k = 1 if self.shape == "hook" else x
+        self.running = self._what(x)
+        outcomes = loop.run_until_complete(driver.level(k, x))
+        failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        if failures:
+            first = failures[0]
+            if self.shape == "hook":
+                raise CalibrationFailed(f"{HOOK}({x}) failed: {type(first).__name__}: {first}") from first
+            what = describe(self.request)
+            said = str(first) if isinstance(first, CallFailed) else f"{type(first).__name__}: {first}"
+            raise CalibrationFailed(f"{len(failures)} of {k} calls of {what} failed at concurrency {k}: {said}") from first
+        return outcomes
+
+    def _measure(self, loop, driver: Driver) -> dict:
+        cold = self._resting()
+        host_cold = rss_bytes()
+        warm_x = self.levels[0] if self.shape == "hook" else 1
+        self._start_peak()
+        try:
+            self._run_level(loop, driver, warm_x)
+        except CalibrationFailed as exc:
+            first = exc.__cause__
+            if self.shape != "hook" and isinstance(first, CallFailed):
+                raise CalibrationFailed(f"The representative request {describe(self.request)} {first} at concurrency 1: give a "
+                                        "request the deployment serves. Nothing was measured.") from exc
+            if self.shape != "hook":
+                raise CalibrationFailed(f"The representative request {describe(self.request)} failed at concurrency 1: "
+                                        f"{type(first).__name__}: {first}. Nothing was measured.") from exc
+            raise
+        warm_peak, _ = self._host_peaks()
+        baseline = self._resting()
+        host_baseline = rss_bytes()
+        device = "cuda" if self.torch is not None else "cpu"
+        print(f"shape {self.shape}; at rest {cold / MIB:.1f} MiB cold, {baseline / MIB:.1f} MiB warm on {device}", flush=True)
+        self.result = {"device": device, "axis": self.axis, "shape": self.shape, "baseline_bytes": baseline,
+                       "cold_baseline_bytes": cold, "points": [], "limit_reason": None}
+        # Host memory per unit of the axis at worst so far; the warm call gives the first estimate.
+        step = max(warm_peak - min(host_baseline, host_cold), 0) / warm_x
+        knots = [(0, host_baseline)]
+        for x in self.levels:
+            _, used = node_memory()
+            predicted = used - rss_bytes() + host_baseline + x * step
+            if predicted > self.stop:
+                reason = (f"{self._what(x)} would exceed the memory budget: about {predicted / MIB:.0f} MiB used on the node "
+                          f"({step / MIB:.1f} MiB per {'token' if self.shape == 'hook' else 'request'}) against a stop at "
+                          f"{self.stop / MIB:.0f} MiB")
+                if not self.result["points"]:
+                    raise CalibrationFailed(f"{reason}; nothing was pushed.")
+                self.result["limit_reason"] = f"{reason}; the larger levels were not run."
+                print(self.result["limit_reason"], flush=True)
+                break
+            self._start_peak()
+            seconds = self._run_level(loop, driver, x)
+            rss_peak, uss_peak = self._host_peaks()
+            point = {self.axis: x, "peak_bytes": rss_peak, "uss_peak_bytes": uss_peak,
+                     "service_s": round(statistics.median(seconds), 6)}
+            if self.torch is not None:
+                self.torch.cuda.synchronize()
+                point.update(peak_bytes=self.torch.cuda.max_memory_allocated(), rss_peak_bytes=rss_peak)
+            self.result["points"].append(point)
+            knots.append((x, rss_peak))
+            step = max(step, (knots[-1][1] - knots[-2][1]) / (knots[-1][0] - knots[-2][0]))
+            print(f"{self._what(x)}: peak {point['peak_bytes'] / MIB:.1f} MiB, {point['service_s']:.3f} s per request", flush=True)
+        return self.result
+
+
+def calibrate(import_path: str, user_config, request: dict, levels: list[int], axis: str = "concurrency", *,
+              stop_at: int | None = None, route_prefix: str = "/", app_name: str = "", deployment_name: str = "") -> dict:
+    return Calibration(import_path, user_config, request, levels, axis, stop_at, route_prefix, app_name, deployment_name).run()
 
 
 def parse_levels(text: str) -> list[int]:
@@ -176,6 +548,17 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
+def parse_request(text: str | None, call: str | None) -> dict:
+    if text is None:
+        return {"kind": "handle", "args": [] if call is None else [json.loads(call)]}
+    if call is not None:
+        raise CalibrationFailed("give --request or --call, not both")
+    request = json.loads(text)
+    if not isinstance(request, dict) or request.get("kind") not in ("http", "handle"):
+        raise CalibrationFailed('--request must be a JSON object with "kind" "http" or "handle"')
+    return request
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         # Bad arguments must end in the error line too, not in argparse's exit code 2.
@@ -186,14 +569,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="fleetdeck_calibrate")
     parser.add_argument("--import-path", required=True, help="module:Class of the deployment")
     parser.add_argument("--user-config", default="null", help="JSON given to reconfigure()")
-    parser.add_argument("--call", default=None, help="JSON value passed as __call__'s one argument; absent: no argument")
+    parser.add_argument("--request", default=None, help='the representative request, JSON: {"kind": "http", "method", "path", '
+                                                        '"query", "headers", "body" or "json"} or {"kind": "handle", "args": [...]}')
+    parser.add_argument("--call", default=None, help="JSON value passed as __call__'s one argument (a handle call)")
     parser.add_argument("--axis", choices=AXES, default="concurrency", help="what the levels count")
     parser.add_argument("--levels", default="1,2,4", help="concurrency levels or token sums, increasing")
+    parser.add_argument("--stop-at-bytes", type=int, default=None, help="node memory use this run must not cross")
+    parser.add_argument("--route-prefix", default="/", help="the application's route prefix (the ASGI root_path)")
+    parser.add_argument("--app-name", default="", help="the application, for the replica context")
+    parser.add_argument("--deployment-name", default="", help="the deployment, for the replica context")
     try:
         args = parser.parse_args(argv)
-        user_config = json.loads(args.user_config)
-        call_args = () if args.call is None else (json.loads(args.call),)
-        result = calibrate(args.import_path, user_config, call_args, parse_levels(args.levels), args.axis)
+        result = calibrate(args.import_path, json.loads(args.user_config), parse_request(args.request, args.call),
+                           parse_levels(args.levels), args.axis, stop_at=args.stop_at_bytes, route_prefix=args.route_prefix,
+                           app_name=args.app_name, deployment_name=args.deployment_name)
     except Exception as exc:  # noqa: BLE001 - every failure must end in the error line
         traceback.print_exc()
         message = " ".join((str(exc) if isinstance(exc, CalibrationFailed) else f"{type(exc).__name__}: {exc}").split())
