@@ -7,7 +7,7 @@ import httpx
 
 from apps.clusters.egress import PinnedTransport
 from apps.incidents.ray_metrics import MetricsUnavailable
-from apps.incidents.signals import DeploymentSignals, NodeSignals, Reading
+from apps.incidents.signals import ApplicationSignals, DeploymentSignals, NodeSignals, Reading
 
 WINDOW = "2m"
 
@@ -71,6 +71,7 @@ def read(base_url: str, selector: str = "", *, timeout_s: float = 5.0, transport
     for labels, value in q(f"sum by ({by}) (increase(ray_serve_replica_startup_latency_ms_count{sel}[{WINDOW}]))"):
         if (d := dep(labels)) is not None:
             d.replica_starts = value
+    applications = _applications(q, sel, seconds)
     nodes: dict[str, NodeSignals] = {}
     total = {labels.get("ip", ""): value for labels, value in q(f"sum by (ip) (ray_node_mem_total{sel})")}
     for labels, value in q(f"sum by (ip) (ray_node_mem_used{sel})"):
@@ -82,4 +83,26 @@ def read(base_url: str, selector: str = "", *, timeout_s: float = 5.0, transport
         if ip in nodes:
             nodes[ip].gpu_used_mb, nodes[ip].gpu_total_mb = gram_used.get(ip, 0.0), gram_used.get(ip, 0.0) + value
     warnings = [] if deployments else ["Prometheus has no Serve series for this selector: check it matches the cluster's labels."]
-    return Reading(seconds=seconds, deployments=deployments, nodes=nodes, warnings=warnings)
+    return Reading(seconds=seconds, deployments=deployments, nodes=nodes, warnings=warnings, applications=applications)
+
+
+def _applications(q, sel: str, seconds: float) -> dict[str, ApplicationSignals]:
+    """What clients saw at the Serve proxies, per application. Counts are rates times `seconds`,
+    like the deployments' requests, so that failed / answered is a ratio of the same window."""
+    apps: dict[str, ApplicationSignals] = {}
+
+    def app(labels: dict) -> ApplicationSignals | None:
+        name = labels.get("application")
+        return apps.setdefault(name, ApplicationSignals()) if name else None  # "" is the proxy's own routes
+
+    for labels, value in q(f"sum by (application) (rate(ray_serve_num_http_requests_total{sel}[{WINDOW}]))"):
+        if (a := app(labels)) is not None:
+            a.requests = value * seconds
+    for labels, value in q(f"sum by (application, error_code) (rate(ray_serve_num_http_error_requests_total{sel}[{WINDOW}]))"):
+        if (a := app(labels)) is not None and value:
+            a.errors_by_code[labels.get("error_code", "unknown")] = value * seconds
+    for q_value, attr in ((0.5, "p50_ms"), (0.95, "p95_ms"), (0.99, "p99_ms")):
+        for labels, value in q(f"histogram_quantile({q_value}, sum by (application, le) (rate(ray_serve_http_request_latency_ms_bucket{sel}[{WINDOW}])))"):
+            if (a := app(labels)) is not None and value == value:  # NaN when there was no traffic
+                setattr(a, attr, value)
+    return apps

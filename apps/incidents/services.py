@@ -224,7 +224,8 @@ def _apply_reading(cluster: Cluster, at: float, reading: signals.Reading) -> lis
                 touched.append(_record_node(cluster, ip, finding, window.points))
     for (app, dep), values in sorted(reading.deployments.items()):
         window, _ = SignalWindow.objects.get_or_create(cluster=cluster, application_name=app, deployment_name=dep)
-        window.points = signals.compact([*window.points, signals.point(at, reading.seconds, values)], now=at)
+        point = signals.point(at, reading.seconds, values, reading.applications.get(app))
+        window.points = signals.compact([*window.points, point], now=at)
         window.save(update_fields=["points", "updated_at"])
         finding = detectors.latency_spike(window.points)
         if finding:

@@ -17,7 +17,12 @@ ERRORS = "ray_serve_deployment_error_counter_total"
 ONGOING = "ray_serve_replica_processing_queries"
 QUEUED = "ray_serve_deployment_queued_queries"
 REPLICA_STARTS = "ray_serve_replica_startup_latency_ms_count"
+# What clients saw, counted by the Serve proxy per application: every answer (shed 503s and
+# the 500 of a replica that died mid-request included) and the latency end to end, queueing
+# included. The replica-side figures above miss both.
+HTTP_REQUESTS = "ray_serve_num_http_requests_total"
 HTTP_ERRORS = "ray_serve_num_http_error_requests_total"
+HTTP_LATENCY = "ray_serve_http_request_latency_ms"
 EVICTIONS = "ray_memory_manager_worker_eviction_total"
 MEM_USED, MEM_TOTAL = "ray_node_mem_used", "ray_node_mem_total"
 # GPU memory in MB; Ray exports these only on nodes with GPUs.
@@ -44,6 +49,21 @@ class DeploymentSignals:
 
 
 @dataclass
+class ApplicationSignals:
+    requests: float = 0.0  # answers of any status
+    errors_by_code: dict[str, float] = field(default_factory=dict)
+    p50_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+
+
+def is_failure(code: str) -> bool:
+    """A client request that was not served: 5xx, a proxy timeout (408), a client that gave up
+    waiting (499), or the words older proxies used for those. Other 4xx are the client's own."""
+    return code.startswith("5") or code in ("408", "499", "timeout", "disconnection")
+
+
+@dataclass
 class NodeSignals:
     ip: str
     mem_used: float
@@ -67,6 +87,7 @@ class Reading:
     deployments: dict[Key, DeploymentSignals]
     nodes: dict[str, NodeSignals]
     warnings: list[str]
+    applications: dict[str, ApplicationSignals] = field(default_factory=dict)  # at the proxy; absent if it exports none
 
 
 def _series_key(labels: dict[str, str], *drop: str) -> tuple:
@@ -112,6 +133,37 @@ def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
     return lower_bound
 
 
+def _percentiles(prev: Scrape, cur: Scrape, name: str, key_of, warnings: list[str]) -> dict:
+    """p50/p95/p99 per key of a histogram's bucket increases, summed over the series of a key."""
+    buckets: dict = defaultdict(lambda: defaultdict(float))
+    for labels, delta in _deltas(prev, cur, f"{name}_bucket", warnings):
+        if key := key_of(labels):
+            buckets[key][float(labels.get("le", "inf"))] += delta
+    out = {}
+    for key, by_bound in buckets.items():
+        series = sorted(by_bound.items())
+        out[key] = (quantile(series, 0.50), quantile(series, 0.95), quantile(series, 0.99))
+    return out
+
+
+def _application(labels: dict) -> str | None:
+    return labels.get("application") or None  # "" is the proxy's own routes (/-/healthz, 404s)
+
+
+def _applications(prev: Scrape, cur: Scrape, warnings: list[str]) -> dict[str, ApplicationSignals]:
+    apps: dict[str, ApplicationSignals] = defaultdict(ApplicationSignals)
+    for labels, delta in _deltas(prev, cur, HTTP_REQUESTS, warnings):
+        if app := _application(labels):
+            apps[app].requests += delta
+    for labels, delta in _deltas(prev, cur, HTTP_ERRORS, warnings):
+        if (app := _application(labels)) and delta:
+            code = labels.get("error_code", "unknown")
+            apps[app].errors_by_code[code] = apps[app].errors_by_code.get(code, 0.0) + delta
+    for app, (p50, p95, p99) in _percentiles(prev, cur, HTTP_LATENCY, _application, warnings).items():
+        apps[app].p50_ms, apps[app].p95_ms, apps[app].p99_ms = p50, p95, p99
+    return dict(apps)
+
+
 def read(prev: Scrape, cur: Scrape) -> Reading:
     warnings: list[str] = []
     deployments: dict[Key, DeploymentSignals] = defaultdict(DeploymentSignals)
@@ -126,15 +178,8 @@ def read(prev: Scrape, cur: Scrape) -> Reading:
     for labels, delta in _deltas(prev, cur, REPLICA_STARTS, warnings):
         if key := _deployment(labels):
             deployments[key].replica_starts += delta
-    buckets: dict[Key, dict[float, float]] = defaultdict(lambda: defaultdict(float))
-    for labels, delta in _deltas(prev, cur, f"{LATENCY}_bucket", warnings):
-        if key := _deployment(labels):
-            buckets[key][float(labels.get("le", "inf"))] += delta
-    for key, by_bound in buckets.items():
-        series = sorted(by_bound.items())
-        deployments[key].p50_ms = quantile(series, 0.50)
-        deployments[key].p95_ms = quantile(series, 0.95)
-        deployments[key].p99_ms = quantile(series, 0.99)
+    for key, (p50, p95, p99) in _percentiles(prev, cur, LATENCY, _deployment, warnings).items():
+        deployments[key].p50_ms, deployments[key].p95_ms, deployments[key].p99_ms = p50, p95, p99
     for name, attr in ((ONGOING, "ongoing"), (QUEUED, "queued")):
         for sample in cur.named(name):
             if key := _deployment(sample.labels):
@@ -161,10 +206,13 @@ def read(prev: Scrape, cur: Scrape) -> Reading:
         if delta:
             name = labels.get("Name", "unknown")
             node.evictions[name] = node.evictions.get(name, 0.0) + delta
-    return Reading(seconds=max(cur.at - prev.at, 0.0), deployments=dict(deployments), nodes=nodes, warnings=warnings)
+    applications = _applications(prev, cur, warnings)
+    return Reading(seconds=max(cur.at - prev.at, 0.0), deployments=dict(deployments), nodes=nodes, warnings=warnings,
+                   applications=applications)
 
 
-KEPT = (f"{LATENCY}_bucket", REQUESTS, ERRORS, REPLICA_STARTS, EVICTIONS, ONGOING, QUEUED, MEM_USED, MEM_TOTAL, GRAM_USED, GRAM_AVAILABLE)
+KEPT = (f"{LATENCY}_bucket", REQUESTS, ERRORS, REPLICA_STARTS, EVICTIONS, ONGOING, QUEUED, MEM_USED, MEM_TOTAL, GRAM_USED, GRAM_AVAILABLE,
+        HTTP_REQUESTS, HTTP_ERRORS, f"{HTTP_LATENCY}_bucket")
 
 
 def relevant(scrape: Scrape) -> Scrape:
@@ -172,12 +220,19 @@ def relevant(scrape: Scrape) -> Scrape:
     return Scrape(at=scrape.at, samples=[s for s in scrape.samples if s.name in KEPT])
 
 
-def point(at: float, seconds: float, d: DeploymentSignals) -> dict:
-    return {
+def point(at: float, seconds: float, d: DeploymentSignals, app: ApplicationSignals | None = None) -> dict:
+    """A deployment's reading; `app` is what its application's clients saw at the proxy, copied
+    into every deployment of the application because a wizard watches one deployment, rarely the
+    ingress. Without proxy series the http keys are absent, which is not the same as zero."""
+    out = {
         "t": round(at, 1), "p50": _r(d.p50_ms), "p95": _r(d.p95_ms), "p99": _r(d.p99_ms),
         "rps": round(d.requests / seconds, 3) if seconds else None, "errors": d.errors,
-        "ongoing": d.ongoing, "queued": d.queued, "starts": d.replica_starts,
+        "ongoing": d.ongoing, "queued": d.queued, "starts": d.replica_starts, "seconds": round(seconds, 1),
     }
+    if app is not None:
+        out |= {"http": app.requests, "http_errors": dict(app.errors_by_code),
+                "http_p50": _r(app.p50_ms), "http_p95": _r(app.p95_ms), "http_p99": _r(app.p99_ms)}
+    return out
 
 
 def node_point(at: float, node: NodeSignals) -> dict:
@@ -193,13 +248,14 @@ def _r(value):
     return round(value, 1) if value is not None else None
 
 
-SUMMED = {"errors", "starts", "evictions"}
+SUMMED = {"errors", "starts", "evictions", "seconds", "http"}
+SUMMED_BY_KEY = {"http_errors"}
 AVERAGED = {"rps"}
 
 
 def compact(points: list[dict], now: float, *, raw_s: float = 3600, bucket_s: float = 300, retention_s: float = 86400) -> list[dict]:
     """Raw points for `raw_s`, then one point per `bucket_s`, nothing older than `retention_s`.
-    Summaries keep the worst of gauges and latencies, the sum of counts, the mean of rates."""
+    Summaries keep the worst of gauges and latencies, the sum of counts (per status code too), the mean of rates."""
     recent = [p for p in points if p["t"] >= now - raw_s]
     old: dict[int, list[dict]] = {}
     for p in points:
@@ -211,7 +267,13 @@ def compact(points: list[dict], now: float, *, raw_s: float = 3600, bucket_s: fl
         summary = {"t": group[-1]["t"], "summary": len(group)}
         for key in {k for g in group for k in g} - {"t", "summary"}:
             values = [g[key] for g in group if isinstance(g.get(key), (int, float))]
-            if key in SUMMED:
+            if key in SUMMED_BY_KEY:
+                merged: dict[str, float] = {}
+                for g in group:
+                    for code, n in (g.get(key) or {}).items():
+                        merged[code] = merged.get(code, 0) + n
+                summary[key] = merged
+            elif key in SUMMED:
                 summary[key] = sum(values)
             elif key in AVERAGED:
                 summary[key] = round(sum(values) / len(values), 3) if values else None
