@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import pairwise
 
-from apps.calibration.job_script import AXES, ERROR_MARKER, MARKER
+from apps.calibration.job_script import AXES, ERROR_MARKER, MARKER, SHAPES
 
 MAX_POINTS = 64
 MIB = 2**20
@@ -22,8 +22,10 @@ class CalibrationOutputError(ValueError):
 def parse_output(logs: str) -> dict:
     """Read the last FLEETDECK_CALIBRATION line of a job's logs.
 
-    Returns {axis, device, baseline_bytes, points: [{x, peak_bytes}] sorted by x, monotone,
-    warnings}. A curve whose peak falls as the axis grows is kept as measured, flagged
+    Returns {axis, device, shape, baseline_bytes, cold_baseline_bytes, limit_reason, points: [{x,
+    peak_bytes, uss_peak_bytes, service_s}] sorted by x, monotone, warnings}. Results of older
+    scripts lack shape, the cold baseline and limit_reason (they come back "" or None) and the
+    points' USS and service times (left out of the point). A curve whose peak falls as the axis grows is kept as measured, flagged
     `monotone: False` with a warning: smoothing it would hide noise the operator should see."""
     payload = _last_result_line(logs)
     try:
@@ -41,6 +43,15 @@ def parse_output(logs: str) -> dict:
     baseline = data.get("baseline_bytes")
     if not _is_count(baseline):
         raise CalibrationOutputError("The result's baseline_bytes is not a non-negative integer.")
+    shape = data.get("shape", "")
+    if shape != "" and shape not in SHAPES:
+        raise CalibrationOutputError(f"The result's shape is {shape!r}; expected one of {', '.join(SHAPES)}.")
+    cold = data.get("cold_baseline_bytes")
+    if cold is not None and not _is_count(cold):
+        raise CalibrationOutputError("The result's cold_baseline_bytes is not a non-negative integer.")
+    limit_reason = data.get("limit_reason")
+    if limit_reason is not None and (not isinstance(limit_reason, str) or len(limit_reason) > 2000):
+        raise CalibrationOutputError("The result's limit_reason is not a sentence.")
     raw_points = data.get("points")
     if not isinstance(raw_points, list) or not raw_points:
         raise CalibrationOutputError("The result has no points.")
@@ -55,7 +66,15 @@ def parse_output(logs: str) -> dict:
             raise CalibrationOutputError(f"Point {index} has no positive {axis}.")
         if not _is_count(peak):
             raise CalibrationOutputError(f"Point {index} has no non-negative integer peak_bytes.")
-        points.append({"x": x, "peak_bytes": peak})
+        uss, service = raw.get("uss_peak_bytes"), raw.get("service_s")
+        if uss is not None and not _is_count(uss):
+            raise CalibrationOutputError(f"Point {index} has a uss_peak_bytes that is not a non-negative integer.")
+        if service is not None and (isinstance(service, bool) or not isinstance(service, (int, float))
+                                    or not math.isfinite(service) or service < 0):
+            raise CalibrationOutputError(f"Point {index} has a service_s that is not a non-negative number of seconds.")
+        point = {"x": x, "peak_bytes": peak}
+        point.update({key: value for key, value in (("uss_peak_bytes", uss), ("service_s", service)) if value is not None})
+        points.append(point)
     points.sort(key=lambda point: point["x"])
     for a, b in pairwise(points):
         if a["x"] == b["x"]:
@@ -70,8 +89,8 @@ def parse_output(logs: str) -> dict:
                 f"{axis} {point['x']:g}: the measurement is noisy or memory was freed in between; the curve is kept as measured."
             )
         previous = (point["x"], point["peak_bytes"])
-    return {"axis": axis, "device": device.strip(), "baseline_bytes": baseline, "points": points,
-            "monotone": not warnings, "warnings": warnings}
+    return {"axis": axis, "device": device.strip(), "shape": shape, "baseline_bytes": baseline, "cold_baseline_bytes": cold,
+            "limit_reason": limit_reason, "points": points, "monotone": not warnings, "warnings": warnings}
 
 
 def _last_result_line(logs: str) -> str:
@@ -104,7 +123,11 @@ def _is_count(value) -> bool:
 @dataclass(frozen=True)
 class Curve:
     """Peak memory of one replica against concurrency (requests in flight) or token sum (tokens
-    in one batch). The baseline is the replica at rest; it also anchors the curve at x = 0."""
+    in one batch). The baseline is the replica at rest once warm (after one request); it also
+    anchors the curve at x = 0. `cold_baseline_bytes` is the replica before its first request.
+    `service_s` maps x to the median seconds one request took at that level. `limit_reason` says
+    why the run stopped before the last level asked for (the memory budget), None when it did not.
+    `shape` is how the class was driven: starlette, asgi, handle or hook ("" for old rows)."""
 
     axis: str
     device: str
@@ -113,6 +136,10 @@ class Curve:
     measured_at: datetime
     calibration_id: int
     monotone: bool = True
+    service_s: dict[float, float] = field(default_factory=dict)
+    cold_baseline_bytes: int | None = None
+    limit_reason: str | None = None
+    shape: str = ""
 
     def _knots(self) -> list[tuple[float, int]]:
         return [(0.0, self.baseline_bytes), *sorted((float(x), int(peak)) for x, peak in self.points if x > 0)]

@@ -28,13 +28,20 @@ class MemoryCalibration(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     axis = models.CharField(max_length=16, blank=True)
     device = models.CharField(max_length=32, blank=True)
+    # How the class was driven: starlette, asgi, handle or hook ("" before this was recorded).
+    shape = models.CharField(max_length=16, blank=True)
+    # At rest once warm (after one request); the cold one is before any request.
     baseline_bytes = models.BigIntegerField(null=True, blank=True)
-    # [{"x": 1, "peak_bytes": N}, ...], sorted by x.
+    cold_baseline_bytes = models.BigIntegerField(null=True, blank=True)
+    # Why the run stopped before its last level (the memory budget); empty when it did not.
+    limit_reason = models.TextField(blank=True)
+    # [{"x": 1, "peak_bytes": N, "uss_peak_bytes": N, "service_s": s}, ...], sorted by x.
     points = models.JSONField(default=list, blank=True)
     monotone = models.BooleanField(null=True, blank=True)
     warnings = models.JSONField(default=list, blank=True)
     levels = models.JSONField(default=list, blank=True)
-    # What was measured: import path, user_config, the call argument, runtime_env.
+    # What was measured: import path, user_config, the representative request, runtime_env,
+    # resources and the memory stop.
     request = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
     log_tail = models.TextField(blank=True)

@@ -350,6 +350,40 @@ class RayDashboard:
                 nodes.append(NodeMemory(str(node.get("ip") or ""), _int(mem[0], 0), _int(mem[1], 0)))
         return nodes
 
+    def resource_usage(self) -> dict[str, dict[str, tuple[float, float]]]:
+        """Logical resources per node from `/api/cluster_status`: {node IP: {resource: (used,
+        total)}}. The node IP comes from the node's own `node:<ip>` resource; a report without
+        per-node figures gives the cluster's totals under the key ""."""
+        body = _expect_dict(self._get("/api/cluster_status"), "/api/cluster_status")
+        report = ((((body.get("data") or {}).get("clusterStatus")) or {}).get("loadMetricsReport")) or {}
+
+        def pairs(usage) -> dict[str, tuple[float, float]]:
+            clean = {}
+            for resource, figures in (usage or {}).items() if isinstance(usage, dict) else ():
+                if isinstance(figures, list) and len(figures) == 2:
+                    used, total = _float(figures[0]), _float(figures[1])
+                    if used is not None and total is not None:
+                        clean[str(resource)] = (used, total)
+            return clean
+
+        by_node = {}
+        for usage in (report.get("usageByNode") or {}).values():
+            figures = pairs(usage)
+            ip = next((name.removeprefix("node:") for name in figures
+                       if name.startswith("node:") and not name.startswith("node:__") and name != "node:InternalHead"), "")
+            by_node[ip] = figures
+        return by_node or {"": pairs(report.get("usage"))}
+
+    def serve_ingresses(self) -> dict[str, str]:
+        """{application: its ingress deployment}, from the Serve status's deployment topology."""
+        body = _expect_dict(self._get("/api/serve/applications/"), "/api/serve/applications/")
+        ingresses = {}
+        for name, app in (body.get("applications") or {}).items():
+            topology = (app or {}).get("deployment_topology") or {}
+            if isinstance(topology, dict) and topology.get("ingress_deployment"):
+                ingresses[str(name)] = str(topology["ingress_deployment"])
+        return ingresses
+
     # --- jobs API ----------------------------------------------------------------------------
 
     def submit_job(

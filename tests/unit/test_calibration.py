@@ -52,7 +52,9 @@ def curve(points, baseline=100, monotone=True) -> Curve:
 def test_the_concurrency_result_is_read_from_the_last_marker_line_among_other_logs():
     logs = "Running entrypoint for job x\nbaseline: 100 MiB\n" + result_line() + "\n"
     parsed = parse_output(logs)
-    assert parsed == {"axis": "concurrency", "device": "cpu", "baseline_bytes": 100 * MIB,
+    # An older script's line: no shape, cold baseline, USS, service time nor limit reason.
+    assert parsed == {"axis": "concurrency", "device": "cpu", "shape": "", "baseline_bytes": 100 * MIB, "cold_baseline_bytes": None,
+                      "limit_reason": None,
                       "points": [{"x": 1, "peak_bytes": 164 * MIB}, {"x": 2, "peak_bytes": 228 * MIB}, {"x": 4, "peak_bytes": 356 * MIB}],
                       "monotone": True, "warnings": []}
 
@@ -242,8 +244,10 @@ def test_the_job_finds_a_deployment_by_its_serve_name_and_runs_sync_calls_in_thr
         ("no_such_module:Model", "x", "ModuleNotFoundError: No module named 'no_such_module'"),
         ("fake_app:Nope", "x", "module 'fake_app' has no deployment or class named 'Nope'"),
         ("fake_app:fn", "x", "is a function deployment"),
-        ("fake_app:Broken", "x", "4 of 4 calls failed at concurrency 4: RuntimeError: model exploded"),
-        ("fake_app:Model", None, "calls failed at concurrency 1: TypeError"),
+        ("fake_app:Broken", "x", 'The representative request handle call __call__("x") failed at concurrency 1: RuntimeError: '
+                                 "model exploded. Nothing was measured."),
+        ("fake_app:Model", None, "The representative request handle call __call__() failed at concurrency 1: TypeError: "
+                                 "AsyncModel.__call__() missing 1 required positional argument: 'text'. Nothing was measured."),
     ],
 )
 def test_a_failing_job_prints_the_error_line_and_exits_1(fake_app, import_path, call, message):
@@ -374,6 +378,8 @@ def cluster(team, use_replay):
     cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
     assert sync.sync_cluster(cluster.pk).ok
     use_replay.routes["/api/jobs/"] = "jobs_submit_response.json"
+    use_replay.routes["/api/cluster_status"] = "cluster_status.json"
+    use_replay.routes["/nodes"] = "nodes_view_summary.json"
     return Cluster.objects.get(pk=cluster.pk)
 
 
@@ -405,8 +411,15 @@ def test_requesting_submits_the_inline_script_with_the_app_s_runtime_env_and_aud
     argv = shlex.split(submitted["entrypoint"])
     assert argv[argv.index("--import-path") + 1] == "demo_app:Model"
     assert json.loads(argv[argv.index("--user-config") + 1]) == {"alloc_mb": 0, "hold_s": 0.05}
-    assert argv[argv.index("--levels") + 1] == "1,2,4" and json.loads(argv[argv.index("--call") + 1]) == "hello"
-    assert "entrypoint_num_gpus" not in submitted
+    # A call argument is a handle call with that one argument.
+    assert argv[argv.index("--levels") + 1] == "1,2,4"
+    assert json.loads(argv[argv.index("--request") + 1]) == {"kind": "handle", "args": ["hello"]}
+    assert calibration.request["representative"] == {"kind": "handle", "args": ["hello"]}
+    # The replica's own CPUs (demo's Model asks 0.2), and a stop below 0.95 of the node's memory.
+    assert submitted["entrypoint_num_cpus"] == 0.2 and "entrypoint_num_gpus" not in submitted
+    total, available = 25276063744, 24670765056  # nodes_view_summary.json
+    stop = int(argv[argv.index("--stop-at-bytes") + 1])
+    assert stop == int(total - available + 0.8 * (0.95 * total - (total - available))) == calibration.request["stop_at_bytes"]
     event = AuditEvent.objects.get(action="calibration.request")
     assert event.actor_name == "operator" and event.changes["levels"] == [1, 2, 4]
 
@@ -414,6 +427,11 @@ def test_requesting_submits_the_inline_script_with_the_app_s_runtime_env_and_aud
 def test_a_gpu_deployment_reserves_a_gpu_for_the_job(model, operator, use_replay):
     model.effective_config["ray_actor_options"]["num_gpus"] = 1
     model.save()
+    status = ray_fixture("cluster_status.json")
+    for usage in [status["data"]["clusterStatus"]["loadMetricsReport"]["usage"],
+                  *status["data"]["clusterStatus"]["loadMetricsReport"]["usageByNode"].values()]:
+        usage["GPU"] = [0.0, 1.0]
+    use_replay.routes["/api/cluster_status"] = status
     services.request_calibration(operator, model)
     assert json.loads(use_replay.requests[-1].content)["entrypoint_num_gpus"] == 1.0
 
@@ -471,7 +489,7 @@ def test_a_token_sum_calibration_submits_the_axis_with_its_default_sums_and_reco
 @pytest.mark.parametrize("axis, levels, call, message", [
     ("token_sum", [64, 65_537], None, "The token sums must be between 1 and 65,536."),
     ("token_sum", list(range(1, 10)), None, "At most 8 token sums per calibration."),
-    ("token_sum", [1024], "hi", "leave the request argument empty"),
+    ("token_sum", [1024], "hi", "leave the request empty"),
     ("batch", [1], None, "The axis must be one of concurrency, token_sum, not 'batch'."),
 ])
 def test_token_sums_are_validated_by_their_own_rules(model, operator, axis, levels, call, message):
