@@ -25,7 +25,7 @@ class CalibrationSerializer(serializers.ModelSerializer):
     class Meta:
         model = MemoryCalibration
         fields = ["id", "cluster", "cluster_name", "deployment", "application_name", "deployment_name", "submission_id",
-                  "state", "axis", "device", "baseline_bytes", "points", "per_unit_bytes", "monotone", "warnings", "levels",
+                  "state", "axis", "device", "shape", "baseline_bytes", "cold_baseline_bytes", "points", "limit_reason", "per_unit_bytes", "monotone", "warnings", "levels",
                   "request", "error", "log_tail", "created_by", "created_at", "started_at", "finished_at"]
         read_only_fields = fields
 
@@ -44,7 +44,15 @@ class CalibrateSerializer(serializers.Serializer):
                                    help_text=f"Concurrency levels (1–{services.MAX_LEVEL}; default {list(services.DEFAULT_LEVELS)}) or "
                                              f"token sums (1–{services.MAX_TOKEN_SUM}; default {list(services.DEFAULT_TOKEN_SUMS)}).")
     call = serializers.JSONField(required=False, allow_null=True,
-                                 help_text="The one argument each __call__ gets (concurrency axis only); absent or null: no argument.")
+                                 help_text="A handle call with this one argument (concurrency axis only); the same as request "
+                                           '{"kind": "handle", "args": [call]}.')
+    request = serializers.JSONField(
+        required=False, allow_null=True,
+        help_text='The representative request each call sends (concurrency axis only): {"kind": "http", "method": "GET", '
+                  '"path": "/route/sub", "query": "a=1", "headers": {...}, "body": "text"} (or "json": {...} instead of body) '
+                  'for a Starlette or FastAPI deployment, or {"kind": "handle", "args": [...]}. Absent or null: the '
+                  "application's first warmup request, else a GET of its route prefix for its ingress, else a handle call "
+                  "with no arguments.")
 
 
 class CalibrationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
@@ -72,6 +80,7 @@ class CalibrationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixin
             calibration = services.request_calibration(
                 Actor.from_request(request), deployment, axis=body.validated_data["axis"],
                 levels=body.validated_data.get("levels") or None, call=body.validated_data.get("call"),
+                request=body.validated_data.get("request"),
             )
         except DjangoValidationError as exc:
             raise as_api_error(exc) from exc

@@ -20,8 +20,19 @@ class CalibrateForm(forms.Form):
         }),
         help_text="Concurrency levels or token sums to measure, separated by commas; empty: the axis's defaults.",
     )
-    call = forms.CharField(label="Request argument (JSON)", required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}),
-                           help_text="Passed as the one argument of each __call__ (concurrency only); empty: called with no argument.")
+    method = forms.ChoiceField(label="HTTP method", required=False, choices=[("", "—"), *((m, m) for m in services.HTTP_METHODS)],
+                               help_text="An HTTP request for a Starlette or FastAPI deployment; empty with no path: the default request.")
+    path = forms.CharField(label="Path", required=False, max_length=500, widget=forms.TextInput(attrs={"placeholder": "/route/sub"}),
+                           help_text="The full path a client asks for, route prefix included.")
+    query = forms.CharField(label="Query string", required=False, max_length=2000, widget=forms.TextInput(attrs={"placeholder": "a=1&b=2"}))
+    headers = forms.CharField(label="Headers", required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono",
+                                                                                              "placeholder": "content-type: application/json"}),
+                              help_text="One `Name: value` per line.")
+    body = forms.CharField(label="Body", required=False, strip=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}))
+    call = forms.CharField(label="Handle call argument (JSON)", required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}),
+                           help_text="For a deployment called through a handle: each __call__ gets this one argument. Leave the HTTP "
+                                     "fields empty. All empty: the application's warmup request, a GET of its route prefix for its "
+                                     "ingress, else a call with no argument.")
 
     def clean_axis(self) -> str:
         return self.cleaned_data["axis"] or "concurrency"
@@ -46,8 +57,41 @@ class CalibrateForm(forms.Form):
         services.validate_call(call)
         return call
 
+    def clean_headers(self) -> dict:
+        headers = {}
+        for number, line in enumerate(self.cleaned_data["headers"].splitlines(), start=1):
+            if not line.strip():
+                continue
+            name, colon, value = line.partition(":")
+            if not colon or not name.strip():
+                raise forms.ValidationError(f"Line {number} is not `Name: value`.")
+            headers[name.strip()] = value.strip()
+        return headers
+
+    def _request(self, cleaned: dict) -> dict | None:
+        """The representative HTTP request the fields describe, or None when they are all empty."""
+        method, path = cleaned.get("method"), (cleaned.get("path") or "").strip()
+        if not (method or path or cleaned.get("query") or cleaned.get("headers") or cleaned.get("body")):
+            return None
+        if not path:
+            self.add_error("path", "Give the path of the HTTP request, such as /route/sub.")
+            return None
+        if cleaned.get("call") is not None:
+            self.add_error("call", "Give an HTTP request or a handle call argument, not both.")
+            return None
+        request = {"kind": "http", "method": method or "GET", "path": path, "query": cleaned.get("query", "").strip(),
+                   "headers": cleaned.get("headers") or {}}
+        if cleaned.get("body"):
+            request["body"] = cleaned["body"]
+        try:
+            return services.validate_request(request)
+        except forms.ValidationError as exc:
+            self.add_error(None, exc)
+            return None
+
     def clean(self):
         cleaned = super().clean()
+        cleaned["request"] = self._request(cleaned)
         # Levels are judged by the axis they count: 4,096 is a fine token sum but no concurrency.
         axis, levels = cleaned.get("axis"), cleaned.get("levels")
         if axis and "levels" in cleaned:

@@ -16,6 +16,7 @@ from apps.accounts.permissions import has_role
 from apps.calibration import services
 from apps.calibration.curve import MIB
 from apps.calibration.forms import CalibrateForm
+from apps.calibration.job_script import describe
 from apps.fleet.models import Deployment
 
 CARD = "calibration/partials/card.html"
@@ -32,12 +33,27 @@ def card_context(request, deployment: Deployment, form: CalibrateForm | None = N
         "measured": measured,
         "curve": curve,
         "chart": _chart(curve) if curve else None,
+        "levels": _levels(curve, measured) if curve else [],
+        "representative": _representative(measured),
         "form": form or CalibrateForm(),
         # One calibration at a time per deployment: no form while one runs.
         "can_start": (latest is None or latest.is_final)
         and has_role(request.user, deployment.application.cluster.team, Role.OPERATOR),
         "poll_s": 2,
     }
+
+
+def _levels(curve: services.Curve, measured) -> list[dict]:
+    """One row per measured level, in MiB and seconds."""
+    uss = {float(point["x"]): point.get("uss_peak_bytes") for point in measured.points}
+    return [{"x": x, "peak_mib": peak / MIB, "above_mib": (peak - curve.baseline_bytes) / MIB,
+             "uss_mib": uss[x] / MIB if uss.get(x) is not None else None, "service_s": curve.service_s.get(x)}
+            for x, peak in curve.points]
+
+
+def _representative(measured) -> str:
+    request = (measured.request or {}).get("representative") if measured else None
+    return describe(request) if request and measured.axis == "concurrency" else ""
 
 
 def _chart(curve: services.Curve) -> dict:
@@ -71,7 +87,8 @@ def calibrate(request, deployment_pk: int):
     if form.is_valid():
         try:
             calibration = services.request_calibration(Actor.from_request(request), deployment, axis=form.cleaned_data["axis"],
-                                                       levels=form.cleaned_data["levels"], call=form.cleaned_data["call"])
+                                                       levels=form.cleaned_data["levels"], call=form.cleaned_data["call"],
+                                                       request=form.cleaned_data["request"])
         except ValidationError as exc:
             form.add_error(None, exc)
         else:
