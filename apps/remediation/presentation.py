@@ -13,8 +13,16 @@ STATUS_CLASS = {
     Status.APPLIED: "good", Status.DONE: "good", Status.PASSED: "good", Status.APPLYING: "busy",
     Status.FAILED: "bad", Status.CHECK_FAILED: "bad", Status.SKIPPED: "muted", Status.NOT_APPLICABLE: "muted",
 }
-COMPARED = [("oom_kills", "OOM kills"), ("p50_ms", "p50 (ms)"), ("p99_ms", "p99 (ms)"), ("error_rate", "Errors per request"),
-            ("queued_max", "Queue peak"), ("rps_mean", "Requests/s (mean)"), ("points", "Readings")]
+# Clients and replicas apart: a replica that never errs can sit behind a proxy that sheds most
+# requests with 503, and its processing time leaves out the queue the clients waited in.
+CLIENTS = [("client_requests", "Requests answered"), ("client_failed", "Failed requests"), ("client_failed_by_code", "Failed by code"),
+           ("client_failed_share", "Failed share"), ("goodput_rps", "Goodput (successful req/s)"),
+           ("client_p50_ms", "p50 end to end (ms)"), ("client_p99_ms", "p99 end to end (ms)")]
+REPLICAS = [("replica_requests", "Requests"), ("errors", "Errors"), ("error_rate", "Errors per request"),
+            ("p50_ms", "Processing p50 (ms)"), ("p99_ms", "Processing p99 (ms)"), ("queued_max", "Queue peak (requests)"),
+            ("rps_mean", "Requests/s (mean)")]
+WINDOW = [("oom_kills", "OOM kills"), ("healthy", "Window"), ("points", "Readings")]
+SHARES = {"client_failed_share", "error_rate"}
 
 
 def wizard_context(wizard: Wizard, position, *, can_operate: bool) -> dict:
@@ -30,10 +38,38 @@ def wizard_context(wizard: Wizard, position, *, can_operate: bool) -> dict:
     if current.kind == WizardStep.Kind.CONFIG:
         context.update(_config(wizard, current, steps))
     elif current.kind in (WizardStep.Kind.VERIFICATION, WizardStep.Kind.OUTCOME):
-        context["comparison"] = [(label, wizard.before.get(key), wizard.after.get(key)) for key, label in COMPARED
-                                 if key in wizard.before or key in wizard.after]
+        context["comparison"] = comparison(wizard.before, wizard.after)
+        context["failure_objective"] = f"{wizard.failure_objective * 100:g} %"
         context["applied_changes"] = sorted({s.change for s in steps if s.change_id and s.status == Status.APPLIED}, key=lambda c: c.pk)
     return context
+
+
+def comparison(before: dict, after: dict) -> list[dict]:
+    """Before/after rows in sections, each value with its unit; the client section says so when
+    the cluster exports no proxy counters instead of showing blanks that read as zero."""
+    sections = []
+    for title, rows in (("Clients, at the Serve proxy", CLIENTS), ("Replicas", REPLICAS), ("Window", WINDOW)):
+        shown = [(label, _shown(key, before), _shown(key, after)) for key, label in rows if key in before or key in after]
+        if not shown:
+            continue
+        note = ""
+        if rows is CLIENTS and all(side.get("client_requests") is None for side in (before, after)):
+            shown, note = [], "The cluster exports no proxy counters for this application: what clients saw is unknown."
+        sections.append({"title": title, "rows": shown, "note": note})
+    return sections
+
+
+def _shown(key: str, side: dict):
+    value = side.get(key)
+    if value is None:
+        return None
+    if key == "healthy":
+        return f"healthy: {side.get('why', '')}" if value else f"failing: {side.get('why', '')}"
+    if key in SHARES:
+        return f"{value * 100:.1f} %"
+    if key == "client_failed_by_code":
+        return ", ".join(f"{code} ×{n:.0f}" for code, n in value.items()) or "none"
+    return value
 
 
 def _current(steps: list[WizardStep], position) -> WizardStep:

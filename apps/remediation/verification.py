@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from apps.accounts.audit import Actor, record
 from apps.incidents import services as incidents
+from apps.incidents import signals
 from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, SignalWindow
 from apps.remediation.catalogue import REMEDIES, REMEDIES_FOR
 from apps.remediation.models import Wizard, WizardStep
@@ -21,6 +22,8 @@ LOOKBACK = timedelta(minutes=15)
 DONE = (Status.APPLIED, Status.DONE, Status.PASSED)
 LATENCY_KINDS = (Incident.Kind.LATENCY_SPIKE, Incident.Kind.QUEUE_BUILDUP)
 MIN_WINDOW_S, MAX_WINDOW_S = 30, 24 * 3600
+FAILURE_OBJECTIVE = Wizard._meta.get_field("failure_objective").default
+LATENCY_OBJECTIVE_MS = Wizard._meta.get_field("latency_objective_ms").default
 
 
 def start(actor: Actor, wizard: Wizard, *, window_s: int | None = None, revision: int | None) -> Wizard:
@@ -60,21 +63,41 @@ def _first_change_at(wizard: Wizard) -> datetime | None:
 
 
 def measure(wizard: Wizard, since: datetime, until: datetime) -> dict:
-    """OOM kills Fleetdeck recorded, and the deployment's signal points, between two instants."""
+    """OOM kills Fleetdeck recorded, and the deployment's signal points, between two instants;
+    with whether the window was healthy against the wizard's objectives, and why not."""
     kills = OomKillRecord.objects.filter(incident__cluster=wizard.cluster, incident__application_name=wizard.application_name,
                                          incident__deployment_name=wizard.deployment_name, seen_at__gte=since, seen_at__lt=until).count()
     window = SignalWindow.objects.filter(cluster=wizard.cluster, application_name=wizard.application_name,
                                          deployment_name=wizard.deployment_name).first()
     points = [p for p in (window.points if window else []) if since.timestamp() <= p["t"] < until.timestamp()]
-    return {"since": since.isoformat(), "until": until.isoformat(), "oom_kills": kills, **summarize(points)}
+    out = {"since": since.isoformat(), "until": until.isoformat(), "oom_kills": kills, **summarize(points)}
+    failing = problems(out, failure_objective=wizard.failure_objective, latency_objective_ms=wizard.latency_objective_ms)
+    if failing:
+        out |= {"healthy": False, "why": " ".join(failing)}
+    elif not points:
+        out |= {"healthy": None, "why": "No metrics in the window: only OOM kills were counted, and there were none."}
+    else:
+        seen = f"Clients: {_client_line(out)}." if out["client_requests"] is not None else f"Replicas: {_replica_line(out)}."
+        out |= {"healthy": True, "why": seen}
+    return out
 
 
 def summarize(points: list[dict]) -> dict:
-    def values(key):
-        return [p[key] for p in points if isinstance(p.get(key), (int, float))]
+    """Client side (the proxy's counts and end-to-end latency, `client_*` and `goodput_rps`;
+    None where the cluster exports no proxy series) and replica side (the rest), kept apart."""
+    def values(key, among=points):
+        return [p[key] for p in among if isinstance(p.get(key), (int, float))]
 
     rps, p50, errors = values("rps"), values("p50"), values("errors")
     requests = _requests(points)
+    served = [p for p in points if isinstance(p.get("http"), (int, float))]
+    failed_by_code: dict[str, float] = {}
+    for p in served:
+        for code, n in (p.get("http_errors") or {}).items():
+            if signals.is_failure(code) and n:
+                failed_by_code[code] = failed_by_code.get(code, 0) + n
+    answered, failed = sum(values("http", served)), sum(failed_by_code.values())
+    seconds, client_p50 = sum(values("seconds", served)), values("http_p50", served)
     return {
         "points": len(points),
         "p50_ms": round(statistics.median(p50), 1) if p50 else None,
@@ -82,41 +105,125 @@ def summarize(points: list[dict]) -> dict:
         "errors": sum(errors),
         "error_rate": round(sum(errors) / requests, 4) if requests else None,
         "queued_max": max(values("queued"), default=None),
+        "ongoing_max": max(values("ongoing"), default=None),
         "rps_mean": round(statistics.mean(rps), 3) if rps else None,
+        "replica_requests": round(requests, 1),
+        "client_requests": round(answered, 1) if served else None,
+        "client_failed": round(failed, 1) if served else None,
+        "client_failed_by_code": dict(sorted(failed_by_code.items(), key=lambda kv: -kv[1])) if served else None,
+        "client_failed_share": round(failed / answered, 4) if answered else None,
+        "goodput_rps": round((answered - failed) / seconds, 3) if seconds else None,
+        "client_p50_ms": round(statistics.median(client_p50), 1) if client_p50 else None,
+        "client_p99_ms": max(values("http_p99", served), default=None),
     }
 
 
 def _requests(points: list[dict]) -> float:
-    """Requests served across the points: each point's rate times the time since the one before."""
+    """Requests served across the points: each point's rate times the interval it stands for (its
+    `seconds`; for points stored before they carried it, the time since the one before)."""
     total = 0.0
-    for before, point in zip(points, points[1:]):
-        if point.get("rps"):
-            total += point["rps"] * max(point["t"] - before["t"], 0)
+    for i, point in enumerate(points):
+        seconds = point.get("seconds") or (max(point["t"] - points[i - 1]["t"], 0) if i else 0)
+        total += (point.get("rps") or 0) * seconds
     return total
 
 
-def verdict(kind: str, before: dict, after: dict, *, window_over: bool) -> tuple[str, str]:
+def problems(summary: dict, *, failure_objective: float, latency_objective_ms: float) -> list[str]:
+    """Why a window is failing, one sentence per figure, with its numbers: OOM kills, client
+    requests failed or too slow against the objectives, requests admitted that never completed."""
+    out = []
+    if summary.get("oom_kills"):
+        out.append(f"{summary['oom_kills']} OOM kill(s).")
+    clients = summary.get("client_requests")
+    share = summary.get("client_failed_share")
+    if share is not None and share > failure_objective:
+        out.append(f"Clients: {_n(summary['client_failed'])} of {_n(clients)} requests failed ({_pct(share)}; {_codes(summary)}), "
+                   f"above the {_objective(failure_objective)} objective.")
+    p99 = summary.get("client_p99_ms")
+    if p99 is not None and p99 > latency_objective_ms:
+        out.append(f"Clients: p99 {p99:.0f} ms end to end, above the {latency_objective_ms:.0f} ms objective.")
+    admitted, completed = summary.get("ongoing_max") or 0, summary.get("rps_mean")
+    if clients == 0 and (completed or admitted):
+        out.append(f"Clients: no request completed at the proxy while replicas had work "
+                   f"({_n(summary.get('replica_requests') or 0)} served, up to {_n(admitted)} in flight).")
+    if not completed and admitted:
+        out.append(f"Replicas: up to {_n(admitted)} request(s) in flight and none completed.")
+    rate = summary.get("error_rate")
+    if clients is None and rate is not None and rate > failure_objective:
+        out.append(f"Replicas: {_n(summary['errors'])} errors, {_pct(rate)} of requests, above the {_objective(failure_objective)} objective.")
+    return out
+
+
+def _n(value: float) -> str:
+    return f"{value:.0f}"
+
+
+def _pct(share: float) -> str:
+    return f"{share * 100:.1f} %"
+
+
+def _objective(share: float) -> str:
+    return f"{share * 100:g} %"
+
+
+def _codes(summary: dict) -> str:
+    return ", ".join(f"{code} ×{_n(n)}" for code, n in (summary.get("client_failed_by_code") or {}).items()) or "no code"
+
+
+def _client_line(s: dict) -> str:
+    failed = f"{_n(s['client_failed'])} failed ({_pct(s['client_failed_share'])}; {_codes(s)})" if s.get("client_failed") else "none failed"
+    parts = [f"{_n(s['client_requests'])} requests, {failed}"]
+    if s.get("goodput_rps") is not None:
+        parts.append(f"goodput {s['goodput_rps']:.2f} req/s")
+    if s.get("client_p99_ms") is not None:
+        parts.append(f"p50 {s['client_p50_ms'] or 0:.0f} ms, p99 {s['client_p99_ms']:.0f} ms end to end")
+    return "; ".join(parts)
+
+
+def _replica_line(s: dict) -> str:
+    parts = [f"{_n(s.get('replica_requests') or 0)} requests, {_n(s.get('errors') or 0)} errors"]
+    if s.get("p99_ms") is not None:
+        parts.append(f"processing p99 {s['p99_ms']:.0f} ms")
+    if s.get("queued_max") is not None:
+        parts.append(f"queue peak {s['queued_max']:.0f}")
+    return "; ".join(parts)
+
+
+def _side(who: str, line, after: dict, before: dict, present: str) -> str:
+    was = f" (before the fix: {line(before)})" if before.get("points") and before.get(present) is not None else ""
+    return f"{who}: {line(after)}{was}."
+
+
+def verdict(kind: str, before: dict, after: dict, *, window_over: bool, failure_objective: float = FAILURE_OBJECTIVE,
+            latency_objective_ms: float = LATENCY_OBJECTIVE_MS) -> tuple[str, str]:
     """("passed" | "failed" | "inconclusive" | "running", why). An OOM kill fails at once; the
-    rest is judged when the window is over."""
+    rest is judged when the window is over, by what clients saw at the proxy first."""
     if after["oom_kills"]:
         return "failed", f"{after['oom_kills']} OOM kill(s) during verification (before: {before.get('oom_kills', 0)})."
     if not window_over:
         return "running", "No OOM kill so far."
     lines = [f"No OOM kill in the window (before: {before.get('oom_kills', 0)})."]
-    if after["points"] and not after["rps_mean"]:
-        return "inconclusive", "No traffic reached the deployment during the window: verification needs live traffic. Start it again."
     if not after["points"]:
         lines.append("Latency, errors and queues were not compared: the cluster reports no metrics (set its metrics URL).")
         return ("passed" if kind not in LATENCY_KINDS else "inconclusive"), " ".join(lines)
-    before_p99, after_p99 = before.get("p99_ms"), after.get("p99_ms")
-    if before_p99 and after_p99:
-        lines.append(f"p99 {before_p99:.0f} ms → {after_p99:.0f} ms.")
-    if before.get("queued_max") is not None and after.get("queued_max") is not None:
-        lines.append(f"Queue peak {before['queued_max']:.0f} → {after['queued_max']:.0f}.")
-    if before.get("error_rate") is not None and after.get("error_rate") is not None:
-        lines.append(f"Errors per request {before['error_rate']:.2%} → {after['error_rate']:.2%}.")
+    clients = after.get("client_requests") is not None
+    if clients:
+        lines.append(_side("Clients", _client_line, after, before, "client_requests"))
+    else:
+        lines.append("The cluster exports no proxy counters for this application: what clients saw is unknown.")
+    lines.append(_side("Replicas", _replica_line, after, before, "replica_requests"))
+    failing = problems(after, failure_objective=failure_objective, latency_objective_ms=latency_objective_ms)
+    if failing:
+        return "failed", " ".join(failing + lines)
+    if not after["rps_mean"] and not after.get("client_requests"):
+        return "inconclusive", "No traffic reached the deployment during the window: verification needs live traffic. Start it again."
+    side = "client_p99_ms" if before.get("client_p99_ms") and after.get("client_p99_ms") else "p99_ms"
+    before_p99, after_p99 = before.get(side), after.get(side)
     if kind in LATENCY_KINDS and before_p99 and after_p99 and after_p99 > 0.8 * before_p99:
-        return "failed", " ".join(lines + ["p99 did not come down by at least 20 %."])
+        return "failed", " ".join(lines + [f"p99 {before_p99:.0f} ms → {after_p99:.0f} ms did not come down by at least 20 %."])
+    if kind in LATENCY_KINDS and not clients:
+        return "inconclusive", " ".join(lines + ["A latency fix is judged by the latency clients see, queueing included; "
+                                                 "replica processing time alone cannot pass it. Export the Serve proxy's metrics."])
     return "passed", " ".join(lines)
 
 
@@ -130,7 +237,8 @@ def evaluate(wizard_id: int, now: datetime | None = None) -> str | None:
         until = min(now, wizard.verify_ends_at)
         wizard.after = measure(wizard, wizard.verify_started_at, until)
         kind = wizard.incident.kind if wizard.incident_id else ""
-        result, why = verdict(kind, wizard.before, wizard.after, window_over=now >= wizard.verify_ends_at)
+        result, why = verdict(kind, wizard.before, wizard.after, window_over=now >= wizard.verify_ends_at,
+                              failure_objective=wizard.failure_objective, latency_objective_ms=wizard.latency_objective_ms)
         step = WizardStep.objects.get(wizard=wizard, kind=WizardStep.Kind.VERIFICATION)
         step.check_result = {"result": result, "why": why, "at": now.isoformat()}
         if result == "running":

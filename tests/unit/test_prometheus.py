@@ -26,6 +26,8 @@ def replay(request: httpx.Request) -> httpx.Response:
     """Answer each PromQL the adapter sends with the capture of the same metric, or an empty
     vector (what Prometheus answers for a series that does not exist)."""
     promql = request.url.params["query"]
+    if "ray_serve_http_" in promql or "ray_serve_num_http_" in promql:
+        return httpx.Response(200, json=EMPTY)  # the capture has no proxy series
     for marker, name in (("histogram_quantile(0.99", "latency_p99"), ("ray_serve_deployment_request_counter_total", "requests_rate"),
                          ("ray_serve_replica_processing_queries", "ongoing"), ("ray_node_mem_used", "node_memory")):
         if marker in promql:
@@ -47,6 +49,7 @@ def test_a_reading_from_prometheus_has_latency_rates_and_nodes():
     assert reading.deployments[("demo", "Echo")].ongoing == 4
     node = reading.nodes["192.0.2.2"]
     assert 0 < node.mem_fraction < 1 and reading.warnings == []
+    assert reading.applications == {}  # no proxy series: no client figures, rather than zeros
 
 
 def test_every_query_carries_the_clusters_selector():

@@ -249,7 +249,10 @@ def test_a_latency_fix_must_bring_p99_down_by_a_fifth():
     before = {"oom_kills": 0, "p99_ms": 1000, "points": 5}
     after = {"oom_kills": 0, "p99_ms": 900, "points": 5, "rps_mean": 3, "queued_max": 0, "error_rate": 0}
     assert verification.verdict("latency_spike", before, after, window_over=True)[0] == "failed"
-    assert verification.verdict("latency_spike", before, after | {"p99_ms": 700}, window_over=True)[0] == "passed"
+    # Replica processing time alone cannot pass a latency fix: clients' end-to-end p99 must be seen.
+    assert verification.verdict("latency_spike", before, after | {"p99_ms": 700}, window_over=True)[0] == "inconclusive"
+    clients = {"client_requests": 600, "client_failed": 0, "client_failed_share": 0.0, "client_p50_ms": 300, "client_p99_ms": 800}
+    assert verification.verdict("latency_spike", before, after | {"p99_ms": 700} | clients, window_over=True)[0] == "passed"
     assert verification.verdict("oom_kill", before, after | {"p99_ms": 1100}, window_over=True)[0] == "passed"
 
 
