@@ -7,6 +7,7 @@ group: `ray stop` would end every Ray process on the machine, including other pe
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -57,6 +58,37 @@ def free_port() -> int:
                 continue
             return sock.getsockname()[1]
     raise OSError(f"no free loopback port between {_PORTS_FROM} and {below}")
+
+
+GIB = 2**30
+# Ray's own default. Above it the kernel's OOM killer may act before Ray's monitor does, and it
+# kills without the evidence (death cause, eviction metrics) an OOM incident is built from.
+MAX_MEMORY_THRESHOLD = 0.95
+
+
+def memory_usage(meminfo: Path = Path("/proc/meminfo")) -> tuple[int, int]:
+    """(used, total) bytes of this machine's memory, counted as Ray's memory monitor counts them:
+    what is not available."""
+    info = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+    total = int(info["MemTotal"].split()[0]) * 1024
+    available = int(info["MemAvailable"].split()[0]) * 1024
+    return total - available, total
+
+
+def threshold_for_headroom(headroom_gib: float, usage: tuple[int, int] | None = None) -> float:
+    """The `RAY_memory_usage_threshold` (a fraction of the node's memory) that trips `headroom_gib`
+    above what the machine uses now, so an OOM kill is reproduced without exhausting the machine.
+    Rounded to what `memory_monitor_env` passes to Ray, and at most Ray's default."""
+    if not (headroom_gib > 0 and math.isfinite(headroom_gib)):
+        raise ValueError(f"the memory headroom must be a positive number of GiB, not {headroom_gib!r}")
+    used, total = usage or memory_usage()
+    return round(min((used + headroom_gib * GIB) / total, MAX_MEMORY_THRESHOLD), 3)
+
+
+def memory_monitor_env(threshold: float) -> dict[str, str]:
+    """The environment of a head whose memory monitor kills above `threshold`. The 250 ms check is
+    Ray 2.60's default, pinned because the fraction assumes a burst cannot overshoot it for long."""
+    return {"RAY_memory_usage_threshold": f"{threshold:.3f}", "RAY_memory_monitor_refresh_ms": "250"}
 
 
 def _ray_bin(name: str) -> str:

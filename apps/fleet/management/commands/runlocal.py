@@ -1,9 +1,13 @@
 """Run the whole product on this machine: web, Celery worker and beat on the embedded defaults,
-plus a local Ray head with the reference Serve application, registered and synced. Ctrl-C stops all."""
+plus a local Ray head with the reference Serve application, registered and synced. Ctrl-C stops all.
+
+FLEETDECK_OOM_HEADROOM_GIB=3 sets the head's memory monitor to kill 3 GiB above the machine's
+memory use at start, so the misbehaving config's OOM kills happen without exhausting the machine."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import signal
@@ -21,9 +25,18 @@ from apps.accounts.models import Role
 from apps.accounts.services import ensure_team, grant
 from apps.clusters import services
 from apps.clusters.models import Cluster
-from controlplane.local_ray import REFERENCE_APP_DIR, LocalRayHead
+from controlplane.local_ray import (
+    GIB,
+    MAX_MEMORY_THRESHOLD,
+    REFERENCE_APP_DIR,
+    LocalRayHead,
+    memory_monitor_env,
+    memory_usage,
+    threshold_for_headroom,
+)
 
 DEMO_CLUSTER = "local-demo"
+HEADROOM_VAR = "FLEETDECK_OOM_HEADROOM_GIB"
 
 
 class Command(BaseCommand):
@@ -34,6 +47,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-ray", action="store_true", help="Do not start the local Ray head and reference app.")
 
     def handle(self, *args, port: int, no_ray: bool, **options):
+        headroom_gib = oom_headroom_gib(os.environ.get(HEADROOM_VAR))
         processes: list[tuple[str, subprocess.Popen]] = []
         head: LocalRayHead | None = None
         # Ctrl-C must work even when started from a context that ignores SIGINT (a background
@@ -45,7 +59,13 @@ class Command(BaseCommand):
             username, password = self._ensure_admin()
             if not no_ray:
                 self.stdout.write("Starting a local Ray head on loopback…")
-                head = LocalRayHead.start()
+                extra_env = {}
+                if headroom_gib is not None:
+                    usage = memory_usage()
+                    threshold = threshold_for_headroom(headroom_gib, usage)
+                    extra_env = memory_monitor_env(threshold)
+                    self.stdout.write(memory_monitor_line(threshold, usage, headroom_gib))
+                head = LocalRayHead.start(extra_env=extra_env)
                 head.wait_ready()
                 self.stdout.write(f"Ray dashboard at {head.dashboard_url}; deploying the reference Serve application…")
                 head.deploy(json.loads((REFERENCE_APP_DIR / "reference.json").read_text()))
@@ -116,6 +136,29 @@ class Command(BaseCommand):
         return [
             (name, subprocess.Popen(command, start_new_session=True)) for name, command in commands.items()
         ]
+
+
+def oom_headroom_gib(value: str | None) -> float | None:
+    """FLEETDECK_OOM_HEADROOM_GIB as GiB; None when unset or empty."""
+    if value is None or not value.strip():
+        return None
+    try:
+        gib = float(value)
+    except ValueError:
+        raise CommandError(f"{HEADROOM_VAR} must be a number of GiB, e.g. {HEADROOM_VAR}=3; got {value!r}.") from None
+    if not 0 < gib < math.inf:
+        raise CommandError(f"{HEADROOM_VAR} must be more than 0 GiB (the memory Ray may use above the machine's use now); got {value!r}.")
+    return gib
+
+
+def memory_monitor_line(threshold: float, usage: tuple[int, int], headroom_gib: float) -> str:
+    used, total = usage
+    limit = threshold * total
+    line = f"Ray memory monitor: kills above {limit / GIB:.1f} GiB used ({(limit - used) / GIB:.1f} GiB above now)"
+    if threshold >= MAX_MEMORY_THRESHOLD:
+        line += (f"; capped at Ray's default, {MAX_MEMORY_THRESHOLD:.0%} of {total / GIB:.1f} GiB, short of the "
+                 f"{headroom_gib:g} GiB asked: above it the kernel's OOM killer may act first")
+    return line
 
 
 def _wait_listening(port: int, processes: list[tuple[str, subprocess.Popen]], timeout_s: float = 60.0) -> None:
