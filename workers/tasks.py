@@ -73,6 +73,10 @@ def tick() -> None:
 
     for wizard_id in verification.due():
         verification.evaluate(wizard_id)
+    from apps.remediation import wizards
+
+    for wizard_id in wizards.awaiting_calibration():
+        wizards.settle_calibration(wizard_id)
 
 
 @shared_task(name="changes.run", ignore_result=True)
@@ -105,6 +109,12 @@ def poll_calibration(calibration_id: int, follow: bool = True) -> None:
     calibration = services.poll(calibration_id)
     if follow and calibration is not None and not calibration.is_final:
         poll_calibration.apply_async(args=[calibration_id], countdown=services.poll_interval_s())
+    elif calibration is not None and calibration.is_final:
+        from apps.remediation import wizards
+
+        # A wizard waiting on this calibration computes its values now, not at the next tick.
+        for wizard_id in calibration.wizard_steps.values_list("wizard_id", flat=True):
+            wizards.settle_calibration(wizard_id)
 
 
 @shared_task(

@@ -95,7 +95,7 @@ class WizardStepSerializer(serializers.ModelSerializer):
     class Meta:
         model = WizardStep
         fields = ["position", "kind", "remedy", "title", "status", "status_label", "values", "patch", "change", "change_state",
-                  "check_result", "note", "updated_at"]
+                  "calibration", "check_result", "note", "updated_at"]
         read_only_fields = fields
 
 
@@ -106,7 +106,7 @@ class WizardSerializer(serializers.ModelSerializer):
     class Meta:
         model = Wizard
         fields = ["id", "state", "revision", "cluster", "cluster_name", "application_name", "deployment_name", "deployment", "incident",
-                  "finding", "diagnosis", "latency_objective_ms", "verification_window_s", "verify_started_at", "verify_ends_at",
+                  "finding", "diagnosis", "latency_objective_ms", "failure_objective", "verification_window_s", "verify_started_at", "verify_ends_at",
                   "before", "after", "outcome", "next_steps", "created_at", "updated_at", "finished_at", "steps"]
         read_only_fields = fields
 
@@ -115,7 +115,11 @@ class WizardStartSerializer(serializers.Serializer):
     incident = serializers.IntegerField(required=False, help_text="Start from this incident…")
     finding = serializers.IntegerField(required=False, help_text="…or from this finding.")
     latency_objective_ms = serializers.IntegerField(required=False, min_value=100, max_value=600_000,
-                                                    help_text="Sizes the queue bound (R10). Default 10 s.")
+                                                    help_text="The p99 clients may see, end to end; sizes the queue bound (R10). "
+                                                              "Default 10 s.")
+    failure_objective = serializers.FloatField(required=False, min_value=0.0, max_value=1.0,
+                                               help_text="Share of client requests that may fail (5xx, 408) in verification. "
+                                                         "Default 0.05.")
     verification_window_s = serializers.IntegerField(required=False, min_value=30, max_value=86_400)
 
 
@@ -132,6 +136,25 @@ class StepSerializer(RevisionSerializer):
     step = serializers.IntegerField(min_value=1)
     note = serializers.CharField(required=False, allow_blank=True, max_length=2000)
     params = serializers.DictField(required=False, help_text="For checks: R3 takes method, path, field, size.")
+
+
+class RepresentativeRequestSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["http", "handle"], default="http",
+                                   help_text="http: sent through the app's HTTP interface; handle: plain arguments to __call__.")
+    method = serializers.CharField(required=False, max_length=10)
+    path = serializers.CharField(required=False, max_length=2000, help_text="Default: the application's route prefix.")
+    query = serializers.CharField(required=False, allow_blank=True, max_length=4000)
+    headers = serializers.DictField(child=serializers.CharField(max_length=4000), required=False)
+    body = serializers.CharField(required=False, allow_blank=True, max_length=16_000)
+    json = serializers.JSONField(required=False)
+    args = serializers.ListField(required=False, max_length=16)
+
+
+class CalibrateSerializer(RevisionSerializer):
+    request = RepresentativeRequestSerializer(required=False, help_text="A request the deployment serves. Default: its warmup "
+                                                                         "profile's first request, else a GET of its route.")
+    levels = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=64), required=False, min_length=1,
+                                   max_length=8, help_text="Concurrency levels, increasing. Default 1, 2, 4, 8.")
 
 
 class VerifySerializer(RevisionSerializer):
@@ -193,7 +216,8 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         if source is not None:
             require_role(request, source.cluster.team, Role.OPERATOR, "start remediation wizards")
         wizard, created = wizard_call(wizards.start, Actor.from_request(request), incident=incident, finding=finding,
-                             latency_objective_ms=data.get("latency_objective_ms"), verification_window_s=data.get("verification_window_s"))
+                             latency_objective_ms=data.get("latency_objective_ms"), failure_objective=data.get("failure_objective"),
+                             verification_window_s=data.get("verification_window_s"))
         return self._respond(wizard, status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(request=ApplySerializer, responses={202: WizardSerializer, 409: CONFLICT})
@@ -232,6 +256,19 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def check(self, request, pk=None):
         """Run a code-level remedy's automatic check (R3 oversized input, R6 cold start, R7, R8, R9)."""
         return self._step_action(request, remedy_checks.run, "run checks", extra=lambda d: {"params": d.get("params") or {}})
+
+    @extend_schema(request=CalibrateSerializer, responses={202: WizardSerializer, 400: CONFLICT, 409: CONFLICT})
+    @action(detail=True, methods=["post"])
+    def calibrate(self, request, pk=None):
+        """Measure the deployment's memory at rising concurrency with a calibration job on its cluster,
+        through its own interface; the values are recomputed when it ends. Poll the wizard."""
+        wizard = self._operable(request, "calibrate deployments")
+        body = CalibrateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        wizard_call(wizards.calibrate, Actor.from_request(request), wizard, request=data.get("request"), levels=data.get("levels"),
+                    revision=data.get("revision"))
+        return self._respond(wizard, status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=RevisionSerializer, responses={200: WizardSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])

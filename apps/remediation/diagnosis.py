@@ -9,7 +9,8 @@ from apps.clusters.models import Cluster
 from apps.fleet.configs import key_settings
 from apps.incidents.models import Incident, NodeWindow, SignalWindow
 from apps.incidents.oom import replica_memory
-from apps.remediation import sizing
+from apps.fleet.models import Deployment
+from apps.remediation import capacity, sizing
 from apps.remediation.catalogue import PRESCRIPTION, REMEDIES, REMEDIES_FOR, cause
 from apps.remediation.models import Finding
 from apps.remediation.rules import BY_ID
@@ -67,8 +68,11 @@ def diagnose(cluster: Cluster, app: str, dep: str, effective: dict, *, incident:
     points = window.points if window else []
     load = sizing.load_from_points(points)
     current = sizing.Current.of(effective, cluster.ray_version)
-    memory, budget = _memory_and_budget(cluster, app, dep, incident, current, points, curve)
-    computed = sizing.compute(current, memory, budget, load, latency_objective_ms=latency_objective_ms, curve=curve)
+    live = capacity.read(cluster)
+    memory, budget = _memory_and_budget(cluster, app, dep, incident, current, points, curve, live)
+    resources = sizing.resources_from(effective, live.node_resources, _others(cluster, app, dep))
+    computed = sizing.compute(current, memory, budget, load, latency_objective_ms=latency_objective_ms, curve=curve,
+                              resources=resources)
 
     if incident is not None:
         causes = incident.causes
@@ -86,7 +90,11 @@ def diagnose(cluster: Cluster, app: str, dep: str, effective: dict, *, incident:
         "memory": _describe_memory(memory),
         "budget": {"bytes_per_node": budget.bytes_per_node, "nodes": budget.nodes, "reason": budget.reason} if budget else None,
         "load": {"peak_in_flight": load.peak_in_flight, "p50_ms": load.p50_ms, "peak_rps": load.peak_rps, "cold_starts": load.cold_starts},
+        "resources": {"per_replica": resources.per_replica, "free": resources.free, "reason": resources.reason},
+        "plan": computed.plan,
         "conservative": computed.conservative,
+        "needs_calibration": computed.needs_calibration,
+        "why_not_sized": computed.why_not_sized,
         "remedies": [{"id": r, "title": REMEDIES[r]} for r in remedies],
     }
     return Diagnosis(summary, remedies, computed)
@@ -111,26 +119,41 @@ def _finding_causes(rule_id: str, remedy: str) -> list[dict]:
             for rank, cid in enumerate(matching[:3], start=1)] if remedy else []
 
 
-def _memory_and_budget(cluster, app, dep, incident, current, points, curve):
+def _memory_and_budget(cluster, app, dep, incident, current, points, curve, live: capacity.Capacity):
+    """Memory from the calibration, its baseline lifted to what real replicas were seen using; a
+    kill message alone gives only a lower bound. The budget from the kill (its threshold less
+    everything else on the node), else from the nodes' memory now."""
     from apps.incidents.models import OomKillRecord
 
-    # A token-sum curve prices a request by its tokens: the deployment's own caps when it has them.
-    memory = sizing.memory_from_curve(curve, *sizing.request_tokens(current.user_config))
-    budget = None
     kill = (OomKillRecord.objects.filter(incident__cluster=cluster, incident__application_name=app, incident__deployment_name=dep)
             .exclude(message="").order_by("-seen_at", "-id").first())
-    nodes = NodeWindow.objects.filter(cluster=cluster).count() or 1
+    listed = replica_memory(kill.message) if kill is not None else []
+    floor, floor_reason = sizing.replica_floor_from_kill(listed, app, dep)
+    # A token-sum curve prices a request by its tokens: the deployment's own caps when it has them.
+    memory = sizing.memory_from_curve(curve, *sizing.request_tokens(current.user_config), replica_floor_bytes=floor,
+                                      floor_reason=floor_reason)
+    budget = None
+    nodes = max(NodeWindow.objects.filter(cluster=cluster).count(), len(live.node_memory or []), 1)
     if kill is not None:
-        listed = replica_memory(kill.message)
         if memory is None:
             at_detection = (incident.evidence.get("settings_at_detection") or {}) if incident is not None else {}
             cap = at_detection.get("max_ongoing_requests") or current.max_ongoing_requests
             in_flight = _in_flight_per_replica(points, cap, at_detection.get("running_replicas") or 1)
             memory = sizing.memory_from_kill(listed, app, dep, in_flight, cap)
         budget = sizing.budget_from_kill(kill.used_bytes, kill.threshold_bytes, listed, app, dep, nodes)
+    if budget is None and live.node_memory:
+        budget = sizing.budget_from_nodes([{"mem_total": n.total_bytes, "mem_used": n.total_bytes - n.available_bytes}
+                                           for n in live.node_memory])
     if budget is None:
         budget = sizing.budget_from_nodes([w.points[-1] for w in NodeWindow.objects.filter(cluster=cluster) if w.points])
     return memory, budget
+
+
+def _others(cluster, app: str, dep: str) -> list[tuple[dict, int]]:
+    """What every other deployment on the cluster holds: its actor options and replica count."""
+    rows = (Deployment.objects.filter(application__cluster=cluster, removed_at__isnull=True, application__removed_at__isnull=True)
+            .exclude(application__name=app, name=dep).values_list("effective_config", "running_replicas", "target_replicas"))
+    return [((config or {}).get("ray_actor_options") or {}, max(running or 0, target or 0)) for config, running, target in rows]
 
 
 def _in_flight_per_replica(points: list[dict], cap: int | None, replicas: int) -> float | None:
@@ -147,5 +170,5 @@ def _describe_memory(memory: sizing.Memory | None) -> dict | None:
     if memory is None:
         return None
     return {"baseline_bytes": memory.baseline_bytes, "per_request_bytes": memory.per_request_bytes, "source": memory.source,
-            "reason": memory.reason}
+            "reason": memory.reason, "lower_bound": memory.lower_bound}
 

@@ -1,13 +1,19 @@
 """Computed values for the config remedies (R1, R2, R10) and the token-sum batch limit (R4): from
-measured memory and load, not constants. Pure functions; every value comes with the reason it has
-that value.
+measured memory, the memory budget, the resources the cluster can schedule and the measured
+service time, never from constants. Pure functions; every value comes with the reason it has that
+value, and the same inputs always give the same values.
 
-Memory: `baseline` is a replica at rest (model, runtime), `per_request` what one request in
-flight adds at its peak. A replica taking `c` requests at once peaks at baseline + c × per_request.
-The budget is what this deployment's replicas may use on one node, with a safety margin below
-the point where Ray's memory monitor (or the kernel) kills. From a token-sum calibration, a
-request costs its tokens times the curve's cost per token, and the batch limit is the largest
-token sum whose measured peak fits one replica's share of the budget."""
+Memory: `baseline` is a replica at rest (model, runtime), and a replica taking `c` requests at
+once peaks at `peak(c)`: the calibration curve where one was measured, else baseline + c ×
+per_request. The budget is what this deployment's replicas may use on one node, with a safety
+margin below the point where Ray's memory monitor (or the kernel) kills. A figure that can only be
+a lower bound (memory from a kill message divided by the requests admitted) is labelled as one and
+never sizes anything: the wizard calibrates first.
+
+The choice: among the concurrencies the calibration measured, the one whose replicas, as many as
+memory and schedulable resources allow, serve the most requests per second (c / service time per
+replica); ties go to the lower concurrency, whose peak is lower. The queue bound is what those
+replicas serve within the latency objective, from the measured service time."""
 
 from __future__ import annotations
 
@@ -21,10 +27,16 @@ SAFETY_MARGIN = 0.8
 # Ray's default memory_usage_threshold: the monitor kills above 95 % of node memory.
 RAY_MEMORY_THRESHOLD = 0.95
 MIB = 2**20
+GIB = 2**30
 MAX_QUEUE_BOUND = 10_000
 # A batch limit may extrapolate the curve's last step this far past the largest calibrated sum;
 # further out a straight line is a guess, and a calibration of larger sums is the answer.
 MAX_EXTRAPOLATION = 4
+# Serve's own default when a deployment sets no num_cpus.
+SERVE_DEFAULT_CPUS = 1.0
+# A replica is added once its peers average this share of the concurrency they hold safely, so a
+# new one is starting before the others are full.
+SCALE_OUT_AT = 0.5
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,38 @@ class Memory:
     per_request_bytes: int
     source: str  # "calibration", "oom-kill"
     reason: str
+    # Only a lower bound (requests admitted are not requests resident): shown, never sized from.
+    lower_bound: bool = False
+    curve: object | None = None  # a concurrency-axis calibration curve, when one was measured
+
+    def peak(self, concurrency: int) -> int:
+        """One replica's peak holding `concurrency` requests at once."""
+        if self.curve is not None:
+            # The curve's own baseline may be below a replica's (a Ray worker's runtime): lift it.
+            lift = max(self.baseline_bytes - self.curve.baseline_bytes, 0)
+            return self.curve.peak_at(concurrency) + lift
+        return self.baseline_bytes + concurrency * self.per_request_bytes
+
+    @property
+    def measured_levels(self) -> list[int]:
+        if self.curve is None:
+            return []
+        return sorted({int(x) for x, _ in self.curve.points if float(x).is_integer() and x >= 1})
+
+    def service_s(self, concurrency: int) -> float | None:
+        """Seconds one request takes at this concurrency, from the calibration; past the largest
+        measured level a replica is taken to be saturated (no more throughput, only more memory)."""
+        times = dict(getattr(self.curve, "service_s", None) or {}) if self.curve is not None else {}
+        times = {float(x): float(t) for x, t in times.items() if t and t > 0}
+        if not times:
+            return None
+        xs = sorted(times)
+        if concurrency <= xs[0]:
+            return times[xs[0]]
+        for x0, x1 in zip(xs, xs[1:]):
+            if concurrency <= x1:
+                return times[x0] + (times[x1] - times[x0]) * (concurrency - x0) / (x1 - x0)
+        return times[xs[-1]] * concurrency / xs[-1]
 
 
 @dataclass(frozen=True)
@@ -40,6 +84,31 @@ class Budget:
     bytes_per_node: int  # margin already applied
     nodes: int
     reason: str
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one replica asks Ray for, and what the cluster can still schedule for this
+    deployment: the nodes' totals minus what every other deployment's replicas hold."""
+
+    per_replica: dict[str, float]
+    free: dict[str, float] | None  # None: the cluster's resources could not be read
+    reason: str
+
+    def replicas(self) -> tuple[int | None, str]:
+        """How many replicas the resources schedule, and the resource that binds."""
+        if self.free is None:
+            return None, ""
+        best: tuple[int, str] | None = None
+        for name, need in sorted(self.per_replica.items()):
+            if need <= 0:
+                continue
+            fits = int(math.floor(self.free.get(name, 0.0) / need + 1e-9))
+            if best is None or fits < best[0]:
+                best = (fits, name)
+        if best is None:
+            return None, ""
+        return max(best[0], 0), best[1]
 
 
 @dataclass(frozen=True)
@@ -74,7 +143,14 @@ class Current:
 @dataclass
 class Sizing:
     values: dict[str, dict] = field(default_factory=dict)  # remedy -> {"patch", "reasons", "warnings"}
-    conservative: bool = False
+    # Nothing trustworthy to size from: the wizard's first step is a calibration.
+    needs_calibration: bool = False
+    why_not_sized: str = ""
+    plan: dict | None = None
+
+    @property
+    def conservative(self) -> bool:
+        return self.needs_calibration or bool(self.why_not_sized)
 
     def patch(self, remedy: str) -> dict | None:
         return self.values.get(remedy, {}).get("patch")
@@ -96,16 +172,24 @@ def request_tokens(user_config: dict | None) -> tuple[int | None, str]:
                     f"max_tokens_cap {caps['max_tokens_cap']})")
 
 
-def memory_from_curve(curve, tokens_per_request: int | None = None, tokens_reason: str = "") -> Memory | None:
+def memory_from_curve(curve, tokens_per_request: int | None = None, tokens_reason: str = "",
+                      replica_floor_bytes: int | None = None, floor_reason: str = "") -> Memory | None:
     """A calibration curve (peak bytes against concurrency, or against batch token sum). On the
     token-sum axis a request costs `tokens_per_request` tokens (`tokens_reason` says why), or,
-    unknown, as much as the largest calibrated batch."""
+    unknown, as much as the largest calibrated batch. `replica_floor_bytes` is what a real replica
+    of the deployment was seen using at rest (its Ray worker runtime included), which the job's own
+    process may not show: the baseline is the larger of the two."""
     if curve is None:
         return None
+    baseline = max(curve.baseline_bytes, replica_floor_bytes or 0)
+    lifted = (f" A replica was seen at {_mib(replica_floor_bytes)} ({floor_reason}), more than the job measured at rest: the "
+              "baseline is lifted to it." if replica_floor_bytes and replica_floor_bytes > curve.baseline_bytes else "")
     if curve.axis == "concurrency":
-        return Memory(curve.baseline_bytes, max(curve.per_unit_bytes, 1), "calibration",
+        levels = ", ".join(f"{_mib(peak)} at {x:g}" for x, peak in curve.points)
+        return Memory(baseline, max(curve.per_unit_bytes, 1), "calibration",
                       f"Calibration #{curve.calibration_id} ({curve.device}, {curve.measured_at:%Y-%m-%d %H:%M}): "
-                      f"{_mib(curve.baseline_bytes)} at rest, +{_mib(curve.per_unit_bytes)} per request in flight (steepest step).")
+                      f"{_mib(curve.baseline_bytes)} at rest; peaks of {levels} request(s) at once "
+                      f"(+{_mib(curve.per_unit_bytes)} per request at the steepest step).{lifted}", curve=curve)
     largest = int(max(x for x, _ in curve.points))
     tokens = tokens_per_request or largest
     if tokens_per_request:
@@ -114,29 +198,41 @@ def memory_from_curve(curve, tokens_per_request: int | None = None, tokens_reaso
         tokens_reason = (f"{tokens_reason or 'no request size is known'}, so a request is taken to be as large as the largest "
                          f"calibrated batch, {largest} tokens (conservative)")
     per_request = max(int(curve.per_unit_bytes * tokens), 1)
-    return Memory(curve.baseline_bytes, per_request, "calibration",
+    return Memory(baseline, per_request, "calibration",
                   f"Calibration #{curve.calibration_id} ({curve.device}, token sums up to {largest}): {_mib(curve.baseline_bytes)} at "
                   f"rest, +{curve.per_unit_bytes / 1024:.0f} KiB per token (steepest step); {tokens_reason}: {_mib(per_request)} per "
-                  "request.")
+                  f"request.{lifted}")
+
+
+def replica_floor_from_kill(replicas: list[ReplicaMemory], app: str, dep: str) -> tuple[int | None, str]:
+    """The least a replica of this deployment used in a kill message's list: a replica is at least
+    that big at rest plus whatever it held, so a baseline taken from it is never understated."""
+    mine = [r.used_bytes for r in replicas if (r.application, r.deployment) == (app, dep) and not r.killed]
+    if not mine:
+        return None, ""
+    return min(mine), f"the least of its {len(mine)} peer(s) in Ray's kill message"
 
 
 def memory_from_kill(replicas: list[ReplicaMemory], app: str, dep: str, in_flight: float | None, cap: int | None) -> Memory | None:
-    """From Ray's kill message: the killed replica's memory and its idle peers', spread over the
-    requests it held, as measured near the kill. Without that measurement there is no estimate:
-    assuming the replica was full would understate per-request memory, which is the unsafe side."""
+    """A LOWER BOUND from Ray's kill message: the killed replica's memory above its idle peers',
+    spread over the most requests it may have held. Requests admitted near the kill are not
+    requests resident (a handler that allocates on its event loop holds one at a time until the
+    others reach their allocation), so dividing by them can understate per-request memory several
+    times over: the figure is shown, never sized from."""
     mine = [r for r in replicas if (r.application, r.deployment) == (app, dep)]
     killed = [r.used_bytes for r in mine if r.killed]
-    if not killed or not in_flight or in_flight < 1:
+    if not killed:
         return None
     peak = max(killed)
     idle = [r.used_bytes for r in mine if not r.killed]
     baseline = min(idle) if idle else 0
-    held = min(in_flight, cap or in_flight)
+    held = max(min(in_flight, cap or in_flight), 1) if in_flight else max(cap or 1, 1)
     per_request = max(int((peak - baseline) / held), 1)
-    base_text = f"idle peers used {_mib(baseline)}" if idle else "no idle peer was listed, so the baseline is taken as 0 (conservative)"
+    base_text = f"its idle peers used {_mib(baseline)}" if idle else "no idle peer was listed, so its size at rest is unknown"
     return Memory(baseline, per_request, "oom-kill",
-                  f"The killed replica used {_mib(peak)}; {base_text}; {held:.0f} requests in flight per replica were measured near "
-                  f"the kill: about {_mib(per_request)} per request.")
+                  f"Lower bound only: the killed replica used {_mib(peak)}; {base_text}; spread over up to {held:.0f} requests "
+                  f"admitted it is at least {_mib(per_request)} per request. Requests admitted are not requests resident, so the "
+                  "real figure may be several times larger: a calibration measures it.", lower_bound=True)
 
 
 def budget_from_kill(used_bytes: int | None, threshold_bytes: int | None, replicas: list[ReplicaMemory], app: str, dep: str,
@@ -184,132 +280,234 @@ def load_from_points(points: list[dict]) -> Load:
 # --- the values ----------------------------------------------------------------------------
 
 
+def resources_from(effective: dict, node_totals: list[dict[str, float]] | None, others: list[tuple[dict, int]]) -> Resources:
+    """Per-replica demand from the deployment's `ray_actor_options` (Serve's default of 1 CPU when
+    it names none), against the alive nodes' totals minus `others`: (actor options, replicas) of
+    every other deployment on the cluster."""
+    per_replica = _demand(effective.get("ray_actor_options") or {})
+    if node_totals is None:
+        return Resources(per_replica, None, "The cluster's resources could not be read: replicas are not checked against them.")
+    totals: dict[str, float] = {}
+    for node in node_totals:
+        for name, amount in node.items():
+            totals[name] = totals.get(name, 0.0) + float(amount)
+    held: dict[str, float] = {}
+    for options, replicas in others:
+        for name, amount in _demand(options or {}).items():
+            held[name] = held.get(name, 0.0) + amount * replicas
+    free = {name: max(totals.get(name, 0.0) - held.get(name, 0.0), 0.0) for name in per_replica}
+    wants = ", ".join(f"{_amount(v)} {k}" for k, v in sorted(per_replica.items()) if v > 0) or "no resources"
+    has = ", ".join(f"{_amount(free[k])} of {_amount(totals.get(k, 0.0))} {k}" for k in sorted(per_replica) if per_replica[k] > 0)
+    return Resources(per_replica, free, f"A replica asks for {wants}; the cluster has {has or 'nothing asked'} free for this "
+                                        "deployment (its alive nodes' totals less what the other deployments' replicas hold).")
+
+
+def _demand(options: dict) -> dict[str, float]:
+    cpus = options.get("num_cpus")
+    demand = {"CPU": float(SERVE_DEFAULT_CPUS if cpus is None else cpus), "GPU": float(options.get("num_gpus") or 0)}
+    if options.get("memory"):
+        demand["memory"] = float(options["memory"])
+    for name, amount in (options.get("resources") or {}).items():
+        demand[str(name)] = float(amount)
+    return {k: v for k, v in demand.items() if v > 0}
+
+
+def _amount(value: float) -> str:
+    return f"{value / GIB:.1f} GiB" if value >= MIB else f"{value:g}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The chosen concurrency and replica count, with every candidate weighed."""
+
+    concurrency: int
+    replicas: int
+    per_node: int
+    peak_bytes: int
+    service_s: float | None
+    throughput_rps: float | None
+    binding: str
+    candidates: list[dict]
+
+    def as_dict(self) -> dict:
+        return {"concurrency": self.concurrency, "replicas": self.replicas, "per_node": self.per_node, "peak_bytes": self.peak_bytes,
+                "service_s": self.service_s, "throughput_rps": self.throughput_rps, "binding": self.binding,
+                "candidates": self.candidates}
+
+
 def compute(current: Current, memory: Memory | None, budget: Budget | None, load: Load, *, latency_objective_ms: int,
-            curve=None) -> Sizing:
-    """R1, R2 and R10 always; R4 when `curve` is a token-sum calibration."""
-    sizing = Sizing(conservative=memory is None or budget is None)
-    concurrency, max_replicas, r1 = _concurrency(current, memory, budget)
-    sizing.values["R1"] = r1
-    r2, max_replicas = _autoscaling(current, concurrency, max_replicas, load)
-    sizing.values["R2"] = r2
-    sizing.values["R10"] = _queue_bound(current, concurrency, max_replicas, load, latency_objective_ms)
+            curve=None, resources: Resources | None = None) -> Sizing:
+    """R1, R2 and R10 chosen together; R4 when `curve` is a token-sum calibration. Without a
+    measured memory figure and a budget nothing is computed: the values would be guesses."""
+    sizing = Sizing()
+    if memory is None or memory.lower_bound:
+        sizing.needs_calibration = True
+        known = f" {memory.reason}" if memory is not None else ""
+        sizing.why_not_sized = ("Memory per request is not measured, so no value is computed: run the calibration step first "
+                                f"(it measures this deployment's memory at rising concurrency without touching its traffic).{known}")
+    elif budget is None:
+        sizing.why_not_sized = ("There is no memory budget to size against: no kill message and no node memory reading. "
+                                "Check that the cluster's dashboard answers, then re-plan.")
+    if sizing.why_not_sized:
+        for remedy, option in (("R1", "max_ongoing_requests"), ("R2", "autoscaling_config"), ("R10", "max_queued_requests")):
+            sizing.values[remedy] = {"patch": None, "waiting": True, "reasons": {option: sizing.why_not_sized}, "warnings": []}
+        if curve is not None and curve.axis == "token_sum":
+            sizing.values["R4"] = _batch_tokens(current, curve, budget, None, None)
+        return sizing
+    plan = choose(memory, budget, resources, latency_objective_ms)
+    sizing.plan = plan.as_dict()
+    sizing.values["R1"] = _concurrency(current, memory, budget, resources, plan)
+    sizing.values["R2"] = _autoscaling(current, plan, memory, budget, resources, load)
+    sizing.values["R10"] = _queue_bound(current, plan, load, latency_objective_ms)
     if curve is not None and curve.axis == "token_sum":
-        sizing.values["R4"] = _batch_tokens(current, curve, budget, r1.get("replicas_per_node"), r1.get("sized_at_concurrency"))
+        sizing.values["R4"] = _batch_tokens(current, curve, budget, plan.per_node, plan.concurrency)
     return sizing
 
 
-def _concurrency(current: Current, memory: Memory | None, budget: Budget | None) -> tuple[int, int | None, dict]:
-    concurrency, replicas, values = _concurrency_alone(current, memory, budget)
-    target = (current.autoscaling or {}).get("target_ongoing_requests")
-    if isinstance(target, (int, float)) and target > concurrency:
-        # A cap below the autoscaling target would stop the deployment from ever scaling up.
-        values["patch"]["autoscaling_config"] = {"target_ongoing_requests": 1}
-        values["reasons"]["target_ongoing_requests"] = (f"1, down from {target:g}: replicas never carry more than "
-                                                        f"{concurrency}, so a higher target would never be reached.")
-    return concurrency, replicas, values
+def choose(memory: Memory, budget: Budget, resources: Resources | None, latency_objective_ms: int) -> Plan:
+    """The concurrency whose replicas, as many as memory and resources hold, serve the most
+    requests per second. Only measured concurrencies are candidates (past them the curve is a
+    guess); a token-sum curve, which measures no concurrency, offers 1 and 2."""
+    levels = memory.measured_levels or [1, 2]
+    by_resources, resource = resources.replicas() if resources is not None else (None, "")
+    candidates = []
+    for c in levels:
+        peak = memory.peak(c)
+        per_node = budget.bytes_per_node // peak
+        by_memory = per_node * budget.nodes
+        replicas = by_memory if by_resources is None else min(by_memory, by_resources)
+        service = memory.service_s(c)
+        too_slow = service is not None and service * 1000 > latency_objective_ms
+        throughput = (replicas * c / service) if service else None
+        candidates.append({"concurrency": c, "peak_bytes": peak, "per_node": per_node, "replicas_by_memory": by_memory,
+                           "replicas_by_resources": by_resources, "replicas": replicas, "service_s": service,
+                           "throughput_rps": round(throughput, 3) if throughput is not None else None,
+                           "slots": replicas * c, "too_slow": too_slow})
+    usable = [c for c in candidates if c["replicas"] > 0 and not c["too_slow"]]
+    if not usable:
+        # Nothing is safe: the least harmful is one replica taking one request, with the whole
+        # node's budget to itself, and a warning saying what it would take.
+        first = candidates[0]
+        return Plan(1, 0, max(first["per_node"], 1), first["peak_bytes"], first["service_s"], 0.0,
+                    "memory" if first["replicas_by_memory"] == 0 else (resource or "latency"), candidates)
+    # Requests per second where service times were measured, request slots otherwise; the lower
+    # concurrency wins a tie (rounded, so measurement noise cannot flip it).
+    best = max(usable, key=lambda c: (round(c["throughput_rps"] if c["throughput_rps"] is not None else c["slots"], 2), -c["concurrency"]))
+    binding = "memory" if by_resources is None or best["replicas_by_memory"] <= by_resources else resource
+    return Plan(best["concurrency"], best["replicas"], best["per_node"], best["peak_bytes"], best["service_s"],
+                best["throughput_rps"], binding, candidates)
 
 
-def _concurrency_alone(current: Current, memory: Memory | None, budget: Budget | None) -> tuple[int, int | None, dict]:
-    """R1: 1 or 2 requests at once, whichever gives the deployment more total capacity within
-    the memory budget (ties go to 1: the lower peak)."""
+def _concurrency(current: Current, memory: Memory, budget: Budget, resources: Resources | None, plan: Plan) -> dict:
     warnings: list[str] = []
-    if memory is None or budget is None:
-        missing = "no memory measurement (run a calibration)" if memory is None else "no memory budget (no kill or node reading)"
-        reasons = {"max_ongoing_requests": f"Conservative default of 1: {missing}. One request per replica keeps the peak at its "
-                                           "smallest; calibrate to learn whether two fit."}
-        if memory is not None:
-            reasons["max_ongoing_requests"] += " " + memory.reason
-        return 1, None, {"patch": {"max_ongoing_requests": 1}, "reasons": reasons, "warnings": warnings, "conservative": True}
-
-    def fits(c: int) -> int:
-        return budget.bytes_per_node // (memory.baseline_bytes + c * memory.per_request_bytes)
-
-    capacity = {c: fits(c) * c for c in (1, 2)}
-    if capacity[1] == 0:
-        need = memory.baseline_bytes + memory.per_request_bytes
-        warnings.append(f"One request needs about {_mib(need)} but the budget per node is {_mib(budget.bytes_per_node)}: lowering "
-                        "concurrency cannot prevent the kill. Cap input sizes (R3) or give the deployment more memory per node.")
-        concurrency, per_node = 1, 1
-    else:
-        concurrency = 2 if capacity[2] > capacity[1] else 1
-        per_node = fits(concurrency)
-    replicas, sized_at = per_node * budget.nodes, concurrency
-    peak = memory.baseline_bytes + concurrency * memory.per_request_bytes
-    reasons = {
-        "max_ongoing_requests": f"{concurrency}: a replica then peaks at about {_mib(peak)} "
-                                f"({_mib(memory.baseline_bytes)} + {concurrency} × {_mib(memory.per_request_bytes)}); {per_node} such "
-                                f"replica(s) fit the budget of {_mib(budget.bytes_per_node)} per node. {memory.reason} {budget.reason}",
-    }
-    if current.max_ongoing_requests is not None and current.max_ongoing_requests < concurrency:
-        concurrency = current.max_ongoing_requests
-        reasons["max_ongoing_requests"] += f" It is already {concurrency}, lower than computed: kept."
-    return concurrency, replicas, {"patch": {"max_ongoing_requests": concurrency}, "reasons": reasons, "warnings": warnings,
-                                   "conservative": False, "replica_peak_bytes": peak, "replicas_per_node": per_node,
-                                   "sized_at_concurrency": sized_at}
+    c = plan.concurrency
+    if plan.replicas == 0:
+        if plan.binding == "memory":
+            warnings.append(f"One request needs about {_mib(plan.peak_bytes)} on a replica but the budget per node is "
+                            f"{_mib(budget.bytes_per_node)}: no concurrency prevents the kill. Cap input sizes (R3) or give the "
+                            f"deployment {_mib(plan.peak_bytes - budget.bytes_per_node)} more memory per node.")
+        elif plan.binding == "latency":
+            warnings.append(f"One request takes {plan.service_s:.1f} s, longer than the latency objective: no setting meets it.")
+        else:
+            warnings.append(f"The cluster has no {plan.binding} free for even one replica of this deployment. {resources.reason}")
+    throughput = (f"; its replicas then serve about {plan.throughput_rps:.2f} requests/s" if plan.throughput_rps else "")
+    reason = (f"{c}: a replica holding {c} request(s) at once peaks at about {_mib(plan.peak_bytes)}; {plan.per_node} such replica(s) "
+              f"fit the budget of {_mib(budget.bytes_per_node)} per node{throughput}. {_candidates_text(plan)} {memory.reason} {budget.reason}")
+    patch: dict = {"max_ongoing_requests": c}
+    reasons = {"max_ongoing_requests": reason}
+    target = (current.autoscaling or {}).get("target_ongoing_requests")
+    if isinstance(target, (int, float)) and target > c:
+        # A cap below the autoscaling target would stop the deployment from ever scaling up.
+        patch["autoscaling_config"] = {"target_ongoing_requests": _target(c)}
+        reasons["target_ongoing_requests"] = (f"{_target(c)}, down from {target:g}: replicas never carry more than {c}, so a higher "
+                                              "target would never be reached.")
+    return {"patch": patch, "reasons": reasons, "warnings": warnings, "replica_peak_bytes": plan.peak_bytes,
+            "replicas_per_node": plan.per_node, "sized_at_concurrency": c, "binding": plan.binding}
 
 
-def _autoscaling(current: Current, concurrency: int, memory_replicas: int | None, load: Load) -> tuple[dict, int]:
-    """R2: target about 1 request per replica, at least 2 replicas, fast up, slow down, and no more
-    replicas than the memory budget holds."""
+def _candidates_text(plan: Plan) -> str:
+    parts = []
+    for cand in plan.candidates:
+        rate = f", {cand['throughput_rps']:.2f} req/s" if cand["throughput_rps"] is not None else f", {cand['slots']} slots"
+        slow = " (slower than the objective)" if cand["too_slow"] else ""
+        parts.append(f"{cand['concurrency']} at once: {cand['replicas']} replica(s) of {_mib(cand['peak_bytes'])}{rate}{slow}")
+    return "Weighed: " + "; ".join(parts) + "."
+
+
+def _target(concurrency: int) -> int:
+    return max(1, round(concurrency * SCALE_OUT_AT))
+
+
+def _autoscaling(current: Current, plan: Plan, memory: Memory, budget: Budget, resources: Resources | None, load: Load) -> dict:
+    """R2: as many replicas as memory and resources hold, at least 2 kept warm, scaled out before
+    replicas are full, fast up and slow down."""
     warnings: list[str] = []
     reasons: dict[str, str] = {}
     auto = current.autoscaling or {}
-    existing_max = auto.get("max_replicas") or current.num_replicas or 1
-    target = 1
-    reasons["target_ongoing_requests"] = "1: scale out as soon as replicas average more than one request, before queues form."
-    needed = math.ceil(load.peak_in_flight / target) if load.peak_in_flight else None
-    if memory_replicas is not None:
-        max_replicas = memory_replicas
-        reasons["max_replicas"] = f"{max_replicas}: as many replicas as the memory budget holds at this concurrency."
-        if needed and needed > max_replicas:
-            warnings.append(f"The busiest moment had {load.peak_in_flight:.0f} requests in flight or queued: {needed} replicas at "
-                            f"this target, but memory holds {max_replicas}. The rest waits in the bounded queue (R10) or is "
-                            "shed with 503: add nodes or memory to serve that peak.")
-        elif needed and 2 * needed < max_replicas:
-            max_replicas = max(2 * needed, 2)
-            reasons["max_replicas"] = (f"{max_replicas}: twice the {needed} replicas the busiest moment needed "
-                                       f"({load.peak_in_flight:.0f} in flight or queued); memory would hold {memory_replicas}.")
+    max_replicas = max(plan.replicas, 1)
+    if plan.binding == "memory":
+        reasons["max_replicas"] = (f"{max_replicas}: the memory budget holds {plan.per_node} replica(s) of {_mib(plan.peak_bytes)} "
+                                   f"per node on {budget.nodes} node(s); memory binds.")
     else:
-        # Without a memory figure, more replicas could be exactly what kills the node: keep the maximum.
-        max_replicas = max(existing_max, 2)
-        reasons["max_replicas"] = (f"{max_replicas}: memory per replica is not measured, so the current maximum is kept "
-                                   "(at least 2); calibrate to size it from memory.")
-        if needed and needed > max_replicas:
-            warnings.append(f"The busiest moment needed {needed} replicas at this target; raise max_replicas once a "
-                            "calibration shows they fit in memory.")
+        cpu_each = (resources.per_replica.get(plan.binding) if resources else None) or 0
+        reasons["max_replicas"] = (f"{max_replicas}: the cluster schedules {_amount((resources.free or {}).get(plan.binding, 0))} "
+                                   f"{plan.binding} at {_amount(cpu_each)} each; {plan.binding} binds (memory would hold "
+                                   f"{plan.per_node * budget.nodes}).")
+    if resources is not None and resources.free is None:
+        warnings.append(resources.reason)
+    needed = load.peak_in_flight
+    slots = max_replicas * plan.concurrency
+    if needed and needed > slots:
+        more = math.ceil((needed - slots) / plan.concurrency)
+        extra = f"{more} more replica(s): about {_mib(more * plan.peak_bytes)} more memory"
+        if resources is not None and resources.per_replica.get("CPU"):
+            extra += f" and {_amount(more * resources.per_replica['CPU'])} more CPU"
+        warnings.append(f"The busiest moment had {needed:.0f} requests in flight or queued, but {max_replicas} replica(s) × "
+                        f"{plan.concurrency} hold {slots} at once within memory and resources. The rest waits in the bounded queue "
+                        f"(R10) or is shed with 503. Serving that peak takes {extra}.")
     min_replicas = min(2, max_replicas)
     reasons["min_replicas"] = ("2: a recycle, change or crash of one replica never leaves the deployment cold." if min_replicas == 2
-                               else "1: the memory budget holds only one replica on this cluster.")
+                               else "1: only one replica fits this cluster.")
     if min_replicas < 2:
         warnings.append("Only one replica fits: every restart is an outage (LAT-1). Give the deployment more memory.")
-    downscale = 300 if load.cold_starts else max(int(auto.get("downscale_delay_s") or 0), 120)
+    target = _target(plan.concurrency)
+    reasons["target_ongoing_requests"] = (f"{target}: add a replica once replicas average {target} of the {plan.concurrency} "
+                                          "request(s) each holds safely, so it is starting before the others are full.")
+    downscale = max(int(auto.get("downscale_delay_s") or 0), 300)
     reasons["upscale_delay_s"] = "5 s: add replicas while the burst is still on, not 30 s later (Serve's default)."
-    reasons["downscale_delay_s"] = (f"{downscale} s: replicas started recently and pay a cold start, so keep them longer."
-                                    if load.cold_starts else f"{downscale} s: slow to remove replicas that bursts need again.")
+    reasons["downscale_delay_s"] = f"{downscale} s: slow to remove replicas that bursts need again, each return a cold start."
     patch = {"autoscaling_config": {"min_replicas": min_replicas, "max_replicas": max_replicas, "target_ongoing_requests": target,
                                     "upscale_delay_s": 5, "downscale_delay_s": downscale}}
-    return {"patch": patch, "reasons": reasons, "warnings": warnings}, max_replicas
+    return {"patch": patch, "reasons": reasons, "warnings": warnings}
 
 
-def _queue_bound(current: Current, concurrency: int, max_replicas: int, load: Load, objective_ms: int) -> dict:
-    """R10: a queue no longer than what the deployment serves within the latency objective;
-    beyond that, failing fast beats answering late."""
+def _queue_bound(current: Current, plan: Plan, load: Load, objective_ms: int) -> dict:
+    """R10: a queue no longer than what the replicas serve within the latency objective, from the
+    measured service time; beyond that, failing fast beats answering late."""
     if parse_version(current.ray_version) < (2, 10):
         return {"patch": None, "reasons": {}, "warnings": [f"max_queued_requests exists from Ray 2.10; this cluster runs "
                                                            f"{current.ray_version}. Bound queues at the client or upgrade."],
                 "not_applicable": True}
-    slots = max_replicas * concurrency
-    if load.p50_ms:
-        throughput = slots / (load.p50_ms / 1000)
-        bound = max(1, min(MAX_QUEUE_BOUND, int(throughput * objective_ms / 1000) - slots))
-        reason = (f"{bound}: {slots} request slots ({max_replicas} replicas × {concurrency}) at a steady p50 of {load.p50_ms:.0f} ms "
-                  f"serve about {throughput:.1f} requests/s; a request queued behind {bound} others still starts within the "
-                  f"{objective_ms / 1000:.0f} s objective.")
+    replicas = max(plan.replicas, 1)
+    slots = replicas * plan.concurrency
+    warnings: list[str] = []
+    service_s, source = plan.service_s, "measured by the calibration"
+    if service_s is None and load.p50_ms:
+        service_s, source = load.p50_ms / 1000, "the replicas' steady processing p50 (no service time was calibrated)"
+    if service_s:
+        throughput = slots / service_s
+        wait_s = objective_ms / 1000 - service_s
+        bound = max(1, min(MAX_QUEUE_BOUND, int(throughput * wait_s))) if wait_s > 0 else 1
+        if wait_s <= 0:
+            warnings.append(f"A request takes {service_s:.1f} s, as long as the {objective_ms / 1000:.0f} s objective: queueing at all breaks it.")
+        reason = (f"{bound}: {slots} request slots ({replicas} replica(s) × {plan.concurrency}) at {service_s:.2f} s per request "
+                  f"({source}) serve about {throughput:.1f} requests/s; a request queued behind {bound} others still finishes "
+                  f"within the {objective_ms / 1000:.0f} s objective.")
     else:
         bound = max(2 * slots, 4)
-        reason = f"{bound}: twice the {slots} request slots; no latency measurement yet to size it from the objective."
+        reason = f"{bound}: twice the {slots} request slots; no service time was measured to size it from the objective."
     reason += " Serve applies it per caller (each proxy and handle), so the total queue is this bound per proxy."
-    return {"patch": {"max_queued_requests": bound}, "reasons": {"max_queued_requests": reason}, "warnings": []}
+    return {"patch": {"max_queued_requests": bound}, "reasons": {"max_queued_requests": reason}, "warnings": warnings}
 
 
 def _batch_tokens(current: Current, curve, budget: Budget | None, per_node: int | None, concurrency: int | None) -> dict:

@@ -145,10 +145,21 @@ ACTIONS = {
     "check": lambda actor, w, post, rev: remedy_checks.run(actor, w, int(post["step"]), revision=rev,
                                                           params={k: post[k] for k in ("method", "path", "field", "size") if post.get(k)}),
     "replan": lambda actor, w, post, rev: wizards.replan(actor, w, revision=rev),
+    "calibrate": lambda actor, w, post, rev: wizards.calibrate(actor, w, request=_representative(post), revision=rev),
     "verify": lambda actor, w, post, rev: verification.start(actor, w, window_s=int(post.get("window_s") or 0) or None, revision=rev),
     "evaluate": lambda actor, w, post, rev: verification.evaluate(w.pk),
     "abandon": lambda actor, w, post, rev: wizards.abandon(actor, w, reason=post.get("reason", ""), revision=rev),
 }
+
+
+def _representative(post) -> dict | None:
+    """The calibration form's request; an empty form means Fleetdeck's default for the deployment."""
+    fields = {k: post[k].strip() for k in ("method", "path", "query", "body") if post.get(k, "").strip()}
+    if not fields:
+        return None
+    if post.get("content_type", "").strip():
+        fields["headers"] = {"content-type": post["content_type"].strip()}
+    return {"kind": "http", **fields}
 
 
 @login_required

@@ -39,11 +39,18 @@ class WizardStale(WizardError):
     """The deployment's config changed since the values were computed; they were recomputed."""
 
 
+CALIBRATION_TITLE = "Measure memory per request (calibration)"
+# Levels the wizard measures: candidates for the concurrency it chooses. The job stops before a
+# level that would cross the node's budget, so the top ones are tried only where they fit.
+CALIBRATION_LEVELS = (1, 2, 4, 8)
+
+
 # --- starting ------------------------------------------------------------------------------
 
 
 def start(actor: Actor, *, incident: Incident | None = None, finding: Finding | None = None,
-          latency_objective_ms: int | None = None, verification_window_s: int | None = None) -> tuple[Wizard, bool]:
+          latency_objective_ms: int | None = None, failure_objective: float | None = None,
+          verification_window_s: int | None = None) -> tuple[Wizard, bool]:
     """Open a wizard, or return the one already open for that deployment: a second operator
     joins it instead of starting a rival."""
     if (incident is None) == (finding is None):
@@ -64,6 +71,8 @@ def start(actor: Actor, *, incident: Incident | None = None, finding: Finding | 
                     finding=finding, created_by=actor.user, updated_by=actor.user)
     if latency_objective_ms:
         wizard.latency_objective_ms = latency_objective_ms
+    if failure_objective is not None:
+        wizard.failure_objective = failure_objective
     if verification_window_s:
         wizard.verification_window_s = verification_window_s
     found = _diagnose(wizard, deployment.effective_config)
@@ -101,12 +110,19 @@ def _curve(wizard: Wizard):
 
 def _create_steps(wizard: Wizard, found: diagnosis.Diagnosis, effective: dict) -> None:
     steps = [WizardStep(wizard=wizard, position=0, kind=WizardStep.Kind.DIAGNOSIS, title="Diagnosis", status=Status.DONE)]
+    if found.sizing.needs_calibration:
+        steps.append(_calibration_step(wizard, len(steps), found))
     for remedy in found.remedies:
         steps.append(_remedy_step(wizard, len(steps), remedy, found, effective))
     steps.append(WizardStep(wizard=wizard, position=len(steps), kind=WizardStep.Kind.VERIFICATION,
                             title="Verify under live traffic"))
     steps.append(WizardStep(wizard=wizard, position=len(steps), kind=WizardStep.Kind.OUTCOME, title="Outcome"))
     WizardStep.objects.bulk_create(steps)
+
+
+def _calibration_step(wizard: Wizard, position: int, found: diagnosis.Diagnosis) -> WizardStep:
+    return WizardStep(wizard=wizard, position=position, kind=WizardStep.Kind.CALIBRATION, title=CALIBRATION_TITLE,
+                      values={"why": found.sizing.why_not_sized, "levels": list(CALIBRATION_LEVELS)})
 
 
 def _remedy_step(wizard: Wizard, position: int, remedy: str, found: diagnosis.Diagnosis, effective: dict) -> WizardStep:
@@ -132,7 +148,11 @@ def _set_values(step: WizardStep, found: diagnosis.Diagnosis, effective: dict) -
     step.kind = WizardStep.Kind.CONFIG
     step.values = {k: v for k, v in computed.items() if k != "patch"}
     step.patch = computed.get("patch")
-    if computed.get("not_applicable"):
+    if computed.get("waiting"):
+        step.note = "No values yet: they are computed from the calibration's measurements."
+        if step.status == Status.NOT_APPLICABLE:
+            step.status = Status.PENDING
+    elif computed.get("not_applicable"):
         step.status, step.note = Status.NOT_APPLICABLE, " ".join(computed.get("warnings", []))
     elif step.patch and _already_in_place(effective, step.patch):
         step.status, step.note = Status.NOT_APPLICABLE, "The deployment already runs with these values."
@@ -187,6 +207,9 @@ def apply(actor: Actor, wizard: Wizard, positions: list[int], *, revision: int |
         for step in steps:
             if step.kind != WizardStep.Kind.CONFIG:
                 raise WizardError(f"Step {step.position} ({step.remedy}) is a code-level remedy: confirm it or run its check instead.")
+            if step.status in (Status.PENDING, Status.FAILED) and not step.patch and step.values.get("waiting"):
+                raise WizardError(f"Step {step.position} ({step.remedy}) has no values yet: run the calibration step first, "
+                                  "so they come from measured memory.")
             if step.status not in (Status.PENDING, Status.FAILED) or not step.patch:
                 raise WizardError(f"Step {step.position} ({step.remedy}) is {step.get_status_display().lower()}: nothing to apply.")
         WizardStep.objects.filter(pk__in=[s.pk for s in steps]).update(status=Status.APPLYING, updated_by=actor.user)
@@ -260,6 +283,9 @@ def _live_effective(wizard: Wizard) -> dict:
 def replan(actor: Actor, wizard: Wizard, *, revision: int | None = None, effective: dict | None = None) -> Wizard:
     """Recompute the diagnosis and every config step not yet applied, from the live config and
     the latest measurements (a calibration that just finished, new signals)."""
+    if settle_calibration(wizard.pk):
+        # Settling a successful calibration re-planned from it already.
+        return Wizard.objects.get(pk=wizard.pk)
     if effective is None:
         effective = _live_effective(wizard)
     with transaction.atomic():
@@ -278,9 +304,32 @@ def replan(actor: Actor, wizard: Wizard, *, revision: int | None = None, effecti
         missing = [r for r in found.remedies if r not in steps and (r in CONFIG_REMEDIES or found.sizing.patch(r))]
         if missing:
             _insert_steps(wizard, missing, found, effective)
+        calibration_step = WizardStep.objects.filter(wizard=wizard, kind=WizardStep.Kind.CALIBRATION).first()
+        if found.sizing.needs_calibration and calibration_step is None:
+            _insert_calibration_step(wizard, found)
+        elif calibration_step is not None and calibration_step.status in (Status.PENDING, Status.FAILED):
+            if found.sizing.needs_calibration:
+                calibration_step.values = {**calibration_step.values, "why": found.sizing.why_not_sized}
+            else:
+                # A calibration made elsewhere (the deployment page, the API) measured it meanwhile.
+                calibration_step.status = Status.DONE
+                calibration_step.note = f"Measured: {found.summary['memory']['reason']}"
+            calibration_step.save(update_fields=["values", "status", "note", "updated_at"])
         _bump(wizard, actor)
         record(actor, "wizard.replan", wizard, team=wizard.cluster.team)
     return wizard
+
+
+def _insert_calibration_step(wizard: Wizard, found: diagnosis.Diagnosis) -> None:
+    """Right after the diagnosis: every other step moves down one."""
+    later = list(WizardStep.objects.filter(wizard=wizard, position__gt=0).order_by("-position"))
+    for step in later:
+        step.position += 1000  # out of the way of the unique constraint first
+        step.save(update_fields=["position"])
+    for step in later:
+        step.position -= 999
+        step.save(update_fields=["position"])
+    _calibration_step(wizard, 1, found).save()
 
 
 def _insert_steps(wizard: Wizard, remedies: list[str], found: diagnosis.Diagnosis, effective: dict) -> None:
@@ -295,6 +344,84 @@ def _insert_steps(wizard: Wizard, remedies: list[str], found: diagnosis.Diagnosi
     for step in reversed(tail):
         step.position -= 100
         step.save(update_fields=["position"])
+
+
+# --- calibration ---------------------------------------------------------------------------
+
+
+def calibrate(actor: Actor, wizard: Wizard, *, request: dict | None = None, levels: list[int] | None = None,
+              revision: int | None) -> WizardStep:
+    """Measure the deployment's memory with a calibration job, through its own interface: with
+    `request` as the representative request, else Fleetdeck's default for the deployment (its
+    warmup profile's request, or a GET of its route). The values are recomputed when it ends."""
+    from apps.calibration import services as calibrations
+
+    with transaction.atomic():
+        wizard = _locked(wizard, revision)
+        if wizard.state != Wizard.State.OPEN:
+            raise WizardError("Verification is running: calibrate once it has an outcome.")
+        step = WizardStep.objects.filter(wizard=wizard, kind=WizardStep.Kind.CALIBRATION).first()
+        if step is not None and step.status == Status.APPLYING:
+            raise WizardError(f"Calibration #{step.calibration_id} is still running: wait for its result.")
+        if WizardStep.objects.filter(wizard=wizard, status=Status.APPLYING).exists():
+            raise WizardError("A change of this wizard is being applied: calibrate once it has finished.")
+    # The cluster is asked first: a deployment deleted since the wizard started is named, not measured.
+    _live_effective(wizard)
+    deployment = _deployment(wizard.cluster, wizard.application_name, wizard.deployment_name)
+    if deployment is None:
+        raise WizardError(f"{wizard.application_name}/{wizard.deployment_name} is no longer in the inventory: sync the cluster, or "
+                          "abandon this wizard.")
+    try:
+        run = calibrations.request_calibration(actor, deployment, levels=list(levels or CALIBRATION_LEVELS), request=request)
+    except ValidationError as exc:
+        raise WizardError(f"Nothing was measured and nothing was pushed: {_message(exc)}") from exc
+    with transaction.atomic():
+        wizard = Wizard.objects.select_for_update().get(pk=wizard.pk)
+        if step is None:
+            found = _diagnose(wizard, deployment.effective_config)
+            _insert_calibration_step(wizard, found)
+        step = WizardStep.objects.get(wizard=wizard, kind=WizardStep.Kind.CALIBRATION)
+        step.calibration, step.status, step.updated_by = run, Status.APPLYING, actor.user
+        step.note = f"Calibration #{run.pk} is running on {wizard.cluster.name}."
+        step.check_result = {}
+        step.save(update_fields=["calibration", "status", "updated_by", "note", "check_result", "updated_at"])
+        _bump(wizard, actor)
+        record(actor, "wizard.calibrate", wizard, team=wizard.cluster.team, changes={"calibration": run.pk, "request": run.request})
+    return step
+
+
+def awaiting_calibration() -> list[int]:
+    return list(WizardStep.objects.filter(kind=WizardStep.Kind.CALIBRATION, status=Status.APPLYING,
+                                          wizard__state=Wizard.State.OPEN).values_list("wizard_id", flat=True))
+
+
+def settle_calibration(wizard_id: int) -> bool:
+    """A finished calibration settles its step: on success the values are recomputed from it; on
+    failure the step says why and the config steps stay without values. True when it settled."""
+    with transaction.atomic():
+        step = (WizardStep.objects.select_for_update().select_related("calibration")
+                .filter(wizard_id=wizard_id, kind=WizardStep.Kind.CALIBRATION, status=Status.APPLYING).first())
+        if step is None or step.calibration is None or not step.calibration.is_final:
+            return False
+        run = step.calibration
+        ok = run.state == run.State.SUCCEEDED
+        step.status = Status.DONE if ok else Status.FAILED
+        step.check_result = {"calibration": run.pk, "state": run.state, "error": run.error}
+        step.note = (f"Calibration #{run.pk} measured {len(run.points)} level(s); the values below come from it."
+                     if ok else f"Calibration #{run.pk} {run.get_state_display().lower()}: {run.error or 'no reason given'}")
+        step.save(update_fields=["status", "check_result", "note", "updated_at"])
+        wizard = Wizard.objects.select_for_update().get(pk=wizard_id)
+        wizard.revision += 1
+        wizard.save(update_fields=["revision", "updated_at"])
+        if wizard.incident_id:
+            IncidentEvent.objects.create(incident_id=wizard.incident_id, kind=IncidentEvent.Kind.NOTE,
+                                         message=f"Wizard #{wizard.pk}: {step.note}")
+    if ok:
+        try:
+            replan(Actor.system(), wizard)
+        except WizardError as exc:
+            WizardStep.objects.filter(pk=step.pk).update(note=f"{step.note} The values could not be recomputed: {_message(exc)}")
+    return True
 
 
 def confirm(actor: Actor, wizard: Wizard, position: int, *, note: str = "", revision: int | None) -> WizardStep:

@@ -39,20 +39,131 @@ def test_the_kill_message_lists_the_killed_replica_and_its_peers_in_gib():
     assert {(r.application, r.deployment) for r in listed if not r.killed} == {("demo", "Echo"), ("demo", "Model")}
 
 
-def test_memory_from_a_kill_divides_by_the_measured_in_flight_and_never_guesses_it():
+def measured(baseline_mib: int, per_request_mib: int, service_s=(1.0, 1.0, 1.0), levels=(1, 2, 4)) -> sizing.Memory:
+    """Memory from a concurrency calibration that measured these levels and service times."""
+    found = Curve(axis="concurrency", device="cpu", baseline_bytes=baseline_mib * MIB,
+                  points=[(k, (baseline_mib + k * per_request_mib) * MIB) for k in levels], measured_at=datetime(2026, 11, 30, tzinfo=UTC),
+                  calibration_id=9, service_s=dict(zip(map(float, levels), service_s)))
+    return sizing.memory_from_curve(found)
+
+
+def cpus(per_replica: float, total: float, held_by_others: float = 0.0) -> sizing.Resources:
+    return sizing.resources_from({"ray_actor_options": {"num_cpus": per_replica}}, [{"CPU": total, "memory": 24 * GIB}],
+                                 [({"num_cpus": held_by_others}, 1)] if held_by_others else [])
+
+
+def test_memory_from_a_kill_is_only_a_lower_bound_because_admitted_is_not_resident():
     listed = [ReplicaMemory("a", "M", "r1", 4200 * MIB, True), ReplicaMemory("a", "M", "r2", 200 * MIB, False)]
-    measured = sizing.memory_from_kill(listed, "a", "M", in_flight=4, cap=8)
-    assert (measured.baseline_bytes, measured.per_request_bytes) == (200 * MIB, 1000 * MIB)
-    assert "4 requests in flight" in measured.reason
-    # More in flight than the cap allows is a measurement artefact: the cap bounds it.
-    assert sizing.memory_from_kill(listed, "a", "M", in_flight=20, cap=8).per_request_bytes == 500 * MIB
-    assert sizing.memory_from_kill(listed, "a", "M", in_flight=None, cap=8) is None
+    bound = sizing.memory_from_kill(listed, "a", "M", in_flight=4, cap=8)
+    assert bound.lower_bound and (bound.baseline_bytes, bound.per_request_bytes) == (200 * MIB, 1000 * MIB)
+    assert bound.reason.startswith("Lower bound only") and "not requests resident" in bound.reason
+    # No in-flight reading: spread over the cap, the most it could have held, which is still only a bound.
+    assert sizing.memory_from_kill(listed, "a", "M", in_flight=None, cap=8).per_request_bytes == 500 * MIB
     assert sizing.memory_from_kill(listed, "other", "M", in_flight=4, cap=8) is None
-
-
-def test_without_an_idle_peer_the_baseline_is_zero_which_overstates_per_request_memory():
     alone = sizing.memory_from_kill([ReplicaMemory("a", "M", "r1", 800 * MIB, True)], "a", "M", in_flight=2, cap=8)
-    assert (alone.baseline_bytes, alone.per_request_bytes) == (0, 400 * MIB) and "taken as 0" in alone.reason
+    assert alone.lower_bound and "size at rest is unknown" in alone.reason
+
+
+def test_the_issue_s_kill_estimate_can_no_longer_allow_nine_replicas_on_a_one_gib_budget():
+    # The run the estimate got wrong: 16 requests admitted, one resident at a time; really 520 MiB per request on a 440 MiB replica.
+    killed = [ReplicaMemory("a", "M", "r1", 440 * MIB + 16 * 113 * MIB, True)]
+    bound = sizing.memory_from_kill(killed, "a", "M", in_flight=16, cap=16)
+    out = sizing.compute(current(), bound, budget(1024), sizing.Load(), latency_objective_ms=10_000)
+    assert out.needs_calibration and all(out.patch(r) is None for r in ("R1", "R2", "R10"))
+    assert "run the calibration step first" in out.values["R1"]["reasons"]["max_ongoing_requests"]
+    # What the calibration then measures sizes it: one replica of 960 MiB at a time fits 1 GiB, two do not.
+    calibrated = sizing.compute(current(), measured(440, 520), budget(1024), sizing.Load(), latency_objective_ms=10_000)
+    assert calibrated.patch("R1")["max_ongoing_requests"] == 1
+    assert calibrated.patch("R2")["autoscaling_config"]["max_replicas"] == 1
+
+
+def test_nothing_is_computed_without_a_measurement_or_a_budget():
+    missing = sizing.compute(current(max_ongoing_requests=8), None, budget(2000), sizing.Load(peak_in_flight=12), latency_objective_ms=10_000)
+    assert missing.needs_calibration and missing.conservative and missing.plan is None
+    assert all(missing.values[r]["patch"] is None and missing.values[r]["waiting"] for r in ("R1", "R2", "R10"))
+    no_budget = sizing.compute(current(), measured(200, 400), None, sizing.Load(), latency_objective_ms=10_000)
+    assert not no_budget.needs_calibration and no_budget.patch("R1") is None and "no memory budget" in no_budget.why_not_sized
+
+
+def test_a_baseline_the_job_understated_is_lifted_to_what_a_real_replica_used():
+    found = Curve(axis="concurrency", device="cpu", baseline_bytes=100 * MIB, points=[(1, 620 * MIB), (2, 1140 * MIB)],
+                  measured_at=datetime(2026, 11, 30, tzinfo=UTC), calibration_id=3, service_s={1.0: 1.0, 2.0: 1.0})
+    peers = [ReplicaMemory("a", "M", "r1", 3 * GIB, True), ReplicaMemory("a", "M", "r2", 440 * MIB, False)]
+    floor, why = sizing.replica_floor_from_kill(peers, "a", "M")
+    memory_found = sizing.memory_from_curve(found, replica_floor_bytes=floor, floor_reason=why)
+    assert memory_found.baseline_bytes == 440 * MIB and memory_found.peak(1) == 960 * MIB and memory_found.peak(2) == 1480 * MIB
+    assert "lifted" in memory_found.reason
+    out = sizing.compute(current(), memory_found, budget(1024), sizing.Load(), latency_objective_ms=10_000)
+    assert out.patch("R2")["autoscaling_config"]["max_replicas"] == 1
+
+
+def test_no_replica_is_left_unschedulable():
+    # The issue's cluster: replicas of 0.5 CPU on 2 CPUs. Memory would hold 20; the CPUs schedule 4.
+    out = sizing.compute(current(), measured(100, 100), budget(10_000), sizing.Load(), latency_objective_ms=10_000,
+                         resources=cpus(0.5, 2.0))
+    assert out.plan["binding"] == "CPU" and out.patch("R2")["autoscaling_config"]["max_replicas"] == 4
+    assert "schedules 2 CPU at 0.5 each" in out.values["R2"]["reasons"]["max_replicas"]
+    # What the other deployments hold is not there to take.
+    held = sizing.compute(current(), measured(100, 100), budget(10_000), sizing.Load(), latency_objective_ms=10_000,
+                          resources=cpus(0.5, 2.0, held_by_others=1.0))
+    assert held.patch("R2")["autoscaling_config"]["max_replicas"] == 2
+    gpu = sizing.resources_from({"ray_actor_options": {"num_cpus": 1, "num_gpus": 1}}, [{"CPU": 16, "GPU": 2}], [])
+    assert gpu.replicas() == (2, "GPU")
+    # Serve's default when nothing is named is 1 CPU.
+    assert sizing.resources_from({}, [{"CPU": 2}], []).per_replica == {"CPU": 1.0}
+
+
+def test_the_concurrency_that_serves_most_requests_wins_from_measured_service_times():
+    # Two replicas fit either way; at 2 at once an I/O-bound request takes as long as alone, so twice the goodput.
+    io_bound = sizing.compute(current(), measured(2000, 100, levels=(1, 2), service_s=(1.0, 1.0)), budget(4500), sizing.Load(),
+                              latency_objective_ms=10_000)
+    assert io_bound.patch("R1")["max_ongoing_requests"] == 2 and io_bound.plan["throughput_rps"] == 4.0
+    # CPU-bound: two at once take twice as long, no more goodput, a higher peak: one at a time.
+    cpu_bound = sizing.compute(current(), measured(2000, 100, levels=(1, 2), service_s=(1.0, 2.0)), budget(4500), sizing.Load(),
+                               latency_objective_ms=10_000)
+    assert cpu_bound.patch("R1")["max_ongoing_requests"] == 1
+    assert "Weighed: 1 at once: 2 replica(s)" in cpu_bound.values["R1"]["reasons"]["max_ongoing_requests"]
+
+
+def test_only_measured_concurrencies_are_chosen_and_a_slow_one_is_excluded():
+    out = sizing.compute(current(), measured(100, 50, levels=(1, 2, 4), service_s=(1.0, 1.0, 12.0)), budget(3000), sizing.Load(),
+                         latency_objective_ms=10_000)
+    assert [c["concurrency"] for c in out.plan["candidates"]] == [1, 2, 4]
+    assert out.plan["candidates"][2]["too_slow"] and out.patch("R1")["max_ongoing_requests"] == 2
+
+
+def test_the_same_measurements_always_give_the_same_values_whatever_the_load_did_after():
+    args = (current(), measured(300, 200), budget(3000))
+    quiet = sizing.compute(*args, sizing.Load(peak_in_flight=3, p50_ms=4000), latency_objective_ms=10_000)
+    busy = sizing.compute(*args, sizing.Load(peak_in_flight=40, p50_ms=9000, cold_starts=True), latency_objective_ms=10_000)
+    assert {r: quiet.patch(r) for r in ("R1", "R2", "R10")} == {r: busy.patch(r) for r in ("R1", "R2", "R10")}
+    # The busy incident is told what serving it would take, and still gets the best safe config.
+    warning = busy.values["R2"]["warnings"][0]
+    assert "40 requests in flight or queued" in warning and "more replica(s): about" in warning and "more memory" in warning
+
+
+def test_the_queue_bound_comes_from_the_measured_service_time_not_a_queued_p50():
+    out = sizing.compute(current(), measured(100, 400, levels=(1,), service_s=(0.5,)), budget(1000), sizing.Load(p50_ms=4000),
+                         latency_objective_ms=5_000)
+    # 2 replicas × 1 slot at 0.5 s each: 4 requests/s; 4.5 s of waiting is 18 queued.
+    assert out.patch("R10") == {"max_queued_requests": 18}
+    assert "0.50 s per request (measured by the calibration)" in out.values["R10"]["reasons"]["max_queued_requests"]
+    unmeasured = sizing.compute(current(), memory(100, 400), budget(1000), sizing.Load(), latency_objective_ms=5_000)
+    assert unmeasured.patch("R10") == {"max_queued_requests": 4}
+
+
+def test_a_request_bigger_than_the_budget_is_said_plainly():
+    out = sizing.compute(current(), memory(200, 4000), budget(2000), sizing.Load(), latency_objective_ms=10_000)
+    assert out.patch("R1")["max_ongoing_requests"] == 1
+    assert "no concurrency prevents the kill" in out.values["R1"]["warnings"][0]
+
+
+def test_autoscaling_fills_the_memory_budget_and_keeps_two_warm():
+    out = sizing.compute(current(), memory(100, 100), budget(5000), sizing.Load(peak_in_flight=3), latency_objective_ms=10_000)
+    auto = out.patch("R2")["autoscaling_config"]
+    # 1 or 2 at once (no service times: request slots count): 2 at once holds 16 replicas of 300 MiB, 32 slots.
+    assert out.patch("R1")["max_ongoing_requests"] == 2
+    assert auto == {"min_replicas": 2, "max_replicas": 16, "target_ongoing_requests": 1, "upscale_delay_s": 5, "downscale_delay_s": 600}
 
 
 def test_the_budget_is_the_kill_threshold_minus_everything_else_with_a_margin():
@@ -86,58 +197,16 @@ def test_two_at_once_when_the_baseline_dominates_and_two_serve_more():
     assert out.patch("R1")["max_ongoing_requests"] == 2
 
 
-def test_a_request_bigger_than_the_budget_is_said_plainly():
-    out = sizing.compute(current(), memory(200, 4000), budget(2000), sizing.Load(), latency_objective_ms=10_000)
-    assert out.patch("R1")["max_ongoing_requests"] == 1
-    assert "lowering concurrency cannot prevent the kill" in out.values["R1"]["warnings"][0]
-
-
-def test_without_measurements_the_values_are_conservative_and_say_why():
-    out = sizing.compute(current(max_ongoing_requests=8), None, budget(2000), sizing.Load(), latency_objective_ms=10_000)
-    assert out.conservative and out.patch("R1")["max_ongoing_requests"] == 1
-    assert "run a calibration" in out.values["R1"]["reasons"]["max_ongoing_requests"]
-    # No budget: the current maximum is kept rather than invented.
-    assert out.patch("R2")["autoscaling_config"]["max_replicas"] == 2
-    # Not even a busy moment raises it: more replicas of unknown size could be what kills the node.
-    busy = sizing.compute(current(), None, budget(2000), sizing.Load(peak_in_flight=12), latency_objective_ms=10_000)
-    assert busy.patch("R2")["autoscaling_config"]["max_replicas"] == 2
-    assert "raise max_replicas once a calibration" in busy.values["R2"]["warnings"][0]
-
-
-def test_autoscaling_bounds_follow_the_observed_peak_and_memory():
-    load = sizing.Load(peak_in_flight=3, p50_ms=200)
-    out = sizing.compute(current(), memory(100, 100), budget(5000), load, latency_objective_ms=10_000)
-    auto = out.patch("R2")["autoscaling_config"]
-    # Memory holds 25 replicas at c=1, the peak needed 3: twice that is plenty.
-    assert auto == {"min_replicas": 2, "max_replicas": 6, "target_ongoing_requests": 1, "upscale_delay_s": 5, "downscale_delay_s": 600}
-    busy = sizing.compute(current(), memory(100, 900), budget(2000), sizing.Load(peak_in_flight=12), latency_objective_ms=10_000)
-    assert busy.patch("R2")["autoscaling_config"]["max_replicas"] == 2
-    assert "12 requests in flight or queued" in busy.values["R2"]["warnings"][0]
-
-
 def test_cold_starts_lengthen_the_downscale_delay():
     load = sizing.Load(cold_starts=True)
     out = sizing.compute(current(autoscaling=None, num_replicas=1), memory(100, 100), budget(1000), load, latency_objective_ms=10_000)
     assert out.patch("R2")["autoscaling_config"]["downscale_delay_s"] == 300
 
 
-def test_the_queue_bound_comes_from_throughput_and_the_latency_objective():
-    out = sizing.compute(current(), memory(100, 400), budget(1000), sizing.Load(p50_ms=500), latency_objective_ms=5_000)
-    # 2 replicas × 1 slot at 0.5 s each: 4 requests/s; 5 s of that is 20, minus the 2 in service.
-    assert out.patch("R10") == {"max_queued_requests": 18}
-    fallback = sizing.compute(current(), memory(100, 400), budget(1000), sizing.Load(), latency_objective_ms=5_000)
-    assert fallback.patch("R10") == {"max_queued_requests": 4} and "no latency measurement" in fallback.values["R10"]["reasons"]["max_queued_requests"]
-
-
 def test_a_queue_bound_does_not_exist_before_ray_2_10():
     out = sizing.compute(current(ray_version="2.9.3"), memory(100, 400), budget(1000), sizing.Load(), latency_objective_ms=5_000)
     assert out.values["R10"]["not_applicable"] and out.patch("R10") is None
     assert "from Ray 2.10" in out.values["R10"]["warnings"][0]
-
-
-def test_an_already_lower_concurrency_is_kept():
-    out = sizing.compute(current(max_ongoing_requests=1), memory(100, 100), budget(5000), sizing.Load(), latency_objective_ms=5_000)
-    assert out.patch("R1")["max_ongoing_requests"] == 1
 
 
 def curve(axis: str, points: list[tuple[float, int]], baseline: int) -> Curve:

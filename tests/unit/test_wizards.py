@@ -51,6 +51,8 @@ def live(use_replay):
     live = Live()
     use_replay.routes["/api/serve/applications/"] = live
     use_replay.routes["/api/v0/actors"] = DEAD
+    use_replay.routes["/api/v0/nodes"] = "state_nodes.json"
+    use_replay.routes["/nodes"] = "nodes_view_summary.json"
     return live
 
 
@@ -67,6 +69,30 @@ def incident(cluster):
     return Incident.objects.get(application_name="demo", deployment_name="Model", kind="oom_kill")
 
 
+MIB = 2**20
+
+
+def calibrate(cluster, *, baseline_mib=200, per_request_mib=800, levels=(1, 2, 4), service_s=(1.0, 1.0, 1.02)) -> MemoryCalibration:
+    """A finished calibration of demo/Model, as the job reports one."""
+    deployment = incidents_deployment(cluster)
+    return MemoryCalibration.objects.create(
+        deployment=deployment, cluster=cluster, application_name="demo", deployment_name="Model", submission_id=f"cal-{levels}",
+        state="succeeded", axis="concurrency", device="cpu", shape="handle", baseline_bytes=baseline_mib * MIB, levels=list(levels),
+        points=[{"x": k, "peak_bytes": (baseline_mib + k * per_request_mib) * MIB, "service_s": t} for k, t in zip(levels, service_s)],
+        monotone=True, finished_at=timezone.now())
+
+
+def incidents_deployment(cluster):
+    from apps.fleet.models import Deployment
+
+    return Deployment.objects.get(application__cluster=cluster, application__name="demo", name="Model")
+
+
+@pytest.fixture
+def calibrated(cluster):
+    return calibrate(cluster)
+
+
 def actor(people, who="operator") -> Actor:
     return Actor(user=people[who], via="api")
 
@@ -81,25 +107,42 @@ def finish(change: Change, state=ChangeState.SUCCEEDED) -> None:
     change_finished.send(sender=Change, change=change)
 
 
-def test_an_oom_incident_opens_a_wizard_with_remedies_in_prescription_order_and_computed_values(people, incident):
+def test_an_oom_incident_without_a_calibration_opens_a_wizard_that_measures_before_it_computes(people, incident):
     wizard, created = wizards.start(actor(people), incident=incident)
     assert created and wizard.state == "open"
     steps = list(wizard.steps.all())
-    assert [s.kind for s in (steps[0], steps[-2], steps[-1])] == ["diagnosis", "verification", "outcome"]
+    assert [s.kind for s in (steps[0], steps[1], steps[-2], steps[-1])] == ["diagnosis", "calibration", "verification", "outcome"]
     # OOM-2 (R1, R2), OOM-4 (two kills on one node: R7), OOM-1 (R3, R4, R5), OOM-5 (R8); the queue is
     # already bounded (100), so no R10.
     assert [s.remedy for s in steps if s.remedy] == ["R1", "R2", "R3", "R4", "R5", "R7", "R8"]
-    r1 = by_remedy(wizard)["R1"]
-    assert r1.kind == "config" and r1.patch == {"max_ongoing_requests": 1, "autoscaling_config": {"target_ongoing_requests": 1}}
-    # No calibration and no in-flight reading: a conservative 1 that says how to get a measured value.
-    assert "run a calibration" in r1.values["reasons"]["max_ongoing_requests"] and wizard.diagnosis["conservative"]
-    assert wizard.diagnosis["causes"][0]["id"] == "OOM-2" and wizard.diagnosis["memory"] is None
+    r1, r2 = by_remedy(wizard)["R1"], by_remedy(wizard)["R2"]
+    # The kill message gives only a lower bound: it is shown, labelled, and sizes nothing.
+    assert wizard.diagnosis["needs_calibration"] and wizard.diagnosis["memory"]["lower_bound"]
+    assert wizard.diagnosis["memory"]["reason"].startswith("Lower bound only")
+    assert r1.kind == "config" and r1.patch is None and r2.patch is None and r1.values["waiting"]
+    assert "run the calibration step first" in r1.values["reasons"]["max_ongoing_requests"]
+    with pytest.raises(wizards.WizardError, match="no values yet: run the calibration step first"):
+        wizards.apply(actor(people), wizard, [r1.position], revision=None)
+    assert not Change.objects.exists()
+    assert wizard.diagnosis["causes"][0]["id"] == "OOM-2"
     # The budget comes from the kill message: the node's threshold minus what everything else used.
     assert "Ray kills above 7,232 MiB" in wizard.diagnosis["budget"]["reason"]
-    auto = by_remedy(wizard)["R2"].patch["autoscaling_config"]
-    assert auto["target_ongoing_requests"] == 1 and auto["min_replicas"] == 2 and auto["max_replicas"] >= 2
     assert by_remedy(wizard)["R3"].kind == "checklist" and "413" in by_remedy(wizard)["R3"].values["guidance"]
     assert incident.timeline.filter(message__contains=f"wizard #{wizard.pk}").exists()
+
+
+def test_a_calibrated_deployment_gets_values_that_fill_the_budget_with_the_binding_constraint_named(people, incident, calibrated):
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    assert "calibration" not in [s.kind for s in wizard.steps.all()] and not wizard.diagnosis["needs_calibration"]
+    plan, budget = wizard.diagnosis["plan"], wizard.diagnosis["budget"]["bytes_per_node"]
+    r1, auto = by_remedy(wizard)["R1"].patch, by_remedy(wizard)["R2"].patch["autoscaling_config"]
+    # Each replica at its measured peak, times the replicas allowed, fits the budget; one more would not.
+    peak = 200 * MIB + r1["max_ongoing_requests"] * 800 * MIB
+    assert auto["max_replicas"] * peak <= budget < (auto["max_replicas"] + 1) * peak
+    # The state API's nodes have 2 CPU; Model asks for 0.2 and Echo holds 0.1 × 1: memory binds before CPU.
+    assert plan["binding"] == "memory" and "memory binds" in by_remedy(wizard)["R2"].values["reasons"]["max_replicas"]
+    assert auto["min_replicas"] == min(2, auto["max_replicas"]) and auto["target_ongoing_requests"] >= 1
+    assert f"Calibration #{calibrated.pk}" in wizard.diagnosis["memory"]["reason"]
 
 
 def test_a_second_operator_joins_the_open_wizard_instead_of_starting_another(people, incident):
@@ -119,12 +162,13 @@ def test_node_incidents_and_vanished_deployments_cannot_start_a_wizard(people, c
         wizards.start(actor(people), incident=incident)
 
 
-def test_applying_r1_and_r2_together_makes_one_change_and_its_success_marks_both_applied(people, incident):
+def test_applying_r1_and_r2_together_makes_one_change_and_its_success_marks_both_applied(people, incident, calibrated):
     wizard, _ = wizards.start(actor(people), incident=incident)
     steps = by_remedy(wizard)
     change = wizards.apply(actor(people), wizard, [steps["R1"].position, steps["R2"].position], revision=wizard.revision)
     assert change.state == "queued" and change.targets == [{"application": "demo", "deployment": "Model"}]
-    assert change.patch["max_ongoing_requests"] == 1 and change.patch["autoscaling_config"]["target_ongoing_requests"] == 1
+    assert change.patch["max_ongoing_requests"] == steps["R1"].patch["max_ongoing_requests"]
+    assert change.patch["autoscaling_config"] == steps["R2"].patch["autoscaling_config"]
     assert f"Wizard #{wizard.pk}" in change.reason and "R1+R2" in change.reason
     assert {s.status for s in WizardStep.objects.filter(change=change)} == {"applying"}
     wizard.refresh_from_db()
@@ -136,7 +180,7 @@ def test_applying_r1_and_r2_together_makes_one_change_and_its_success_marks_both
     assert incident.timeline.filter(message__contains=f"change #{change.pk} (R1, R2) applied").exists()
 
 
-def test_a_failed_change_leaves_the_steps_failed_and_applicable_again(people, incident):
+def test_a_failed_change_leaves_the_steps_failed_and_applicable_again(people, incident, calibrated):
     wizard, _ = wizards.start(actor(people), incident=incident)
     r1 = by_remedy(wizard)["R1"]
     change = wizards.apply(actor(people), wizard, [r1.position], revision=wizard.revision)
@@ -157,7 +201,7 @@ def test_an_operator_acting_on_an_old_page_gets_a_conflict_naming_who_moved_it(p
     assert not Change.objects.exists()
 
 
-def test_a_config_changed_meanwhile_makes_the_wizard_replan_instead_of_apply(people, incident, live):
+def test_a_config_changed_meanwhile_makes_the_wizard_replan_instead_of_apply(people, incident, live, calibrated):
     wizard, _ = wizards.start(actor(people), incident=incident)
     old_revision = wizard.revision
     live.model()["max_queued_requests"] = -1  # someone removed the queue bound meanwhile
@@ -174,7 +218,7 @@ def test_a_config_changed_meanwhile_makes_the_wizard_replan_instead_of_apply(peo
     assert wizards.apply(actor(people), wizard, [r1.position], revision=wizard.revision).state == "queued"
 
 
-def test_a_deployment_deleted_mid_wizard_is_reported_and_nothing_is_applied(people, incident, live):
+def test_a_deployment_deleted_mid_wizard_is_reported_and_nothing_is_applied(people, incident, live, calibrated):
     wizard, _ = wizards.start(actor(people), incident=incident)
     del live.payload["applications"]["demo"]["deployments"]["Model"]
     r1 = by_remedy(wizard)["R1"]
@@ -194,7 +238,7 @@ def test_code_level_steps_are_confirmed_or_skipped_with_a_reason_not_applied(peo
     assert wizards.confirm(actor(people), wizard, steps["R4"].position, note="batches by token sum since v2", revision=None).status == "done"
 
 
-def test_verification_needs_something_done_then_an_oom_kill_fails_it_at_once(people, incident, cluster):
+def test_verification_needs_something_done_then_an_oom_kill_fails_it_at_once(people, incident, cluster, calibrated):
     wizard, _ = wizards.start(actor(people), incident=incident)
     with pytest.raises(wizards.WizardError, match="nothing to verify"):
         verification.start(actor(people), wizard, window_s=60, revision=None)
@@ -213,7 +257,7 @@ def test_verification_needs_something_done_then_an_oom_kill_fails_it_at_once(peo
     assert incident.status == "open" and incident.timeline.filter(message__contains="did not fix it").exists()
 
 
-def test_a_quiet_window_under_traffic_resolves_the_incident_with_the_changes_linked(people, incident, cluster):
+def test_a_quiet_window_under_traffic_resolves_the_incident_with_the_changes_linked(people, incident, cluster, calibrated):
     wizard, _ = wizards.start(actor(people), incident=incident)
     steps = by_remedy(wizard)
     change = wizards.apply(actor(people), wizard, [steps["R1"].position, steps["R2"].position], revision=None)
@@ -316,13 +360,31 @@ def test_the_recycle_check_passes_once_a_schedule_exists(people, incident):
 # --- API ------------------------------------------------------------------------------------
 
 
-def test_automation_drives_a_wizard_through_the_api(api_as, incident):
+def test_automation_drives_a_wizard_through_the_api(api_as, incident, use_replay):
     operator = api_as("operator")
-    response = operator.post("/api/v1/wizards/", {"incident": incident.pk, "verification_window_s": 60}, format="json")
+    response = operator.post("/api/v1/wizards/", {"incident": incident.pk, "verification_window_s": 60, "failure_objective": 0.02},
+                             format="json")
     assert response.status_code == 201, response.content
     body = response.json()
-    steps = {s["remedy"]: s for s in body["steps"] if s["remedy"]}
+    assert body["failure_objective"] == 0.02 and body["steps"][1]["kind"] == "calibration"
     assert operator.post("/api/v1/wizards/", {"incident": incident.pk}, format="json").status_code == 200
+    # The first step measures memory: a calibration job on the cluster, with Fleetdeck's default request.
+    use_replay.routes["/api/cluster_status"] = "cluster_status.json"
+    use_replay.routes["/api/jobs/"] = "jobs_submit_response.json"
+    started = operator.post(f"/api/v1/wizards/{body['id']}/calibrate/", {"revision": body["revision"]}, format="json")
+    assert started.status_code == 202, started.content
+    step = started.json()["steps"][1]
+    assert step["status"] == "applying" and step["calibration"]
+    run = MemoryCalibration.objects.get(pk=step["calibration"])
+    assert run.deployment_name == "Model" and run.state == "pending"
+    # The job reports its curve (what polling stores); the wizard computes its values from it.
+    MemoryCalibration.objects.filter(pk=run.pk).update(
+        state="succeeded", axis="concurrency", device="cpu", baseline_bytes=200 * MIB, finished_at=timezone.now(),
+        points=[{"x": k, "peak_bytes": (200 + 800 * k) * MIB, "service_s": 1.0} for k in (1, 2, 4)])
+    body = operator.post(f"/api/v1/wizards/{body['id']}/replan/", {}, format="json").json()
+    assert body["steps"][1]["status"] == "done" and not body["diagnosis"]["needs_calibration"]
+    steps = {s["remedy"]: s for s in body["steps"] if s["remedy"]}
+    assert steps["R1"]["patch"]["max_ongoing_requests"] >= 1 and steps["R2"]["patch"]["autoscaling_config"]["max_replicas"] >= 1
     applied = operator.post(f"/api/v1/wizards/{body['id']}/apply/",
                             {"steps": [steps["R1"]["position"], steps["R2"]["position"]], "revision": body["revision"]}, format="json")
     assert applied.status_code == 202, applied.content
@@ -363,9 +425,21 @@ def test_an_operator_walks_the_wizard_in_the_ui_step_by_step(client, people, inc
     wizard = Wizard.objects.get()
     assert response.status_code == 302 and response["Location"] == reverse("remediation:wizard", args=[wizard.pk])
     page = client.get(response["Location"]).content.decode()
-    # The first unsettled step opens: R1, with its computed value, reason and diff.
-    assert "R1: Cap per-replica concurrency" in page and "Why this value" in page and "+  &quot;max_ongoing_requests&quot;: 1" in page
-    assert "Apply R1 + R2 as one change" in page
+    # The first unsettled step opens: the calibration, with a form for the representative request.
+    assert "Measure memory per request (calibration)" in page and "Representative request" in page and ">Calibrate<" in page
+    assert "Apply R1" not in page
+    # Measured meanwhile (from the deployment page): recomputing settles the step and gives R1 its values.
+    calibrate(incident.cluster)
+    replanned = client.post(reverse("remediation:wizard_action", args=[wizard.pk, "replan"]),
+                            {"revision": Wizard.objects.get().revision, "step": 0}, HTTP_HX_REQUEST="true")
+    assert b'role="alert"' not in replanned.content, replanned.content.decode()[:2000]
+    wizard.refresh_from_db()
+    assert wizard.steps.get(kind="calibration").status == "done"
+    page = client.get(reverse("remediation:wizard", args=[wizard.pk])).content.decode()
+    # Then R1 opens, with its computed value, reason and diff.
+    r1 = by_remedy(wizard)["R1"].patch["max_ongoing_requests"]
+    assert "R1: Cap per-replica concurrency" in page and "Why this value" in page
+    assert f"+  &quot;max_ongoing_requests&quot;: {r1}" in page and "Apply R1 + R2 as one change" in page
     steps = by_remedy(wizard)
     partial = client.get(reverse("remediation:wizard", args=[wizard.pk]), {"step": steps["R3"].position}, HTTP_HX_REQUEST="true")
     assert b"<html" not in partial.content and b"Run the automatic check" in partial.content
@@ -392,22 +466,23 @@ def test_viewers_see_the_wizard_without_its_buttons_and_outsiders_not_at_all(cli
     assert reverse("remediation:wizard", args=[wizard.pk]) not in client.get(reverse("remediation:wizards")).content.decode()
 
 
-def test_in_flight_readings_near_the_kill_turn_the_kill_message_into_a_per_request_estimate(people, incident, cluster):
+def test_in_flight_readings_near_the_kill_give_only_a_lower_bound_that_sizes_nothing(people, incident, cluster):
     SignalWindow.objects.create(cluster=cluster, application_name="demo", deployment_name="Model",
                                 points=[{"t": 1, "ongoing": 2, "queued": 0}, {"t": 2, "ongoing": 4, "queued": 3}])
     replicas = incident.evidence["settings_at_detection"]["running_replicas"]
     wizard, _ = wizards.start(actor(people), incident=incident)
     memory = wizard.diagnosis["memory"]
-    assert memory["source"] == "oom-kill" and not wizard.diagnosis["conservative"]
-    # 5.48 GiB over the 4 requests the deployment held (per running replica), no idle peer listed.
+    # 5.48 GiB over the 4 requests the deployment held (per running replica): admitted, not resident.
+    assert memory["source"] == "oom-kill" and memory["lower_bound"]
     assert memory["per_request_bytes"] == int(5.48 * 2**30 / (4 / replicas))
+    assert wizard.diagnosis["needs_calibration"] and wizard.diagnosis["conservative"]
+    assert all(by_remedy(wizard)[r].patch is None for r in ("R1", "R2"))
     assert wizard.diagnosis["load"]["peak_in_flight"] == 7
 
 
 # --- R4 from a token-sum calibration ------------------------------------------------------------
 
 
-MIB = 2**20
 TOKEN_CAPS = {"max_prompt_tokens": 512, "max_tokens_cap": 128}
 
 
