@@ -37,7 +37,7 @@ def start(actor: Actor, wizard: Wizard, *, window_s: int | None = None, revision
         steps = WizardStep.objects.filter(wizard=wizard)
         if steps.filter(status=Status.APPLYING).exists():
             raise WizardError("A change of this wizard is still being applied: verify once it has finished.")
-        if not steps.filter(status__in=DONE).exclude(kind=WizardStep.Kind.DIAGNOSIS).exists():
+        if not steps.filter(status__in=DONE).exclude(kind__in=[WizardStep.Kind.DIAGNOSIS, WizardStep.Kind.CALIBRATION]).exists():
             raise WizardError("No remedy is applied or confirmed yet: there is nothing to verify.")
         now = timezone.now()
         wizard.before = measure(wizard, _before_start(wizard), _first_change_at(wizard) or now)

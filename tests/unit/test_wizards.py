@@ -385,6 +385,9 @@ def test_automation_drives_a_wizard_through_the_api(api_as, incident, use_replay
     assert body["steps"][1]["status"] == "done" and not body["diagnosis"]["needs_calibration"]
     steps = {s["remedy"]: s for s in body["steps"] if s["remedy"]}
     assert steps["R1"]["patch"]["max_ongoing_requests"] >= 1 and steps["R2"]["patch"]["autoscaling_config"]["max_replicas"] >= 1
+    # A measurement is not a fix: there is nothing to verify yet.
+    early = operator.post(f"/api/v1/wizards/{body['id']}/verify/", {"window_s": 60}, format="json")
+    assert early.status_code == 400 and "nothing to verify" in early.json()["detail"][0]
     applied = operator.post(f"/api/v1/wizards/{body['id']}/apply/",
                             {"steps": [steps["R1"]["position"], steps["R2"]["position"]], "revision": body["revision"]}, format="json")
     assert applied.status_code == 202, applied.content
