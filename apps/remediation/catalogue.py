@@ -20,7 +20,7 @@ CAUSES = {
 }
 
 REMEDIES = {
-    "R1": "Cap per-replica concurrency at 1–2 (max_ongoing_requests)",
+    "R1": "Cap per-replica concurrency at what memory holds (max_ongoing_requests)",
     "R2": "Queue-based autoscaling: target ≈ 1, min replicas ≥ 2, fast upscale, slow downscale",
     "R3": "Cap input size and requested tokens at the edge",
     "R4": "Batch by token (pixel, frame) sum, not request count",
