@@ -101,7 +101,7 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("remediation:wizard_start", "POST"): OPERATE,
     ("remediation:wizard", "GET"): READ,
     **{(f"remediation:wizard_action[{action}]", "POST"): OPERATE
-       for action in ("apply", "skip", "confirm", "check", "replan", "verify", "evaluate", "abandon")},
+       for action in ("apply", "skip", "confirm", "check", "calibrate", "replan", "verify", "evaluate", "abandon")},
     # calibration card
     ("calibration:card", "GET"): READ,
     ("calibration:calibrate", "POST"): OPERATE,
@@ -191,7 +191,7 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("wizard-list", "POST"): OPERATE,
     ("wizard-detail", "GET"): READ,
     **{(f"wizard-{action}", "POST"): OPERATE
-       for action in ("apply", "skip", "confirm", "check", "replan", "verify", "evaluate", "abandon")},
+       for action in ("apply", "skip", "confirm", "check", "calibrate", "replan", "verify", "evaluate", "abandon")},
     ("kubeconnection-list", "GET"): READ,
     ("kubeconnection-list", "POST"): ADMINISTER,
     ("kubeconnection-detail", "GET"): READ,
