@@ -55,7 +55,6 @@ from apps.incidents import detectors, signals  # noqa: E402
 from bench import detector_quality  # noqa: E402
 from bench.scratch_db import scratch_database  # noqa: E402
 
-GIB = 2**30
 
 
 # --- part 1: labelled synthetic traces ---------------------------------------------------------
@@ -174,12 +173,6 @@ def _pr(tp: int, fp: int, fn: int) -> tuple[float, float]:
 
 
 # --- part 2: a real cluster --------------------------------------------------------------------
-
-
-def used_fraction_plus(extra_bytes: int) -> float:
-    info = dict(line.split(":", 1) for line in open("/proc/meminfo"))
-    total, available = int(info["MemTotal"].split()[0]) * 1024, int(info["MemAvailable"].split()[0]) * 1024
-    return min((total - available + extra_bytes) / total, 0.95)
 
 
 KILL_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) [^\]]*\] \(raylet\) node_manager\.cc:\d+: Killing \d+ worker")
@@ -320,12 +313,12 @@ def real_cluster(interval: float, trials: int, timeout_s: float) -> dict:
 
         from apps.accounts.services import ensure_team
         from apps.clusters.models import Cluster
-        from controlplane.local_ray import LocalRayHead
+        from controlplane.local_ray import LocalRayHead, memory_monitor_env, threshold_for_headroom
 
         call_command("migrate", verbosity=0)
         # Room for the head and the demo (~1.5 GiB); a request that fills 4 GiB trips the monitor.
-        threshold = used_fraction_plus(int(2.5 * GIB))
-        head = LocalRayHead.start(extra_env={"RAY_memory_usage_threshold": f"{threshold:.3f}", "RAY_memory_monitor_refresh_ms": "250"})
+        threshold = threshold_for_headroom(2.5)
+        head = LocalRayHead.start(extra_env=memory_monitor_env(threshold))
         loop = None
         try:
             head.wait_ready()

@@ -14,25 +14,16 @@ from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.incidents import services
 from apps.incidents.models import Incident
-from controlplane.local_ray import LocalRayHead
+from controlplane.local_ray import LocalRayHead, memory_monitor_env, threshold_for_headroom
 from tests.conftest import two_app_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.django_db]
-GIB = 2**30
-
-
-def used_fraction_plus(extra_bytes: int) -> float:
-    info = dict(line.split(":", 1) for line in open("/proc/meminfo"))
-    total = int(info["MemTotal"].split()[0]) * 1024
-    available = int(info["MemAvailable"].split()[0]) * 1024
-    return min((total - available + extra_bytes) / total, 0.95)
 
 
 @pytest.fixture(scope="module")
 def oom_head():
     # Room for the cluster itself and the demo (~1.5 GiB), then a request that fills 4 GiB trips it.
-    threshold = used_fraction_plus(int(2.5 * GIB))
-    head = LocalRayHead.start(extra_env={"RAY_memory_usage_threshold": f"{threshold:.3f}", "RAY_memory_monitor_refresh_ms": "250"})
+    head = LocalRayHead.start(extra_env=memory_monitor_env(threshold_for_headroom(2.5)))
     try:
         head.wait_ready()
         config = copy.deepcopy(two_app_config())

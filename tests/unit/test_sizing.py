@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timezone
+from datetime import UTC, datetime
 
 from apps.calibration.curve import Curve
 from apps.incidents.oom import ReplicaMemory, replica_memory
