@@ -228,6 +228,42 @@ def test_a_deployment_deleted_mid_wizard_is_reported_and_nothing_is_applied(peop
     assert r1.status == "pending" and not Change.objects.exists()
 
 
+def test_a_calibration_of_a_deployment_deleted_mid_wizard_is_refused_and_nothing_is_submitted(people, incident, live, use_replay):
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    del live.payload["applications"]["demo"]["deployments"]["Model"]
+    with pytest.raises(wizards.WizardError, match="no longer exists on gpu-prod"):
+        wizards.calibrate(actor(people), wizard, revision=None)
+    assert not MemoryCalibration.objects.exists() and not [r for r in use_replay.requests if r.url.path == "/api/jobs/"]
+    assert wizard.steps.get(kind="calibration").status == "pending"
+
+
+def test_a_cluster_with_no_cpu_free_for_a_calibration_replica_says_so_and_nothing_is_submitted(people, incident, use_replay):
+    busy = ray_fixture("cluster_status.json")
+    report = busy["data"]["clusterStatus"]["loadMetricsReport"]
+    for usage in [report["usage"], *report["usageByNode"].values()]:
+        usage["CPU"] = [2.0, 2.0]
+    use_replay.routes["/api/cluster_status"] = busy
+    use_replay.routes["/api/jobs/"] = "jobs_submit_response.json"
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    with pytest.raises(wizards.WizardError, match="Nothing was measured and nothing was pushed: .*CPU free"):
+        wizards.calibrate(actor(people), wizard, revision=None)
+    assert not MemoryCalibration.objects.exists() and not [r for r in use_replay.requests if r.url.path == "/api/jobs/"]
+
+
+def test_a_failed_calibration_leaves_the_values_uncomputed_and_says_why(people, incident, use_replay):
+    use_replay.routes["/api/cluster_status"] = "cluster_status.json"
+    use_replay.routes["/api/jobs/"] = "jobs_submit_response.json"
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    step = wizards.calibrate(actor(people), wizard, revision=None)
+    MemoryCalibration.objects.filter(pk=step.calibration_id).update(
+        state="failed", finished_at=timezone.now(), error="The representative request GET /demo answered 404 at concurrency 1")
+    assert wizards.settle_calibration(wizard.pk)
+    step.refresh_from_db()
+    assert step.status == "failed" and "answered 404" in step.note
+    assert by_remedy(wizard)["R1"].patch is None
+    assert incident.timeline.filter(message__contains="answered 404").exists()
+
+
 def test_code_level_steps_are_confirmed_or_skipped_with_a_reason_not_applied(people, incident):
     wizard, _ = wizards.start(actor(people), incident=incident)
     steps = by_remedy(wizard)
