@@ -48,11 +48,7 @@ class CalibrateSerializer(serializers.Serializer):
                                            '{"kind": "handle", "args": [call]}.')
     request = serializers.JSONField(
         required=False, allow_null=True,
-        help_text='The representative request each call sends (concurrency axis only): {"kind": "http", "method": "GET", '
-                  '"path": "/route/sub", "query": "a=1", "headers": {...}, "body": "text"} (or "json": {...} instead of body) '
-                  'for a Starlette or FastAPI deployment, or {"kind": "handle", "args": [...]}. Absent or null: the '
-                  "application's first warmup request, else a GET of its route prefix for its ingress, else a handle call "
-                  "with no arguments.")
+        help_text=services.REPRESENTATIVE_REQUEST_HELP)
 
 
 class CalibrationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):

@@ -163,6 +163,13 @@ def _join_route(prefix: str | None, path: str) -> str:
     return f"{prefix}/{path.lstrip('/')}" if path not in ("", "/") else (prefix or "/")
 
 
+REPRESENTATIVE_REQUEST_HELP = (
+    'The representative request each call sends (concurrency axis only): {"kind": "http", "method": "GET", "path": "/route/sub", '
+    '"query": "a=1", "headers": {...}, "body": "text"} (or "json": {...} instead of body) for a Starlette or FastAPI deployment, '
+    'or {"kind": "handle", "args": [...]}. Absent or null: the application\'s first warmup request, else a GET of its route '
+    "prefix for its ingress, else a handle call with no arguments.")
+
+
 def default_request(deployment: Deployment, ingress: str | None) -> dict:
     """What a calibration sends when the operator gives nothing: the first warmup request of the
     application if it has a profile (a request the operator already vouched for), else a GET of

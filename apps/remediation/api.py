@@ -12,6 +12,7 @@ from apps.accounts.audit import Actor
 from apps.accounts.drf import as_api_error, require_role
 from apps.accounts.filters import IdFilter
 from apps.accounts.models import Role
+from apps.calibration import services as calibrations
 from apps.changes.api import Conflict
 from apps.incidents.models import Incident
 from apps.remediation import findings, remedy_checks, verification, wizards
@@ -138,21 +139,9 @@ class StepSerializer(RevisionSerializer):
     params = serializers.DictField(required=False, help_text="For checks: R3 takes method, path, field, size.")
 
 
-class RepresentativeRequestSerializer(serializers.Serializer):
-    kind = serializers.ChoiceField(choices=["http", "handle"], default="http",
-                                   help_text="http: sent through the app's HTTP interface; handle: plain arguments to __call__.")
-    method = serializers.CharField(required=False, max_length=10)
-    path = serializers.CharField(required=False, max_length=2000, help_text="Default: the application's route prefix.")
-    query = serializers.CharField(required=False, allow_blank=True, max_length=4000)
-    headers = serializers.DictField(child=serializers.CharField(max_length=4000), required=False)
-    body = serializers.CharField(required=False, allow_blank=True, max_length=16_000)
-    json = serializers.JSONField(required=False)
-    args = serializers.ListField(required=False, max_length=16)
-
-
-class CalibrateSerializer(RevisionSerializer):
-    request = RepresentativeRequestSerializer(required=False, help_text="A request the deployment serves. Default: its warmup "
-                                                                         "profile's first request, else a GET of its route.")
+class WizardCalibrateSerializer(RevisionSerializer):
+    request = serializers.JSONField(required=False, allow_null=True,
+                                    help_text=calibrations.REPRESENTATIVE_REQUEST_HELP)
     levels = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=64), required=False, min_length=1,
                                    max_length=8, help_text="Concurrency levels, increasing. Default 1, 2, 4, 8.")
 
@@ -257,13 +246,13 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         """Run a code-level remedy's automatic check (R3 oversized input, R6 cold start, R7, R8, R9)."""
         return self._step_action(request, remedy_checks.run, "run checks", extra=lambda d: {"params": d.get("params") or {}})
 
-    @extend_schema(request=CalibrateSerializer, responses={202: WizardSerializer, 400: CONFLICT, 409: CONFLICT})
+    @extend_schema(request=WizardCalibrateSerializer, responses={202: WizardSerializer, 400: CONFLICT, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def calibrate(self, request, pk=None):
         """Measure the deployment's memory at rising concurrency with a calibration job on its cluster,
         through its own interface; the values are recomputed when it ends. Poll the wizard."""
         wizard = self._operable(request, "calibrate deployments")
-        body = CalibrateSerializer(data=request.data)
+        body = WizardCalibrateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
         wizard_call(wizards.calibrate, Actor.from_request(request), wizard, request=data.get("request"), levels=data.get("levels"),

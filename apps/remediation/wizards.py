@@ -15,6 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.accounts.audit import Actor, record
+from apps.calibration import services as calibrations
 from apps.changes import protocol
 from apps.changes.models import Change, ChangeState
 from apps.clusters.ray_dashboard import RayError
@@ -103,9 +104,7 @@ def _diagnose(wizard: Wizard, effective: dict) -> diagnosis.Diagnosis:
 
 def _curve(wizard: Wizard):
     """The deployment's latest memory calibration, when one exists."""
-    from apps.calibration.services import latest_curve
-
-    return latest_curve(wizard.deployment) if wizard.deployment_id else None
+    return calibrations.latest_curve(wizard.deployment) if wizard.deployment_id else None
 
 
 def _create_steps(wizard: Wizard, found: diagnosis.Diagnosis, effective: dict) -> None:
@@ -354,8 +353,6 @@ def calibrate(actor: Actor, wizard: Wizard, *, request: dict | None = None, leve
     """Measure the deployment's memory with a calibration job, through its own interface: with
     `request` as the representative request, else Fleetdeck's default for the deployment (its
     warmup profile's request, or a GET of its route). The values are recomputed when it ends."""
-    from apps.calibration import services as calibrations
-
     with transaction.atomic():
         wizard = _locked(wizard, revision)
         if wizard.state != Wizard.State.OPEN:
