@@ -18,14 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
-
-import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -45,94 +40,20 @@ from apps.accounts.services import ensure_team  # noqa: E402
 from apps.changes import protocol  # noqa: E402
 from apps.changes.models import Preset  # noqa: E402
 from apps.clusters.models import Cluster  # noqa: E402
-from apps.clusters.ray_dashboard import RayDashboard  # noqa: E402
-from apps.fleet import sync  # noqa: E402
-from apps.incidents import services as incidents  # noqa: E402
 from apps.incidents.models import Incident  # noqa: E402
-from apps.incidents.oom import oom_kills  # noqa: E402
 from apps.remediation import wizards  # noqa: E402
-from controlplane.local_ray import REFERENCE_APP_DIR, LocalRayHead  # noqa: E402
+from bench.ray_lab import Burst, Lab, observe, replay  # noqa: E402
+from controlplane.local_ray import REFERENCE_APP_DIR  # noqa: E402
 
 TARGET = [{"application": "reference", "deployment": "Generator"}]
 ACTOR = Actor.system(via="cli")
-GIB = 2**30
 
 
-def used_fraction_plus(extra_bytes: int) -> float:
-    info = dict(line.split(":", 1) for line in open("/proc/meminfo"))
-    total = int(info["MemTotal"].split()[0]) * 1024
-    available = int(info["MemAvailable"].split()[0]) * 1024
-    return min((total - available + extra_bytes) / total, 0.95)
-
-
-def killed(head: LocalRayHead) -> set[str]:
-    with RayDashboard(head.dashboard_url, timeout_s=10) as ray:
-        page = ray.list_actors(filters=[("state", "=", "DEAD")], detail=True, limit=10_000)
-    return {k.actor_id for k in oom_kills(page.items) if (k.application, k.deployment) == ("reference", "Generator")}
-
-
-def observe(cluster: Cluster) -> None:
-    sync.sync_cluster(cluster.pk)
-    incidents.detect(cluster.pk)
-    incidents.collect_metrics(cluster.pk)
-
-
-def wait_running(head: LocalRayHead, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with RayDashboard(head.dashboard_url, timeout_s=10) as ray:
-            app = ray.serve_applications().applications.get("reference")
-        if app is not None and app.status == "RUNNING":
-            return
-        time.sleep(1)
-    raise RuntimeError("the reference application did not come back to RUNNING")
-
-
-def replay(head: LocalRayHead, cluster: Cluster, args) -> dict:
-    """The fixed schedule; Fleetdeck observes meanwhile. Returns what the clients and Ray saw."""
-    before = killed(head)
-    results: list[tuple[float, int | str]] = []
-    lock = threading.Lock()
+def replay_schedule(lab: Lab, cluster: Cluster, args) -> dict:
     body = {"prompt": "x" * args.prompt_chars, "max_tokens": args.max_tokens}
-
-    def one(client: httpx.Client):
-        started = time.monotonic()
-        try:
-            status: int | str = client.post(f"{head.serve_url}/reference", json=body).status_code
-        except httpx.HTTPError as exc:
-            status = type(exc).__name__
-        with lock:
-            results.append((time.monotonic() - started, status))
-
-    client = httpx.Client(timeout=args.request_timeout_s, limits=httpx.Limits(max_connections=args.burst_size * args.bursts))
-    threads = []
-    started = time.monotonic()
-    for burst in range(args.bursts):
-        while time.monotonic() < started + burst * args.period_s:
-            observe(cluster)
-            time.sleep(1)
-        for _ in range(args.burst_size):
-            thread = threading.Thread(target=one, args=(client,), daemon=True)
-            thread.start()
-            threads.append(thread)
-    while any(t.is_alive() for t in threads):
-        observe(cluster)
-        time.sleep(2)
-    elapsed = time.monotonic() - started
-    client.close()
-    observe(cluster)
-    ok = sorted(latency for latency, status in results if status == 200)
-    return {
-        "oom_kills": len(killed(head) - before),
-        "requests": len(results),
-        "ok": len(ok),
-        "errors": len(results) - len(ok),
-        "error_rate": (len(results) - len(ok)) / len(results),
-        "p50_s": statistics.median(ok) if ok else None,
-        "p99_s": ok[min(len(ok) - 1, int(0.99 * len(ok)))] if ok else None,
-        "throughput": len(ok) / elapsed,
-        "statuses": sorted({str(status) for _, status in results}),
-    }
+    schedule = [Burst(at_s=i * args.period_s, clients=args.burst_size) for i in range(args.bursts)]
+    return replay(lab, cluster, schedule, lambda client: client.post(f"{lab.head.serve_url}/reference", json=body),
+                  application="reference", deployment="Generator", request_timeout_s=args.request_timeout_s)
 
 
 def apply(cluster: Cluster, **plan) -> None:
@@ -167,7 +88,7 @@ def row(name: str, figures: dict, baseline: dict) -> str:
     p50 = f"{figures['p50_s']:.2f}" if figures["p50_s"] is not None else "–"
     p99 = f"{figures['p99_s']:.2f}" if figures["p99_s"] is not None else "–"
     return (f"{name:<28} {figures['oom_kills']:>4} {p50:>7} {p99:>7} ({ratio('p99_s')}) {figures['error_rate']:>6.1%} "
-            f"{figures['throughput']:>6.2f} ({ratio('throughput')})")
+            f"{figures['goodput']:>6.2f} ({ratio('goodput')})")
 
 
 def main() -> None:
@@ -184,27 +105,23 @@ def main() -> None:
 
     settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S = 180
     call_command("migrate", verbosity=0)
-    threshold = used_fraction_plus(int(args.headroom_gib * GIB))
-    head = LocalRayHead.start(extra_env={"RAY_memory_usage_threshold": f"{threshold:.3f}", "RAY_memory_monitor_refresh_ms": "250"})
+    lab = Lab.start(args.headroom_gib)
     try:
-        head.wait_ready()
-        head.deploy(json.loads((REFERENCE_APP_DIR / "misbehaving.json").read_text()))
-        cluster = Cluster.objects.create(name="outcome", team=ensure_team("Bench"), dashboard_url=head.dashboard_url, ray_version="2.60.0",
-                                         serve_url=head.serve_url,
-                                         metrics_url=f"http://127.0.0.1:{head.ports['metrics-export-port']}/metrics")
+        lab.head.deploy(json.loads((REFERENCE_APP_DIR / "misbehaving.json").read_text()))
+        cluster = lab.register("outcome", ensure_team("Bench"))
         observe(cluster)
-        arms = {"original (misbehaving.json)": replay(head, cluster, args)}
-        wait_running(head)
+        arms = {"original (misbehaving.json)": replay_schedule(lab, cluster, args)}
+        lab.wait_running("reference")
 
         apply(cluster, preset=Preset.objects.get(slug="heavy-gpu-model"))
-        wait_running(head)
-        arms["heavy preset"] = replay(head, cluster, args)
-        wait_running(head)
+        lab.wait_running("reference")
+        arms["heavy preset"] = replay_schedule(lab, cluster, args)
+        lab.wait_running("reference")
 
         options, why = wizard_values(cluster)
         apply(cluster, options=options)
-        wait_running(head)
-        arms["heavy preset + wizard values"] = replay(head, cluster, args)
+        lab.wait_running("reference")
+        arms["heavy preset + wizard values"] = replay_schedule(lab, cluster, args)
 
         # The original arm usually serves nothing at all, so ratios are to the preset arm.
         baseline = arms["heavy preset"]
@@ -220,7 +137,7 @@ def main() -> None:
         for name, figures in arms.items():
             print(f"  {name}: {figures['ok']}/{figures['requests']} ok, client saw {figures['statuses']}")
     finally:
-        head.stop()
+        lab.stop()
 
 
 if __name__ == "__main__":
