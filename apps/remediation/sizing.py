@@ -37,6 +37,8 @@ SERVE_DEFAULT_CPUS = 1.0
 # A replica is added once its peers average this share of the concurrency they hold safely, so a
 # new one is starting before the others are full.
 SCALE_OUT_AT = 0.5
+# Throughputs this close to the best are the same within what a calibration can tell apart.
+EQUIVALENT = 0.95
 
 
 @dataclass(frozen=True)
@@ -390,9 +392,15 @@ def choose(memory: Memory, budget: Budget, resources: Resources | None, latency_
         first = candidates[0]
         return Plan(1, 0, max(first["per_node"], 1), first["peak_bytes"], first["service_s"], 0.0,
                     "memory" if first["replicas_by_memory"] == 0 else (resource or "latency"), candidates)
-    # Requests per second where service times were measured, request slots otherwise; the lower
-    # concurrency wins a tie (rounded, so measurement noise cannot flip it).
-    best = max(usable, key=lambda c: (round(c["throughput_rps"] if c["throughput_rps"] is not None else c["slots"], 2), -c["concurrency"]))
+    # Requests per second where service times were measured, request slots otherwise. Service
+    # times are noisy, so candidates within EQUIVALENT of the best count as tied, and the tie goes
+    # to more replicas (one lost replica costs less), then to the lower concurrency (a lower peak).
+    def rate(c: dict) -> float:
+        return c["throughput_rps"] if c["throughput_rps"] is not None else c["slots"]
+
+    top = max(rate(c) for c in usable)
+    tied = [c for c in usable if rate(c) >= EQUIVALENT * top]
+    best = max(tied, key=lambda c: (c["replicas"], -c["concurrency"]))
     binding = "memory" if by_resources is None or best["replicas_by_memory"] <= by_resources else resource
     return Plan(best["concurrency"], best["replicas"], best["per_node"], best["peak_bytes"], best["service_s"],
                 best["throughput_rps"], binding, candidates)

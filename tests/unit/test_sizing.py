@@ -125,6 +125,14 @@ def test_the_concurrency_that_serves_most_requests_wins_from_measured_service_ti
     assert "Weighed: 1 at once: 2 replica(s)" in cpu_bound.values["R1"]["reasons"]["max_ongoing_requests"]
 
 
+def test_a_near_tie_goes_to_more_replicas_then_to_the_lower_peak():
+    # The plain app on the bench: 1.59 against 1.61 requests/s is noise; two replicas survive the loss of one.
+    out = sizing.compute(current(), measured(183, 256, service_s=(2.17, 2.52, 2.48)), budget(1704), sizing.Load(),
+                         latency_objective_ms=10_000)
+    assert [c["replicas"] for c in out.plan["candidates"]] == [3, 2, 1]
+    assert out.patch("R1")["max_ongoing_requests"] == 2 and out.patch("R2")["autoscaling_config"]["min_replicas"] == 2
+
+
 def test_only_measured_concurrencies_are_chosen_and_a_slow_one_is_excluded():
     out = sizing.compute(current(), measured(100, 50, levels=(1, 2, 4), service_s=(1.0, 1.0, 12.0)), budget(3000), sizing.Load(),
                          latency_objective_ms=10_000)
