@@ -37,6 +37,9 @@ SERVE_DEFAULT_CPUS = 1.0
 # A replica is added once its peers average this share of the concurrency they hold safely, so a
 # new one is starting before the others are full.
 SCALE_OUT_AT = 0.5
+# The queue is sized to finish within this share of the latency objective: the last request in a
+# full queue would otherwise meet it exactly, and any slower service would break it.
+LATENCY_MARGIN = 0.8
 # Throughputs this close to the best are the same within what a calibration can tell apart.
 EQUIVALENT = 0.95
 
@@ -504,13 +507,14 @@ def _queue_bound(current: Current, plan: Plan, load: Load, objective_ms: int) ->
         service_s, source = load.p50_ms / 1000, "the replicas' steady processing p50 (no service time was calibrated)"
     if service_s:
         throughput = slots / service_s
-        wait_s = objective_ms / 1000 - service_s
+        wait_s = LATENCY_MARGIN * objective_ms / 1000 - service_s
         bound = max(1, min(MAX_QUEUE_BOUND, int(throughput * wait_s))) if wait_s > 0 else 1
         if wait_s <= 0:
             warnings.append(f"A request takes {service_s:.1f} s, as long as the {objective_ms / 1000:.0f} s objective: queueing at all breaks it.")
         reason = (f"{bound}: {slots} request slots ({replicas} replica(s) × {plan.concurrency}) at {service_s:.2f} s per request "
                   f"({source}) serve about {throughput:.1f} requests/s; a request queued behind {bound} others still finishes "
-                  f"within the {objective_ms / 1000:.0f} s objective.")
+                  f"within {int(LATENCY_MARGIN * 100)} % of the {objective_ms / 1000:.0f} s objective (service under load runs "
+                  "slower than calibrated).")
     else:
         bound = max(2 * slots, 4)
         reason = f"{bound}: twice the {slots} request slots; no service time was measured to size it from the objective."

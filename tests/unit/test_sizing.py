@@ -153,8 +153,8 @@ def test_the_same_measurements_always_give_the_same_values_whatever_the_load_did
 def test_the_queue_bound_comes_from_the_measured_service_time_not_a_queued_p50():
     out = sizing.compute(current(), measured(100, 400, levels=(1,), service_s=(0.5,)), budget(1000), sizing.Load(p50_ms=4000),
                          latency_objective_ms=5_000)
-    # 2 replicas × 1 slot at 0.5 s each: 4 requests/s; 4.5 s of waiting is 18 queued.
-    assert out.patch("R10") == {"max_queued_requests": 18}
+    # 2 replicas × 1 slot at 0.5 s each: 4 requests/s; 80 % of 5 s less the 0.5 s of service is 3.5 s of waiting: 14 queued.
+    assert out.patch("R10") == {"max_queued_requests": 14}
     assert "0.50 s per request (measured by the calibration)" in out.values["R10"]["reasons"]["max_queued_requests"]
     unmeasured = sizing.compute(current(), memory(100, 400), budget(1000), sizing.Load(), latency_objective_ms=5_000)
     assert unmeasured.patch("R10") == {"max_queued_requests": 4}
