@@ -158,11 +158,6 @@ def validate_request(request) -> dict:
     return clean
 
 
-def _join_route(prefix: str | None, path: str) -> str:
-    prefix = (prefix or "/").rstrip("/")
-    return f"{prefix}/{path.lstrip('/')}" if path not in ("", "/") else (prefix or "/")
-
-
 REPRESENTATIVE_REQUEST_HELP = (
     'The representative request each call sends (concurrency axis only): {"kind": "http", "method": "GET", "path": "/route/sub", '
     '"query": "a=1", "headers": {...}, "body": "text"} (or "json": {...} instead of body) for a Starlette or FastAPI deployment, '
@@ -179,7 +174,8 @@ def default_request(deployment: Deployment, ingress: str | None) -> dict:
     profile = WarmupProfile.objects.filter(application=application).order_by("name", "id").first() if is_ingress else None
     if profile is not None:
         path, _, query = profile.path.partition("?")
-        request = {"kind": "http", "method": profile.method.upper(), "path": _join_route(application.route_prefix, path),
+        # A profile's path already includes the route prefix (validate_profile insists on it).
+        request = {"kind": "http", "method": profile.method.upper(), "path": path,
                    "query": query, "headers": dict(profile.headers or {})}
         if profile.body is not None:
             request["json"] = profile.body

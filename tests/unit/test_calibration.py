@@ -831,9 +831,9 @@ def test_without_a_request_the_ingress_gets_a_get_of_its_route_prefix_and_others
 def test_a_warmup_profile_s_request_is_the_default_for_the_ingress(model, operator, use_replay):
     from apps.maintenance.models import WarmupProfile
 
-    WarmupProfile.objects.create(application=model.application, name="a-first", method="post", path="/generate?n=2",
+    WarmupProfile.objects.create(application=model.application, name="a-first", method="post", path="/demo/generate?n=2",
                                  headers={"x-team": "vision"}, body={"prompt": "hi"})
-    WarmupProfile.objects.create(application=model.application, name="b-second", path="/other")
+    WarmupProfile.objects.create(application=model.application, name="b-second", path="/demo/other")
     calibration = services.request_calibration(operator, echo_of(model))
     assert calibration.request["representative"] == {"kind": "http", "method": "POST", "path": "/demo/generate", "query": "n=2",
                                                      "headers": {"x-team": "vision"}, "json": {"prompt": "hi"}}

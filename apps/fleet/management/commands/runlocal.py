@@ -25,10 +25,14 @@ from apps.accounts.models import Role
 from apps.accounts.services import ensure_team, grant
 from apps.clusters import services
 from apps.clusters.models import Cluster
+from apps.fleet import sync
+from apps.fleet.models import Application
+from apps.maintenance import services as maintenance
 from controlplane.local_ray import (
     GIB,
     MAX_MEMORY_THRESHOLD,
     REFERENCE_APP_DIR,
+    REFERENCE_WARMUP,
     LocalRayHead,
     memory_monitor_env,
     memory_usage,
@@ -124,6 +128,15 @@ class Command(BaseCommand):
                 labels={"env": "local"},
                 metrics_url=metrics_url,
             )
+        self._ensure_warmup(actor, Cluster.objects.get(name=DEMO_CLUSTER))
+
+    def _ensure_warmup(self, actor: Actor, cluster: Cluster) -> None:
+        """The reference app's warmup profile, so recycles warm it and a calibration has a request
+        its POST-only route serves. Synced here first: the application row must exist."""
+        sync.sync_cluster(cluster.pk)
+        application = Application.objects.filter(cluster=cluster, name="reference", removed_at__isnull=True).first()
+        if application is not None and not application.warmup_profiles.exists():
+            maintenance.save_profile(actor, application, dict(REFERENCE_WARMUP))
 
     def _spawn(self, port: int) -> list[tuple[str, subprocess.Popen]]:
         python = sys.executable
