@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,13 +38,16 @@ from django.core.management import call_command  # noqa: E402
 
 from apps.accounts.audit import Actor  # noqa: E402
 from apps.accounts.services import ensure_team  # noqa: E402
+from apps.calibration import services as calibrations  # noqa: E402
 from apps.changes import protocol  # noqa: E402
 from apps.changes.models import Preset  # noqa: E402
 from apps.clusters.models import Cluster  # noqa: E402
+from apps.fleet.models import Application  # noqa: E402
 from apps.incidents.models import Incident  # noqa: E402
+from apps.maintenance import services as maintenance  # noqa: E402
 from apps.remediation import wizards  # noqa: E402
 from bench.ray_lab import Burst, Lab, observe, replay  # noqa: E402
-from controlplane.local_ray import REFERENCE_APP_DIR  # noqa: E402
+from controlplane.local_ray import REFERENCE_APP_DIR, REFERENCE_WARMUP  # noqa: E402
 
 TARGET = [{"application": "reference", "deployment": "Generator"}]
 ACTOR = Actor.system(via="cli")
@@ -70,6 +74,19 @@ def wizard_values(cluster: Cluster) -> tuple[dict, dict]:
     if incident is None:
         raise RuntimeError("the original configuration was never OOM-killed: raise --burst-size or lower --headroom-gib")
     wizard, _ = wizards.start(ACTOR, incident=incident)
+    if wizard.diagnosis.get("needs_calibration"):
+        # The wizard computes nothing before it has measured: its calibration step, run inline.
+        run = wizards.calibrate(ACTOR, wizard, revision=None).calibration
+        deadline = time.monotonic() + 600
+        while not run.is_final:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"calibration #{run.pk} did not finish in 10 minutes")
+            time.sleep(2)
+            run = calibrations.poll(run.pk)
+        if run.state != "succeeded":
+            raise RuntimeError(f"calibration #{run.pk} {run.state}: {run.error}")
+        wizards.settle_calibration(wizard.pk)
+        wizard.refresh_from_db()
     steps = [s for s in wizard.steps.filter(kind="config", status="pending") if s.patch]
     options: dict = {}
     for step in steps:
@@ -110,6 +127,8 @@ def main() -> None:
         lab.head.deploy(json.loads((REFERENCE_APP_DIR / "misbehaving.json").read_text()))
         cluster = lab.register("outcome", ensure_team("Bench"))
         observe(cluster)
+        # As make run does: the warmup request is also what a calibration of the app sends.
+        maintenance.save_profile(ACTOR, Application.objects.get(cluster=cluster, name="reference"), dict(REFERENCE_WARMUP))
         arms = {"original (misbehaving.json)": replay_schedule(lab, cluster, args)}
         lab.wait_running("reference")
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,10 +49,12 @@ from apps.calibration import services as calibrations  # noqa: E402
 from apps.changes import protocol  # noqa: E402
 from apps.clusters.models import Cluster  # noqa: E402
 from apps.clusters.ray_dashboard import RayDashboard  # noqa: E402
+from apps.fleet.models import Application  # noqa: E402
 from apps.incidents.models import Incident  # noqa: E402
+from apps.maintenance import services as maintenance  # noqa: E402
 from apps.remediation.models import Wizard, WizardStep  # noqa: E402
 from bench.ray_lab import Lab, bursty_schedule, node_used_bytes, observe, replay, span_s  # noqa: E402
-from controlplane.local_ray import GIB, REFERENCE_APP_DIR  # noqa: E402
+from controlplane.local_ray import GIB, REFERENCE_APP_DIR, REFERENCE_WARMUP  # noqa: E402
 
 PLAIN_APP_DIR = REPO / "deploy" / "plain_app"
 SIZING_FIELDS = ("num_replicas", "max_ongoing_requests", "max_queued_requests", "autoscaling_config")
@@ -66,10 +70,23 @@ class App:
     method: str
     path: str
     body: dict | None = None
+    # Set up on the cluster as an operator would (make run does the same for the reference app).
+    warmup: dict | None = None
 
     def send(self, serve_url: str):
         url = f"{serve_url}{self.path}"
-        return lambda client: client.request(self.method, url, json=self.body)
+        if self.body is None or "prompt" not in self.body:
+            return lambda client: client.request(self.method, url, json=self.body)
+        numbers, lock = itertools.count(), threading.Lock()
+
+        def one(client):
+            # A new prompt every request, so the app's response cache never answers in place of the model.
+            with lock:
+                n = next(numbers)
+            prompt = f"{n:08d} {self.body['prompt']}"[:len(self.body["prompt"])]
+            return client.request(self.method, url, json={**self.body, "prompt": prompt})
+
+        return one
 
     def with_sizing(self, **fields) -> dict:
         """The starting config with only the deployment's sizing replaced: Serve's defaults for
@@ -84,7 +101,8 @@ class App:
 
 def reference_app(args) -> App:
     return App(name="reference", deployment="Generator", config=json.loads((REFERENCE_APP_DIR / "misbehaving.json").read_text()),
-               method="POST", path="/reference", body={"prompt": "x" * args.prompt_chars, "max_tokens": args.max_tokens})
+               method="POST", path="/reference", body={"prompt": "x" * args.prompt_chars, "max_tokens": args.max_tokens},
+               warmup=REFERENCE_WARMUP)
 
 
 def plain_app(args) -> App:
@@ -263,6 +281,9 @@ def run_app(app: App, args, deadline: float) -> dict:
         team = ensure_team("Bench")
         cluster = lab.register(f"sweep-{app.name}", team)
         observe(cluster)
+        if app.warmup:
+            application = Application.objects.get(cluster=cluster, name=app.name)
+            maintenance.save_profile(ACTOR, application, dict(app.warmup))
         bench = Bench(lab, cluster, app, args)
         print(f"\n{app.name}: threshold {lab.threshold_bytes / GIB:.2f} GiB (node at {bench.idle_bytes / GIB:.2f} GiB idle); "
               f"schedule {[(b.at_s, b.clients, b.duration_s) for b in bench.schedule]}", flush=True)
