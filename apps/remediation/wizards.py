@@ -396,7 +396,7 @@ def settle_calibration(wizard_id: int) -> bool:
     """A finished calibration settles its step: on success the values are recomputed from it; on
     failure the step says why and the config steps stay without values. True when it settled."""
     with transaction.atomic():
-        step = (WizardStep.objects.select_for_update().select_related("calibration")
+        step = (WizardStep.objects.select_for_update(of=("self",)).select_related("calibration")
                 .filter(wizard_id=wizard_id, kind=WizardStep.Kind.CALIBRATION, status=Status.APPLYING).first())
         if step is None or step.calibration is None or not step.calibration.is_final:
             return False
