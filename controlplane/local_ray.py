@@ -175,7 +175,8 @@ class LocalRayHead:
 
     def deploy(self, config: dict, *, timeout_s: float = 120.0) -> None:
         """Deploy with Ray's own client (`serve deploy`, which PUTs to the dashboard's REST API),
-        then wait until every application in `config` is RUNNING."""
+        then wait until every application in `config` is RUNNING and every other one is gone: a
+        declarative deploy removes them, and one still DELETING looks deployed from Python."""
         config = dict(config)
         config.setdefault("http_options", {"host": "127.0.0.1", "port": self.serve_http_port})
         path = self.temp_dir / f"serve-config-{time.time_ns()}.json"
@@ -188,16 +189,16 @@ class LocalRayHead:
         )
         if result.returncode != 0:
             raise RuntimeError(f"serve deploy failed:\n{result.stdout}\n{result.stderr}")
-        self.wait_running({app["name"] for app in config["applications"]}, timeout_s=timeout_s)
+        self.wait_running({app["name"] for app in config["applications"]}, timeout_s=timeout_s, only=True)
 
-    def wait_running(self, names: set[str], *, timeout_s: float = 120.0) -> None:
+    def wait_running(self, names: set[str], *, timeout_s: float = 120.0, only: bool = False) -> None:
         deadline = time.monotonic() + timeout_s
         statuses: dict[str, str] = {}
         with RayDashboard(self.dashboard_url, timeout_s=5.0, policy=OWN_HEAD) as ray:
             while time.monotonic() < deadline:
                 serve = ray.serve_applications()
                 statuses = {name: app.status for name, app in serve.applications.items()}
-                if all(statuses.get(name) == "RUNNING" for name in names):
+                if all(statuses.get(name) == "RUNNING" for name in names) and not (only and set(statuses) - set(names)):
                     return
                 failed = [name for name in names if statuses.get(name) == "DEPLOY_FAILED"]
                 if failed:
