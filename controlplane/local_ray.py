@@ -27,8 +27,9 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO_APP_DIR = REPO / "deploy" / "demo_app"
 REFERENCE_APP_DIR = REPO / "deploy" / "reference_app"
 # The reference app's warmup request: a small generation on its POST-only route. It is also the
-# request a calibration of the app sends when the operator gives none.
-REFERENCE_WARMUP = {"name": "hello", "method": "POST", "path": "/reference", "body": {"prompt": "hello", "max_tokens": 16}}
+# request a calibration of the app sends when the operator gives none; a calibration numbers each
+# call in place of {n}, so the app's answer cache never stands in for the model.
+REFERENCE_WARMUP = {"name": "hello", "method": "POST", "path": "/reference", "body": {"prompt": "hello {n}", "max_tokens": 16}}
 # The head this process started on loopback: the administrators' allow-list is about clusters
 # they register, and the database holding it may not exist yet when the head is waited for.
 OWN_HEAD = NetworkPolicy()

@@ -47,6 +47,7 @@ import asyncio
 import gc
 import importlib
 import inspect
+import itertools
 import json
 import os
 import statistics
@@ -261,6 +262,15 @@ def describe(request: dict) -> str:
     return f"handle call __call__({args[:200]})"
 
 
+CALL_NUMBER = "{n}"
+
+
+def numbered(text: str, n: int) -> str:
+    """The request's text with `{n}` replaced by the call's number, so an app that caches its
+    answers (by prompt, by URL) computes each one instead of serving the first from its cache."""
+    return text.replace(CALL_NUMBER, str(n))
+
+
 class HttpRequest:
     """The representative HTTP request, as Serve's proxy hands it to a replica: a fresh ASGI scope
     and receive per call, the body in one message, then a client that stays connected."""
@@ -268,38 +278,37 @@ class HttpRequest:
     def __init__(self, request: dict, route_prefix: str):
         self.method = str(request.get("method") or "GET").upper()
         self.path = str(request.get("path") or "/")
-        self.query = str(request.get("query") or "").encode("latin-1")
-        headers = {str(k).lower(): str(v) for k, v in (request.get("headers") or {}).items()}
+        self.query = str(request.get("query") or "")
+        self.headers = {str(k).lower(): str(v) for k, v in (request.get("headers") or {}).items()}
         if "json" in request:
-            self.body = json.dumps(request["json"]).encode()
-            headers.setdefault("content-type", "application/json")
+            self.body = json.dumps(request["json"])
+            self.headers.setdefault("content-type", "application/json")
         else:
-            self.body = str(request.get("body") or "").encode()
-        if self.body:
-            headers["content-length"] = str(len(self.body))
-        headers.setdefault("host", "127.0.0.1:8000")
-        self.headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+            self.body = str(request.get("body") or "")
+        self.headers.setdefault("host", "127.0.0.1:8000")
         self.root_path = "" if route_prefix in ("", "/") else route_prefix.rstrip("/")
 
-    def scope(self) -> dict:
-        return {
+    def call(self, n: int):
+        """The scope and receive of call number `n`."""
+        body = numbered(self.body, n).encode()
+        headers = {**self.headers, **({"content-length": str(len(body))} if body else {})}
+        scope = {
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
             "method": self.method, "scheme": "http", "path": self.path, "raw_path": self.path.encode(),
-            "root_path": self.root_path, "query_string": self.query, "headers": list(self.headers),
+            "root_path": self.root_path, "query_string": numbered(self.query, n).encode("latin-1"),
+            "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
             "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 8000), "state": {},
         }
-
-    def receive(self):
         sent = False
 
         async def receive() -> dict:
             nonlocal sent
             if not sent:
                 sent = True
-                return {"type": "http.request", "body": self.body, "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             await asyncio.Event().wait()
 
-        return receive
+        return scope, receive
 
 
 class StatusSend:
@@ -323,7 +332,8 @@ class Driver:
     def __init__(self, shape: str, instance, request: dict, route_prefix: str):
         self.shape, self.instance = shape, instance
         self.http = HttpRequest(request, route_prefix) if request.get("kind") == "http" else None
-        self.args = list(request.get("args") or [])
+        self.args = json.dumps(list(request.get("args") or []))
+        self.numbers = itertools.count()
         self.pool: ThreadPoolExecutor | None = None
 
     async def _maybe_in_thread(self, function, *args):
@@ -333,19 +343,20 @@ class Driver:
         return await result if inspect.isawaitable(result) else result
 
     async def call(self, level: int) -> None:
+        n = next(self.numbers)
         if self.shape == "hook":
             await self._maybe_in_thread(getattr(self.instance, HOOK), level)
         elif self.shape == "handle":
-            await self._maybe_in_thread(self.instance.__call__, *self.args)
+            await self._maybe_in_thread(self.instance.__call__, *json.loads(numbered(self.args, n)))
         elif self.shape == "asgi":
             send = StatusSend()
-            await self.instance(self.http.scope(), self.http.receive(), send)
+            await self.instance(*self.http.call(n), send)
             _check_status(send.status)
         else:
             from starlette.requests import Request
             from starlette.responses import Response
 
-            scope, receive = self.http.scope(), self.http.receive()
+            scope, receive = self.http.call(n)
             result = await self._maybe_in_thread(self.instance.__call__, Request(scope, receive))
             if isinstance(result, Response):
                 # Serve renders the response inside the replica: a streamed body's memory counts.

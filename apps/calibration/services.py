@@ -162,7 +162,8 @@ REPRESENTATIVE_REQUEST_HELP = (
     'The representative request each call sends (concurrency axis only): {"kind": "http", "method": "GET", "path": "/route/sub", '
     '"query": "a=1", "headers": {...}, "body": "text"} (or "json": {...} instead of body) for a Starlette or FastAPI deployment, '
     'or {"kind": "handle", "args": [...]}. Absent or null: the application\'s first warmup request, else a GET of its route '
-    "prefix for its ingress, else a handle call with no arguments.")
+    "prefix for its ingress, else a handle call with no arguments. {n} anywhere in the query, body or args is replaced by "
+    "each call's number, so an app that caches its answers computes every one.")
 
 
 def default_request(deployment: Deployment, ingress: str | None) -> dict:

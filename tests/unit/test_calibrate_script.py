@@ -122,6 +122,22 @@ class Growing:
         return len(scratch)
 
 
+class Cached:
+    """Answers a prompt it has seen from its cache, as the reference app does."""
+
+    def __init__(self):
+        self.seen = set()
+
+    async def __call__(self, request: Request):
+        prompt = (await request.json())["prompt"]
+        if prompt in self.seen:
+            return {"cached": True}
+        self.seen.add(prompt)
+        scratch = fill(16)
+        await asyncio.sleep(0.2)
+        return {"n": len(scratch)}
+
+
 class Exploding:
     def __init__(self):
         raise RuntimeError("weights not found")
@@ -174,6 +190,17 @@ def test_a_starlette_request_handler_gets_a_real_request_with_query_and_json_bod
     assert result["cold_baseline_bytes"] >= 8 * MIB and result["baseline_bytes"] >= result["cold_baseline_bytes"] * 0.9
     assert all(0.2 <= p["service_s"] < 1.0 for p in result["points"])
     assert all(p["uss_peak_bytes"] and p["uss_peak_bytes"] <= p["peak_bytes"] for p in result["points"])
+
+
+def test_a_call_number_in_the_request_gets_past_an_answer_cache(shapes_app):
+    def measure(prompt: str) -> list[float]:
+        request = {"kind": "http", "method": "POST", "path": "/cached", "json": {"prompt": prompt}}
+        return per_request_mib(result_of(run_script(shapes_app, "--import-path", "shapes_app:Cached", "--request",
+                                                    json.dumps(request), "--levels", "1,2")))
+
+    # The same prompt every time: after the warm call the cache answers and nothing is measured.
+    assert all(mib < 4 for mib in measure("hello")), measure("hello")
+    assert all(14 <= mib <= 22 for mib in measure("hello {n}"))
 
 
 def test_a_fastapi_ingress_is_driven_as_an_asgi_app_under_its_route_prefix(shapes_app):
