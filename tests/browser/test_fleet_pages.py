@@ -113,3 +113,15 @@ def test_an_incident_page_draws_its_evidence_charts(page, live_server, team, peo
     datasets = page.evaluate("Chart.getChart('latency-chart').data.datasets.map(d => d.label)")
     assert datasets == ["p50 ms", "p99 ms"]  # no kill markers on a latency incident
     page.screenshot(path="/tmp/incident-chart.png", full_page=True)
+
+
+def test_the_incident_filters_submit_when_a_select_changes_under_the_csp(page, live_server, people):
+    page.goto(f"{live_server.url}/accounts/login/?next=/incidents/")
+    page.fill("#id_username", "viewer")
+    page.fill("#id_password", "pw")
+    page.click("button[type=submit]")
+    page.wait_for_selector("select[name=kind]")
+    # An inline onchange handler would be blocked by the page's script-src; the delegated one is not.
+    with page.expect_navigation():
+        page.select_option("select[name=kind]", "oom_kill")
+    assert "kind=oom_kill" in page.url
