@@ -7,7 +7,7 @@ import httpx
 
 from apps.clusters.egress import PinnedTransport
 from apps.incidents.ray_metrics import MetricsUnavailable
-from apps.incidents.signals import ApplicationSignals, DeploymentSignals, NodeSignals, Reading
+from apps.incidents.signals import COMPONENT_RSS, ONGOING, ApplicationSignals, DeploymentSignals, NodeSignals, Reading, add_replica_memory
 
 WINDOW = "2m"
 
@@ -71,6 +71,10 @@ def read(base_url: str, selector: str = "", *, timeout_s: float = 5.0, transport
     for labels, value in q(f"sum by ({by}) (increase(ray_serve_replica_startup_latency_ms_count{sel}[{WINDOW}]))"):
         if (d := dep(labels)) is not None:
             d.replica_starts = value
+    for labels, value in q(f"count by ({by}) ({ONGOING}{sel})"):
+        if (d := dep(labels)) is not None:
+            d.replicas = int(value)
+    add_replica_memory(deployments, [(labels.get("Component", ""), value) for labels, value in q(f"sum by (Component) ({COMPONENT_RSS}{sel})")])
     applications = _applications(q, sel, seconds)
     nodes: dict[str, NodeSignals] = {}
     total = {labels.get("ip", ""): value for labels, value in q(f"sum by (ip) (ray_node_mem_total{sel})")}

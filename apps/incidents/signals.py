@@ -27,6 +27,12 @@ EVICTIONS = "ray_memory_manager_worker_eviction_total"
 MEM_USED, MEM_TOTAL = "ray_node_mem_used", "ray_node_mem_total"
 # GPU memory in MB; Ray exports these only on nodes with GPUs.
 GRAM_USED, GRAM_AVAILABLE = "ray_node_gram_used", "ray_node_gram_available"
+# Resident memory in MB summed per node over the processes of one title. A replica is titled
+# "ray::ServeReplica:<app>:<deployment>" at rest, gains ".<method>" while it runs one, and is
+# "ray::SERVE_REPLICA::<app>#<deployment>#<id>:ServeReplica:<app>:<deployment>.__init__" while it
+# starts (left out: it reports no requests yet); a title no process carries any more is reported as 0.
+COMPONENT_RSS = "ray_component_rss_mb"
+REPLICA_TITLE = "ServeReplica:"
 
 Key = tuple[str, str]  # (application, deployment)
 
@@ -42,6 +48,8 @@ class DeploymentSignals:
     ongoing: float = 0.0
     queued: float = 0.0
     replica_starts: float = 0.0
+    replicas: int = 0  # replicas reporting their ongoing requests
+    rss_mb: float | None = None  # resident memory of all its replicas; None where Ray exports none
 
     @property
     def oom_errors(self) -> float:
@@ -115,6 +123,25 @@ def _deployment(labels: dict) -> Key | None:
     return (app, dep) if app and dep else None
 
 
+def replica_deployment(title: str, keys) -> Key | None:
+    """The deployment whose replicas carry a process title, among `keys`; the longest name wins
+    so that deployment "A" never takes the processes of "A.b"."""
+    if not title.startswith("ray::") or REPLICA_TITLE not in title:
+        return None
+    rest = title.split(REPLICA_TITLE, 1)[1]
+    if rest.endswith(".__init__"):
+        return None  # a replica still starting reports no requests yet: its memory would look like theirs
+    matches = [key for key in keys if rest == f"{key[0]}:{key[1]}" or rest.startswith(f"{key[0]}:{key[1]}.")]
+    return max(matches, key=lambda key: len(key[0]) + len(key[1])) if matches else None
+
+
+def add_replica_memory(deployments: dict, titled: list[tuple[str, float]]) -> None:
+    """Attribute per-title resident memory (MB) to the deployments whose replicas carry the title."""
+    for title, mb in titled:
+        if (key := replica_deployment(title, list(deployments))) is not None:
+            deployments[key].rss_mb = (deployments[key].rss_mb or 0.0) + mb
+
+
 def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
     """Quantile from cumulative (upper bound, count) buckets, interpolated inside a bucket."""
     buckets = sorted(buckets)
@@ -184,6 +211,10 @@ def read(prev: Scrape, cur: Scrape) -> Reading:
         for sample in cur.named(name):
             if key := _deployment(sample.labels):
                 setattr(deployments[key], attr, getattr(deployments[key], attr) + sample.value)
+    for sample in cur.named(ONGOING):
+        if key := _deployment(sample.labels):
+            deployments[key].replicas += 1
+    add_replica_memory(deployments, [(s.labels.get("Component", ""), s.value) for s in cur.named(COMPONENT_RSS)])
     if not cur.named(f"{LATENCY}_bucket") and cur.named(REQUESTS):
         warnings.append(f"{LATENCY} histograms are missing: no latency percentiles.")
     nodes: dict[str, NodeSignals] = {}
@@ -217,7 +248,8 @@ KEPT = (f"{LATENCY}_bucket", REQUESTS, ERRORS, REPLICA_STARTS, EVICTIONS, ONGOIN
 
 def relevant(scrape: Scrape) -> Scrape:
     """Only the series the readings use: a busy node exposes ~760 KB, we keep a few KB."""
-    return Scrape(at=scrape.at, samples=[s for s in scrape.samples if s.name in KEPT])
+    return Scrape(at=scrape.at, samples=[s for s in scrape.samples if s.name in KEPT
+                                         or (s.name == COMPONENT_RSS and REPLICA_TITLE in s.labels.get("Component", ""))])
 
 
 def point(at: float, seconds: float, d: DeploymentSignals, app: ApplicationSignals | None = None) -> dict:
@@ -229,6 +261,8 @@ def point(at: float, seconds: float, d: DeploymentSignals, app: ApplicationSigna
         "rps": round(d.requests / seconds, 3) if seconds else None, "errors": d.errors,
         "ongoing": d.ongoing, "queued": d.queued, "starts": d.replica_starts, "seconds": round(seconds, 1),
     }
+    if d.rss_mb is not None and d.replicas:
+        out |= {"rss_mb": round(d.rss_mb, 1), "replicas": d.replicas}
     if app is not None:
         out |= {"http": app.requests, "http_errors": dict(app.errors_by_code),
                 "http_p50": _r(app.p50_ms), "http_p95": _r(app.p95_ms), "http_p99": _r(app.p99_ms)}

@@ -10,7 +10,7 @@ from apps.fleet.configs import key_settings
 from apps.incidents.models import Incident, NodeWindow, SignalWindow
 from apps.incidents.oom import replica_memory
 from apps.fleet.models import Deployment
-from apps.remediation import capacity, sizing
+from apps.remediation import capacity, observed, sizing
 from apps.remediation.catalogue import PRESCRIPTION, REMEDIES, REMEDIES_FOR, cause
 from apps.remediation.models import Finding
 from apps.remediation.rules import BY_ID
@@ -69,7 +69,8 @@ def diagnose(cluster: Cluster, app: str, dep: str, effective: dict, *, incident:
     load = sizing.load_from_points(points)
     current = sizing.Current.of(effective, cluster.ray_version)
     live = capacity.read(cluster)
-    memory, budget = _memory_and_budget(cluster, app, dep, incident, current, points, curve, live)
+    seen = observed.from_points(points)
+    memory, budget = _memory_and_budget(cluster, app, dep, incident, current, points, curve, live, seen)
     resources = sizing.resources_from(effective, live.node_resources, _others(cluster, app, dep))
     computed = sizing.compute(current, memory, budget, load, latency_objective_ms=latency_objective_ms, curve=curve,
                               resources=resources)
@@ -88,6 +89,7 @@ def diagnose(cluster: Cluster, app: str, dep: str, effective: dict, *, incident:
         "causes": causes,
         "settings": key_settings(effective),
         "memory": _describe_memory(memory),
+        "observed": seen.as_dict() if seen is not None else None,
         "budget": {"bytes_per_node": budget.bytes_per_node, "nodes": budget.nodes, "reason": budget.reason} if budget else None,
         "load": {"peak_in_flight": load.peak_in_flight, "p50_ms": load.p50_ms, "peak_rps": load.peak_rps, "cold_starts": load.cold_starts},
         "resources": {"per_replica": resources.per_replica, "free": resources.free, "reason": resources.reason},
@@ -119,19 +121,24 @@ def _finding_causes(rule_id: str, remedy: str) -> list[dict]:
             for rank, cid in enumerate(matching[:3], start=1)] if remedy else []
 
 
-def _memory_and_budget(cluster, app, dep, incident, current, points, curve, live: capacity.Capacity):
-    """Memory from the calibration, its baseline lifted to what real replicas were seen using; a
-    kill message alone gives only a lower bound. The budget from the kill (its threshold less
-    everything else on the node), else from the nodes' memory now."""
+def _memory_and_budget(cluster, app, dep, incident, current, points, curve, live: capacity.Capacity, seen: observed.Observed | None):
+    """Memory from the calibration, its baseline lifted to what real replicas were seen using at
+    rest (in the kill message or in traffic) and its peaks priced at least at what traffic showed
+    per request; a kill message or traffic alone gives only a lower bound. The budget from the
+    kill (its threshold less everything else on the node), else from the nodes' memory now."""
     from apps.incidents.models import OomKillRecord
 
     kill = (OomKillRecord.objects.filter(incident__cluster=cluster, incident__application_name=app, incident__deployment_name=dep)
             .exclude(message="").order_by("-seen_at", "-id").first())
     listed = replica_memory(kill.message) if kill is not None else []
     floor, floor_reason = sizing.replica_floor_from_kill(listed, app, dep)
+    if seen is not None and seen.idle_readings and seen.baseline_bytes and seen.baseline_bytes > (floor or 0):
+        floor, floor_reason = seen.baseline_bytes, "the largest of its replicas' readings at rest in Ray's per-process memory"
     # A token-sum curve prices a request by its tokens: the deployment's own caps when it has them.
     memory = sizing.memory_from_curve(curve, *sizing.request_tokens(current.user_config), replica_floor_bytes=floor,
                                       floor_reason=floor_reason)
+    if memory is not None:
+        memory = sizing.with_traffic_floor(memory, seen)
     budget = None
     nodes = max(NodeWindow.objects.filter(cluster=cluster).count(), len(live.node_memory or []), 1)
     if kill is not None:
@@ -139,8 +146,10 @@ def _memory_and_budget(cluster, app, dep, incident, current, points, curve, live
             at_detection = (incident.evidence.get("settings_at_detection") or {}) if incident is not None else {}
             cap = at_detection.get("max_ongoing_requests") or current.max_ongoing_requests
             in_flight = _in_flight_per_replica(points, cap, at_detection.get("running_replicas") or 1)
-            memory = sizing.memory_from_kill(listed, app, dep, in_flight, cap)
+            memory = sizing.memory_from_kill(listed, app, dep, in_flight, cap, observed=seen)
         budget = sizing.budget_from_kill(kill.used_bytes, kill.threshold_bytes, listed, app, dep, nodes)
+    if memory is None:
+        memory = sizing.memory_from_traffic(seen)
     if budget is None and live.node_memory:
         budget = sizing.budget_from_nodes([{"mem_total": n.total_bytes, "mem_used": n.total_bytes - n.available_bytes}
                                            for n in live.node_memory])

@@ -18,7 +18,7 @@ replicas serve within the latency objective, from the measured service time."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from apps.changes.fields import parse_version
 from apps.incidents.oom import ReplicaMemory
@@ -53,14 +53,17 @@ class Memory:
     # Only a lower bound (requests admitted are not requests resident): shown, never sized from.
     lower_bound: bool = False
     curve: object | None = None  # a concurrency-axis calibration curve, when one was measured
+    # What traffic showed a request holds at least: it can only raise a peak, so lower concurrency.
+    per_request_floor_bytes: int = 0
 
     def peak(self, concurrency: int) -> int:
         """One replica's peak holding `concurrency` requests at once."""
+        floor = self.baseline_bytes + concurrency * self.per_request_floor_bytes
         if self.curve is not None:
             # The curve's own baseline may be below a replica's (a Ray worker's runtime): lift it.
             lift = max(self.baseline_bytes - self.curve.baseline_bytes, 0)
-            return self.curve.peak_at(concurrency) + lift
-        return self.baseline_bytes + concurrency * self.per_request_bytes
+            return max(self.curve.peak_at(concurrency) + lift, floor)
+        return max(self.baseline_bytes + concurrency * self.per_request_bytes, floor)
 
     @property
     def measured_levels(self) -> list[int]:
@@ -218,26 +221,57 @@ def replica_floor_from_kill(replicas: list[ReplicaMemory], app: str, dep: str) -
     return min(mine), f"the least of its {len(mine)} peer(s) in Ray's kill message"
 
 
-def memory_from_kill(replicas: list[ReplicaMemory], app: str, dep: str, in_flight: float | None, cap: int | None) -> Memory | None:
-    """A LOWER BOUND from Ray's kill message: the killed replica's memory above its idle peers',
-    spread over the most requests it may have held. Requests admitted near the kill are not
-    requests resident (a handler that allocates on its event loop holds one at a time until the
-    others reach their allocation), so dividing by them can understate per-request memory several
-    times over: the figure is shown, never sized from."""
+def memory_from_kill(replicas: list[ReplicaMemory], app: str, dep: str, in_flight: float | None, cap: int | None,
+                     observed=None) -> Memory | None:
+    """A LOWER BOUND from Ray's kill message: the killed replica's memory above its idle peers'
+    (or, none listed, above the baseline traffic showed), spread over the most requests it may have
+    held. Requests admitted near the kill are not requests resident (a handler that allocates on
+    its event loop holds one at a time until the others reach their allocation), so dividing by
+    them can understate per-request memory several times over: the figure is shown, never sized
+    from. `observed` (`apps.remediation.observed.Observed`) may raise the bound: the larger of two
+    lower bounds is still one."""
     mine = [r for r in replicas if (r.application, r.deployment) == (app, dep)]
     killed = [r.used_bytes for r in mine if r.killed]
     if not killed:
         return None
     peak = max(killed)
     idle = [r.used_bytes for r in mine if not r.killed]
-    baseline = min(idle) if idle else 0
+    seen_at_rest = observed.baseline_bytes if observed is not None and observed.baseline_bytes else None
+    baseline = min(idle) if idle else min(seen_at_rest or 0, peak)
     held = max(min(in_flight, cap or in_flight), 1) if in_flight else max(cap or 1, 1)
     per_request = max(int((peak - baseline) / held), 1)
-    base_text = f"its idle peers used {_mib(baseline)}" if idle else "no idle peer was listed, so its size at rest is unknown"
+    if idle:
+        base_text = f"its idle peers used {_mib(baseline)}"
+    elif seen_at_rest:
+        base_text = f"no idle peer was listed; traffic showed {_mib(baseline)} per replica at rest"
+    else:
+        base_text = "no idle peer was listed, so its size at rest is unknown"
+    if observed is not None and (observed.per_request_bytes or 0) > per_request:
+        per_request = observed.per_request_bytes
+        base_text += f"; traffic since showed at least {_mib(per_request)} per request"
     return Memory(baseline, per_request, "oom-kill",
                   f"Lower bound only: the killed replica used {_mib(peak)}; {base_text}; spread over up to {held:.0f} requests "
                   f"admitted it is at least {_mib(per_request)} per request. Requests admitted are not requests resident, so the "
                   "real figure may be several times larger: a calibration measures it.", lower_bound=True)
+
+
+def memory_from_traffic(observed) -> Memory | None:
+    """Without a calibration or a kill: what traffic showed, a lower bound shown, never sized from."""
+    if observed is None or not observed.per_request_bytes:
+        return None
+    return Memory(observed.baseline_bytes or 0, observed.per_request_bytes, "metrics",
+                  f"Lower bound only. {observed.reason} A calibration measures the real figure.", lower_bound=True)
+
+
+def with_traffic_floor(memory: Memory, observed) -> Memory:
+    """A calibrated figure that traffic has since outgrown (heavier requests than the representative
+    one): peaks are priced at least at what traffic showed, which can only lower the values."""
+    floor = (observed.per_request_bytes or 0) if observed is not None else 0
+    if memory.lower_bound or floor <= memory.per_request_bytes:
+        return memory
+    return replace(memory, per_request_floor_bytes=floor, reason=(
+        f"{memory.reason} Traffic since showed at least {_mib(floor)} per request, more than the calibration's "
+        f"{_mib(memory.per_request_bytes)}: peaks are priced at the larger. Calibrate with a heavier representative request."))
 
 
 def budget_from_kill(used_bytes: int | None, threshold_bytes: int | None, replicas: list[ReplicaMemory], app: str, dep: str,

@@ -126,6 +126,11 @@ def test_an_operator_fixes_a_plain_app_s_oom_kills_with_measured_values_verified
     # The operator's objective for this service: clients may wait up to 20 s (the queue bound follows it).
     Wizard.objects.filter(pk=wizard.pk).update(latency_objective_ms=20_000)
     assert wizard.diagnosis["needs_calibration"]
+    # What Ray's per-process memory showed under the load: a replica's size at rest and a bound
+    # per request that is below the truth (admitted is not resident), shown but sizing nothing.
+    seen = wizard.diagnosis["observed"]
+    assert seen is not None and seen["lower_bound"] and seen["baseline_bytes"] > 0, seen
+    assert seen["per_request_bytes"] is None or seen["per_request_bytes"] <= 1.1 * ALLOC_MB * MIB, seen
     calibration_step = wizard.steps.get(kind="calibration")
     assert calibration_step.position == 1 and wizard.steps.get(remedy="R1").patch is None
 

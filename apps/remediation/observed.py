@@ -1,0 +1,69 @@
+"""Memory seen in normal traffic, between calibrations: a deployment's replicas' resident memory
+(Ray's `ray_component_rss_mb`, summed over the processes that carry the replica's title) next to
+the requests they held at the same reading. Pure functions over a deployment's signal window.
+
+At rest, memory over replicas is a replica's baseline. Busy, what the replicas hold above their
+baselines, spread over the requests they had admitted, is a LOWER BOUND per request: admitted is
+not resident (a handler that allocates on its event loop holds one at a time until the others
+reach their allocation), and Ray samples process memory every few seconds, so a short peak is
+missed. Such a figure may lower a calibrated value that traffic has since outgrown; it never
+raises concurrency or replicas."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 2**20
+MB = 1_000_000  # Ray exports rss in decimal megabytes
+
+
+@dataclass(frozen=True)
+class Observed:
+    baseline_bytes: int | None  # one replica at rest: the largest such reading, so it is never understated
+    per_request_bytes: int | None  # a lower bound; None without a busy reading above the baseline
+    idle_readings: int
+    busy_readings: int
+    reason: str
+
+    def as_dict(self) -> dict:
+        return {"baseline_bytes": self.baseline_bytes, "per_request_bytes": self.per_request_bytes, "lower_bound": True,
+                "idle_readings": self.idle_readings, "busy_readings": self.busy_readings, "reason": self.reason}
+
+
+def from_points(points: list[dict]) -> Observed | None:
+    """The baseline and a per-request lower bound from a window's raw readings (summaries mix the
+    worst of each figure from different moments, so they are left out)."""
+    raw = [p for p in points if "summary" not in p and p.get("replicas") and p.get("rss_mb")]
+    if not raw:
+        return None
+    idle = [p["rss_mb"] * MB / p["replicas"] for p in raw if not p.get("ongoing")]
+    # Without a reading at rest, the least a replica was ever seen using is at least its baseline.
+    baseline = max(idle) if idle else min(p["rss_mb"] * MB / p["replicas"] for p in raw)
+    best, busy = 0.0, 0
+    previous_ongoing = 0.0
+    for p in raw:
+        ongoing = p.get("ongoing") or 0.0
+        # Process memory is sampled every few seconds, the requests at the reading: the larger of
+        # this reading's and the last one's requests may be what that memory held.
+        held = max(ongoing, previous_ongoing)
+        previous_ongoing = ongoing
+        if ongoing < 1:
+            continue
+        busy += 1
+        best = max(best, (p["rss_mb"] * MB - p["replicas"] * baseline) / held)
+    per_request = int(best) if best >= MIB else None
+    base_text = (f"{_mib(baseline)} per replica at rest (the largest of {len(idle)} reading(s) with no request in flight)" if idle
+                 else f"no reading at rest; a replica was never seen below {_mib(baseline)}")
+    if per_request:
+        text = (f"{base_text}; under traffic its replicas held at least {_mib(per_request)} per request admitted "
+                f"(the most of {busy} busy reading(s)). A lower bound: admitted requests are not all resident, and Ray samples "
+                "process memory every few seconds.")
+    elif busy:
+        text = f"{base_text}; {busy} busy reading(s) showed no memory above it per request."
+    else:
+        text = f"{base_text}; no reading under traffic yet."
+    return Observed(int(baseline), per_request, len(idle), busy, f"Ray's per-process memory: {text}")
+
+
+def _mib(value: float) -> str:
+    return f"{value / MIB:,.0f} MiB"

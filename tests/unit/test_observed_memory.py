@@ -1,0 +1,159 @@
+"""Memory measured passively, from what Ray already exports: per-process resident memory by
+replica title, joined with the replicas' requests in flight, and what sizing may do with it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import httpx
+
+from apps.calibration.curve import Curve
+from apps.incidents import prometheus, ray_metrics, signals
+from apps.incidents.oom import ReplicaMemory
+from apps.remediation import observed, sizing
+from tests.conftest import FIXTURES
+
+MIB = 2**20
+MB = 1_000_000  # the unit of ray_component_rss_mb
+KEY = ("reference", "Generator")
+
+
+def scrape(name: str, at: float) -> ray_metrics.Scrape:
+    return signals.relevant(ray_metrics.parse((FIXTURES / f"metrics_component_memory_{name}.prom").read_text(), at=at))
+
+
+def point(name: str, at: float) -> dict:
+    reading = signals.read(scrape(name, at - 3), scrape(name, at))
+    return signals.point(at, reading.seconds, reading.deployments[KEY])
+
+
+def test_a_replicas_memory_is_summed_over_the_titles_it_carries_at_rest_and_serving():
+    busy = point("busy_one_replica", 100)
+    # Captured serving 4 requests: its title then is "...Generator" and the serving one was reset to 0.
+    assert (busy["rss_mb"], busy["replicas"], busy["ongoing"]) == (1872.9, 1, 4.0)
+    idle = point("idle_one_replica", 200)
+    assert (idle["rss_mb"], idle["replicas"], idle["ongoing"]) == (450.2, 1, 0.0)
+
+
+def test_a_replica_still_starting_is_left_out_and_a_killed_ones_requests_do_not_make_memory():
+    starting = point("replica_starting", 100)
+    # The only memory is the new replica's __init__ (380 MiB); the killed one still reports 4 requests.
+    assert starting["rss_mb"] == 0.0 and starting["ongoing"] == 4.0
+    assert observed.from_points([starting]) is None
+
+
+def test_the_title_of_one_deployment_never_counts_for_another():
+    keys = [("a", "M"), ("a", "M.b"), ("ab", "M")]
+    assert signals.replica_deployment("ray::ServeReplica:a:M.handle_request_with_rejection", keys) == ("a", "M")
+    assert signals.replica_deployment("ray::ServeReplica:a:M.b", keys) == ("a", "M.b")
+    assert signals.replica_deployment("ray::ServeReplica:a:Mx", keys) is None
+    assert signals.replica_deployment("ray::ServeController", keys) is None
+    assert signals.replica_deployment("ray::SERVE_REPLICA::a#M#x1:ServeReplica:a:M.__init__", keys) is None
+
+
+def test_traffic_gives_a_baseline_and_a_lower_bound_per_request():
+    points = [point("idle_one_replica", 100), point("busy_one_replica", 110), point("idle_one_replica", 120)]
+    seen = observed.from_points(points)
+    assert seen.baseline_bytes == 450.2 * MB
+    # (1872.9 - 450.2) MB over 4 requests admitted.
+    assert seen.per_request_bytes == int((1872.9 - 450.2) / 4 * MB)
+    assert (seen.idle_readings, seen.busy_readings) == (2, 1) and "lower bound" in seen.reason.lower()
+
+
+def test_a_killed_replicas_lingering_series_can_only_lower_the_bound():
+    # Two live replicas at 450 MiB each and a third series left by a killed one: 901 MiB over 3.
+    gone = point("idle_two_replicas_one_gone", 100)
+    assert (gone["rss_mb"], gone["replicas"]) == (901.4, 3)
+    busy = {**gone, "t": 110, "ongoing": 4.0, "rss_mb": 901.4 + 4 * 300}
+    seen = observed.from_points([gone, busy])
+    assert seen.per_request_bytes <= 300 * MB
+
+
+def test_memory_sampled_before_the_requests_ended_is_spread_over_the_requests_just_before():
+    rest = {"t": 0, "replicas": 1, "rss_mb": 400.0, "ongoing": 0.0}
+    eight = {"t": 5, "replicas": 1, "rss_mb": 400.0 + 8 * 100, "ongoing": 8.0}
+    # Memory reported a few seconds late: still the eight requests' memory, with one request now in flight.
+    late = {"t": 10, "replicas": 1, "rss_mb": 400.0 + 8 * 100, "ongoing": 1.0}
+    seen = observed.from_points([rest, eight, late])
+    assert seen.per_request_bytes == 100 * MB
+
+
+def test_summaries_and_readings_without_memory_are_not_used():
+    assert observed.from_points([]) is None
+    assert observed.from_points([{"t": 0, "ongoing": 3.0, "p50": 10}]) is None
+    summary = {"t": 0, "summary": 12, "replicas": 1, "rss_mb": 3000.0, "ongoing": 1.0}
+    assert observed.from_points([summary]) is None
+    at_rest_only = observed.from_points([{"t": 0, "replicas": 2, "rss_mb": 800.0, "ongoing": 0.0}])
+    assert at_rest_only.baseline_bytes == 400 * MB and at_rest_only.per_request_bytes is None
+    assert "no reading under traffic" in at_rest_only.reason
+
+
+def test_without_a_reading_at_rest_the_least_a_replica_used_stands_for_its_baseline():
+    seen = observed.from_points([{"t": 0, "replicas": 1, "rss_mb": 600.0, "ongoing": 1.0},
+                                 {"t": 5, "replicas": 1, "rss_mb": 1000.0, "ongoing": 2.0}])
+    assert seen.baseline_bytes == 600 * MB and seen.idle_readings == 0
+    assert seen.per_request_bytes == 200 * MB  # (1000 - 600) / 2: below the truth, never above
+
+
+def curve(baseline_mib: int, per_request_mib: int) -> sizing.Memory:
+    found = Curve(axis="concurrency", device="cpu", baseline_bytes=baseline_mib * MIB,
+                  points=[(k, (baseline_mib + k * per_request_mib) * MIB) for k in (1, 2, 4)],
+                  measured_at=datetime(2026, 12, 1, tzinfo=UTC), calibration_id=4, service_s={1.0: 1.0, 2.0: 1.0, 4.0: 1.0})
+    return sizing.memory_from_curve(found)
+
+
+def current() -> sizing.Current:
+    return sizing.Current(max_ongoing_requests=8, max_queued_requests=-1, num_replicas=None, ray_version="2.60.0",
+                          autoscaling={"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 4})
+
+
+def test_traffic_heavier_than_the_calibration_lowers_the_values_and_never_raises_them():
+    budget = sizing.Budget(2000 * MIB, 1, "budget")
+    calibrated = curve(200, 100)
+    before = sizing.compute(current(), calibrated, budget, sizing.Load(), latency_objective_ms=10_000)
+    heavier = observed.Observed(200 * MIB, 400 * MIB, 3, 5, "traffic")
+    floored = sizing.with_traffic_floor(calibrated, heavier)
+    after = sizing.compute(current(), floored, budget, sizing.Load(), latency_objective_ms=10_000)
+    assert floored.peak(4) == 1800 * MIB and "Calibrate with a heavier representative request" in floored.reason
+    assert after.plan["replicas"] * after.plan["concurrency"] < before.plan["replicas"] * before.plan["concurrency"]
+    lighter = observed.Observed(200 * MIB, 50 * MIB, 3, 5, "traffic")
+    assert sizing.with_traffic_floor(calibrated, lighter) is calibrated
+
+
+def test_traffic_alone_is_a_lower_bound_and_the_wizard_still_calibrates_first():
+    seen = observed.Observed(300 * MIB, 120 * MIB, 4, 6, "Ray's per-process memory: ...")
+    memory = sizing.memory_from_traffic(seen)
+    assert memory.lower_bound and memory.source == "metrics"
+    out = sizing.compute(current(), memory, sizing.Budget(4000 * MIB, 1, "b"), sizing.Load(), latency_objective_ms=10_000)
+    assert out.needs_calibration and all(out.patch(r) is None for r in ("R1", "R2", "R10"))
+    assert sizing.memory_from_traffic(observed.Observed(300 * MIB, None, 4, 0, "")) is None
+
+
+def test_a_kill_without_idle_peers_takes_its_baseline_from_traffic_and_the_larger_bound():
+    killed = [ReplicaMemory("a", "M", "r1", 2400 * MIB, True)]
+    alone = sizing.memory_from_kill(killed, "a", "M", in_flight=4, cap=8)
+    assert alone.baseline_bytes == 0 and alone.per_request_bytes == 600 * MIB
+    seen = observed.Observed(400 * MIB, 700 * MIB, 2, 3, "traffic")
+    both = sizing.memory_from_kill(killed, "a", "M", in_flight=4, cap=8, observed=seen)
+    assert both.lower_bound and both.baseline_bytes == 400 * MIB and both.per_request_bytes == 700 * MIB
+    assert "traffic showed 400 MiB per replica at rest" in both.reason
+
+
+def test_prometheus_gives_the_same_memory_reading():
+    def answer(request: httpx.Request) -> httpx.Response:
+        promql = request.url.params["query"]
+        if "ray_component_rss_mb" in promql:
+            result = [{"metric": {"Component": "ray::ServeReplica:reference:Generator"}, "value": [0, "1200.5"]},
+                      {"metric": {"Component": "ray::ServeReplica:reference:Generator.handle_request_with_rejection"}, "value": [0, "0"]},
+                      {"metric": {"Component": "ray::ServeController"}, "value": [0, "150"]}]
+        elif promql.startswith("count by") and "ray_serve_replica_processing_queries" in promql:
+            result = [{"metric": {"application": "reference", "deployment": "Generator"}, "value": [0, "2"]}]
+        elif "ray_serve_replica_processing_queries" in promql:
+            result = [{"metric": {"application": "reference", "deployment": "Generator"}, "value": [0, "3"]}]
+        else:
+            result = []
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    reading = prometheus.read("http://prom.test:9090", 'cluster="c"', transport=httpx.MockTransport(answer))
+    dep = reading.deployments[KEY]
+    assert (dep.rss_mb, dep.replicas, dep.ongoing) == (1200.5, 2, 3.0)
