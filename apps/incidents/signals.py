@@ -63,6 +63,9 @@ class ApplicationSignals:
     p50_ms: float | None = None
     p95_ms: float | None = None
     p99_ms: float | None = None
+    # The histogram bucket p99 fell in, (lower, upper) ms, upper None when open-ended: an
+    # interpolated p99 inside Ray's 10-60 s bucket could be either end of it.
+    p99_between_ms: tuple[float, float | None] | None = None
 
 
 def is_failure(code: str) -> bool:
@@ -160,6 +163,20 @@ def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
     return lower_bound
 
 
+def bucket_of(buckets: list[tuple[float, float]], q: float) -> tuple[float, float | None] | None:
+    """The (lower, upper) bounds of the cumulative bucket holding quantile `q`; upper None past the last bound."""
+    buckets = sorted(buckets)
+    total = buckets[-1][1] if buckets else 0
+    if total <= 0:
+        return None
+    lower = 0.0
+    for bound, count in buckets:
+        if count >= q * total:
+            return lower, (None if bound == float("inf") else bound)
+        lower = bound
+    return lower, None
+
+
 def _percentiles(prev: Scrape, cur: Scrape, name: str, key_of, warnings: list[str]) -> dict:
     """p50/p95/p99 per key of a histogram's bucket increases, summed over the series of a key."""
     buckets: dict = defaultdict(lambda: defaultdict(float))
@@ -169,7 +186,7 @@ def _percentiles(prev: Scrape, cur: Scrape, name: str, key_of, warnings: list[st
     out = {}
     for key, by_bound in buckets.items():
         series = sorted(by_bound.items())
-        out[key] = (quantile(series, 0.50), quantile(series, 0.95), quantile(series, 0.99))
+        out[key] = (quantile(series, 0.50), quantile(series, 0.95), quantile(series, 0.99), bucket_of(series, 0.99))
     return out
 
 
@@ -186,8 +203,8 @@ def _applications(prev: Scrape, cur: Scrape, warnings: list[str]) -> dict[str, A
         if (app := _application(labels)) and delta:
             code = labels.get("error_code", "unknown")
             apps[app].errors_by_code[code] = apps[app].errors_by_code.get(code, 0.0) + delta
-    for app, (p50, p95, p99) in _percentiles(prev, cur, HTTP_LATENCY, _application, warnings).items():
-        apps[app].p50_ms, apps[app].p95_ms, apps[app].p99_ms = p50, p95, p99
+    for app, (p50, p95, p99, between) in _percentiles(prev, cur, HTTP_LATENCY, _application, warnings).items():
+        apps[app].p50_ms, apps[app].p95_ms, apps[app].p99_ms, apps[app].p99_between_ms = p50, p95, p99, between
     return dict(apps)
 
 
@@ -205,7 +222,7 @@ def read(prev: Scrape, cur: Scrape) -> Reading:
     for labels, delta in _deltas(prev, cur, REPLICA_STARTS, warnings):
         if key := _deployment(labels):
             deployments[key].replica_starts += delta
-    for key, (p50, p95, p99) in _percentiles(prev, cur, LATENCY, _deployment, warnings).items():
+    for key, (p50, p95, p99, _) in _percentiles(prev, cur, LATENCY, _deployment, warnings).items():
         deployments[key].p50_ms, deployments[key].p95_ms, deployments[key].p99_ms = p50, p95, p99
     for name, attr in ((ONGOING, "ongoing"), (QUEUED, "queued")):
         for sample in cur.named(name):
@@ -266,6 +283,8 @@ def point(at: float, seconds: float, d: DeploymentSignals, app: ApplicationSigna
     if app is not None:
         out |= {"http": app.requests, "http_errors": dict(app.errors_by_code),
                 "http_p50": _r(app.p50_ms), "http_p95": _r(app.p95_ms), "http_p99": _r(app.p99_ms)}
+        if app.p99_between_ms is not None:
+            out["http_p99_between"] = list(app.p99_between_ms)
     return out
 
 

@@ -69,6 +69,12 @@ def _shown(key: str, side: dict):
         return f"{value * 100:.1f} %"
     if key == "client_failed_by_code":
         return ", ".join(f"{code} ×{n:.0f}" for code, n in value.items()) or "none"
+    if key == "client_p99_ms" and side.get("client_p99_between_ms"):
+        low, high = side["client_p99_between_ms"]
+        if high is None:
+            return f"above {low:.0f} (the proxy's last bucket)"
+        if high > 2 * max(low, 1):
+            return f"{value:.0f}, somewhere in {low:.0f}–{high:.0f} (the proxy's histogram bucket)"
     return value
 
 

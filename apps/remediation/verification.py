@@ -98,6 +98,7 @@ def summarize(points: list[dict]) -> dict:
                 failed_by_code[code] = failed_by_code.get(code, 0) + n
     answered, failed = sum(values("http", served)), sum(failed_by_code.values())
     seconds, client_p50 = sum(values("seconds", served)), values("http_p50", served)
+    slowest = max((p for p in served if isinstance(p.get("http_p99"), (int, float))), key=lambda p: p["http_p99"], default=None)
     return {
         "points": len(points),
         "p50_ms": round(statistics.median(p50), 1) if p50 else None,
@@ -114,7 +115,8 @@ def summarize(points: list[dict]) -> dict:
         "client_failed_share": round(failed / answered, 4) if answered else None,
         "goodput_rps": round((answered - failed) / seconds, 3) if seconds else None,
         "client_p50_ms": round(statistics.median(client_p50), 1) if client_p50 else None,
-        "client_p99_ms": max(values("http_p99", served), default=None),
+        "client_p99_ms": slowest["http_p99"] if slowest else None,
+        "client_p99_between_ms": slowest.get("http_p99_between") if slowest else None,
     }
 
 
@@ -140,8 +142,14 @@ def problems(summary: dict, *, failure_objective: float, latency_objective_ms: f
         out.append(f"Clients: {_n(summary['client_failed'])} of {_n(clients)} requests failed ({_pct(share)}; {_codes(summary)}), "
                    f"above the {_objective(failure_objective)} objective.")
     p99 = summary.get("client_p99_ms")
+    low, high = summary.get("client_p99_between_ms") or (p99, p99)
     if p99 is not None and p99 > latency_objective_ms:
-        out.append(f"Clients: p99 {p99:.0f} ms end to end, above the {latency_objective_ms:.0f} ms objective.")
+        out.append(f"Clients: p99 {_latency(summary)} end to end, above the {latency_objective_ms:.0f} ms objective.")
+    elif p99 is not None and low < latency_objective_ms and (high is None or high > latency_objective_ms):
+        # An interpolated p99 below the objective inside a bucket that reaches past it proves nothing.
+        out.append(f"Clients: p99 {_latency(summary)} end to end: the proxy's histogram bucket spans the {latency_objective_ms:.0f} ms "
+                   "objective, so it cannot be shown to be met. Give the proxy a bucket boundary at the objective "
+                   "(RAY_SERVE_REQUEST_LATENCY_BUCKETS_MS on the cluster) or set the objective at one of its boundaries.")
     admitted, completed = summary.get("ongoing_max") or 0, summary.get("rps_mean")
     if clients == 0 and (completed or admitted):
         out.append(f"Clients: no request completed at the proxy while replicas had work "
@@ -152,6 +160,17 @@ def problems(summary: dict, *, failure_objective: float, latency_objective_ms: f
     if clients is None and rate is not None and rate > failure_objective:
         out.append(f"Replicas: {_n(summary['errors'])} errors, {_pct(rate)} of requests, above the {_objective(failure_objective)} objective.")
     return out
+
+
+def _latency(summary: dict) -> str:
+    """The client p99, with the histogram bucket it lies in where that bucket is wide."""
+    p99 = summary["client_p99_ms"]
+    low, high = summary.get("client_p99_between_ms") or (p99, p99)
+    if high is None:
+        return f"above {low:.0f} ms (the proxy's last bucket)"
+    if high > 2 * max(low, 1):
+        return f"{p99:.0f} ms interpolated, between {low:.0f} and {high:.0f} ms (the proxy's histogram bucket)"
+    return f"{p99:.0f} ms"
 
 
 def _n(value: float) -> str:
@@ -176,7 +195,7 @@ def _client_line(s: dict) -> str:
     if s.get("goodput_rps") is not None:
         parts.append(f"goodput {s['goodput_rps']:.2f} req/s")
     if s.get("client_p99_ms") is not None:
-        parts.append(f"p50 {s['client_p50_ms'] or 0:.0f} ms, p99 {s['client_p99_ms']:.0f} ms end to end")
+        parts.append(f"p50 {s['client_p50_ms'] or 0:.0f} ms, p99 {_latency(s)} end to end")
     return "; ".join(parts)
 
 

@@ -75,7 +75,7 @@ def test_client_figures_come_from_the_difference_of_two_scrapes():
     reading = signals.read(before, after)
     demo = reading.applications["demo"]
     assert demo.requests == 738 and demo.errors_by_code == {"503": 690, "500": 4}
-    assert 2000 < demo.p99_ms <= 5000
+    assert 2000 < demo.p99_ms <= 5000 and demo.p99_between_ms == (2000.0, 5000.0)
     # The replicas saw none of it: their counters did not move.
     assert reading.deployments[("demo", "Model")].requests == 0 and reading.deployments[("demo", "Model")].errors == 0
 
@@ -182,6 +182,24 @@ def test_a_proxy_p99_above_the_objective_fails_although_replicas_process_fast():
     result, why = verification.verdict("latency_spike", before, after, window_over=True, latency_objective_ms=10_000)
     assert result == "failed" and "Clients: p99 14000 ms end to end, above the 10000 ms objective." in why
     assert "processing p99 90 ms" in why
+
+
+def test_a_p99_interpolated_below_the_objective_in_a_bucket_that_spans_it_does_not_pass():
+    # Ray's proxy buckets jump from 10 s to 60 s: every answer took 10-60 s, interpolation says 15 s.
+    slow = [p | {"http_p99": 15_000.0, "http_p99_between": [10_000.0, 60_000.0]} for p in window(http=600)]
+    after = summary(slow)
+    result, why = verification.verdict("oom_kill", summary(window(http=600), kills=2), after, window_over=True,
+                                       latency_objective_ms=20_000)
+    assert result == "failed"
+    assert "p99 15000 ms interpolated, between 10000 and 60000 ms (the proxy's histogram bucket) end to end" in why
+    assert "cannot be shown to be met" in why and "RAY_SERVE_REQUEST_LATENCY_BUCKETS_MS" in why
+    rows = {label: a for section in presentation.comparison({}, after) for label, _, a in section["rows"]}
+    assert rows["p99 end to end (ms)"] == "15000, somewhere in 10000–60000 (the proxy's histogram bucket)"
+    # At a bucket boundary the objective is decided: answers all within 5-10 s meet a 10 s objective.
+    bounded = summary([p | {"http_p99": 9_000.0, "http_p99_between": [5_000.0, 10_000.0]} for p in window(http=600)])
+    assert verification.verdict("oom_kill", {}, bounded, window_over=True, latency_objective_ms=10_000)[0] == "passed"
+    beyond = summary([p | {"http_p99": 600_000.0, "http_p99_between": [600_000.0, None]} for p in window(http=600)])
+    assert "above 600000 ms (the proxy's last bucket)" in verification.verdict("oom_kill", {}, beyond, window_over=True)[1]
 
 
 def test_a_clean_client_side_passes_and_says_both_sides_with_units():
