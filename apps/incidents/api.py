@@ -15,6 +15,7 @@ from apps.accounts.models import Role, Team
 from apps.incidents import services, webhooks
 from apps.incidents.filters import IncidentFilter
 from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, PodKillRecord, Webhook, WebhookDelivery
+from apps.incidents.timeline import related_work, related_work_for
 
 RECENT_DELIVERIES = 10
 
@@ -43,13 +44,15 @@ class EventSerializer(serializers.ModelSerializer):
 class IncidentListSerializer(serializers.ListSerializer):
     def to_representation(self, data):
         incidents = list(data.all() if isinstance(data, BaseManager) else data)
-        self.context["related_work"] = services.related_work_for(incidents)
+        self.context["related_work"] = related_work_for(incidents)
         return super().to_representation(incidents)
 
 
 class IncidentSerializer(serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
-    related_work = serializers.SerializerMethodField(help_text="Changes and maintenance runs around the incident.")
+    related_work = serializers.SerializerMethodField(
+        help_text="What happened around the incident: changes, maintenance runs, cluster and Serve controller restarts, and config "
+                  "revisions Fleetdeck did not make (kind change, maintenance, cluster_restart, controller_restart, config_revision).")
     oom_kills = OomKillSerializer(many=True, read_only=True)
     pod_kills = PodKillSerializer(many=True, read_only=True, help_text="Kernel OOM kills of Ray containers, as Kubernetes reported them.")
     timeline = EventSerializer(many=True, read_only=True)
@@ -65,7 +68,7 @@ class IncidentSerializer(serializers.ModelSerializer):
 
     def get_related_work(self, obj) -> list[dict]:
         by_incident = self.context.get("related_work") or {}
-        items = by_incident[obj.pk] if obj.pk in by_incident else services.related_work(obj)
+        items = by_incident[obj.pk] if obj.pk in by_incident else related_work(obj)
         return [{**item, "at": item["at"].isoformat()} for item in items]
 
 

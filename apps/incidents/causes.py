@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from apps.remediation.catalogue import cause
 
@@ -16,6 +17,58 @@ class OomContext:
     change_label: str
     nodes_with_several_kills: list[str]
     controller_killed: bool
+
+
+@dataclass(frozen=True)
+class RecentChange:
+    """A change Fleetdeck pushed to the cluster shortly before a kill."""
+
+    label: str
+    at: datetime
+    # The Ray session its config was first seen running in; "" while no sync has seen it.
+    session: str = ""
+
+
+@dataclass(frozen=True)
+class ClusterHistory:
+    """What can have replaced a change's replicas or config since it was pushed."""
+
+    session: str  # the session the kill happened in
+    restarts: tuple[datetime, ...] = ()  # when a sync saw a new session
+    foreign_revisions: tuple[datetime, ...] = ()  # the application's config revisions that Fleetdeck did not make
+
+
+def change_in_effect(changes: list[RecentChange], history: ClusterHistory) -> tuple[RecentChange | None, list[str]]:
+    """The latest change that can still explain a kill, and why each later one cannot. A rolling
+    update doubles replicas only while it runs: after a cluster restart every replica started
+    again without it, and after a config revision Fleetdeck did not make the replicas run that
+    config instead."""
+    not_counted = []
+    for change in sorted(changes, key=lambda c: c.at, reverse=True):
+        why = _superseded(change, history)
+        if why is None:
+            return change, not_counted
+        not_counted.append(f"{change.label[:1].upper()}{change.label[1:]} is not counted: {why}")
+    return None, not_counted
+
+
+def _superseded(change: RecentChange, history: ClusterHistory) -> str | None:
+    if change.session and history.session and change.session != history.session:
+        return f"it ran on Ray session {change.session}, and the cluster has restarted since (now {history.session})."
+    # Without a session seen for the change, a restart recorded after it is the evidence.
+    restarts = [t for t in history.restarts if t > change.at]
+    if not change.session and restarts:
+        return f"the cluster restarted {_minutes(min(restarts) - change.at)} after it; every replica started again since."
+    replaced = [t for t in history.foreign_revisions if t > change.at]
+    if replaced:
+        return (f"{_minutes(min(replaced) - change.at)} after it, the application's config changed outside Fleetdeck; "
+                "its replicas run that config now.")
+    return None
+
+
+def _minutes(delta) -> str:
+    minutes = delta.total_seconds() / 60
+    return f"{minutes:.0f} min" if minutes >= 1 else "less than a minute"
 
 
 def rank_oom_causes(ctx: OomContext) -> list[dict]:

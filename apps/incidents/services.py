@@ -5,23 +5,22 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from apps.accounts.audit import Actor, record
-from apps.changes.models import Change
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
 from apps.clusters.ray_dashboard import RayError
 from apps.clusters.services import dashboard_for
 from apps.fleet.models import Deployment
-from apps.incidents import detectors, prometheus, ray_metrics, signals, webhooks
+from apps.incidents import cluster_history, detectors, prometheus, ray_metrics, signals, webhooks
 from apps.incidents.causes import (
     LatencyContext,
     OomContext,
+    change_in_effect,
     rank_latency_causes,
     rank_oom_causes,
     rank_pressure_causes,
@@ -32,6 +31,10 @@ from apps.incidents.models import Incident, IncidentEvent, NodeWindow, OomKillRe
 from apps.incidents.oom import OomKill, oom_kills
 
 RECENT = timedelta(minutes=15)
+# Readings an OOM incident keeps from before it began: the build-up to the kill.
+LEAD = timedelta(minutes=30)
+# Four hours of readings at a sync every 30 s: a long incident keeps its latest ones.
+KEPT_POINTS = 480
 OPEN = [Incident.Status.OPEN, Incident.Status.ACKNOWLEDGED]
 
 
@@ -114,10 +117,11 @@ def _record_oom(cluster: Cluster, app: str, dep: str, kills: list[OomKill], crow
     controller_killed = cluster.events.filter(kind=ClusterEvent.Kind.CONTROLLER_RESTARTED, created_at__gte=now - RECENT).exists()
 
     def build():
-        ctx = _context(cluster, app, deployment, len(kills), crowded, controller_killed, now)
-        window = SignalWindow.objects.filter(cluster=cluster, application_name=app, deployment_name=dep).first()
-        series = {"series": window.points[-60:]} if window and window.points else {}
-        return rank_oom_causes(ctx), _evidence(deployment, ctx) | metrics | series
+        ctx, not_counted = _context(cluster, app, deployment, len(kills), crowded, controller_killed, now)
+        started = cluster_history.session_start(cluster, now)
+        session = {"session": {"name": cluster.session_name, "started_at": started.isoformat() if started else None}}
+        counted = {"changes_not_counted": not_counted} if not_counted else {}
+        return rank_oom_causes(ctx), _evidence(deployment, ctx) | metrics | session | counted
 
     with transaction.atomic():
         incident = _open_or_extend(
@@ -130,30 +134,63 @@ def _record_oom(cluster: Cluster, app: str, dep: str, kills: list[OomKill], crow
                            threshold_bytes=k.threshold_bytes, message=k.message) for k in kills],
             ignore_conflicts=True,
         )
+        _keep_windows(incident)
     return incident.pk
+
+
+def _keep_windows(incident: Incident) -> None:
+    """Copy the readings around an OOM incident into its evidence: the deployment's and those of
+    the nodes where its replicas were killed, from a while before it began, never from before
+    its session began (readings from before a restart are of replicas long gone), and only while
+    that session lasts."""
+    session = incident.evidence.get("session") or {}
+    if session.get("name") != incident.cluster.session_name:
+        return
+    since = incident.started_at - LEAD
+    if session.get("started_at"):
+        since = max(since, datetime.fromisoformat(session["started_at"]))
+    evidence = dict(incident.evidence)
+    window = SignalWindow.objects.filter(cluster=incident.cluster, application_name=incident.application_name,
+                                         deployment_name=incident.deployment_name).first()
+    if window is not None:
+        evidence["series"] = _merged(evidence.get("series") or [], window.points, since.timestamp())
+    ips = set(incident.oom_kills.exclude(node_ip="").values_list("node_ip", flat=True))
+    nodes = dict(evidence.get("node_memory") or {})
+    for node in NodeWindow.objects.filter(cluster=incident.cluster, node_ip__in=ips):
+        readings = [{"t": p["t"], "mem_used": p.get("mem_used"), "mem_total": p.get("mem_total")} for p in node.points]
+        nodes[node.node_ip] = _merged(nodes.get(node.node_ip) or [], readings, since.timestamp())
+    if nodes:
+        evidence["node_memory"] = nodes
+    if evidence != incident.evidence:
+        incident.evidence = evidence
+        Incident.objects.filter(pk=incident.pk).update(evidence=evidence)
+
+
+def _merged(kept: list[dict], points: list[dict], since: float) -> list[dict]:
+    """Readings kept so far plus new ones at or after `since`, one per time, the latest `KEPT_POINTS`."""
+    by_time = {point["t"]: point for point in points if point["t"] >= since}
+    by_time.update({point["t"]: point for point in kept})
+    return [by_time[t] for t in sorted(by_time)][-KEPT_POINTS:]
 
 
 def _severity_rank(value: str) -> int:
     return ["warning", "major", "critical"].index(value)
 
 
-def _context(cluster, app, deployment, kills, crowded, controller_killed, now) -> OomContext:
-    change = (
-        Change.objects.filter(cluster=cluster)
-        .filter(Q(started_at__gte=now - RECENT) | Q(finished_at__gte=now - RECENT))
-        .order_by("-started_at")
-        .first()
-    )
-    touched = change is not None and app in change.touched_applications
-    return OomContext(
+def _context(cluster, app, deployment, kills, crowded, controller_killed, now) -> tuple[OomContext, list[str]]:
+    """The kill's context, and why recent changes that no longer run are not suspected."""
+    changes, history = cluster_history.before_kill(cluster, app, now, RECENT)
+    change, not_counted = change_in_effect(changes, history)
+    context = OomContext(
         kills=kills,
         max_ongoing_requests=deployment.max_ongoing_requests if deployment else None,
         autoscaling_target=deployment.autoscaling_target_ongoing_requests if deployment else None,
-        minutes_since_change=((now - (change.started_at or change.created_at)).total_seconds() / 60) if touched else None,
-        change_label=f"change #{change.pk} ({change.reason[:80]})" if touched else "",
+        minutes_since_change=(now - change.at).total_seconds() / 60 if change else None,
+        change_label=change.label if change else "",
         nodes_with_several_kills=crowded,
         controller_killed=controller_killed,
     )
+    return context, not_counted
 
 
 def _evidence(deployment: Deployment | None, ctx: OomContext) -> dict:
@@ -233,6 +270,9 @@ def _apply_reading(cluster: Cluster, at: float, reading: signals.Reading) -> lis
         elif queue := detectors.queue_buildup(window.points):
             # Caught before it becomes a spike: the queue grows faster than replicas are added.
             touched.append(_record_queue(cluster, app, dep, queue, window.points))
+    # An open OOM incident's charts follow the readings after the kill: whether memory came back down.
+    for incident in Incident.objects.filter(cluster=cluster, kind=Incident.Kind.OOM_KILL, status__in=OPEN).select_related("cluster"):
+        _keep_windows(incident)
     return touched
 
 
@@ -345,41 +385,3 @@ def open_for(deployment: Deployment) -> Incident | None:
         cluster_id=deployment.application.cluster_id, application_name=deployment.application.name,
         deployment_name=deployment.name, status__in=OPEN,
     ).first()
-
-
-def related_work(incident: Incident) -> list[dict]:
-    """Changes and maintenance runs on the incident's application around its window, for the
-    timeline: what an operator asks first is "what did we change?"."""
-    return related_work_for([incident])[incident.pk]
-
-
-def related_work_for(incidents: list[Incident]) -> dict[int, list[dict]]:
-    """`related_work` of a page of incidents in two queries, not two per incident."""
-    from apps.maintenance.models import MaintenanceRun
-
-    if not incidents:
-        return {}
-    clusters = {incident.cluster_id for incident in incidents}
-    since = min(incident.started_at for incident in incidents) - RECENT
-    changes = list(Change.objects.filter(cluster_id__in=clusters, created_at__gte=since).order_by("created_at", "id"))
-    runs = list(MaintenanceRun.objects.filter(cluster_id__in=clusters, created_at__gte=since).order_by("created_at", "id"))
-    return {incident.pk: _related(incident, changes, runs) for incident in incidents}
-
-
-def _related(incident: Incident, changes: list[Change], runs: list) -> list[dict]:
-    since = incident.started_at - RECENT
-    items = []
-    for change in changes:
-        if change.cluster_id != incident.cluster_id or change.created_at < since:
-            continue
-        if not incident.application_name or incident.application_name in change.touched_applications:
-            items.append({"at": change.started_at or change.created_at, "kind": "change", "id": change.pk,
-                          "text": f"Change #{change.pk} ({change.get_state_display().lower()}): {change.reason}"})
-    for run in runs:
-        if run.cluster_id != incident.cluster_id or run.created_at < since:
-            continue
-        if incident.deployment_id and run.deployment_id != incident.deployment_id:
-            continue
-        items.append({"at": run.started_at or run.created_at, "kind": "maintenance", "id": run.pk,
-                      "text": f"{run.get_kind_display()} run #{run.pk} ({run.get_state_display().lower()})"})
-    return sorted(items, key=lambda item: item["at"])

@@ -12,8 +12,10 @@ from apps.accounts.audit import Actor
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role
 from apps.incidents import services
+from apps.incidents.charts import chart_data
 from apps.incidents.filters import IncidentFilter
 from apps.incidents.models import Incident
+from apps.incidents.timeline import related_work
 
 
 def _visible(request):
@@ -34,31 +36,15 @@ def incident_detail(request, pk: int):
         "incident": incident,
         "can_operate": has_role(request.user, incident.cluster.team, Role.OPERATOR),
         "chart": chart_data(incident),
-        "related": services.related_work(incident),
+        "timeline": _timeline(incident),
     }
     return render(request, "incidents/detail.html", context)
 
 
-def chart_data(incident: Incident) -> dict | None:
-    """The evidence series for the page's charts, with OOM kills as markers; None without data."""
-    node_series = incident.evidence.get("node_series") or []
-    if node_series:
-        return {
-            "t": [point["t"] * 1000 for point in node_series],
-            "mem": [point.get("mem") for point in node_series],
-            "gpu": [point.get("gpu") for point in node_series],
-        }
-    series = incident.evidence.get("series") or []
-    if not series:
-        return None
-    times = [point["t"] for point in series]
-    kills = [kill.seen_at.timestamp() for kill in incident.oom_kills.all()]
-    return {
-        "t": [t * 1000 for t in times],
-        **{key: [point.get(key) for point in series] for key in ("p50", "p99", "ongoing", "queued", "rps")},
-        # Each kill is drawn on the reading nearest to when Fleetdeck saw it.
-        "kill_index": sorted({min(range(len(times)), key=lambda i: abs(times[i] - kill)) for kill in kills}),
-    }
+def _timeline(incident: Incident) -> list[dict]:
+    """The incident's own events among what happened around it, in order."""
+    own = [{"at": event.at, "event": event} for event in incident.timeline.all()]
+    return sorted(related_work(incident) + own, key=lambda item: item["at"])
 
 
 @login_required

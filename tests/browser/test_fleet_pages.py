@@ -115,6 +115,40 @@ def test_an_incident_page_draws_its_evidence_charts(page, live_server, team, peo
     page.screenshot(path="/tmp/incident-chart.png", full_page=True)
 
 
+def test_an_oom_incident_page_charts_node_memory_against_the_threshold_and_memory_per_replica(page, live_server, team, people):
+    from django.utils import timezone
+
+    from apps.clusters.models import Cluster
+    from apps.incidents.models import Incident, OomKillRecord
+
+    cluster = Cluster.objects.create(name="gpu-prod", team=team, dashboard_url="http://127.0.0.1:9", ray_version="2.60.0")
+    now = timezone.now()
+    times = [now.timestamp() - 30 * (20 - i) for i in range(20)]
+    series = [{"t": t, "p50": 40.0, "p99": 90.0, "rps": 3.0, "ongoing": 2, "queued": 0, "rss_mb": 900.0 + 100 * i, "replicas": 1}
+              for i, t in enumerate(times)]
+    nodes = {"192.0.2.2": [{"t": t, "mem_used": (5 + 0.1 * i) * 2**30, "mem_total": 23.5 * 2**30} for i, t in enumerate(times)]}
+    incident = Incident.objects.create(kind="oom_kill", cluster=cluster, application_name="demo", deployment_name="Model",
+                                       title="OOM kill of demo/Model on gpu-prod", started_at=now, last_signal_at=now,
+                                       evidence={"series": series, "node_memory": nodes, "session": {"name": "s", "started_at": None}},
+                                       causes=[])
+    OomKillRecord.objects.create(incident=incident, actor_id="a1", replica="r1", node_ip="192.0.2.2", used_bytes=7 * 2**30,
+                                 threshold_bytes=int(6.9 * 2**30), message="")
+    page.goto(f"{live_server.url}/accounts/login/")
+    page.fill("#id_username", "viewer")
+    page.fill("#id_password", "pw")
+    page.click("button[type=submit]")
+    page.goto(f"{live_server.url}/incidents/{incident.pk}/")
+    page.wait_for_function("window.Chart && Chart.getChart('node-memory-chart') && Chart.getChart('replica-memory-chart')")
+    node = page.evaluate("(() => { const c = Chart.getChart('node-memory-chart'); return {labels: c.data.datasets.map(d => d.label), "
+                         "unit: c.options.scales.y.title.text}; })()")
+    assert node == {"labels": ["memory used", "Ray's memory monitor kills above", "node total", "OOM kill (node memory Ray reported)"],
+                    "unit": "node memory (GiB)"}
+    assert page.evaluate("Chart.getChart('replica-memory-chart').options.scales.y.title.text") == "memory per replica (MiB)"
+    # The latency chart shares the time axis and marks the kill too.
+    assert page.evaluate("Chart.getChart('latency-chart').data.datasets.map(d => d.label)") == ["p50 ms", "p99 ms", "OOM kill"]
+    page.screenshot(path="/tmp/incident-oom-chart.png", full_page=True)
+
+
 def test_the_incident_filters_submit_when_a_select_changes_under_the_csp(page, live_server, people):
     page.goto(f"{live_server.url}/accounts/login/?next=/incidents/")
     page.fill("#id_username", "viewer")

@@ -286,8 +286,8 @@ def test_latency_causes_put_a_cold_start_first_when_replicas_just_started():
 
 @pytest.mark.django_db
 def test_an_incident_with_a_series_draws_charts_with_kill_markers(client, people, cluster):
+    from apps.incidents.charts import chart_data
     from apps.incidents.models import SignalWindow
-    from apps.incidents.views import chart_data
 
     now = timezone.now().timestamp()
     SignalWindow.objects.create(cluster=cluster, application_name="modelonly", deployment_name="Model", points=[
@@ -297,14 +297,16 @@ def test_an_incident_with_a_series_draws_charts_with_kill_markers(client, people
     incident = Incident.objects.get(pk=incident_id)
 
     chart = chart_data(incident)
-    assert len(chart["t"]) == 6 and chart["kill_index"] == [5]
+    assert len(chart["latency"]["p99"]) == 6 and [k["replica"] for k in chart["kills"]] == ["lg45rpy4"]
+    # The kill is drawn at the moment Fleetdeck saw it, on the same time axis as the readings.
+    assert chart["start"] == int((now - 150) * 1000) and chart["end"] == chart["kills"][0]["t"]
     client.force_login(people["viewer"])
     page = client.get(reverse("incidents:detail", args=[incident_id])).content.decode()
-    assert "chartjs-4.6.1/chart.umd.min.js" in page and 'id="incident-chart-data"' in page
+    assert "chartjs-4.6.1/chart.umd.min.js" in page and "js/incident_charts.js" in page and 'id="incident-chart-data"' in page
 
 
 def test_an_incident_without_a_series_has_no_chart():
-    from apps.incidents.views import chart_data
+    from apps.incidents.charts import chart_data
 
     assert chart_data(Incident(evidence={})) is None
 
@@ -426,3 +428,187 @@ def test_a_growing_queue_opens_a_queue_incident_before_latency_spikes(metered, m
     incidents = Incident.objects.filter(pk__in=touched, kind="queue_buildup")
     model = incidents.get(deployment_name="Model")
     assert "3 → 9 → 20" in model.evidence["summary"] and model.causes[0]["id"] == "LAT-2"
+
+
+# --- cluster sessions and config revisions made outside Fleetdeck ----------------------------------
+
+
+def test_a_change_before_a_cluster_restart_or_replaced_outside_fleetdeck_is_not_a_cause():
+    from apps.incidents.causes import ClusterHistory, RecentChange, change_in_effect
+
+    now = timezone.now()
+    older = RecentChange("change #1 (tune)", now - timedelta(minutes=9), session="session_a")
+    change = RecentChange("change #2 (bigger batches)", now - timedelta(minutes=4), session="session_a")
+    assert change_in_effect([older, change], ClusterHistory(session="session_a")) == (change, [])
+
+    restarted, why = change_in_effect([older, change], ClusterHistory(session="session_b"))
+    assert restarted is None and len(why) == 2
+    assert why[0] == ("Change #2 (bigger batches) is not counted: it ran on Ray session session_a, and the cluster has restarted "
+                      "since (now session_b).")
+    # No sync saw the change's config run yet: a restart recorded after it is the evidence.
+    unseen = RecentChange("change #2 (bigger batches)", now - timedelta(minutes=4))
+    history = ClusterHistory(session="session_b", restarts=(now - timedelta(minutes=2),))
+    assert change_in_effect([unseen], history)[1] == [
+        "Change #2 (bigger batches) is not counted: the cluster restarted 2 min after it; every replica started again since."]
+    assert change_in_effect([unseen], ClusterHistory(session="session_b", restarts=(now - timedelta(minutes=6),)))[0] == unseen
+
+    # A revision Fleetdeck did not make replaced change #2's config but not change #1's... which it also replaced.
+    pushed_outside = ClusterHistory(session="session_a", foreign_revisions=(now - timedelta(minutes=3),))
+    found, why = change_in_effect([older, change], pushed_outside)
+    assert found is None and "1 min after it, the application's config changed outside Fleetdeck" in why[0]
+    before_both = ClusterHistory(session="session_a", foreign_revisions=(now - timedelta(minutes=10),))
+    assert change_in_effect([older, change], before_both)[0] == change
+
+
+def serve_with(max_ongoing_requests: int, controller_started: float | None = None) -> dict:
+    """The recovered cluster's Serve payload with modelonly/Model deployed at another
+    max_ongoing_requests (submitted and effective), as a new config push shows it."""
+    payload = ray_fixture("serve_applications_oom_t1_modelonly_after_recovery.json")
+    app = payload["applications"]["modelonly"]
+    app["deployed_app_config"]["deployments"][0]["max_ongoing_requests"] = max_ongoing_requests
+    app["deployments"]["Model"]["deployment_config"]["max_ongoing_requests"] = max_ongoing_requests
+    if controller_started is not None:
+        payload["controller_health_metrics"]["controller_start_time"] = controller_started
+    return payload
+
+
+def pushed_change(cluster, minutes_ago: float) -> Change:
+    at = timezone.now() - timedelta(minutes=minutes_ago)
+    return Change.objects.create(cluster=cluster, targets=[{"application": "modelonly", "deployment": "Model"}], reason="bigger batches",
+                                 state="succeeded", base_hash="a", base_config={}, new_config={}, new_hash="b", started_at=at,
+                                 pushed_at=at, finished_at=at + timedelta(seconds=20))
+
+
+def new_session(use_replay, cluster) -> str:
+    name = "session_2026-12-01_00-00-00_000000_1"
+    use_replay.routes["/api/version"] = ray_fixture("version.json") | {"session_name": name}
+    assert sync.sync_cluster(cluster.pk).ok
+    return name
+
+
+@pytest.mark.django_db
+def test_a_kill_after_a_cluster_restart_does_not_blame_a_change_made_before_it(cluster, use_replay):
+    change = pushed_change(cluster, minutes_ago=4)
+    use_replay.routes["/api/serve/applications/"] = serve_with(4)
+    sync.sync_cluster(cluster.pk)  # the change's config, seen running on the first session
+    first = Cluster.objects.get(pk=cluster.pk).session_name
+    second = new_session(use_replay, cluster)
+
+    [incident_id] = services.detect(cluster.pk)
+
+    incident = Incident.objects.get(pk=incident_id)
+    assert "OOM-7" not in [c["id"] for c in incident.causes] and incident.causes[0]["id"] == "OOM-2"
+    assert incident.evidence["changes_not_counted"] == [
+        f"Change #{change.pk} (bigger batches) is not counted: it ran on Ray session {first}, and the cluster has restarted since "
+        f"(now {second})."]
+    assert incident.evidence["session"]["name"] == second
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("pushed_outside", [False, True])
+def test_a_config_pushed_outside_fleetdeck_after_a_change_clears_the_change_but_the_change_s_own_revision_does_not(
+        cluster, use_replay, pushed_outside):
+    from apps.fleet.models import ConfigRevision
+
+    change = pushed_change(cluster, minutes_ago=4)
+    use_replay.routes["/api/serve/applications/"] = serve_with(4)
+    sync.sync_cluster(cluster.pk)  # change #N's own revision
+    if pushed_outside:
+        use_replay.routes["/api/serve/applications/"] = serve_with(16)
+        sync.sync_cluster(cluster.pk)
+    assert ConfigRevision.objects.filter(application__name="modelonly").count() == (3 if pushed_outside else 2)
+
+    [incident_id] = services.detect(cluster.pk)
+
+    causes = [c["id"] for c in Incident.objects.get(pk=incident_id).causes]
+    evidence = Incident.objects.get(pk=incident_id).evidence
+    if pushed_outside:
+        assert "OOM-7" not in causes
+        assert f"Change #{change.pk} (bigger batches) is not counted" in evidence["changes_not_counted"][0]
+        assert "the application's config changed outside Fleetdeck" in evidence["changes_not_counted"][0]
+    else:
+        assert causes[0] == "OOM-7" and "changes_not_counted" not in evidence
+
+
+@pytest.mark.django_db
+def test_a_change_that_never_reached_the_cluster_is_not_a_cause(cluster):
+    Change.objects.create(cluster=cluster, targets=[{"application": "modelonly", "deployment": "Model"}], reason="bigger batches",
+                          state="drifted", base_hash="a", base_config={}, new_config={}, new_hash="b",
+                          started_at=timezone.now() - timedelta(minutes=3))
+    [incident_id] = services.detect(cluster.pk)
+    assert "OOM-7" not in [c["id"] for c in Incident.objects.get(pk=incident_id).causes]
+
+
+@pytest.mark.django_db
+def test_the_timeline_shows_restarts_and_config_revisions_made_outside_fleetdeck_among_kills_and_changes(
+        cluster, use_replay, api_as, client, people):
+    from apps.fleet.models import ConfigRevision
+
+    change = pushed_change(cluster, minutes_ago=4)
+    use_replay.routes["/api/serve/applications/"] = serve_with(4)
+    sync.sync_cluster(cluster.pk)  # the change's own revision: not shown as one made outside Fleetdeck
+    started = ray_fixture("serve_applications_oom_t1_modelonly_after_recovery.json")["controller_health_metrics"]["controller_start_time"]
+    use_replay.routes["/api/serve/applications/"] = serve_with(16, controller_started=started + 120)
+    assert "controller_restarted" in sync.sync_cluster(cluster.pk).events
+    outside = ConfigRevision.objects.filter(application__name="modelonly").order_by("-pk").first()
+    new_session(use_replay, cluster)
+    [incident_id] = services.detect(cluster.pk)
+
+    related = api_as("viewer").get(f"/api/v1/incidents/{incident_id}/").json()["related_work"]
+    assert [(r["kind"], r["id"]) for r in related if r["kind"] in ("change", "config_revision")] == [
+        ("change", change.pk), ("config_revision", outside.pk)]
+    # The sync that saw the controller restart saw the config pushed outside Fleetdeck too.
+    assert [r["kind"] for r in related] == ["change", "controller_restart", "config_revision", "cluster_restart"]
+    assert "changed outside Fleetdeck" in next(r["text"] for r in related if r["kind"] == "config_revision")
+
+    client.force_login(people["viewer"])
+    page = client.get(reverse("incidents:detail", args=[incident_id])).content.decode()
+    timeline = page[page.index("<h2>Timeline</h2>"):]
+    order = [timeline.index(text) for text in (f"Change #{change.pk}", "Serve controller restarted", "changed outside Fleetdeck",
+                                               "Ray cluster restarted", "killed by Ray&#x27;s memory monitor")]
+    assert order == sorted(order)
+    assert reverse("fleet:revision", args=[outside.pk]) in timeline
+
+
+@pytest.mark.django_db
+def test_an_oom_incident_charts_node_memory_against_the_kill_threshold_and_memory_per_replica_within_its_session(
+        cluster, use_replay, client, people, monkeypatch):
+    from apps.clusters.models import ClusterEvent
+    from apps.incidents.charts import chart_data
+    from apps.incidents.models import NodeWindow, SignalWindow
+
+    new_session(use_replay, cluster)
+    restarted = timezone.now() - timedelta(minutes=10)
+    ClusterEvent.objects.filter(cluster=cluster, kind=ClusterEvent.Kind.SESSION_CHANGED).update(created_at=restarted)
+    now = timezone.now().timestamp()
+    times = [now - 3600 + 30 * i for i in range(121)]  # an hour of readings, most from the session before
+    SignalWindow.objects.create(cluster=cluster, application_name="modelonly", deployment_name="Model", points=[
+        {"t": t, "p50": 40.0, "p99": 90.0, "rps": 3.0, "ongoing": 2, "queued": 0, "rss_mb": 1200.0, "replicas": 2} for t in times])
+    NodeWindow.objects.create(cluster=cluster, node_ip="192.0.2.2", points=[
+        {"t": t, "mem": 0.3, "mem_used": 7.0 * 2**30, "mem_total": 23.5 * 2**30, "gpu": None, "evictions": 0} for t in times])
+
+    [incident_id] = services.detect(cluster.pk)
+    incident = Incident.objects.get(pk=incident_id)
+    chart = chart_data(incident)
+
+    # Only the readings of the session the kill happened in.
+    assert chart["start"] >= int(restarted.timestamp() * 1000) and len(chart["latency"]["p99"]) == 21
+    [node] = chart["nodes"]
+    assert node["ip"] == "192.0.2.2" and node["used_gib"][0][1] == 7.0 and node["total_gib"] == 23.5
+    assert node["threshold_gib"] == round(7582819328 / 2**30, 3)  # the threshold in Ray's kill message
+    [kill] = chart["kills"]
+    assert kill["node_gib"] == round(7595319296 / 2**30, 3) and kill["replica_mib"] == round(int(5.48 * 2**30) / 2**20, 1)
+    # 1,200 decimal MB over two replicas.
+    assert chart["replica_mib"][0][1] == round(600e6 / 2**20, 1)
+    client.force_login(people["viewer"])
+    page = client.get(reverse("incidents:detail", args=[incident_id])).content.decode()
+    assert 'id="node-memory-chart"' in page and 'id="replica-memory-chart"' in page and "from its Ray session only" in page
+
+    # Later readings follow into the open incident's evidence: whether memory came back down after the kill.
+    later = metrics("metrics_after_oom_kills_filtered.prom", at=now + 30)
+    scrapes = iter([metrics("metrics_after_oom_kills_filtered.prom", at=now), later])
+    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s: next(scrapes))
+    services.collect_metrics(cluster.pk)
+    services.collect_metrics(cluster.pk)
+    evidence = Incident.objects.get(pk=incident_id).evidence
+    assert evidence["series"][-1]["t"] == round(now + 30, 1) and evidence["node_memory"]["192.0.2.2"][-1]["t"] == round(now + 30, 1)
