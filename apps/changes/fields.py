@@ -6,6 +6,7 @@ leaves the default of 5 in force), so a plan never sends a name the cluster's Ra
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import get_args
 
 # Renamed in Ray 2.10: (new name, old name, where it lives).
 RENAMES = [
@@ -15,6 +16,14 @@ RENAMES = [
 RENAMED_IN = (2, 10)
 # Options whose value Serve replaces wholesale: a patch must carry the other keys over.
 DICT_OPTIONS = ("ray_actor_options", "autoscaling_config", "user_config")
+# Nulls Serve 2.60 takes but does not keep: it runs a default of its own in their place, so the
+# effective config could never hold the null a change asked for.
+NULL_REPLACED = {
+    ("deployment", "num_replicas"): "its default replica count",
+    ("ray_actor_options", "num_cpus"): "1 CPU",
+}
+# Options Ray's effective config leaves out, rather than reporting null, when they are null.
+OMITTED_WHEN_NULL = frozenset({"autoscaling_config", "gang_scheduling_config", "deployment_actors"})
 
 
 class FieldError(ValueError):
@@ -39,6 +48,25 @@ def known_options() -> dict[str, frozenset[str]]:
     return {
         "deployment": frozenset(DeploymentSchema.model_fields),
         "autoscaling_config": frozenset(AutoscalingConfig.model_fields),
+    }
+
+
+@lru_cache(maxsize=1)
+def null_kept() -> dict[str, frozenset[str]]:
+    """Per place, the options whose null Serve's schema accepts and Serve keeps as the value."""
+    from ray.serve.config import AutoscalingConfig
+    from ray.serve.schema import DeploymentSchema, RayActorOptionsSchema
+
+    def nullable(model, where: str) -> frozenset[str]:
+        return frozenset(
+            name for name, info in model.model_fields.items()
+            if type(None) in get_args(info.annotation) and (where, name) not in NULL_REPLACED
+        )
+
+    return {
+        "deployment": nullable(DeploymentSchema, "deployment"),
+        "autoscaling_config": nullable(AutoscalingConfig, "autoscaling_config"),
+        "ray_actor_options": nullable(RayActorOptionsSchema, "ray_actor_options"),
     }
 
 

@@ -34,7 +34,11 @@ class PlanForm(OptionsChoice, forms.Form):
         label="Options (YAML or JSON)",
         required=False,
         widget=forms.Textarea(attrs={"rows": 8, "class": "mono", "placeholder": "max_ongoing_requests: 2\nautoscaling_config:\n  target_ongoing_requests: 1"}),
-        help_text="Only the options to change. Dicts such as autoscaling_config are merged into what runs now.",
+        help_text=(
+            "Only the options to change; dicts such as autoscaling_config are merged into what runs now. null is sent "
+            "as null, never as a removal: autoscaling_config: null with num_replicas turns autoscaling off, a user_config "
+            "key: null reaches the app as null, and a null Serve refuses or replaces with its own default is refused."
+        ),
     )
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), help_text="Recorded with the change and in the audit log.")
 

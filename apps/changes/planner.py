@@ -11,7 +11,7 @@ from typing import Any
 
 import jsonpatch
 
-from apps.changes.fields import DICT_OPTIONS, autoscaling_defaults, for_version, unknown_fields
+from apps.changes.fields import DICT_OPTIONS, OMITTED_WHEN_NULL, autoscaling_defaults, for_version, unknown_fields
 from apps.changes.validation import conflicts
 from apps.clusters.ray_dashboard import ServeStatus
 from apps.fleet.configs import config_hash, unified_diff
@@ -75,7 +75,10 @@ def plan_patch(serve: ServeStatus, targets: list[dict], options: dict, ray_versi
             entry = {"name": dep_name}
             entries.append(entry)
         warnings += [f"{app_name}/{dep_name}: {problem} (already in its config; left as is)" for problem in unknown_fields({k: v for k, v in entry.items() if k != "name"})]
-        merged, notes = merge_options(entry, observed.deployment_config, options)
+        try:
+            merged, notes = merge_options(entry, observed.deployment_config, options)
+        except PlanError as exc:
+            raise PlanError(f"{app_name}/{dep_name}: {exc}") from exc
         warnings += [f"{app_name}/{dep_name}: {note}" for note in notes]
         problems = conflicts(resulting_options(observed.deployment_config, merged))
         if problems:
@@ -122,22 +125,49 @@ def dropped_applications(base: dict, new: dict, named: set[str]) -> list[str]:
 def merge_options(entry: dict, effective: dict, options: dict) -> tuple[dict, list[str]]:
     """The deployment entry after `options`. Serve replaces ray_actor_options, autoscaling_config
     and user_config wholesale, so those start from the *effective* values (which include what the
-    code's decorator set), or setting num_cpus would silently drop num_gpus."""
+    code's decorator set), or setting num_cpus would silently drop num_gpus.
+
+    A null is a value like any other: it is sent as null, which Serve keeps (validation refuses
+    the nulls it would not). It never removes a key: a removed option falls back to what the
+    code sets, which Fleetdeck cannot see, so neither the diff nor the verification could say
+    what the deployment would run."""
     merged = copy.deepcopy(entry)
-    notes: list[str] = []
+    autoscaled = _autoscales(entry, effective)
+    # Turning autoscaling off gets a note of its own, below.
+    notes = [f"{path} set to null (sent as null, not removed)." for path in _null_paths(options)
+             if not (autoscaled and path == "autoscaling_config")]
     for key, value in options.items():
         if key in DICT_OPTIONS and isinstance(value, dict):
             merged[key] = _deep_merge(_effective_dict(key, entry, effective), value)
-        elif value is None:
-            merged.pop(key, None)
         else:
             merged[key] = copy.deepcopy(value)
-    if "autoscaling_config" in options and isinstance(merged.get("num_replicas"), int):
+    if isinstance(options.get("autoscaling_config"), dict) and isinstance(merged.get("num_replicas"), int):
         notes.append(f"num_replicas ({merged.pop('num_replicas')}) removed: autoscaling now sets the replica count.")
-    if isinstance(options.get("num_replicas"), int) and "autoscaling_config" in merged:
-        merged.pop("autoscaling_config")
-        notes.append("autoscaling_config removed: a fixed num_replicas turns autoscaling off.")
+    if isinstance(options.get("num_replicas"), int) and _autoscales(merged, effective):
+        # A null, not a removal: without the key Serve would keep the autoscaling the code sets.
+        merged["autoscaling_config"] = None
+    if autoscaled and "autoscaling_config" in merged and merged["autoscaling_config"] is None:
+        if not isinstance(merged.get("num_replicas"), int):
+            raise PlanError(
+                "autoscaling_config: null turns autoscaling off, and Serve then runs the replica count the deployment's "
+                "code sets (or 1), which Fleetdeck cannot see. Add num_replicas to say how many replicas it keeps."
+            )
+        notes.append(f"autoscaling_config set to null: autoscaling off, num_replicas fixed at {merged['num_replicas']}.")
     return merged, notes
+
+
+def _autoscales(entry: dict, effective: dict) -> bool:
+    if "autoscaling_config" in entry:
+        return isinstance(entry["autoscaling_config"], dict)
+    return isinstance(effective.get("autoscaling_config"), dict)
+
+
+def _null_paths(options: dict, prefix: str = ""):
+    for key, value in options.items():
+        if value is None:
+            yield f"{prefix}{key}"
+        elif isinstance(value, dict):
+            yield from _null_paths(value, f"{prefix}{key}.")
 
 
 def resulting_options(effective: dict, entry: dict) -> dict:
@@ -148,7 +178,7 @@ def resulting_options(effective: dict, entry: dict) -> dict:
         if key == "name":
             continue
         result[key] = _deep_merge(result[key], value) if isinstance(value, dict) and isinstance(result.get(key), dict) else copy.deepcopy(value)
-    if "autoscaling_config" in entry and "num_replicas" not in entry:
+    if isinstance(entry.get("autoscaling_config"), dict) and "num_replicas" not in entry:
         result.pop("num_replicas", None)
     if "num_replicas" in entry and "autoscaling_config" not in entry:
         result.pop("autoscaling_config", None)
@@ -163,7 +193,7 @@ def _effective_dict(key: str, entry: dict, effective: dict) -> dict:
     if isinstance(entry.get(key), dict):
         return copy.deepcopy(entry[key])
     current = effective.get(key) if isinstance(effective.get(key), dict) else {}
-    base = {k: copy.deepcopy(v) for k, v in current.items() if v is not None}
+    base = copy.deepcopy(current)
     if key == "ray_actor_options":
         # The effective runtime_env includes what the application level contributes; copying it
         # down would pin those values on the deployment.
@@ -177,9 +207,7 @@ def _effective_dict(key: str, entry: dict, effective: dict) -> dict:
 def _deep_merge(base: dict, patch: dict) -> dict:
     out = copy.deepcopy(base)
     for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _deep_merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
@@ -241,13 +269,21 @@ def verify(serve: ServeStatus, expected: dict[tuple[str, str], dict], base_deplo
     return Verdict(done=not waiting, waiting_for=waiting)
 
 
-def not_taken(wanted: dict, effective: dict, prefix: str = "") -> list[str]:
-    """Paths of wanted values the effective config does not (yet) hold."""
+def not_taken(wanted: dict, effective: dict, prefix: str = "", exact: bool = False) -> list[str]:
+    """Paths of wanted values the effective config does not (yet) hold. A null is held only by a
+    null, or, for the options Ray's effective config leaves out when null, by their absence: a
+    key Ray does not report is never taken for a null. Serve hands user_config to the replicas
+    verbatim, so inside it a key the change does not have is not taken either (`exact`)."""
     missing = []
     for key, value in wanted.items():
         path = f"{prefix}{key}"
-        if isinstance(value, dict) and isinstance(effective.get(key), dict):
-            missing += not_taken(value, effective[key], prefix=f"{path}.")
-        elif effective.get(key) != value:
+        if key not in effective:
+            if not (value is None and not prefix and key in OMITTED_WHEN_NULL):
+                missing.append(path)
+        elif isinstance(value, dict) and isinstance(effective[key], dict):
+            missing += not_taken(value, effective[key], f"{path}.", exact or (not prefix and key == "user_config"))
+        elif effective[key] != value:
             missing.append(path)
+    if exact:
+        missing += [f"{prefix}{key}" for key in effective if key not in wanted]
     return missing

@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 from django.core.exceptions import ValidationError
 
-from apps.changes.fields import unknown_fields
+from apps.changes.fields import NULL_REPLACED, known_options, null_kept, unknown_fields
 
 MAX_PATCH_CHARS = 64_000
 
@@ -35,11 +35,52 @@ def validate_options(options: Any) -> dict:
     if "name" in options:
         raise ValidationError("'name' is not an option: the targets say which deployments change.")
     problems = unknown_fields(options)
-    problems += serve_schema_errors(options)
+    nulls = null_problems(options)
+    problems += nulls
+    # A refused null is explained once, above, not again in pydantic's words.
+    problems += serve_schema_errors(_without_nulls(options) if nulls else options)
     problems += conflicts(options)
     if problems:
         raise ValidationError(problems)
     return options
+
+
+def null_problems(options: dict) -> list[str]:
+    """Nulls a change could not do: a null is sent as null (never as a removal), so it must be one
+    Serve accepts and keeps, which its effective config then reports back. user_config reaches the
+    deployment verbatim, so any null inside it is the deployment's business. Names Serve does not
+    know are left to `unknown_fields`."""
+    kept, known = null_kept(), known_options()
+    problems = []
+    for key, value in options.items():
+        if value is None and key in known["deployment"] and key not in kept["deployment"]:
+            problems.append(_null_refused(key, "deployment", key))
+        elif isinstance(value, dict) and key in ("autoscaling_config", "ray_actor_options"):
+            for inner, inner_value in value.items():
+                path = f"{key}.{inner}"
+                unknown = key == "autoscaling_config" and inner not in known["autoscaling_config"]
+                if inner_value is None and inner not in kept[key] and not unknown:
+                    problems.append(_null_refused(path, key, inner))
+                elif isinstance(inner_value, dict) and _has_null(inner_value):
+                    problems.append(f"{path}: Serve takes no null inside it. A null is sent as null, never as a removal.")
+    return problems
+
+
+def _null_refused(path: str, where: str, name: str) -> str:
+    replaced = NULL_REPLACED.get((where, name))
+    why = f"Serve runs {replaced} in place of a null" if replaced else "Serve refuses null here"
+    return f"{path}: {why}. A null is sent as null, never as a removal: give a value."
+
+
+def _has_null(value: dict) -> bool:
+    return any(v is None or (isinstance(v, dict) and _has_null(v)) for v in value.values())
+
+
+def _without_nulls(options: dict) -> dict:
+    return {
+        key: (_without_nulls(value) if isinstance(value, dict) and key != "user_config" else value)
+        for key, value in options.items() if value is not None
+    }
 
 
 def serve_schema_errors(options: dict) -> list[str]:

@@ -51,12 +51,25 @@ def with_patch(settings: dict, patch: dict) -> dict:
             auto.update({k: v for k, v in value.items() if k in AUTOSCALING_KEYS})
             out["autoscaling_config"] = auto
             out.pop("num_replicas", None)
+        elif key == "autoscaling_config" and value is None:
+            # A null turns autoscaling off; the planner requires the num_replicas Serve then runs
+            # wherever the deployment autoscaled.
+            out.pop("autoscaling_config", None)
+            out["num_replicas"] = patch.get("num_replicas", out.get("num_replicas"))
+        elif key == "num_replicas" and isinstance(value, int):
+            # A fixed count makes the planner set autoscaling_config to null.
+            out["num_replicas"] = value
+            if "autoscaling_config" not in patch:
+                out.pop("autoscaling_config", None)
         elif key == "user_config" and isinstance(value, dict):
             # Serve replaces user_config wholesale, but the change planner merges the patch into the
-            # running one, so the keys the patch leaves out keep their values.
+            # running one, so the keys the patch leaves out keep their values; a null is sent as
+            # null, and Serve reports it back as one.
             tracked = {**(out.get("user_config") or {}), **{k: v for k, v in value.items() if k in USER_CONFIG_KEYS}}
             if tracked:
                 out["user_config"] = tracked
+        elif key == "user_config" and value is None:
+            out.pop("user_config", None)
         elif key in out or key in ("max_ongoing_requests", "max_queued_requests"):
             out[key] = value
     return out

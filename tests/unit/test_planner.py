@@ -243,15 +243,17 @@ def test_a_user_config_patch_merges_keys_into_the_submitted_user_config():
     assert planned_entry(plan.new_config, "demo", "Model")["user_config"] == {"alloc_mb": 0, "hold_s": 0.1, "rev": 2}
 
 
-def test_a_none_inside_a_dict_option_deletes_that_key():
+def test_a_null_inside_a_dict_option_is_sent_as_null_and_said_so():
     plan = plan_patch(live(), target("demo", "Model"), {"user_config": {"hold_s": None}}, CURRENT)
-    assert planned_entry(plan.new_config, "demo", "Model")["user_config"] == {"alloc_mb": 0}
+    assert planned_entry(plan.new_config, "demo", "Model")["user_config"] == {"alloc_mb": 0, "hold_s": None}
+    assert plan.json_patch == [{"op": "replace", "path": "/applications/0/deployments/1/user_config/hold_s", "value": None}]
+    assert plan.warnings == ["demo/Model: user_config.hold_s set to null (sent as null, not removed)."]
 
 
-def test_a_none_for_a_top_level_option_deletes_it_from_the_entry():
-    plan = plan_patch(live(), target("demo", "Model"), {"max_queued_requests": None}, CURRENT)
-    assert "max_queued_requests" not in planned_entry(plan.new_config, "demo", "Model")
-    assert plan.json_patch == [{"op": "remove", "path": "/applications/0/deployments/1/max_queued_requests"}]
+def test_a_null_for_a_top_level_option_is_sent_as_null_never_as_a_removal():
+    plan = plan_patch(live(), target("echo2", "Echo"), {"user_config": None}, CURRENT)
+    assert planned_entry(plan.new_config, "echo2", "Echo")["user_config"] is None
+    assert plan.json_patch == [{"op": "replace", "path": "/applications/1/deployments/0/user_config", "value": None}]
 
 
 # --- plan_patch: num_replicas versus autoscaling --------------------------------------------
@@ -266,13 +268,13 @@ def test_turning_on_autoscaling_removes_num_replicas_with_a_warning():
     assert plan.warnings[0].startswith("demo/Echo: num_replicas (1) removed")
 
 
-def test_a_fixed_num_replicas_removes_autoscaling_with_a_warning():
+def test_a_fixed_num_replicas_sets_autoscaling_to_null_with_a_warning():
+    # A null, not a removal: without the key Serve would keep autoscaling the code sets.
     plan = plan_patch(live(), target("demo", "Model"), {"num_replicas": 3}, CURRENT)
     entry = planned_entry(plan.new_config, "demo", "Model")
     assert entry["num_replicas"] == 3
-    assert "autoscaling_config" not in entry
-    assert len(plan.warnings) == 1
-    assert plan.warnings[0].startswith("demo/Model: autoscaling_config removed")
+    assert entry["autoscaling_config"] is None
+    assert plan.warnings == ["demo/Model: autoscaling_config set to null: autoscaling off, num_replicas fixed at 3."]
 
 
 # --- plan_patch: conflicts and unknown targets ----------------------------------------------
@@ -542,9 +544,7 @@ def test_verify_waits_for_an_application_not_listed_yet():
     assert "demo/Model: not listed yet" in verdict.waiting_for
 
 
-def test_verify_is_not_done_for_a_deletion_the_cluster_has_not_redeployed():
-    # BUG: a patch that only deletes a key leaves nothing `not_taken` can miss, so the
-    # unchanged cluster (same deploy times, hold_s still in the effective user_config) reads as done.
+def test_verify_is_not_done_for_a_null_the_cluster_has_not_redeployed():
     serve = live()
     plan = plan_patch(serve, target("demo", "Model"), {"user_config": {"hold_s": None}}, CURRENT)
     assert plan.changes_anything
