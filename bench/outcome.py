@@ -46,7 +46,7 @@ from apps.fleet.models import Application  # noqa: E402
 from apps.incidents.models import Incident  # noqa: E402
 from apps.maintenance import services as maintenance  # noqa: E402
 from apps.remediation import wizards  # noqa: E402
-from bench.ray_lab import Burst, Lab, observe, replay  # noqa: E402
+from bench.ray_lab import Burst, Lab, numbered, observe, replay  # noqa: E402
 from controlplane.local_ray import REFERENCE_APP_DIR, REFERENCE_WARMUP  # noqa: E402
 
 TARGET = [{"application": "reference", "deployment": "Generator"}]
@@ -56,7 +56,7 @@ ACTOR = Actor.system(via="cli")
 def replay_schedule(lab: Lab, cluster: Cluster, args) -> dict:
     body = {"prompt": "x" * args.prompt_chars, "max_tokens": args.max_tokens}
     schedule = [Burst(at_s=i * args.period_s, clients=args.burst_size) for i in range(args.bursts)]
-    return replay(lab, cluster, schedule, lambda client: client.post(f"{lab.head.serve_url}/reference", json=body),
+    return replay(lab, cluster, schedule, lambda client: client.post(f"{lab.head.serve_url}/reference", json=numbered(body)),
                   application="reference", deployment="Generator", request_timeout_s=args.request_timeout_s)
 
 

@@ -8,6 +8,7 @@ Import this after `django.setup()`.
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 import threading
@@ -28,6 +29,18 @@ from controlplane.local_ray import LocalRayHead, memory_monitor_env, memory_usag
 
 def node_used_bytes() -> int:
     return memory_usage()[0]
+
+
+_PROMPT_NUMBERS, _PROMPT_LOCK = itertools.count(), threading.Lock()
+
+
+def numbered(body: dict) -> dict:
+    """`body` with a prompt no request of this run sent before, as long as the original: an app's
+    answer cache must never stand in for its model, and an arm that only changes sizing keeps its
+    replicas, and their cache, from the arm before."""
+    with _PROMPT_LOCK:
+        n = next(_PROMPT_NUMBERS)
+    return {**body, "prompt": f"{n:08d} {body['prompt']}"[:len(body["prompt"])]}
 
 
 def observe(cluster: Cluster) -> None:

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import itertools
 import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +51,7 @@ from apps.fleet.models import Application  # noqa: E402
 from apps.incidents.models import Incident  # noqa: E402
 from apps.maintenance import services as maintenance  # noqa: E402
 from apps.remediation.models import Wizard, WizardStep  # noqa: E402
-from bench.ray_lab import Lab, bursty_schedule, node_used_bytes, observe, replay, span_s  # noqa: E402
+from bench.ray_lab import Lab, bursty_schedule, node_used_bytes, numbered, observe, replay, span_s  # noqa: E402
 from controlplane.local_ray import GIB, REFERENCE_APP_DIR, REFERENCE_WARMUP  # noqa: E402
 
 PLAIN_APP_DIR = REPO / "deploy" / "plain_app"
@@ -77,16 +75,7 @@ class App:
         url = f"{serve_url}{self.path}"
         if self.body is None or "prompt" not in self.body:
             return lambda client: client.request(self.method, url, json=self.body)
-        numbers, lock = itertools.count(), threading.Lock()
-
-        def one(client):
-            # A new prompt every request, so the app's response cache never answers in place of the model.
-            with lock:
-                n = next(numbers)
-            prompt = f"{n:08d} {self.body['prompt']}"[:len(self.body["prompt"])]
-            return client.request(self.method, url, json={**self.body, "prompt": prompt})
-
-        return one
+        return lambda client: client.request(self.method, url, json=numbered(self.body))
 
     def with_sizing(self, **fields) -> dict:
         """The starting config with only the deployment's sizing replaced: Serve's defaults for
