@@ -68,7 +68,9 @@ CONFIG_REMEDIES = {"R1", "R2", "R10"}
 
 GUIDANCE = {
     "R3": "Reject oversized input at the edge, before it reaches the model: cap prompt characters (or bytes, pixels, frames) and "
-          "requested tokens, and answer 413 or 422 with the limit in the message. An outlier request then costs a 4xx, not a replica.",
+          "requested tokens, and answer 413 or 422 with the limit in the message. An outlier request then costs a 4xx, not a replica. "
+          "Read the token caps from user_config (max_prompt_tokens, max_tokens_cap) and the wizard sizes them from a token-sum "
+          "calibration and the memory budget, and applies them as a config change.",
     "R4": "Batch by the sum of tokens (pixels, frames) rather than by request count, so one long request cannot make a batch ten "
           "times the memory of a typical one. Serve's @serve.batch takes a size function for this; size the sum from the "
           "calibrated memory curve: give the deployment class a calibration_batch(token_sum) method, calibrate it on the token-sum "

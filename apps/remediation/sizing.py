@@ -1,4 +1,5 @@
-"""Computed values for the config remedies (R1, R2, R10) and the token-sum batch limit (R4): from
+"""Computed values for the config remedies (R1, R2, R10), the token-sum batch limit (R4) and the
+input caps (R3) of a deployment that reads them from its user_config: from
 measured memory, the memory budget, the resources the cluster can schedule and the measured
 service time, never from constants. Pure functions; every value comes with the reason it has that
 value, and the same inputs always give the same values.
@@ -167,12 +168,15 @@ class Sizing:
 # --- where memory figures come from --------------------------------------------------------
 
 
+INPUT_CAPS = ("max_prompt_tokens", "max_tokens_cap")
+
+
 def request_tokens(user_config: dict | None) -> tuple[int | None, str]:
     """The most tokens one request can bring to a batch: the deployment's own caps, when its
     user_config sets both (max_prompt_tokens + max_tokens_cap); else None, with the reason."""
     config = user_config or {}
-    caps = {name: config.get(name) for name in ("max_prompt_tokens", "max_tokens_cap")}
-    missing = [name for name, value in caps.items() if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1)]
+    caps = {name: config.get(name) for name in INPUT_CAPS}
+    missing = [name for name, value in caps.items() if not _is_cap(value)]
     if missing:
         return None, f"the user_config caps no {' and no '.join(missing)}"
     tokens = sum(caps.values())
@@ -392,6 +396,8 @@ def compute(current: Current, memory: Memory | None, budget: Budget | None, load
             sizing.values[remedy] = {"patch": None, "waiting": True, "reasons": {option: sizing.why_not_sized}, "warnings": []}
         if curve is not None and curve.axis == "token_sum":
             sizing.values["R4"] = _batch_tokens(current, curve, budget, None, None)
+        if reads_input_caps(current.user_config):
+            sizing.values["R3"] = input_caps(current, memory, budget, None, curve, sizing.values.get("R4"))
         return sizing
     plan = choose(memory, budget, resources, latency_objective_ms)
     sizing.plan = plan.as_dict()
@@ -400,6 +406,8 @@ def compute(current: Current, memory: Memory | None, budget: Budget | None, load
     sizing.values["R10"] = _queue_bound(current, plan, load, latency_objective_ms)
     if curve is not None and curve.axis == "token_sum":
         sizing.values["R4"] = _batch_tokens(current, curve, budget, plan.per_node, plan.concurrency)
+    if reads_input_caps(current.user_config):
+        sizing.values["R3"] = input_caps(current, memory, budget, plan, curve, sizing.values.get("R4"))
     return sizing
 
 
@@ -599,6 +607,78 @@ def _batch_tokens(current: Current, curve, budget: Budget | None, per_node: int 
     patch = {"user_config": {"max_batch_tokens": value}} if "max_batch_tokens" in config else None
     return {"patch": patch, "value": {"max_batch_tokens": value}, "largest_fitting_tokens": limit,
             "reasons": {"max_batch_tokens": reason}, "warnings": warnings}
+
+
+def reads_input_caps(user_config: dict | None) -> bool:
+    """Whether the deployment takes an input cap from its user_config, so that R3 is a config change."""
+    return any(name in (user_config or {}) for name in INPUT_CAPS)
+
+
+def input_caps(current: Current, memory: Memory | None, budget: Budget | None, plan: Plan | None, curve, batch: dict | None) -> dict:
+    """R3 where the deployment reads its caps from user_config: the most tokens one request may
+    bring (prompt plus requested) so that a replica holding as many requests as R1 sized fits its
+    share of the memory budget, each token priced at the token-sum calibration's steepest step,
+    and no more than the batch limit the deployment enforces (a larger request could never join a
+    batch). Caps are only lowered, in their own proportion; caps that fit are kept, and without a
+    per-token measurement and a budget nothing is computed."""
+    config = current.user_config or {}
+    caps = {name: config.get(name) for name in INPUT_CAPS}
+    unusable = [name for name, value in caps.items() if not _is_cap(value)]
+    if unusable:
+        return {"patch": None, "value": {}, "reasons": {}, "warnings": [
+            f"The user_config has no usable {' and no '.join(unusable)} (a whole number of tokens, at least 1): a request's size has "
+            "no bound Fleetdeck can set. Read both caps from user_config and the wizard computes them from measured memory."]}
+    if curve is None or curve.axis != "token_sum":
+        measured = (f"calibration #{curve.calibration_id} measured memory per request, not per token"
+                    if curve is not None else "memory per token is not measured")
+        return _caps_waiting(f"No caps are computed: {measured}, and a cap sized without it could be a guess that lets requests "
+                             "use more memory. Calibrate on the token-sum axis (a calibration_batch(token_sum) method), then re-plan.")
+    if budget is None or plan is None or memory is None:
+        return _caps_waiting("No caps are computed: there is no memory budget to fit a request into (no kill message and no node "
+                             "reading). Collect metrics or wait for a kill, then re-plan.")
+    per_token = max(curve.per_unit_bytes, 1)
+    per_node = max(plan.per_node, 1)
+    share = budget.bytes_per_node // per_node
+    room = share - memory.baseline_bytes
+    fit = int(room // (plan.concurrency * per_token)) if room > 0 else 0
+    why = (f"one replica's share of the budget is {_mib(share)} ({_mib(budget.bytes_per_node)} per node ÷ {per_node} replica(s)); "
+           f"less its {_mib(memory.baseline_bytes)} at rest, {_mib(max(room, 0))} holds {plan.concurrency} request(s) at once "
+           f"(max_ongoing_requests {plan.concurrency}) of at most {fit} tokens at {per_token / 1024:,.0f} KiB per token (calibration "
+           f"#{curve.calibration_id}'s steepest step)")
+    batch_limit = (batch or {}).get("value", {}).get("max_batch_tokens") if "max_batch_tokens" in config else None
+    if batch_limit and batch_limit < fit:
+        fit = batch_limit
+        why += f"; a request larger than the batch limit of {batch_limit} tokens (R4) could never join a batch"
+    total = caps["max_prompt_tokens"] + caps["max_tokens_cap"]
+    if fit < 2:
+        return {"patch": None, "not_applicable": True, "value": {},
+                "reasons": {name: f"Not computed: {why}." for name in INPUT_CAPS},
+                "warnings": [f"Not even a request of two tokens fits: {why}. No input cap prevents the kill: give the deployment more "
+                             "memory per node or fewer replicas per node."]}
+    if total <= fit:
+        kept = f"kept: a request brings at most {total} tokens and up to {fit} fit ({why})."
+        return {"patch": {"user_config": dict(caps)}, "value": dict(caps), "warnings": [],
+                "reasons": {name: f"{value}, {kept}" for name, value in caps.items()}}
+    prompt = max(1, min(caps["max_prompt_tokens"], fit * caps["max_prompt_tokens"] // total))
+    generated = max(1, min(caps["max_tokens_cap"], fit - prompt))
+    split = f"{prompt + generated} tokens a request, split as the current caps are ({caps['max_prompt_tokens']} + {caps['max_tokens_cap']})"
+    warnings = []
+    largest = int(max(x for x, _ in curve.points))
+    if prompt + generated > largest:
+        warnings.append(f"{prompt + generated} tokens is beyond the largest calibrated sum ({largest}): the curve's last step is "
+                        "extrapolated. Calibrate larger token sums to confirm it.")
+    new = {"max_prompt_tokens": prompt, "max_tokens_cap": generated}
+    return {"patch": {"user_config": new}, "value": new, "warnings": warnings,
+            "reasons": {name: f"{value}, down from {caps[name]}: {split}; {why}." for name, value in new.items()}}
+
+
+def _caps_waiting(why: str) -> dict:
+    return {"patch": None, "waiting": True, "why_waiting": why, "value": {}, "reasons": {name: why for name in INPUT_CAPS},
+            "warnings": []}
+
+
+def _is_cap(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def largest_token_sum(curve, limit_bytes: int, ceiling: int) -> int:

@@ -132,10 +132,11 @@ def _remedy_step(wizard: Wizard, position: int, remedy: str, found: diagnosis.Di
 
 def _set_values(step: WizardStep, found: diagnosis.Diagnosis, effective: dict) -> None:
     """A config step for the config remedies, and for any other remedy the sizing gives a patch
-    (R4 where the deployment reads its batch limit from user_config); a checklist otherwise, with
-    the computed values, if any, as guidance."""
+    or will once measured (R4 where the deployment reads its batch limit from user_config, R3
+    where it reads its input caps from there); a checklist otherwise, with the computed values,
+    if any, as guidance."""
     computed = found.sizing.values.get(step.remedy, {})
-    if step.remedy not in CONFIG_REMEDIES and not computed.get("patch"):
+    if step.remedy not in CONFIG_REMEDIES and not any(computed.get(k) for k in ("patch", "waiting", "not_applicable")):
         step.kind, step.patch, step.values = WizardStep.Kind.CHECKLIST, None, {"guidance": GUIDANCE[step.remedy]}
         if computed:
             step.values["warnings"] = computed.get("warnings", [])
@@ -148,7 +149,7 @@ def _set_values(step: WizardStep, found: diagnosis.Diagnosis, effective: dict) -
     step.values = {k: v for k, v in computed.items() if k != "patch"}
     step.patch = computed.get("patch")
     if computed.get("waiting"):
-        step.note = "No values yet: they are computed from the calibration's measurements."
+        step.note = computed.get("why_waiting") or "No values yet: they are computed from the calibration's measurements."
         if step.status == Status.NOT_APPLICABLE:
             step.status = Status.PENDING
     elif computed.get("not_applicable"):
@@ -207,8 +208,8 @@ def apply(actor: Actor, wizard: Wizard, positions: list[int], *, revision: int |
             if step.kind != WizardStep.Kind.CONFIG:
                 raise WizardError(f"Step {step.position} ({step.remedy}) is a code-level remedy: confirm it or run its check instead.")
             if step.status in (Status.PENDING, Status.FAILED) and not step.patch and step.values.get("waiting"):
-                raise WizardError(f"Step {step.position} ({step.remedy}) has no values yet: run the calibration step first, "
-                                  "so they come from measured memory.")
+                raise WizardError(f"Step {step.position} ({step.remedy}) has no values yet: "
+                                  + step.values.get("why_waiting", "run the calibration step first, so they come from measured memory."))
             if step.status not in (Status.PENDING, Status.FAILED) or not step.patch:
                 raise WizardError(f"Step {step.position} ({step.remedy}) is {step.get_status_display().lower()}: nothing to apply.")
         WizardStep.objects.filter(pk__in=[s.pk for s in steps]).update(status=Status.APPLYING, updated_by=actor.user)

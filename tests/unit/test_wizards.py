@@ -633,3 +633,71 @@ def test_changed_token_caps_make_the_wizard_replan_instead_of_apply(people, inci
     wizard.refresh_from_db()
     # Re-planned from the live caps: a request now brings 1,536 tokens.
     assert wizard.diagnosis["memory"]["per_request_bytes"] == 1536 * MIB and not Change.objects.exists()
+
+
+# --- R3 where the deployment reads its input caps from user_config ------------------------------
+
+
+def test_input_caps_read_from_user_config_make_r3_a_config_step_sized_from_a_token_calibration(people, incident, live, cluster):
+    # 10,240 tokens at 1 MiB each: not even one such request fits the node's budget.
+    run_with_user_config(live, cluster, {"alloc_mb": 0, "max_prompt_tokens": 8192, "max_tokens_cap": 2048, "max_batch_tokens": 65536})
+    token_calibration(incident.deployment)
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    r3 = by_remedy(wizard)["R3"]
+    assert r3.kind == "config" and r3.status == "pending"
+    caps = r3.patch["user_config"]
+    assert set(caps) == {"max_prompt_tokens", "max_tokens_cap"}
+    # The most tokens a replica's share holds at R1's concurrency, less the replica at rest, at 1 MiB a token; split 4:1 as before.
+    plan, budget = wizard.diagnosis["plan"], wizard.diagnosis["budget"]["bytes_per_node"]
+    fit = (budget // plan["per_node"] - wizard.diagnosis["memory"]["baseline_bytes"]) // (plan["concurrency"] * MIB)
+    assert caps["max_prompt_tokens"] + caps["max_tokens_cap"] == fit < 8192 + 2048
+    assert caps["max_prompt_tokens"] == fit * 8192 // 10240
+    assert r3.values["reasons"]["max_tokens_cap"].startswith(f"{caps['max_tokens_cap']}, down from 2048:")
+
+    change = wizards.apply(actor(people), wizard, [r3.position], revision=wizard.revision)
+    model = next(d for d in change.new_config["applications"][0]["deployments"] if d["name"] == "Model")
+    assert model["user_config"] == {"alloc_mb": 0, "max_batch_tokens": 65536, **caps}
+
+
+def test_caps_below_the_batch_limit_are_lowered_to_it_and_caps_that_fit_are_kept(people, incident, live, cluster):
+    # A batch never holds more than 500 tokens: a request of 640 could never join one.
+    run_with_user_config(live, cluster, {**TOKEN_CAPS, "max_batch_tokens": 500})
+    token_calibration(incident.deployment)
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    r3 = by_remedy(wizard)["R3"]
+    assert r3.patch == {"user_config": {"max_prompt_tokens": 400, "max_tokens_cap": 100}}
+    assert "batch limit of 500 tokens (R4)" in r3.values["reasons"]["max_prompt_tokens"]
+
+    small = {"max_prompt_tokens": 64, "max_tokens_cap": 16}
+    run_with_user_config(live, cluster, {**small, "max_batch_tokens": 500})
+    wizards.replan(actor(people), wizard, revision=wizard.revision)
+    r3 = by_remedy(wizard)["R3"]
+    # Never raised: caps that fit stay as they are.
+    assert r3.kind == "config" and r3.status == "not_applicable" and r3.patch == {"user_config": small}
+    assert r3.values["reasons"]["max_prompt_tokens"].startswith("64, kept: a request brings at most 80 tokens")
+
+
+def test_without_a_per_token_measurement_r3_is_a_config_step_that_says_why_it_has_no_values(people, incident, live, cluster):
+    run_with_user_config(live, cluster, {"alloc_mb": 0, **TOKEN_CAPS})
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    r3 = by_remedy(wizard)["R3"]
+    assert r3.kind == "config" and r3.patch is None and r3.values["waiting"]
+    assert r3.note.startswith("No caps are computed: memory per token is not measured")
+    with pytest.raises(wizards.WizardError, match="no values yet: No caps are computed"):
+        wizards.apply(actor(people), wizard, [r3.position], revision=None)
+
+    # A concurrency calibration measures memory per request, not per token: still no caps.
+    calibrated = calibrate(cluster)
+    wizards.replan(actor(people), wizard, revision=wizard.revision)
+    r3 = by_remedy(wizard)["R3"]
+    assert r3.kind == "config" and r3.patch is None
+    assert f"calibration #{calibrated.pk} measured memory per request, not per token" in r3.note
+    assert not Change.objects.exists()
+
+
+def test_a_deployment_reading_only_one_cap_from_user_config_keeps_r3_a_checklist_that_says_so(people, incident, live, cluster):
+    run_with_user_config(live, cluster, {"alloc_mb": 0, "max_tokens_cap": 128})
+    token_calibration(incident.deployment)
+    r3 = by_remedy(wizards.start(actor(people), incident=incident)[0])["R3"]
+    assert r3.kind == "checklist" and r3.patch is None and "413" in r3.values["guidance"]
+    assert "no usable max_prompt_tokens" in r3.values["warnings"][0]
