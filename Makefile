@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install browser fault-loop
+.PHONY: run test install browser fault-loop token
 
 $(STAMP): pyproject.toml scripts/install.sh
 	scripts/install.sh $(VENV)
@@ -16,6 +16,12 @@ browser:
 
 run: $(STAMP)
 	FLEETDECK_DEBUG=$${FLEETDECK_DEBUG:-1} $(PY) manage.py runlocal
+
+# `make token USER=alice` prints a new API token for alice from the database `make run` uses,
+# under the same development settings: manage.py alone refuses to start without a real secret key.
+token:
+	@test "$(origin USER)" = "command line" || { echo 'Usage: make token USER=<username>' >&2; exit 2; }
+	@FLEETDECK_DEBUG=$${FLEETDECK_DEBUG:-1} $(PY) manage.py create_api_token '$(USER)'
 
 test: $(STAMP) browser
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -14,7 +14,7 @@ from apps.kubernetes_link.validation import validate_cluster_name, validate_name
 
 class ConnectionForm(forms.Form):
     name = forms.CharField(max_length=63, help_text="Lowercase letters, digits and dashes, e.g. prod-eu; cannot change later.")
-    team = forms.ModelChoiceField(queryset=None, empty_label=None)
+    team = forms.ModelChoiceField(queryset=None, empty_label=None, help_text="The team whose admins manage this connection.")
     in_cluster = forms.BooleanField(
         label="Use Fleetdeck's own service account (Fleetdeck runs in this Kubernetes cluster)", required=False,
         help_text="Superusers only: this account can read every team's namespaces.",
@@ -24,7 +24,7 @@ class ConnectionForm(forms.Form):
         help_text="A kubeconfig with a token or client certificate, inline (token, *-data): credential plugins, file paths and "
                   "proxy-url are refused. Stored encrypted, never shown again.",
     )
-    context = forms.CharField(required=False, max_length=253, help_text="Empty: the kubeconfig's current-context.")
+    context = forms.CharField(label="Kubeconfig context", required=False, max_length=253, help_text="Empty: the kubeconfig's current-context.")
     namespaces = forms.CharField(
         widget=forms.TextInput(attrs={"placeholder": "ml, ray-serve"}),
         help_text="Comma-separated. Fleetdeck looks for RayClusters and RayServices only here.",

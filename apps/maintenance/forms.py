@@ -8,11 +8,20 @@ from apps.maintenance.models import RecycleSchedule, WarmupProfile
 
 DAYS = [(0, "Mon"), (1, "Tue"), (2, "Wed"), (3, "Thu"), (4, "Fri"), (5, "Sat"), (6, "Sun")]
 WINDOW_FIELDS = ["window_days", "window_start_hour", "window_end_hour", "timezone"]
+WINDOW_LABELS = {
+    "window_start_hour": "Window opens at (hour)", "window_end_hour": "Window closes at (hour)", "timezone": "Time zone",
+}
+WINDOW_HELP = {
+    "window_start_hour": "0–23, in the time zone below.",
+    "window_end_hour": "1–24; an hour before the opening wraps past midnight (22 to 4).",
+    "timezone": "An IANA name, e.g. Europe/Berlin or UTC.",
+}
 
 
 class WindowFields(forms.ModelForm):
     window_days = forms.TypedMultipleChoiceField(
-        choices=DAYS, coerce=int, required=False, widget=forms.CheckboxSelectMultiple, help_text="None checked: every day."
+        label="Window days", choices=DAYS, coerce=int, required=False, widget=forms.CheckboxSelectMultiple,
+        help_text="None checked: every day.",
     )
 
 
@@ -20,6 +29,15 @@ class ScheduleForm(WindowFields):
     class Meta:
         model = RecycleSchedule
         fields = ["enabled", "every_hours", "cron", *WINDOW_FIELDS, "warmup"]
+        labels = {"enabled": "Enabled", "every_hours": "Recycle every (hours)", "cron": "Cron expression",
+                  "warmup": "Warmup afterwards", **WINDOW_LABELS}
+        help_texts = {
+            "enabled": "Untick to pause recycles and keep the schedule.",
+            "every_hours": "1–720 hours between recycles; leave empty to use a cron expression instead.",
+            "cron": "Five fields (minute hour day month weekday) in the time zone below, e.g. 0 3 * * 1; "
+                    "leave empty to recycle every N hours.",
+            **WINDOW_HELP,
+        }
 
     def __init__(self, *args, application, **kwargs):
         super().__init__(*args, **kwargs)
@@ -34,6 +52,20 @@ class ProfileForm(WindowFields):
     class Meta:
         model = WarmupProfile
         fields = ["name", "method", "path", "requests", "concurrency", "timeout_s", "p95_threshold_ms", "every_hours", *WINDOW_FIELDS, "enabled"]
+        labels = {"method": "HTTP method", "requests": "Requests to send", "concurrency": "Requests at a time",
+                  "timeout_s": "Timeout per request (seconds)", "p95_threshold_ms": "Slowest acceptable p95 (ms)",
+                  "every_hours": "Also run every (hours)", **WINDOW_LABELS}
+        help_texts = {
+            "method": "GET, POST, PUT or HEAD.",
+            "path": "Under the application's route prefix, e.g. /predict.",
+            "requests": "1–1000; the first is sent alone and times the cold start.",
+            "concurrency": "1–64 of the other requests in flight at once.",
+            "timeout_s": "Above 0 and at most 300; a request slower than this counts as failed.",
+            "p95_threshold_ms": "The warmup fails when its p95 latency is above this; empty: no latency criterion.",
+            "every_hours": "1–720; empty: only after recycles and on demand.",
+            "enabled": "Untick to stop its scheduled runs.",
+            **WINDOW_HELP,
+        }
 
     def _json(self, field, default):
         text = self.cleaned_data[field].strip()

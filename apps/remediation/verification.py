@@ -304,7 +304,7 @@ def next_steps(wizard: Wizard) -> list[dict]:
     """What is left to try: remedies skipped or not done, then the causes' remedies no step covered."""
     steps = list(WizardStep.objects.filter(wizard=wizard, kind__in=[WizardStep.Kind.CONFIG, WizardStep.Kind.CHECKLIST]))
     covered = {s.remedy for s in steps}
-    out = [{"id": s.remedy, "title": REMEDIES[s.remedy], "why": f"Step {s.position} is {s.get_status_display().lower()}."}
+    out = [{"id": s.remedy, "title": REMEDIES[s.remedy], "why": f"Step {s.position + 1} is {s.get_status_display().lower()}."}
            for s in steps if s.status not in DONE and s.status != Status.NOT_APPLICABLE]
     for cause in wizard.diagnosis.get("causes", []):
         for remedy in REMEDIES_FOR.get(cause["id"], []):

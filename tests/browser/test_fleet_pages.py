@@ -112,6 +112,10 @@ def test_an_incident_page_draws_its_evidence_charts(page, live_server, team, peo
     page.wait_for_function("window.Chart && Chart.getChart('latency-chart') && Chart.getChart('load-chart')")
     datasets = page.evaluate("Chart.getChart('latency-chart').data.datasets.map(d => d.label)")
     assert datasets == ["p50 ms", "p99 ms"]  # no kill markers on a latency incident
+    axes = "(id) => Object.fromEntries(Object.entries(Chart.getChart(id).options.scales).map(([k, s]) => [k, s.title.text]))"
+    assert page.evaluate(axes, "latency-chart") == {"x": "time", "y": "latency (ms)"}
+    # A rate and a count are different units: requests/s has an axis of its own.
+    assert page.evaluate(axes, "load-chart") == {"x": "time", "y": "requests", "rate": "requests/s"}
     page.screenshot(path="/tmp/incident-chart.png", full_page=True)
 
 
@@ -159,3 +163,25 @@ def test_the_incident_filters_submit_when_a_select_changes_under_the_csp(page, l
     with page.expect_navigation():
         page.select_option("select[name=kind]", "oom_kill")
     assert "kind=oom_kill" in page.url
+
+
+def test_a_node_memory_incident_charts_memory_as_a_share_with_its_unit_on_the_axis(page, live_server, team, people):
+    from django.utils import timezone
+
+    from apps.clusters.models import Cluster
+    from apps.incidents.models import Incident
+
+    cluster = Cluster.objects.create(name="gpu-prod", team=team, dashboard_url="http://127.0.0.1:9", ray_version="2.60.0")
+    now = timezone.now()
+    series = [{"t": now.timestamp() - 30 * (20 - i), "mem": 0.5 + i * 0.02, "gpu": None} for i in range(20)]
+    incident = Incident.objects.create(kind="memory_pressure", cluster=cluster, node_ip="10.0.0.7", title="Memory pressure on 10.0.0.7",
+                                       started_at=now, last_signal_at=now, evidence={"node_series": series}, causes=[])
+    page.goto(f"{live_server.url}/accounts/login/?next=/incidents/{incident.pk}/")
+    page.fill("#id_username", "viewer")
+    page.fill("#id_password", "pw")
+    page.click("button[type=submit]")
+    page.wait_for_function("window.Chart && Chart.getChart('memory-chart')")
+    y = "Chart.getChart('memory-chart').scales.y"
+    assert page.evaluate(f"{y}.options.title.text") == "memory used (%)"
+    assert page.evaluate(f"{y}.ticks.map((t) => t.label)")[-1] == "100 %"
+    assert page.evaluate("Chart.getChart('memory-chart').options.scales.x.title.text") == "time"

@@ -759,7 +759,7 @@ def test_the_card_charts_the_latest_curve_and_stops_polling(login, model, operat
     services.poll(calibration.pk)
     card = login("viewer").get(reverse("calibration:card", args=[model.pk]), HTTP_HX_REQUEST="true").content.decode()
     assert "hx-trigger" not in card and 'id="calibration-chart"' in card
-    assert '"baseline": 100.0' in card and '{"x": 4.0, "y": 356.0}' in card and "64.0\xa0MB" in card
+    assert '"baseline": 100.0' in card and '{"x": 4.0, "y": 356.0}' in card and "64\xa0MiB" in card
 
 
 def test_calibrating_by_token_sum_from_the_card_uses_the_axis_defaults_and_says_so(login, model):
@@ -950,7 +950,7 @@ def test_the_card_shows_shape_rest_levels_service_time_and_why_it_stopped(login,
     services.poll(calibration.pk)
     card = login("viewer").get(reverse("calibration:card", args=[model.pk]), HTTP_HX_REQUEST="true").content.decode()
     assert "Starlette Request handler" in card and "handle call __call__()" in card
-    assert "100.0" in card  # the warm rest, from filesizeformat
-    assert "90.0" in card and "cold, before any request" in card
+    assert "100\xa0MiB" in card  # the warm rest
+    assert "90\xa0MiB cold, before any request" in card
     assert "164.0 MiB" in card and "+64.0 MiB" in card and "150.0 MiB" in card and "0.500 s" in card
     assert "Stopped early:" in card and "concurrency 8 would exceed the memory budget" in card

@@ -173,7 +173,7 @@ def test_the_cluster_page_card_shows_pods_limits_restarts_and_the_last_oomkilled
     shown = page(login("operator"), "fleet:cluster", cluster.pk)
 
     assert "RayService ml/vision" in shown and "partial" in shown and "Forbidden to list events" in shown
-    assert "48Gi / 48Gi" in shown and "OOMKilled (exit 137)" in shown and "64.0\xa0GB" in shown
+    assert "48Gi / 48Gi" in shown and "OOMKilled (exit 137)" in shown and "64\xa0GiB" in shown
     assert "Last OOMKilled:" in shown and "Back-off restarting failed container" in shown
     assert "Inspect now" in shown and "Unlink" not in shown  # operators inspect, admins unlink
 
@@ -210,4 +210,4 @@ def test_the_incident_page_lists_kernel_oom_kills(login, team):
 
     shown = page(login("viewer"), "incidents:detail", incident.pk)
 
-    assert "the kernel, not Ray's memory monitor" in shown and "ml/vision-worker-m4zq7" in shown and "48.0\xa0GB" in shown
+    assert "the kernel, not Ray's memory monitor" in shown and "ml/vision-worker-m4zq7" in shown and "48\xa0GiB" in shown

@@ -536,7 +536,7 @@ def test_traffic_heavier_than_the_calibration_lowers_the_values_and_the_page_say
     client.force_login(people["viewer"])
     diagnosis = wizard.steps.get(kind="diagnosis").position
     page = client.get(reverse("remediation:wizard", args=[wizard.pk]), {"step": diagnosis}).content.decode()
-    assert "Memory in traffic" in page and "at least 1.4\xa0GB per request" in page
+    assert "Memory in traffic" in page and "at least 1.4\xa0GiB per request" in page
 
 
 # --- R4 from a token-sum calibration ------------------------------------------------------------

@@ -1,5 +1,6 @@
 import json
 
+import yaml
 from django import template
 
 register = template.Library()
@@ -36,6 +37,60 @@ def diff_class(line: str) -> str:
     if line.startswith("-"):
         return "diff-del"
     return ""
+
+
+@register.filter
+def human(value, style: str = "words") -> str:
+    """Any config value as an operator reads it, never a Python repr. In words for what is observed
+    (None → not set, False → no): {'min_replicas': None} → min_replicas: not set. As flow YAML with
+    style "yaml", for patches, where a null is sent as null and is no removal:
+    {'num_replicas': 1, 'autoscaling_config': None} → {num_replicas: 1, autoscaling_config: null}."""
+    if style == "yaml":
+        text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=float("inf"), allow_unicode=True)
+        return text.strip().removesuffix("...").strip()
+    if isinstance(value, dict):
+        return ", ".join(f"{key}: {_nested(item)}" for key, item in value.items()) or "none"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_nested(item) for item in value) or "none"
+    return _scalar(value)
+
+
+def _nested(value) -> str:
+    if isinstance(value, dict):
+        return "{" + human(value) + "}" if value else "{}"
+    if isinstance(value, (list, tuple)):
+        return "[" + human(value) + "]" if value else "[]"
+    return _scalar(value)
+
+
+def _scalar(value) -> str:
+    if value is None:
+        return "not set"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+BINARY_UNITS = ["B", "KiB", "MiB", "GiB", "TiB"]
+
+
+@register.filter
+def mib(value) -> str:
+    """Bytes in the units Ray's memory monitor prints (1024-based): 1.4 GiB, 512 MiB; None → —."""
+    if value is None or value == "":
+        return "—"
+    size = float(value)
+    unit = 0
+    while abs(size) >= 1024 and unit < len(BINARY_UNITS) - 1:
+        size /= 1024
+        unit += 1
+    # A no-break space, so a table cell never wraps a number away from its unit.
+    if unit == 0:
+        return f"{size:.0f}\xa0B"
+    shown = f"{size:.1f}" if abs(size) < 100 else f"{size:.0f}"
+    return f"{shown.removesuffix('.0')}\xa0{BINARY_UNITS[unit]}"
 
 
 @register.filter
