@@ -33,8 +33,9 @@ from apps.incidents.oom import OomKill, oom_kills
 RECENT = timedelta(minutes=15)
 # Readings an OOM incident keeps from before it began: the build-up to the kill.
 LEAD = timedelta(minutes=30)
-# Four hours of readings at a sync every 30 s: a long incident keeps its latest ones.
-KEPT_POINTS = 480
+# An hour of readings at a sync every 30 s, the build-up included: evidence travels with every
+# incident the API lists, so a long incident keeps its latest ones.
+KEPT_POINTS = 120
 OPEN = [Incident.Status.OPEN, Incident.Status.ACKNOWLEDGED]
 
 

@@ -40,9 +40,11 @@ def test_every_inline_script_of_a_chart_page_has_the_nonce(client, people, team)
     client.force_login(people["viewer"])
     response = client.get(reverse("incidents:detail", args=[incident.pk]))
     nonce = re.search(r"'nonce-([^']+)'", response["Content-Security-Policy"]).group(1)
-    inline = re.findall(r"<script(?![^>]*\bsrc=)([^>]*)>", response.content.decode())
+    page = response.content.decode()
+    inline = re.findall(r"<script(?![^>]*\bsrc=)([^>]*)>", page)
     executable = [attrs for attrs in inline if "application/json" not in attrs]
-    assert executable and all(f'nonce="{nonce}"' in attrs for attrs in executable)
+    # The charts come from a script file of this site; anything inline left must carry the nonce.
+    assert "js/incident_charts.js" in page and all(f'nonce="{nonce}"' in attrs for attrs in executable)
 
 
 def test_security_headers_are_set(client):
