@@ -18,6 +18,8 @@ from apps.remediation.rules import BY_ID
 AUTOSCALING_KEYS = ("min_replicas", "max_replicas", "target_ongoing_requests", "upscale_delay_s", "downscale_delay_s")
 # user_config keys the values depend on (a request's token caps) or set (R4's batch limit).
 USER_CONFIG_KEYS = ("max_prompt_tokens", "max_tokens_cap", "max_batch_tokens")
+# Readings kept in an incident's evidence for its charts: the wizard shows the rest, not these.
+CHART_SERIES = ("series", "node_memory")
 
 
 @dataclass
@@ -91,7 +93,7 @@ def diagnose(cluster: Cluster, app: str, dep: str, effective: dict, *, incident:
     if incident is not None:
         causes = incident.causes
         evidence = {"incident": incident.pk, "kind": incident.kind, "title": incident.title, "signals": incident.signal_count,
-                    "started_at": incident.started_at.isoformat(), **{k: v for k, v in incident.evidence.items() if k != "series"}}
+                    "started_at": incident.started_at.isoformat(), **{k: v for k, v in incident.evidence.items() if k not in CHART_SERIES}}
     else:
         rule = BY_ID[finding.rule]
         causes = _finding_causes(finding.rule, rule.remedy)
