@@ -3,6 +3,7 @@ import os
 from datetime import datetime
 
 from celery import Celery
+from celery.worker.consumer import Consumer
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
@@ -13,6 +14,28 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 app = Celery("fleetdeck")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["workers"], related_name="tasks")
+
+
+class TolerantConsumer(Consumer):
+    """Celery's consumer, except that a task message it cannot read is logged and dropped. Celery
+    reads some malformed messages (a body that is not [args, kwargs, options], a missing id header,
+    an unhashable task name) by raising, and an error raised there ends the worker for good."""
+
+    def create_task_handler(self, *args, **kwargs):
+        on_task_received = super().create_task_handler(*args, **kwargs)
+
+        def tolerant(message):
+            try:
+                return on_task_received(message)
+            except self.connection_errors + self.channel_errors:
+                raise  # Celery reconnects on these
+            except (LookupError, ValueError, TypeError, AttributeError) as exc:
+                log.error("dropped a task message the worker cannot read (%s: %s); headers %.200r, body %.200r",
+                          type(exc).__name__, exc, message.headers, message.body)
+                if not message.acknowledged:
+                    message.reject_log_error(log, self.connection_errors)
+
+        return tolerant
 
 
 @app.on_after_finalize.connect

@@ -1,5 +1,5 @@
 """Fleetdeck settings: everything comes from the environment, with embedded defaults that make a
-fresh machine work (SQLite and a filesystem broker under ./var)."""
+fresh machine work (SQLite for the database and the broker, under ./var)."""
 
 from __future__ import annotations
 
@@ -233,23 +233,20 @@ CACHES = {
     )
 }
 
-# Celery. The embedded default is kombu's filesystem transport: a broker that needs no server.
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
-CELERY_BROKER_TRANSPORT_OPTIONS = (
-    {
-        "data_folder_in": str(VAR_DIR / "broker"),
-        "data_folder_out": str(VAR_DIR / "broker"),
-        "processed_folder": str(VAR_DIR / "broker-processed"),
-        # Its exchange tables too: by default they land in the working directory.
-        "control_folder": str(VAR_DIR / "broker-control"),
-        "store_processed": False,
-    }
-    if CELERY_BROKER_URL.startswith("filesystem")
-    else {}  # the visibility timeout, below: it follows FLEETDECK_CHANGE_VERIFY_TIMEOUT_S
-)
-if CELERY_BROKER_URL.startswith("filesystem"):
-    for _folder in ("broker", "broker-processed", "broker-control"):
-        (VAR_DIR / _folder).mkdir(parents=True, exist_ok=True)
+# Celery. The embedded default is a broker that needs no server: kombu's SQLAlchemy transport on a
+# SQLite file, which writes each message in a transaction, hardened by controlplane/broker.py.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", f"sqla+sqlite:///{VAR_DIR / 'broker.sqlite3'}")
+_SQL_BROKER = CELERY_BROKER_URL.startswith(("sqla+", "sqlalchemy+"))
+if _SQL_BROKER:
+    # A transport named in the URL wins over this setting, so the name goes and the rest is the
+    # database URL the transport opens.
+    CELERY_BROKER_URL = CELERY_BROKER_URL.split("+", 1)[1]
+    CELERY_BROKER_TRANSPORT = "controlplane.broker:Transport"
+# The SQLAlchemy transport hands its options to create_engine(); the visibility timeout, below, is
+# for the others.
+CELERY_BROKER_TRANSPORT_OPTIONS = {}
+# A task message Celery cannot read is logged and dropped instead of ending the worker.
+CELERY_WORKER_CONSUMER = "controlplane.celery:TolerantConsumer"
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -279,7 +276,7 @@ FLEETDECK_UI_REFRESH_S = env_int("FLEETDECK_UI_REFRESH_S", 5, minimum=1)
 FLEETDECK_CHANGE_VERIFY_TIMEOUT_S = env_int("FLEETDECK_CHANGE_VERIFY_TIMEOUT_S", 180, minimum=5)
 FLEETDECK_CHANGE_POLL_S = env_float("FLEETDECK_CHANGE_POLL_S", 0.5, minimum=0.05)
 FLEETDECK_CHANGE_STALE_S = env_int("FLEETDECK_CHANGE_STALE_S", 60, minimum=5)
-if not CELERY_BROKER_URL.startswith("filesystem"):
+if not _SQL_BROKER:
     # Redis hands an unacknowledged task to another worker after this long: well above the longest
     # late-acknowledged task (the reconciler may verify a change, then its rollback), or a slow
     # task would run twice.

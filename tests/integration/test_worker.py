@@ -1,4 +1,4 @@
-"""The Celery path end to end: the configured broker (Redis in CI, the embedded filesystem broker
+"""The Celery path end to end: the configured broker (Redis in CI, the embedded SQLite broker
 locally), a real worker, the periodic tick and the sync it enqueues."""
 
 from __future__ import annotations
