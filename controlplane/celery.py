@@ -3,6 +3,7 @@ import os
 from datetime import datetime
 
 from celery import Celery
+from celery.signals import after_task_publish, beat_init
 from celery.worker.consumer import Consumer
 from django.utils import timezone
 from kombu.exceptions import OperationalError
@@ -57,6 +58,34 @@ def send(task_name: str, args: list, **options) -> bool:
         log.warning("the broker did not take %s%s (%s); the tick sends it again", task_name, args, exc)
         return False
     return True
+
+
+@beat_init.connect
+def _beat_heartbeats(sender, **kwargs):
+    """Beat records a heartbeat as it starts and each time it sends the tick, so a page can tell a
+    dead beat (no tick sent) from a dead worker (ticks sent, none run)."""
+    _record_beat_heartbeat()
+    after_task_publish.connect(_on_beat_publish, weak=False)
+
+
+def _on_beat_publish(sender=None, **kwargs):
+    if sender == "fleet.tick":
+        _record_beat_heartbeat()
+
+
+def _record_beat_heartbeat() -> None:
+    from django.db import DatabaseError, close_old_connections
+
+    from apps.liveness import services
+    from apps.liveness.models import Heartbeat
+
+    # Beat has no request cycle to drop a connection the database closed.
+    close_old_connections()
+    try:
+        services.record(Heartbeat.Process.BEAT)
+    except DatabaseError as exc:
+        # Scheduling goes on without it; the page then names beat, which is where to look.
+        log.warning("beat could not record its heartbeat: %s", exc)
 
 
 # A running worker takes a message up within a second or two; past this, the page says why it may wait.

@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "apps.remediation",
     "apps.calibration",
     "apps.kubernetes_link",
+    "apps.liveness",
 ]
 
 MIDDLEWARE = [
@@ -92,6 +93,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "apps.liveness.context_processors.liveness",
             ],
         },
     },

@@ -1,6 +1,5 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.db import connection
 from django.http import JsonResponse
 from django.urls import include, path
 from django.views.defaults import page_not_found
@@ -14,6 +13,7 @@ from apps.clusters.api import ClusterViewSet
 from apps.fleet.api import ApplicationViewSet, ConfigRevisionViewSet, DeploymentViewSet
 from apps.incidents.api import IncidentViewSet, WebhookViewSet
 from apps.kubernetes_link.api import KubeConnectionViewSet, KubeLinkViewSet
+from apps.liveness import services as liveness
 from apps.maintenance.api import ProfileViewSet, RunViewSet, ScheduleViewSet
 from apps.remediation.api import FindingViewSet, WizardViewSet
 
@@ -39,10 +39,16 @@ router.register("kube/links", KubeLinkViewSet, basename="kubelink")
 
 
 def healthz(request):
-    """Liveness for load balancers: the process answers and the database is reachable."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
-    return JsonResponse({"status": "ok"})
+    """Liveness for load balancers: the process answers and the database is reachable (reading the
+    heartbeats proves it). It also reports whether the worker and beat keep ticking, for monitoring
+    to alert on, without letting that change the status code: restarting web processes revives no
+    worker."""
+    beats = liveness.current()
+    return JsonResponse({
+        "status": "ok",
+        "worker": {"last_tick_at": beats.worker_at, "stale": beats.worker_stale},
+        "beat": {"last_tick_sent_at": beats.beat_at, "stale": beats.beat_stale},
+    })
 
 
 def not_found(request, exception):

@@ -47,6 +47,11 @@ def inspect_kubernetes(cluster_id: int) -> None:
 def tick() -> None:
     """The one periodic entry point: find due work in the database and enqueue it."""
     from apps.changes import protocol
+    from apps.liveness import services as liveness
+    from apps.liveness.models import Heartbeat
+
+    # Before the work: a tick whose work fails still shows that the worker runs.
+    liveness.record(Heartbeat.Process.WORKER)
 
     for cluster_id in sync.claim_due_clusters():
         sync_cluster.apply_async(args=[cluster_id], expires=settings.FLEETDECK_SYNC_INTERVAL_S)

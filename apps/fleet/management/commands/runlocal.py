@@ -1,5 +1,6 @@
 """Run the whole product on this machine: web, Celery worker and beat on the embedded defaults,
-plus a local Ray head with the reference Serve application, registered and synced. Ctrl-C stops all.
+plus a local Ray head with the reference Serve application, registered and synced. A worker or
+beat that exits is started again, after a backoff that grows while it keeps exiting. Ctrl-C stops all.
 
 FLEETDECK_OOM_HEADROOM_GIB=3 sets the head's memory monitor to kill 3 GiB above the machine's
 memory use at start, so the misbehaving config's OOM kills happen without exhausting the machine."""
@@ -15,6 +16,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
@@ -52,7 +55,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, port: int, no_ray: bool, **options):
         headroom_gib = oom_headroom_gib(os.environ.get(HEADROOM_VAR))
-        processes: list[tuple[str, subprocess.Popen]] = []
+        processes: list[subprocess.Popen] = []
+        supervisor: Supervisor | None = None
         head: LocalRayHead | None = None
         # Ctrl-C must work even when started from a context that ignores SIGINT (a background
         # job, nohup); SIGTERM from a supervisor gets the same orderly stop.
@@ -74,8 +78,11 @@ class Command(BaseCommand):
                 self.stdout.write(f"Ray dashboard at {head.dashboard_url}; deploying the reference Serve application…")
                 head.deploy(json.loads((REFERENCE_APP_DIR / "reference.json").read_text()))
                 self._register(head)
-            processes = self._spawn(port)
-            _wait_listening(port, processes)
+            commands = self._commands(port)
+            web = subprocess.Popen(commands.pop("web"), start_new_session=True)
+            processes.append(web)
+            supervisor = Supervisor(commands, self.stdout.write)
+            _wait_listening(port, web, supervisor)
             self.stdout.write(
                 self.style.SUCCESS(
                     "\nFleetdeck is running.\n"
@@ -87,16 +94,17 @@ class Command(BaseCommand):
                 )
             )
             while True:
-                for name, process in processes:
-                    if process.poll() is not None:
-                        raise CommandError(f"{name} exited with code {process.returncode}; stopping.")
+                # The web server is what the person at the keyboard uses: when it goes, say so and stop.
+                if web.poll() is not None:
+                    raise CommandError(f"web {exit_description(web.returncode)}; stopping.")
+                supervisor.poll()
                 time.sleep(1)
         except KeyboardInterrupt:
             self.stdout.write("\nStopping…")
         finally:
             if head is not None:
                 head.begin_stop()
-            _stop_all([process for _, process in processes])
+            _stop_all(processes + (supervisor.processes() if supervisor else []))
             if head is not None:
                 head.stop()
                 self.stdout.write("Ray head stopped.")
@@ -138,17 +146,88 @@ class Command(BaseCommand):
         if application is not None and not application.warmup_profiles.exists():
             maintenance.save_profile(actor, application, dict(REFERENCE_WARMUP))
 
-    def _spawn(self, port: int) -> list[tuple[str, subprocess.Popen]]:
+    def _commands(self, port: int) -> dict[str, list[str]]:
         python = sys.executable
         celery = [python, "-m", "celery", "-A", "controlplane"]
-        commands = {
+        return {
             "web": [python, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
             "worker": celery + ["worker", "--loglevel", "INFO", "--concurrency", "2"],
             "beat": celery + ["beat", "--loglevel", "INFO"],
         }
-        return [
-            (name, subprocess.Popen(command, start_new_session=True)) for name, command in commands.items()
-        ]
+
+
+# The first restart waits this long; each further exit soon after a start doubles it, up to the cap.
+RESTART_BACKOFF_S = 1.0
+RESTART_BACKOFF_MAX_S = 60.0
+# A process that ran this long before it exited was not crash-looping: its restart waits the least again.
+STABLE_RUN_S = 60.0
+
+
+@dataclass
+class _Child:
+    command: list[str]
+    process: subprocess.Popen | None = None
+    started_at: float = 0.0
+    restart_at: float = 0.0
+    quick_exits: int = 0
+    restarts: int = 0
+
+
+class Supervisor:
+    """Keeps background processes running: one that exits is started again after a backoff, and
+    the restart is printed. Each process runs in a session of its own, so what it leaves behind
+    (a prefork pool child still running a task) is ended with it before the new one starts."""
+
+    def __init__(self, commands: dict[str, list[str]], write: Callable[[str], object],
+                 clock: Callable[[], float] = time.monotonic):
+        self._write, self._clock = write, clock
+        self._children = {name: _Child(command) for name, command in commands.items()}
+        for child in self._children.values():
+            self._start(child)
+
+    def processes(self) -> list[subprocess.Popen]:
+        return [child.process for child in self._children.values() if child.process is not None]
+
+    def poll(self) -> None:
+        now = self._clock()
+        for name, child in self._children.items():
+            if child.process is None:
+                if now >= child.restart_at:
+                    self._start(child)
+                continue
+            code = child.process.poll()
+            if code is None:
+                continue
+            _end_session(child.process)
+            child.process = None
+            if now - child.started_at >= STABLE_RUN_S:
+                child.quick_exits = 0
+            wait = min(RESTART_BACKOFF_S * 2**child.quick_exits, RESTART_BACKOFF_MAX_S)
+            child.quick_exits += 1
+            child.restart_at = now + wait
+            child.restarts += 1
+            self._write(f"{name} {exit_description(code)}; restarting it in {wait:g} s (restart {child.restarts})")
+
+    def _start(self, child: _Child) -> None:
+        child.process = subprocess.Popen(child.command, start_new_session=True)
+        child.started_at = self._clock()
+
+
+def exit_description(code: int) -> str:
+    """How a child ended, as Popen reports it: a negative code is the signal that killed it."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _end_session(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # nothing of it is left
 
 
 def oom_headroom_gib(value: str | None) -> float | None:
@@ -174,13 +253,13 @@ def memory_monitor_line(threshold: float, usage: tuple[int, int], headroom_gib: 
     return line
 
 
-def _wait_listening(port: int, processes: list[tuple[str, subprocess.Popen]], timeout_s: float = 60.0) -> None:
+def _wait_listening(port: int, web: subprocess.Popen, supervisor: Supervisor, timeout_s: float = 60.0) -> None:
     """Print the URL only once it answers."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for name, process in processes:
-            if process.poll() is not None:
-                raise CommandError(f"{name} exited with code {process.returncode} while starting.")
+        if web.poll() is not None:
+            raise CommandError(f"web {exit_description(web.returncode)} while starting.")
+        supervisor.poll()
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
                 return
