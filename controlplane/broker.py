@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import warnings
 from json import loads
 from queue import Empty
@@ -41,30 +42,32 @@ warnings.filterwarnings("ignore", message="The ``noload`` loader strategy is dep
 SQLITE_BUSY_TIMEOUT_MS = 20_000
 # A dropped message is logged with this much of its payload: enough to tell what wrote it.
 LOGGED_PAYLOAD_CHARS = 200
+PREPARE_ATTEMPTS = 5
 
 
 def _sqlite_on_connect(dbapi_connection, connection_record) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-    cursor.execute("PRAGMA journal_mode = WAL")
-    cursor.close()
+    dbapi_connection.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
 
 
-def _create_tables(engine) -> None:
-    """kombu's tables, created by one process at a time. On SQLite the write lock, taken first,
-    puts the processes in turn; elsewhere the loser's CREATE fails, and it tries again to find the
-    tables there."""
-    attempts = 3
-    for attempt in range(1, attempts + 1):
+def _prepare(engine) -> None:
+    """kombu's tables, and on SQLite WAL mode (kept in the file), set up by one process at a time.
+    Processes that start together on a new database race: on SQLite the write lock, taken first,
+    puts them in turn, though switching the journal mode can still fail at once rather than wait
+    (SQLite's deadlock avoidance); elsewhere the loser's CREATE fails. Either tries again shortly
+    and finds the work done."""
+    for attempt in range(1, PREPARE_ATTEMPTS + 1):
         try:
-            with engine.begin() as connection:
+            with engine.connect() as connection:
                 if engine.dialect.name == "sqlite":
+                    connection.exec_driver_sql("PRAGMA journal_mode = WAL")
                     connection.exec_driver_sql("BEGIN IMMEDIATE")
                 kombu_sqla.metadata.create_all(connection)
+                connection.commit()
             return
         except DBAPIError:
-            if attempt == attempts:
+            if attempt == PREPARE_ATTEMPTS:
                 raise
+            time.sleep(0.1 * attempt)
 
 
 class Channel(kombu_sqla.Channel):
@@ -79,7 +82,7 @@ class Channel(kombu_sqla.Channel):
         with kombu_sqla._MUTEX:
             if url not in self._engines:
                 engine = self._engine_from_config()
-                _create_tables(engine)
+                _prepare(engine)
                 self._engines[url] = engine, sessionmaker(bind=engine)
         return self._engines[url]
 
