@@ -84,6 +84,34 @@ def unknown_fields(options: dict) -> list[str]:
     return problems
 
 
+def without_unknown(options: dict) -> dict:
+    """`options` less the names Serve does not know (at the top and inside autoscaling_config):
+    Serve drops them, so its effective config never reports them back."""
+    known = known_options()
+    out = {}
+    for key, value in options.items():
+        if key not in known["deployment"]:
+            continue
+        if key == "autoscaling_config" and isinstance(value, dict):
+            value = {k: v for k, v in value.items() if k in known["autoscaling_config"]}
+        out[key] = value
+    return out
+
+
+def unknown_nulls(options: dict) -> list[str]:
+    """Paths of names Serve does not know set to null: the one null that removes a key, since
+    there is no value of an ignored option to keep (a legacy max_concurrent_queries, say)."""
+    known = known_options()
+    paths = []
+    for key, value in options.items():
+        if key not in known["deployment"]:
+            if value is None:
+                paths.append(key)
+        elif key == "autoscaling_config" and isinstance(value, dict):
+            paths += [f"{key}.{inner}" for inner, v in value.items() if v is None and inner not in known["autoscaling_config"]]
+    return paths
+
+
 def _explain(key: str, where: str) -> str:
     path = key if where == "deployment" else f"{where}.{key}"
     for new, old, home in RENAMES:

@@ -11,7 +11,7 @@ from typing import Any
 
 import jsonpatch
 
-from apps.changes.fields import DICT_OPTIONS, OMITTED_WHEN_NULL, autoscaling_defaults, for_version, unknown_fields
+from apps.changes.fields import DICT_OPTIONS, OMITTED_WHEN_NULL, autoscaling_defaults, for_version, unknown_fields, unknown_nulls, without_unknown
 from apps.changes.validation import conflicts
 from apps.clusters.ray_dashboard import ServeStatus
 from apps.fleet.configs import config_hash, unified_diff
@@ -128,19 +128,29 @@ def merge_options(entry: dict, effective: dict, options: dict) -> tuple[dict, li
     code's decorator set), or setting num_cpus would silently drop num_gpus.
 
     A null is a value like any other: it is sent as null, which Serve keeps (validation refuses
-    the nulls it would not). It never removes a key: a removed option falls back to what the
-    code sets, which Fleetdeck cannot see, so neither the diff nor the verification could say
-    what the deployment would run."""
+    the nulls it would not). It never removes an option Serve knows: a removed option falls back
+    to what the code sets, which Fleetdeck cannot see, so neither the diff nor the verification
+    could say what the deployment would run. A null for a name Serve does not know (a legacy
+    max_concurrent_queries) removes it: Serve ignores it either way, and the config stops saying
+    one thing while the replicas run another."""
     merged = copy.deepcopy(entry)
     autoscaled = _autoscales(entry, effective)
+    removals = unknown_nulls(options)
     # Turning autoscaling off gets a note of its own, below.
     notes = [f"{path} set to null (sent as null, not removed)." for path in _null_paths(options)
-             if not (autoscaled and path == "autoscaling_config")]
+             if not (autoscaled and path == "autoscaling_config") and path not in removals]
+    notes += [f"{path} removed: Serve does not know it and ignored it, so a null removes it." for path in removals]
     for key, value in options.items():
         if key in DICT_OPTIONS and isinstance(value, dict):
             merged[key] = _deep_merge(_effective_dict(key, entry, effective), value)
         else:
             merged[key] = copy.deepcopy(value)
+    for path in removals:
+        home, _, inner = path.partition(".")
+        if inner and isinstance(merged.get(home), dict):
+            merged[home].pop(inner, None)
+        elif not inner:
+            merged.pop(home, None)
     if isinstance(options.get("autoscaling_config"), dict) and isinstance(merged.get("num_replicas"), int):
         notes.append(f"num_replicas ({merged.pop('num_replicas')}) removed: autoscaling now sets the replica count.")
     if isinstance(options.get("num_replicas"), int) and _autoscales(merged, effective):
@@ -235,7 +245,9 @@ def expected_deployments(new_config: dict, targets: list, kind: str) -> dict[tup
         for entry in app.get("deployments", []):
             key = (app["name"], entry["name"])
             if kind == "restore" or key in names:
-                wanted[key] = {k: v for k, v in entry.items() if k != "name"}
+                # A name Serve does not know (left in a config by an older push) is never reported
+                # back: expecting it would keep the change from ever verifying.
+                wanted[key] = without_unknown({k: v for k, v in entry.items() if k != "name"})
     return wanted
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 from django.core.exceptions import ValidationError
 
-from apps.changes.fields import NULL_REPLACED, known_options, null_kept, unknown_fields
+from apps.changes.fields import NULL_REPLACED, known_options, null_kept, unknown_fields, unknown_nulls
 
 MAX_PATCH_CHARS = 64_000
 
@@ -34,7 +34,8 @@ def validate_options(options: Any) -> dict:
         raise ValidationError("Give at least one deployment option as a mapping.")
     if "name" in options:
         raise ValidationError("'name' is not an option: the targets say which deployments change.")
-    problems = unknown_fields(options)
+    removals = unknown_nulls(options)
+    problems = [p for p in unknown_fields(options) if p.split(":", 1)[0] not in removals]
     nulls = null_problems(options)
     problems += nulls
     # A refused null is explained once, above, not again in pydantic's words.

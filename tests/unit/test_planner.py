@@ -396,6 +396,40 @@ def test_a_legacy_field_already_submitted_is_warned_about_and_left_in_place():
     assert "left as is" in warning
 
 
+def test_the_fix_of_a_legacy_field_removes_it_and_sets_its_new_name():
+    from apps.changes.validation import validate_options
+
+    raw = payload("serve_applications_after_unknown_fields.json")
+    submitted_entry(raw, "echo2", "Echo")["max_concurrent_queries"] = 5
+    # The ignored-settings finding's patch: a null for the name Serve ignores, the value under its real name.
+    fix = validate_options({"max_concurrent_queries": None, "max_ongoing_requests": 5})
+    plan = plan_patch(parse_serve_status(raw), target("echo2", "Echo"), fix, CURRENT)
+    entry = planned_entry(plan.new_config, "echo2", "Echo")
+    assert "max_concurrent_queries" not in entry and entry["max_ongoing_requests"] == 5
+    assert any("max_concurrent_queries removed: Serve does not know it" in w for w in plan.warnings)
+    # A null for an option Serve knows is still refused where Serve would not keep it, never a removal.
+    with pytest.raises(Exception, match="never as a removal"):
+        validate_options({"max_ongoing_requests": None})
+
+
+def test_a_null_for_an_ignored_name_inside_autoscaling_removes_it_there():
+    plan = plan_patch(live(), target("demo", "Model"), {"autoscaling_config": {"max_ongoing_requests": None, "max_replicas": 3}}, CURRENT)
+    auto = planned_entry(plan.new_config, "demo", "Model")["autoscaling_config"]
+    assert "max_ongoing_requests" not in auto and auto["max_replicas"] == 3
+
+
+def test_a_legacy_field_left_in_place_is_not_expected_back_so_the_change_can_verify():
+    raw = payload("serve_applications_after_unknown_fields.json")
+    submitted_entry(raw, "echo2", "Echo")["max_concurrent_queries"] = 5
+    serve = parse_serve_status(raw)
+    plan = plan_patch(serve, target("echo2", "Echo"), {"max_ongoing_requests": 3}, CURRENT)
+    expected = expected_deployments(plan.new_config, target("echo2", "Echo"), "patch")
+    assert "max_concurrent_queries" not in expected[("echo2", "Echo")] and expected[("echo2", "Echo")]["max_ongoing_requests"] == 3
+    # Ray then reports what it runs, without the legacy name: that holds what was asked.
+    running = {**serve.applications["echo2"].deployments["Echo"].deployment_config, "max_ongoing_requests": 3}
+    assert not_taken(expected[("echo2", "Echo")], running) == []
+
+
 # --- plan_restore and dropped applications --------------------------------------------------
 
 
