@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from apps.changes.models import Change
 from apps.clusters.models import Cluster
-from apps.fleet.templatetags.fleet_tags import human, mib
+from apps.fleet.templatetags.fleet_tags import human, mib, weekdays
 from apps.remediation.models import Finding
 
 # What str() of a Python dict, None or a bool looks like on a page.
@@ -98,3 +98,8 @@ def test_the_findings_page_shows_fixes_and_evidence_without_python_reprs(client,
     assert "<code>{num_replicas: 2}</code>" in page
     assert "recycle_schedule: no" in page and "min_replicas: not set" in page
     assert not REPR.findall(page)
+
+
+def test_maintenance_window_days_are_named_not_numbered():
+    assert weekdays([4, 0]) == "Mon, Fri"
+    assert weekdays([]) == ""

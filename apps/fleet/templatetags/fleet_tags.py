@@ -1,3 +1,4 @@
+import calendar
 import json
 
 import yaml
@@ -101,3 +102,9 @@ def num(value) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
+
+
+@register.filter
+def weekdays(days) -> str:
+    """Maintenance window days as names: 0 is Monday, as Python's weekday() counts."""
+    return ", ".join(calendar.day_abbr[int(d)] for d in sorted(days or []) if str(d).isdigit() and 0 <= int(d) <= 6)
