@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from apps.fleet import sync
+from tests.browser.pages import log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.django_db(transaction=True)]
 
@@ -48,10 +49,7 @@ def test_an_operator_logs_in_and_sees_the_clusters_applications(page, live_serve
 
 
 def test_a_viewer_with_no_team_sees_a_designed_empty_state(page, live_server, people):
-    page.goto(f"{live_server.url}/accounts/login/")
-    page.fill("#id_username", "outsider")
-    page.fill("#id_password", "pw")
-    page.click("button[type=submit]")
+    log_in(page, live_server, "outsider")
     page.wait_for_selector("text=No clusters are visible to you yet")
 
 
@@ -70,10 +68,7 @@ def test_an_operator_plans_reviews_and_applies_a_change_in_the_browser(page, liv
     celery_app.control.purge()
     try:
         with start_worker(celery_app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
-            page.goto(f"{live_server.url}/accounts/login/")
-            page.fill("#id_username", "operator")
-            page.fill("#id_password", "pw")
-            page.click("button[type=submit]")
+            log_in(page, live_server, "operator")
             page.goto(f"{live_server.url}/clusters/{cluster_id}/")
             page.click("text=Model")
             page.click("text=Plan a change")
@@ -104,10 +99,7 @@ def test_an_incident_page_draws_its_evidence_charts(page, live_server, team, peo
     incident = Incident.objects.create(kind="latency_spike", cluster=cluster, application_name="demo", deployment_name="Model",
                                        title="Latency spike of demo/Model on gpu-prod", started_at=now, last_signal_at=now,
                                        evidence={"series": series}, causes=[])
-    page.goto(f"{live_server.url}/accounts/login/")
-    page.fill("#id_username", "viewer")
-    page.fill("#id_password", "pw")
-    page.click("button[type=submit]")
+    log_in(page, live_server, "viewer")
     page.goto(f"{live_server.url}/incidents/{incident.pk}/")
     page.wait_for_function("window.Chart && Chart.getChart('latency-chart') && Chart.getChart('load-chart')")
     datasets = page.evaluate("Chart.getChart('latency-chart').data.datasets.map(d => d.label)")
@@ -137,10 +129,7 @@ def test_an_oom_incident_page_charts_node_memory_against_the_threshold_and_memor
                                        causes=[])
     OomKillRecord.objects.create(incident=incident, actor_id="a1", replica="r1", node_ip="192.0.2.2", used_bytes=7 * 2**30,
                                  threshold_bytes=int(6.9 * 2**30), message="")
-    page.goto(f"{live_server.url}/accounts/login/")
-    page.fill("#id_username", "viewer")
-    page.fill("#id_password", "pw")
-    page.click("button[type=submit]")
+    log_in(page, live_server, "viewer")
     page.goto(f"{live_server.url}/incidents/{incident.pk}/")
     page.wait_for_function("window.Chart && Chart.getChart('node-memory-chart') && Chart.getChart('replica-memory-chart')")
     node = page.evaluate("(() => { const c = Chart.getChart('node-memory-chart'); return {labels: c.data.datasets.map(d => d.label), "
@@ -154,10 +143,7 @@ def test_an_oom_incident_page_charts_node_memory_against_the_threshold_and_memor
 
 
 def test_the_incident_filters_submit_when_a_select_changes_under_the_csp(page, live_server, people):
-    page.goto(f"{live_server.url}/accounts/login/?next=/incidents/")
-    page.fill("#id_username", "viewer")
-    page.fill("#id_password", "pw")
-    page.click("button[type=submit]")
+    log_in(page, live_server, "viewer", "/incidents/")
     page.wait_for_selector("select[name=kind]")
     # An inline onchange handler would be blocked by the page's script-src; the delegated one is not.
     with page.expect_navigation():
@@ -176,10 +162,7 @@ def test_a_node_memory_incident_charts_memory_as_a_share_with_its_unit_on_the_ax
     series = [{"t": now.timestamp() - 30 * (20 - i), "mem": 0.5 + i * 0.02, "gpu": None} for i in range(20)]
     incident = Incident.objects.create(kind="memory_pressure", cluster=cluster, node_ip="10.0.0.7", title="Memory pressure on 10.0.0.7",
                                        started_at=now, last_signal_at=now, evidence={"node_series": series}, causes=[])
-    page.goto(f"{live_server.url}/accounts/login/?next=/incidents/{incident.pk}/")
-    page.fill("#id_username", "viewer")
-    page.fill("#id_password", "pw")
-    page.click("button[type=submit]")
+    log_in(page, live_server, "viewer", f"/incidents/{incident.pk}/")
     page.wait_for_function("window.Chart && Chart.getChart('memory-chart')")
     y = "Chart.getChart('memory-chart').scales.y"
     assert page.evaluate(f"{y}.options.title.text") == "memory used (%)"

@@ -8,15 +8,10 @@ import pytest
 from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.fleet.models import Deployment
+from tests.browser.pages import log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-
-def log_in(page, live_server, next_path: str, who: str) -> None:
-    page.goto(f"{live_server.url}/accounts/login/?next={next_path}")
-    page.fill("#id_username", who)
-    page.fill("#id_password", "pw")
-    page.click("button[type=submit]")
 
 
 def assert_beside_its_words(page, checkbox: str) -> None:
@@ -36,7 +31,7 @@ def deployment(team, use_replay):
 
 
 def test_checkboxes_sit_before_their_labels_on_the_recycle_warmup_and_kubernetes_forms(page, live_server, people, deployment):
-    log_in(page, live_server, f"/deployments/{deployment.pk}/recycle-schedule/", who="root")
+    log_in(page, live_server, "root", f"/deployments/{deployment.pk}/recycle-schedule/")
     page.wait_for_selector("text=Recycle every (hours)")
     assert_beside_its_words(page, "input[name=enabled]")
     assert_beside_its_words(page, "input[name=window_days][value='0']")
@@ -57,7 +52,7 @@ def test_checkboxes_sit_before_their_labels_on_the_recycle_warmup_and_kubernetes
 def test_every_page_links_an_icon_that_is_served(page, live_server, people):
     missing: list[str] = []
     page.on("response", lambda response: missing.append(response.url) if response.status >= 400 else None)
-    log_in(page, live_server, "/", who="viewer")
+    log_in(page, live_server, "viewer", "/")
     page.wait_for_selector("h1:text('Fleet')")
     for path in ("/", "/incidents/", "/changes/"):
         page.goto(f"{live_server.url}{path}")

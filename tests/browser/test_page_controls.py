@@ -11,16 +11,11 @@ from apps.clusters.models import Cluster, Reachability
 from apps.fleet import sync
 from apps.fleet.models import ConfigRevision
 from apps.incidents.models import Incident
+from tests.browser.pages import log_in
 from tests.conftest import ray_fixture
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-
-def log_in(page, live_server, next_path: str, who: str = "viewer") -> None:
-    page.goto(f"{live_server.url}/accounts/login/?next={next_path}")
-    page.fill("#id_username", who)
-    page.fill("#id_password", "pw")
-    page.click("button[type=submit]")
 
 
 def test_the_revision_compare_selector_shows_the_diff_against_the_chosen_revision(page, live_server, people, team, use_replay):
@@ -34,7 +29,7 @@ def test_the_revision_compare_selector_shows_the_diff_against_the_chosen_revisio
     revisions = list(ConfigRevision.objects.filter(application__name="demo").order_by("observed_at", "pk"))
     first, newest = revisions[0], revisions[-1]
 
-    log_in(page, live_server, f"/revisions/{newest.pk}/")
+    log_in(page, live_server, "viewer", f"/revisions/{newest.pk}/")
     page.wait_for_selector("pre.diff")
     assert page.locator(".diff-del", has_text='"max_ongoing_requests": 2').count() == 1
 
@@ -51,7 +46,7 @@ def test_the_incident_status_filter_submits_when_it_changes(page, live_server, p
     for title, status in (("Still open", "open"), ("Already resolved", "resolved")):
         Incident.objects.create(kind="latency_spike", cluster=cluster, application_name="demo", deployment_name="Model",
                                 title=title, status=status, started_at=now, last_signal_at=now, evidence={}, causes=[])
-    log_in(page, live_server, "/incidents/")
+    log_in(page, live_server, "viewer", "/incidents/")
     page.wait_for_selector("text=Still open")
     with page.expect_navigation():
         page.select_option("select[name=status]", "resolved")
@@ -63,7 +58,7 @@ def test_the_incident_status_filter_submits_when_it_changes(page, live_server, p
 def test_the_fleet_filters_narrow_the_rows_when_a_select_changes(page, live_server, people, team, other_team):
     Cluster.objects.create(name="reachable-one", team=team, dashboard_url="http://127.0.0.1:9", reachability=Reachability.OK)
     Cluster.objects.create(name="lost-one", team=team, dashboard_url="http://127.0.0.2:9", reachability=Reachability.UNREACHABLE)
-    log_in(page, live_server, "/", who="root")
+    log_in(page, live_server, "root", "/")
     rows = page.locator("#cluster-rows")
     rows.locator("text=lost-one").wait_for()
 

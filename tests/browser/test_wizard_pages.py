@@ -15,6 +15,7 @@ from apps.incidents import services as incidents
 from apps.incidents.models import Incident
 from apps.remediation.models import Wizard
 from tests.unit.test_wizards import DEAD, Live
+from tests.browser.pages import log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -33,10 +34,7 @@ def incident(team, use_replay):
 
 
 def test_an_operator_opens_the_wizard_from_the_incident_and_applies_r1_and_r2(page, live_server, people, incident):
-    page.goto(f"{live_server.url}/accounts/login/?next=/incidents/{incident.pk}/")
-    page.fill("#id_username", "operator")
-    page.fill("#id_password", "pw")
-    page.click("button[type=submit]")
+    log_in(page, live_server, "operator", f"/incidents/{incident.pk}/")
     page.click("text=Fix with a wizard")
     # Nothing measured: the wizard's first step is the calibration, and R1 has no value yet.
     page.wait_for_selector("h2:text('Measure memory per request (calibration)')")
