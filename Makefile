@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install browser fault-loop token
+.PHONY: run test check install browser fault-loop token
 
 $(STAMP): pyproject.toml scripts/install.sh
 	scripts/install.sh $(VENV)
@@ -24,7 +24,13 @@ token:
 	@FLEETDECK_DEBUG=$${FLEETDECK_DEBUG:-1} $(PY) manage.py create_api_token '$(USER)'
 
 test: $(STAMP) browser
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The fast lane: lint and the unit tests, which need neither Ray nor a browser.
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
 # Long fault loops, kept out of `make test`: a worker SIGKILLed at random points of 20 changes.
 fault-loop: $(STAMP)

@@ -8,7 +8,6 @@ import json
 import secrets
 import shlex
 from datetime import UTC, datetime, timedelta
-from datetime import timezone as dt_timezone
 from pathlib import Path
 
 from django.conf import settings

@@ -147,7 +147,8 @@ def test_the_webhook_list_shows_the_ten_newest_deliveries_of_each_webhook(api_as
 
 def test_cluster_lists_count_only_live_applications_and_deployments(api_as, people, team):
     add_rows(team, people["admin"], 2)
-    busy, idle = ClusterFactory(team=team, name="busy"), ClusterFactory(team=team, name="idle")
+    busy = ClusterFactory(team=team, name="busy")
+    ClusterFactory(team=team, name="idle")
     add_to_cluster(busy, people["admin"], 3)
     gone = Application.objects.filter(cluster=busy).first()
     Application.objects.filter(pk=gone.pk).update(removed_at=timezone.now())
