@@ -3,7 +3,7 @@
     .venv/bin/python bench/detector_quality.py [--traces 2000] [--seed 1]
 
 Each trace is a deployment's p99 readings (30 s apart) with a known answer: true spikes (a
-sustained rise of 4-40x), and the look-alikes that must stay quiet (noise, one slow reading, a
+sustained rise of 2-40x, some borderline), and the look-alikes that must stay quiet (noise, one slow reading, a
 deploy with replica starts but no slowdown, a restart without traffic, a slow rise under the
 floor). The baseline is a naive detector: last reading above 3x the median."""
 

@@ -1,4 +1,5 @@
-"""The Ray dashboard adapter: the only code in Fleetdeck that speaks HTTP to a Ray cluster.
+"""The Ray dashboard adapter: the only code in Fleetdeck that speaks to a Ray cluster's dashboard
+(metrics, Prometheus, Serve routes, webhooks and Kubernetes each have an adapter of their own).
 
 It returns plain dataclasses and raises a small set of domain errors. Transient errors
 (unreachable, timeout, 5xx) may be retried; permanent ones (auth refused, not a Ray dashboard,
