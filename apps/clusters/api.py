@@ -11,8 +11,8 @@ from apps.accounts.drf import VisibleSlugRelatedField, require_role
 from apps.accounts.models import Role, Team
 from apps.clusters import services
 from apps.clusters.filters import ClusterFilter
-from apps.clusters.models import Cluster, ClusterEvent
-from apps.clusters.validation import normalize_dashboard_url, validate_labels, validate_token
+from apps.clusters.models import EDITABLE_FIELDS, UPDATABLE_FIELDS, Cluster, ClusterEvent
+from apps.clusters.validation import normalize_dashboard_url, normalize_optional_url, validate_labels, validate_token
 
 
 class ClusterSerializer(serializers.ModelSerializer):
@@ -37,8 +37,7 @@ class ClusterSerializer(serializers.ModelSerializer):
     class Meta:
         model = Cluster
         fields = [
-            "id", "name", "team", "dashboard_url", "token", "has_token", "labels", "serve_config_owner", "metrics_url", "prometheus_url", "prometheus_selector", "serve_url",
-            "ray_version", "ray_commit", "session_name", "auth_mode", "dashboard_auth_enabled",
+            "id", *EDITABLE_FIELDS, "has_token", "ray_version", "ray_commit", "session_name", "auth_mode", "dashboard_auth_enabled",
             "serve_running", "serve_http_port", "reachability", "last_error", "last_error_at",
             "last_sync_at", "last_sync_duration_ms", "sync_requested_at", "sync_pending",
             "application_count", "deployment_count", "created_at",
@@ -56,10 +55,8 @@ class ClusterSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError(exc.messages) from exc
 
     def _optional_url(self, value: str) -> str:
-        if not value:
-            return ""
         try:
-            return normalize_dashboard_url(value)
+            return normalize_optional_url(value)
         except DjangoValidationError as exc:
             raise serializers.ValidationError(exc.messages) from exc
 
@@ -118,17 +115,7 @@ class ClusterViewSet(
         require_role(self.request, data["team"], Role.ADMIN, "register clusters")
         try:
             serializer.instance = services.register_cluster(
-                Actor.from_request(self.request),
-                name=data["name"],
-                team=data["team"],
-                dashboard_url=data["dashboard_url"],
-                token=data.get("token", ""),
-                labels=data.get("labels"),
-                serve_config_owner=data.get("serve_config_owner", Cluster.ConfigOwner.DASHBOARD),
-                metrics_url=data.get("metrics_url", ""),
-                prometheus_url=data.get("prometheus_url", ""),
-                prometheus_selector=data.get("prometheus_selector", ""),
-                serve_url=data.get("serve_url", ""),
+                Actor.from_request(self.request), **{field: data[field] for field in EDITABLE_FIELDS if field in data}
             )
         except DjangoValidationError as exc:
             raise _as_field_errors(exc) from exc
@@ -140,7 +127,7 @@ class ClusterViewSet(
         data = serializer.validated_data
         if "team" in data:
             require_role(self.request, data["team"], Role.ADMIN, "move clusters into it")
-        changes = {key: data[key] for key in ("dashboard_url", "token", "labels", "team", "serve_config_owner", "metrics_url", "prometheus_url", "prometheus_selector", "serve_url") if key in data}
+        changes = {field: data[field] for field in UPDATABLE_FIELDS if field in data}
         try:
             services.update_cluster(Actor.from_request(self.request), cluster, **changes)
         except DjangoValidationError as exc:

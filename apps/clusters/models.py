@@ -44,6 +44,17 @@ class ClusterQuerySet(models.QuerySet):
         return self.visible_to(user).with_counts().select_related("team").order_by("name")
 
 
+# What a team admin sets on a cluster, in the order the form shows it. The register and edit
+# form, the API serializer, both views and the registry services take exactly these, so none can
+# lose a field the others keep (the form had lost the Prometheus pair). `name` is set once, at
+# registration; `token` is stored encrypted, as token_ciphertext.
+EDITABLE_FIELDS = (
+    "name", "team", "dashboard_url", "token", "serve_config_owner",
+    "metrics_url", "prometheus_url", "prometheus_selector", "serve_url", "labels",
+)
+UPDATABLE_FIELDS = tuple(field for field in EDITABLE_FIELDS if field != "name")
+
+
 class Cluster(models.Model):
     name = models.CharField(
         max_length=63,

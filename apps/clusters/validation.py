@@ -46,6 +46,11 @@ def normalize_dashboard_url(raw: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
+def normalize_optional_url(raw: str) -> str:
+    """A metrics, Prometheus or Serve URL: empty stays empty, anything else is a dashboard-like URL."""
+    return normalize_dashboard_url(raw) if (raw or "").strip() else ""
+
+
 def validate_token(raw: str) -> str:
     token = (raw or "").strip()
     if not TOKEN.match(token):

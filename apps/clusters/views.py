@@ -14,7 +14,7 @@ from apps.accounts.models import Role
 from apps.accounts.permissions import teams_where
 from apps.clusters import services
 from apps.clusters.forms import ClusterForm
-from apps.clusters.models import Cluster
+from apps.clusters.models import EDITABLE_FIELDS, UPDATABLE_FIELDS, Cluster
 
 
 def _cluster(request, pk: int, needed: Role) -> Cluster:
@@ -34,17 +34,7 @@ def cluster_create(request):
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
-            cluster = services.register_cluster(
-                Actor.from_request(request),
-                name=data["name"],
-                team=data["team"],
-                dashboard_url=data["dashboard_url"],
-                token=data["token"],
-                labels=data["labels"],
-                serve_config_owner=data["serve_config_owner"],
-                metrics_url=data["metrics_url"],
-                serve_url=data["serve_url"],
-            )
+            cluster = services.register_cluster(Actor.from_request(request), **{field: data[field] for field in EDITABLE_FIELDS})
         except ValidationError as exc:
             _form_error(form, exc)
         else:
@@ -59,7 +49,7 @@ def cluster_edit(request, pk: int):
     form = ClusterForm(request.POST or None, user=request.user, instance=cluster)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
-        changes = {key: data[key] for key in ("dashboard_url", "labels", "team", "serve_config_owner", "metrics_url", "serve_url")}
+        changes = {field: data[field] for field in UPDATABLE_FIELDS if field != "token"}
         if data.get("clear_token"):
             changes["token"] = ""
         elif data["token"]:

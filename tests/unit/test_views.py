@@ -183,6 +183,42 @@ def test_admins_edit_labels_and_keep_the_token(login, synced):
     assert secrets.decrypt(synced.token_ciphertext) == "keep-me"
 
 
+def test_the_form_shows_and_saves_the_prometheus_source(login, synced):
+    client = login("admin")
+    page = client.get(reverse("clusters:edit", args=[synced.pk])).content.decode()
+    assert 'name="prometheus_url"' in page and 'name="prometheus_selector"' in page
+    assert "PromQL label matcher" in page
+    form = {"team": str(synced.team.pk), "dashboard_url": synced.dashboard_url, "labels": "env=prod",
+            "prometheus_url": "http://prom.test:9090/", "prometheus_selector": 'cluster="vision-prod"'}
+    assert client.post(reverse("clusters:edit", args=[synced.pk]), form).status_code == 302
+    synced.refresh_from_db()
+    assert (synced.prometheus_url, synced.prometheus_selector) == ("http://prom.test:9090", 'cluster="vision-prod"')
+    assert 'value="cluster=&quot;vision-prod&quot;"' in client.get(reverse("clusters:edit", args=[synced.pk])).content.decode()
+
+
+def test_the_form_refuses_a_selector_the_api_refuses(login, api_as, synced):
+    form = {"team": str(synced.team.pk), "dashboard_url": synced.dashboard_url, "prometheus_selector": '{cluster="x"}'}
+    page = login("admin").post(reverse("clusters:edit", args=[synced.pk]), form).content.decode()
+    api = api_as("admin").patch(f"/api/v1/clusters/{synced.pk}/", {"prometheus_selector": '{cluster="x"}'}, format="json")
+    assert api.status_code == 400
+    assert "without braces" in page and "without braces" in str(api.json()["prometheus_selector"])
+
+
+def test_the_form_the_api_and_the_services_take_the_same_cluster_fields(people):
+    import inspect
+
+    from apps.clusters import services
+    from apps.clusters.api import ClusterSerializer
+    from apps.clusters.forms import ClusterForm
+    from apps.clusters.models import EDITABLE_FIELDS, UPDATABLE_FIELDS
+
+    form = [name for name in ClusterForm(user=people["admin"]).fields if name != "clear_token"]
+    writable = [name for name, field in ClusterSerializer().fields.items() if not field.read_only]
+    assert form == writable == list(EDITABLE_FIELDS)
+    assert set(inspect.signature(services.register_cluster).parameters) - {"actor"} == set(EDITABLE_FIELDS)
+    assert set(inspect.signature(services.update_cluster).parameters) - {"actor", "cluster"} == set(UPDATABLE_FIELDS)
+
+
 def test_deleting_asks_first_then_deletes(login, synced):
     client = login("admin")
     assert "Delete vision-prod?" in client.get(reverse("clusters:delete", args=[synced.pk])).content.decode()
