@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from django.core.exceptions import PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -12,7 +11,6 @@ from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.drf import VisiblePrimaryKeyRelatedField, VisibleSlugRelatedField, as_api_error, require_role
 from apps.accounts.models import Role, Team
-from apps.accounts.permissions import teams_where
 from apps.changes import presets, protocol, rollouts
 from apps.changes.models import Change, ChangeStep, Preset, Rollout
 from apps.changes.validation import parse_options_text, validate_options
@@ -283,9 +281,7 @@ class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
 
     @extend_schema(request=RolloutPlanSerializer, responses={201: RolloutSerializer})
     def create(self, request, *args, **kwargs):
-        # As on the rollout page: a rollout only ever changes teams where you operate.
-        if not teams_where(request.user, Role.OPERATOR).exists():
-            raise PermissionDenied("Only operators and admins run rollouts.")
+        rollouts.require_may_plan(request.user)
         body = RolloutPlanSerializer(data=request.data, context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
         data = body.validated_data
@@ -300,17 +296,16 @@ class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
             raise as_api_error(exc) from exc
         return Response(RolloutSerializer(self.get_queryset().get(pk=rollout.pk)).data, status=status.HTTP_201_CREATED)
 
-    def _require_operator_everywhere(self, request, rollout: Rollout) -> Rollout:
-        """The rollout, unfiltered, once the caller operates every cluster it changes: the one
-        `get_object` returns holds only the caller's teams' changes."""
-        for change in Change.objects.filter(rollout_id=rollout.pk).select_related("cluster__team"):
-            require_role(request, change.cluster.team, Role.OPERATOR, "run this rollout")
+    def _require_may_run(self, request, rollout: Rollout) -> Rollout:
+        """The rollout, unfiltered, once the caller may run it: the one `get_object` returns
+        holds only the caller's teams' changes."""
+        rollouts.require_may_run(request.user, rollout)
         return Rollout.objects.get(pk=rollout.pk)
 
     @extend_schema(request=None, responses={202: RolloutSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def start(self, request, pk=None):
-        rollout = self._require_operator_everywhere(request, self.get_object())
+        rollout = self._require_may_run(request, self.get_object())
         try:
             rollouts.start(Actor.from_request(request), rollout)
         except DjangoValidationError as exc:
@@ -320,7 +315,7 @@ class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
     @extend_schema(request=None, responses={200: RolloutSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
-        rollout = self._require_operator_everywhere(request, self.get_object())
+        rollout = self._require_may_run(request, self.get_object())
         try:
             rollouts.cancel(Actor.from_request(request), rollout)
         except DjangoValidationError as exc:

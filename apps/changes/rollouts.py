@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import Count, Prefetch, QuerySet
 from django.utils import timezone
@@ -18,6 +18,39 @@ from apps.clusters.models import Cluster
 from apps.fleet.models import Deployment
 
 SELECTION_KEYS = ("team", "label", "cluster", "application", "deployment", "uses_gpu")
+
+
+# --- who may plan and run a rollout: the rollout pages and the API ask here --------------------
+
+
+def require_may_plan(user) -> None:
+    """A rollout only ever selects clusters where its author operates (`select_deployments`):
+    someone who operates nowhere has nothing to plan."""
+    if not teams_where(user, Role.OPERATOR).exists():
+        raise PermissionDenied("Only operators and admins run rollouts.")
+
+
+def may_plan(user) -> bool:
+    try:
+        require_may_plan(user)
+    except PermissionDenied:
+        return False
+    return True
+
+
+def require_may_run(user, rollout: Rollout) -> None:
+    """Starting or cancelling acts on every change of the rollout, so it takes the operator role
+    in the team of each one, including changes the user cannot see (`seen_by`)."""
+    for change in _all_changes(rollout).select_related("cluster__team"):
+        access.require(user, change.cluster.team, Role.OPERATOR, "run this rollout")
+
+
+def may_run(user, rollout: Rollout) -> bool:
+    try:
+        require_may_run(user, rollout)
+    except PermissionDenied:
+        return False
+    return True
 
 
 def select_deployments(user, selection: dict) -> dict[Cluster, list[dict]]:

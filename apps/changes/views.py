@@ -146,13 +146,12 @@ def preset_delete(request, pk: int):
 @login_required
 def rollout_list(request):
     page = Paginator(access.visible(request.user, Rollout).order_by("-created_at", "-id"), 50).get_page(request.GET.get("page"))
-    return render(request, "changes/rollout_list.html", {"page": page, "can_plan": teams_where(request.user, Role.OPERATOR).exists()})
+    return render(request, "changes/rollout_list.html", {"page": page, "can_plan": rollouts.may_plan(request.user)})
 
 
 @login_required
 def rollout_create(request):
-    if not teams_where(request.user, Role.OPERATOR).exists():
-        raise PermissionDenied("Only operators and admins run rollouts.")
+    rollouts.require_may_plan(request.user)
     form = RolloutForm(request.POST or None, user=request.user)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
@@ -171,9 +170,7 @@ def rollout_create(request):
 @login_required
 def rollout_detail(request, pk: int):
     rollout = access.get_visible_or_404(request.user, rollouts.seen_by(request.user, Rollout.objects.all()), pk=pk)
-    # Only someone who operates every cluster of the rollout sees all of it, and may run it.
-    can_run = len(rollout.changes.all()) == rollout.change_total and all(
-        has_role(request.user, change.cluster.team, Role.OPERATOR) for change in rollout.changes.all())
+    can_run = rollouts.may_run(request.user, rollout)
     hidden = rollout.change_total - len(rollout.changes.all())
     template = "changes/partials/rollout_progress.html" if request.htmx else "changes/rollout_detail.html"
     return render(request, template, {"rollout": rollout, "can_run": can_run, "hidden": hidden, "error": rollouts.error_seen_by(rollout)})
@@ -186,8 +183,7 @@ def rollout_action(request, pk: int, action: str):
     if action not in operations:
         raise Http404("No such action.")
     rollout = access.get_visible_or_404(request.user, Rollout, pk=pk)
-    for change in rollout.changes.select_related("cluster__team"):
-        access.require(request.user, change.cluster.team, Role.OPERATOR)
+    rollouts.require_may_run(request.user, rollout)
     try:
         operations[action](Actor.from_request(request), rollout)
     except ValidationError as exc:

@@ -219,6 +219,47 @@ def test_a_rollout_is_run_only_by_who_operates_every_cluster_it_changes(clusters
         assert set(states.values()) == {ChangeState.CANCELLED}
 
 
+@pytest.mark.parametrize("action", ["start", "cancel"])
+def test_the_rollout_page_and_the_api_let_the_same_people_run_a_rollout(clusters, people, other_team, api_as, client, use_replay, action):
+    from apps.accounts.models import Membership
+
+    speech = Cluster.objects.create(name="speech-prod", team=other_team, dashboard_url="http://speech-prod.test:8265",
+                                    ray_version="2.60.0", labels={"env": "prod"})
+    sync.sync_cluster(speech.pk)
+    Membership.objects.create(user=people["admin"], team=other_team, role="operator")
+    rollout = rollouts.plan_rollout(Actor(user=people["admin"]), selection={"label": "env=prod", "deployment": "Model"}, reason="r",
+                                    preset=heavy(), canary="speech-prod")
+
+    def page(who):
+        client.force_login(people[who])
+        return client.post(reverse("changes:rollout_action", args=[rollout.pk, action]))
+
+    for who in ("viewer", "operator"):
+        ui, api = page(who), api_as(who).post(f"/api/v1/rollouts/{rollout.pk}/{action}/")
+        assert (ui.status_code, api.status_code) == (403, 403), who
+        assert "to run this rollout" in ui.content.decode() and "to run this rollout" in api.json()["detail"]
+        assert rollouts.may_run(people[who], rollout) is False
+    assert page("outsider").status_code == 404
+    assert api_as("outsider").post(f"/api/v1/rollouts/{rollout.pk}/{action}/").status_code == 404
+    assert Rollout.objects.get(pk=rollout.pk).state == Rollout.State.PLANNED
+
+    assert rollouts.may_run(people["admin"], rollout)
+    assert page("admin").status_code == 302
+    assert Rollout.objects.get(pk=rollout.pk).state != Rollout.State.PLANNED
+
+
+def test_the_rollout_form_and_the_api_let_the_same_people_plan(clusters, people, api_as, client):
+    body = {"selection": {"label": "env=dev"}, "preset": "heavy-gpu-model", "reason": "r"}
+    for who in ("viewer", "outsider"):
+        client.force_login(people[who])
+        ui, api = client.get(reverse("changes:rollout_create")), api_as(who).post("/api/v1/rollouts/", body, format="json")
+        assert (ui.status_code, api.status_code) == (403, 403), who
+        assert "Only operators and admins run rollouts." in ui.content.decode() and api.json()["detail"] == "Only operators and admins run rollouts."
+    client.force_login(people["operator"])
+    assert client.get(reverse("changes:rollout_create")).status_code == 200
+    assert api_as("operator").post("/api/v1/rollouts/", body, format="json").status_code == 201
+
+
 def test_a_tick_never_queues_a_change_of_a_rollout_cancelled_meanwhile(clusters, operator):
     rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy())
     # The tick read the rollout running; `cancel` has marked it cancelled and not yet cancelled its changes.
