@@ -13,7 +13,7 @@ from apps.accounts.drf import VisiblePrimaryKeyRelatedField, VisibleSlugRelatedF
 from apps.accounts.models import Role, Team
 from apps.changes import presets, protocol, rollouts
 from apps.changes.models import Change, ChangeStep, Preset, Rollout
-from apps.changes.validation import parse_options_text, validate_options
+from apps.changes.validation import parse_options_text, preset_or_options, validate_options
 from apps.clusters.models import Cluster
 from apps.fleet.models import ConfigRevision
 from controlplane.openapi import CONFLICT
@@ -121,6 +121,14 @@ class ChangeSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+def _with_preset_or_options(data: dict) -> dict:
+    try:
+        preset_or_options(data.get("preset"), data.get("options"))
+    except DjangoValidationError as exc:
+        raise serializers.ValidationError({"options": exc.messages}) from exc
+    return data
+
+
 class TargetSerializer(serializers.Serializer):
     application = serializers.CharField(max_length=200)
     deployment = serializers.CharField(max_length=200)
@@ -140,9 +148,7 @@ class PlanSerializer(serializers.Serializer):
                 data["options"] = parse_options_text(data.pop("options_text"))
             except DjangoValidationError as exc:
                 raise serializers.ValidationError({"options_text": exc.messages}) from exc
-        if not data.get("preset") and not data.get("options"):
-            raise serializers.ValidationError({"options": ["Give a preset or options."]})
-        return data
+        return _with_preset_or_options(data)
 
 
 class RestoreSerializer(serializers.Serializer):
@@ -266,6 +272,9 @@ class RolloutPlanSerializer(serializers.Serializer):
     canary = serializers.CharField(required=False, allow_blank=True, help_text="Cluster name for the first wave.")
     reason = serializers.CharField(max_length=2000)
 
+    def validate(self, data):
+        return _with_preset_or_options(data)
+
 
 class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Apply one preset to many deployments across clusters: one change per cluster, a canary
@@ -285,8 +294,6 @@ class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
         body = RolloutPlanSerializer(data=request.data, context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        if not data.get("preset") and not data.get("options"):
-            raise serializers.ValidationError({"options": ["Give a preset or options."]})
         try:
             rollout = rollouts.plan_rollout(
                 Actor.from_request(request), selection=data["selection"], reason=data["reason"],

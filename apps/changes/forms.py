@@ -1,12 +1,11 @@
 from __future__ import annotations
 
 from django import forms
-from django.core.exceptions import ValidationError
 from django.db.models import Q
 
 from apps.accounts.permissions import visible_teams
 from apps.changes.models import Preset
-from apps.changes.validation import parse_options_text, validate_options
+from apps.changes.validation import parse_options_text, preset_or_options, validate_options
 from apps.clusters.models import Cluster
 from apps.fleet.models import Deployment
 
@@ -20,10 +19,9 @@ class OptionsChoice:
 
     def clean(self):
         data = super().clean()
-        if data.get("preset") and data.get("options_text"):
-            raise ValidationError("Choose a preset or type options, not both.")
-        if not data.get("preset") and not data.get("options_text") and not self.errors:
-            raise ValidationError("Choose a preset or type the options to change.")
+        # A preset or options that did not parse are explained on their own field already.
+        if "preset" not in self.errors and "options_text" not in self.errors:
+            preset_or_options(data.get("preset"), data.get("options_text"))
         return data
 
 

@@ -18,7 +18,7 @@ from apps.accounts.audit import Actor, record
 from apps.changes import planner
 from apps.changes.models import ACTIVE_STATES, Change, ChangeState, ChangeStep, Preset
 from apps.changes.signals import change_finished
-from apps.changes.validation import validate_options
+from apps.changes.validation import preset_or_options, validate_options
 from apps.changes.writers import WriterUnavailable, owner_waiting_for, writer_for
 from apps.clusters.models import Cluster
 from apps.clusters.ray_dashboard import RayError, RayValidationError, ServeStatus
@@ -49,9 +49,7 @@ def plan_change(
         raise ChangeRefused("Say why: every change records its reason.")
     if not targets:
         raise ChangeRefused("Name at least one application/deployment to change.")
-    if preset is not None and options:
-        raise ChangeRefused("Give either a preset or options, not both.")
-    options = dict(preset.options) if preset is not None else options
+    options = preset_or_options(preset, options)
     validate_options(options)
     plan = _make_plan(
         cluster,

@@ -13,7 +13,7 @@ from apps.accounts.models import Role
 from apps.accounts.permissions import teams_where
 from apps.changes import protocol
 from apps.changes.models import Change, ChangeState, Preset, Rollout
-from apps.changes.validation import validate_options
+from apps.changes.validation import preset_or_options, validate_options
 from apps.clusters.models import Cluster
 from apps.fleet.models import Deployment
 
@@ -83,7 +83,7 @@ def select_deployments(user, selection: dict) -> dict[Cluster, list[dict]]:
 
 
 def plan_rollout(actor: Actor, *, selection: dict, reason: str, preset: Preset | None = None, options: dict | None = None, canary: str | None = None) -> Rollout:
-    options = dict(preset.options) if preset is not None else options
+    options = preset_or_options(preset, options)
     validate_options(options)
     grouped = select_deployments(actor.user, selection)
     if not grouped:

@@ -12,6 +12,14 @@ from apps.changes.fields import NULL_REPLACED, known_options, null_kept, unknown
 MAX_PATCH_CHARS = 64_000
 
 
+def preset_or_options(preset, options):
+    """The options a change or rollout applies: a preset's or the given ones, never both, so
+    what is recorded as applied is what runs. Empty options count as none: nothing to change."""
+    if (preset is None) == (not options):
+        raise ValidationError("Give a preset or options, not both.", code="preset_or_options")
+    return dict(preset.options) if preset is not None else options
+
+
 def parse_options_text(text: str) -> dict:
     """Options typed as YAML or JSON (JSON is YAML)."""
     if len(text or "") > MAX_PATCH_CHARS:

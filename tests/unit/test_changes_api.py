@@ -256,3 +256,39 @@ def test_a_revision_page_offers_a_restore_that_plans_a_change(client, people, cl
     change = Change.objects.get()
     assert response["Location"] == reverse("changes:detail", args=[change.pk])
     assert change.kind == "restore" and change.reason == "back to known good"
+
+
+PRESET_OR_OPTIONS = "Give a preset or options, not both."
+
+
+@pytest.mark.parametrize("choice", [
+    pytest.param({}, id="neither"),
+    pytest.param({"preset": "heavy-gpu-model", "options": {"max_ongoing_requests": 2}}, id="both"),
+])
+def test_a_change_or_rollout_takes_a_preset_or_options_everywhere_with_one_message(client, people, api_as, cluster, choice):
+    from django.core.exceptions import ValidationError
+
+    from apps.accounts.audit import Actor
+    from apps.changes import protocol, rollouts
+    from apps.changes.models import Rollout
+
+    api = api_as("operator")
+    assert plan(api, cluster, **choice).json() == {"options": [PRESET_OR_OPTIONS]}
+    rollout = api.post("/api/v1/rollouts/", {"selection": {"deployment": "Model"}, "reason": "r", **choice}, format="json")
+    assert rollout.status_code == 400 and rollout.json() == {"options": [PRESET_OR_OPTIONS]}
+
+    client.force_login(people["operator"])
+    form = {"reason": "r", "deployment": "Model", "targets": ["demo/Model"]}
+    if choice:
+        form |= {"preset": Preset.objects.get(slug="heavy-gpu-model").pk, "options_text": "max_ongoing_requests: 2"}
+    for page in (reverse("changes:plan", args=[cluster.pk]), reverse("changes:rollout_create")):
+        response = client.post(page, form)
+        assert response.status_code == 200 and PRESET_OR_OPTIONS in response.content.decode(), page
+
+    preset = Preset.objects.get(slug="heavy-gpu-model") if choice else None
+    options = choice.get("options")
+    with pytest.raises(ValidationError, match=PRESET_OR_OPTIONS):
+        protocol.plan_change(Actor(user=people["operator"]), cluster, targets=MODEL, reason="r", preset=preset, options=options)
+    with pytest.raises(ValidationError, match=PRESET_OR_OPTIONS):
+        rollouts.plan_rollout(Actor(user=people["operator"]), selection={"deployment": "Model"}, reason="r", preset=preset, options=options)
+    assert not Change.objects.exists() and not Rollout.objects.exists()
