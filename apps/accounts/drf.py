@@ -41,9 +41,13 @@ def as_api_error(exc: DjangoValidationError) -> serializers.ValidationError:
 
 def exception_handler(exc, context):
     """DRF's handler, with a body over FLEETDECK_MAX_BODY_BYTES answered as the API answers
-    everything, in JSON (413 and the limit) rather than Django's HTML 400 page."""
+    everything, in JSON (413 and the limit) rather than Django's HTML 400 page, and a service's
+    refusal that a viewset lets through as a 400 (`as_api_error`), so viewsets need not wrap
+    every service call. DRF's handler marks the transaction for rollback, as for its own errors."""
     if isinstance(exc, RequestDataTooBig):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         return Response({"detail": f"The request body is too large: the limit is {limit:,} bytes."},
                         status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+    if isinstance(exc, DjangoValidationError):
+        exc = as_api_error(exc)
     return views.exception_handler(exc, context)

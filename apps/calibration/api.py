@@ -1,13 +1,12 @@
 from __future__ import annotations
 
-from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.response import Response
 
 from apps.accounts import access
 from apps.accounts.audit import Actor
-from apps.accounts.drf import VisiblePrimaryKeyRelatedField, as_api_error, require_role
+from apps.accounts.drf import VisiblePrimaryKeyRelatedField, require_role
 from apps.accounts.models import Role
 from apps.calibration import services
 from apps.calibration.curve import AXES
@@ -72,12 +71,9 @@ class CalibrationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixin
         body.is_valid(raise_exception=True)
         deployment = body.validated_data["deployment"]
         require_role(request, deployment.application.cluster.team, Role.OPERATOR, "calibrate deployments")
-        try:
-            calibration = services.request_calibration(
-                Actor.from_request(request), deployment, axis=body.validated_data["axis"],
-                levels=body.validated_data.get("levels") or None, call=body.validated_data.get("call"),
-                request=body.validated_data.get("request"),
-            )
-        except DjangoValidationError as exc:
-            raise as_api_error(exc) from exc
+        calibration = services.request_calibration(
+            Actor.from_request(request), deployment, axis=body.validated_data["axis"],
+            levels=body.validated_data.get("levels") or None, call=body.validated_data.get("call"),
+            request=body.validated_data.get("request"),
+        )
         return Response(CalibrationSerializer(calibration).data, status=status.HTTP_202_ACCEPTED)

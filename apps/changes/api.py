@@ -9,7 +9,7 @@ from rest_framework.response import Response
 
 from apps.accounts import access
 from apps.accounts.audit import Actor
-from apps.accounts.drf import VisiblePrimaryKeyRelatedField, VisibleSlugRelatedField, as_api_error, require_role
+from apps.accounts.drf import VisiblePrimaryKeyRelatedField, VisibleSlugRelatedField, require_role
 from apps.accounts.models import Role, Team
 from apps.changes import presets, protocol, rollouts
 from apps.changes.models import Change, ChangeStep, Preset, Rollout
@@ -74,10 +74,7 @@ class PresetViewSet(viewsets.ModelViewSet):
             raise serializers.ValidationError({"detail": ["Built-in presets are read-only; clone one to adapt it."]})
         require_role(self.request, preset.team, Role.OPERATOR, "edit presets")
         fields = {k: v for k, v in serializer.validated_data.items() if k in ("name", "description", "options", "remedies")}
-        try:
-            presets.update_preset(Actor.from_request(self.request), preset, **fields)
-        except DjangoValidationError as exc:
-            raise as_api_error(exc) from exc
+        presets.update_preset(Actor.from_request(self.request), preset, **fields)
 
     def perform_destroy(self, instance):
         if instance.builtin:
@@ -178,13 +175,10 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
         data = plan.validated_data
         cluster = data["cluster"]
         require_role(request, cluster.team, Role.OPERATOR, "change clusters")
-        try:
-            change = protocol.plan_change(
-                Actor.from_request(request), cluster, targets=data["targets"], reason=data["reason"],
-                options=data.get("options"), preset=data.get("preset"),
-            )
-        except DjangoValidationError as exc:
-            raise as_api_error(exc) from exc
+        change = protocol.plan_change(
+            Actor.from_request(request), cluster, targets=data["targets"], reason=data["reason"],
+            options=data.get("options"), preset=data.get("preset"),
+        )
         return Response(ChangeSerializer(self.get_queryset().get(pk=change.pk)).data, status=status.HTTP_201_CREATED)
 
     def _act(self, request, what: str) -> Change:
@@ -233,13 +227,10 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
         revision = body.validated_data["revision"]
         cluster = revision.cluster
         require_role(request, cluster.team, Role.OPERATOR, "change clusters")
-        try:
-            change = protocol.plan_restore(
-                Actor.from_request(request), cluster,
-                app_configs={revision.application.name: revision.config["submitted"]}, reason=body.validated_data["reason"],
-            )
-        except DjangoValidationError as exc:
-            raise as_api_error(exc) from exc
+        change = protocol.plan_restore(
+            Actor.from_request(request), cluster,
+            app_configs={revision.application.name: revision.config["submitted"]}, reason=body.validated_data["reason"],
+        )
         return Response(ChangeSerializer(self.get_queryset().get(pk=change.pk)).data, status=status.HTTP_201_CREATED)
 
 
@@ -294,13 +285,10 @@ class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
         body = RolloutPlanSerializer(data=request.data, context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        try:
-            rollout = rollouts.plan_rollout(
-                Actor.from_request(request), selection=data["selection"], reason=data["reason"],
-                preset=data.get("preset"), options=data.get("options"), canary=data.get("canary") or None,
-            )
-        except DjangoValidationError as exc:
-            raise as_api_error(exc) from exc
+        rollout = rollouts.plan_rollout(
+            Actor.from_request(request), selection=data["selection"], reason=data["reason"],
+            preset=data.get("preset"), options=data.get("options"), canary=data.get("canary") or None,
+        )
         return Response(RolloutSerializer(self.get_queryset().get(pk=rollout.pk)).data, status=status.HTTP_201_CREATED)
 
     def _require_may_run(self, request, rollout: Rollout) -> Rollout:

@@ -9,7 +9,7 @@ from rest_framework.response import Response
 
 from apps.accounts import access
 from apps.accounts.audit import Actor
-from apps.accounts.drf import VisiblePrimaryKeyRelatedField, VisibleSlugRelatedField, as_api_error, require_role
+from apps.accounts.drf import VisiblePrimaryKeyRelatedField, VisibleSlugRelatedField, require_role
 from apps.accounts.models import Role, Team
 from apps.clusters.api import ClusterSerializer
 from apps.clusters.models import Cluster
@@ -144,14 +144,11 @@ class KubeConnectionViewSet(viewsets.ModelViewSet):
     def perform_create(self, serializer):
         data = serializer.validated_data
         require_role(self.request, data["team"], Role.ADMIN, "add Kubernetes connections")
-        try:
-            connection = services.create_connection(
-                Actor.from_request(self.request), team=data["team"], name=data["name"], namespaces=data["namespaces"],
-                in_cluster=data.get("in_cluster", False), kubeconfig=data.get("kubeconfig", ""), context=data.get("context", ""),
-                read_only=data.get("read_only", True),
-            )
-        except DjangoValidationError as exc:
-            raise as_api_error(exc) from exc
+        connection = services.create_connection(
+            Actor.from_request(self.request), team=data["team"], name=data["name"], namespaces=data["namespaces"],
+            in_cluster=data.get("in_cluster", False), kubeconfig=data.get("kubeconfig", ""), context=data.get("context", ""),
+            read_only=data.get("read_only", True),
+        )
         serializer.instance = self.get_queryset().get(pk=connection.pk)
 
     def perform_update(self, serializer):
@@ -159,10 +156,7 @@ class KubeConnectionViewSet(viewsets.ModelViewSet):
         require_role(self.request, connection.team, Role.ADMIN, "change Kubernetes connections")
         data = serializer.validated_data
         changes = {key: data[key] for key in ("kubeconfig", "context", "namespaces", "read_only") if key in data}
-        try:
-            services.update_connection(Actor.from_request(self.request), connection, **changes)
-        except DjangoValidationError as exc:
-            raise as_api_error(exc) from exc
+        services.update_connection(Actor.from_request(self.request), connection, **changes)
         serializer.instance = self.get_queryset().get(pk=connection.pk)
 
     def perform_destroy(self, instance):
@@ -187,10 +181,7 @@ class KubeConnectionViewSet(viewsets.ModelViewSet):
         require_role(request, connection.team, Role.ADMIN, "register clusters")
         body = RegisterSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        try:
-            cluster = services.register_discovered(Actor.from_request(request), connection, **body.validated_data)
-        except DjangoValidationError as exc:
-            raise as_api_error(exc) from exc
+        cluster = services.register_discovered(Actor.from_request(request), connection, **body.validated_data)
         data = ClusterSerializer(Cluster.objects.listing_for(request.user).get(pk=cluster.pk)).data
         return Response(data, status=status.HTTP_201_CREATED)
 
@@ -203,11 +194,8 @@ class KubeConnectionViewSet(viewsets.ModelViewSet):
         body = LinkSerializer(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        try:
-            link = services.link_cluster(Actor.from_request(request), connection, data["cluster"], kind=data["kind"],
-                                         namespace=data["namespace"], name=data["name"])
-        except DjangoValidationError as exc:
-            raise as_api_error(exc) from exc
+        link = services.link_cluster(Actor.from_request(request), connection, data["cluster"], kind=data["kind"],
+                                     namespace=data["namespace"], name=data["name"])
         return Response(KubeLinkSerializer(link).data, status=status.HTTP_201_CREATED)
 
 

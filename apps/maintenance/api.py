@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -8,7 +7,7 @@ from rest_framework.response import Response
 
 from apps.accounts import access
 from apps.accounts.audit import Actor
-from apps.accounts.drf import VisiblePrimaryKeyRelatedField, as_api_error, require_role
+from apps.accounts.drf import VisiblePrimaryKeyRelatedField, require_role
 from apps.accounts.models import Role
 from apps.fleet.models import Application, Deployment
 from apps.maintenance import services
@@ -73,10 +72,7 @@ class ScheduleViewSet(_Writes, viewsets.ModelViewSet):
     def _save(self, serializer, deployment):
         self._check(deployment.application.cluster.team)
         data = {k: v for k, v in serializer.validated_data.items() if k != "deployment"}
-        try:
-            serializer.instance = services.save_schedule(Actor.from_request(self.request), deployment, data)
-        except DjangoValidationError as exc:
-            raise as_api_error(exc) from exc
+        serializer.instance = services.save_schedule(Actor.from_request(self.request), deployment, data)
 
     def perform_create(self, serializer):
         self._save(serializer, serializer.validated_data["deployment"])
@@ -102,10 +98,7 @@ class ProfileViewSet(_Writes, viewsets.ModelViewSet):
     def _save(self, serializer, application, profile=None):
         self._check(application.cluster.team)
         data = {k: v for k, v in serializer.validated_data.items() if k != "application"}
-        try:
-            serializer.instance = services.save_profile(Actor.from_request(self.request), application, data, profile)
-        except DjangoValidationError as exc:
-            raise as_api_error(exc) from exc
+        serializer.instance = services.save_profile(Actor.from_request(self.request), application, data, profile)
 
     def perform_create(self, serializer):
         self._save(serializer, serializer.validated_data["application"])
