@@ -557,11 +557,30 @@ def _queue_bound(current: Current, plan: Plan, load: Load, objective_ms: int) ->
                   f"({source}) serve about {throughput:.1f} requests/s; a request queued behind {bound} others still finishes "
                   f"within {int(LATENCY_MARGIN * 100)} % of the {objective_ms / 1000:.0f} s objective (service under load runs "
                   "slower than calibrated).")
+        warnings += _shed_at_peak(plan, load, slots, bound, service_s, wait_s, objective_ms)
     else:
         bound = max(2 * slots, 4)
         reason = f"{bound}: twice the {slots} request slots; no service time was measured to size it from the objective."
     reason += " Serve applies it per caller (each proxy and handle), so the total queue is this bound per proxy."
     return {"patch": {"max_queued_requests": bound}, "reasons": {"max_queued_requests": reason}, "warnings": warnings}
+
+
+def _shed_at_peak(plan: Plan, load: Load, slots: int, bound: int, service_s: float, wait_s: float, objective_ms: int) -> list[str]:
+    """The load the incident saw against what these replicas hold in flight and in the queue: past
+    that, Serve sheds with 503, and no queue bound meets both the latency and the failure objective.
+    Said with the replicas (and their memory) that would serve that load within the objective."""
+    peak = load.peak_in_flight
+    if not peak or peak <= slots + bound:
+        return []
+    # Each slot serves its request and the ones queued behind it within the objective.
+    per_slot = 1 + max(wait_s, 0) / service_s
+    needed = math.ceil(math.ceil(peak / per_slot) / plan.concurrency)
+    extra = max(needed - plan.replicas, 1)
+    return [f"At the incident's busiest moment {peak:.0f} requests were in flight or queued; {slots} slots and a queue of {bound} hold "
+            f"{slots + bound}, so about {peak - slots - bound:.0f} at once would be shed with 503: at that load a p99 within "
+            f"{objective_ms / 1000:.0f} s and no failed requests cannot both be had. Serving it within the objective takes about "
+            f"{extra} more replica(s) of {_mib(plan.peak_bytes)} ({_mib(extra * plan.peak_bytes)} more memory than the budget, "
+            f"or another node), or a longer latency objective."]
 
 
 def _batch_tokens(current: Current, curve, budget: Budget | None, per_node: int | None, concurrency: int | None) -> dict:

@@ -160,6 +160,20 @@ def test_the_queue_bound_comes_from_the_measured_service_time_not_a_queued_p50()
     assert unmeasured.patch("R10") == {"max_queued_requests": 4}
 
 
+def test_a_load_past_what_the_replicas_and_their_queue_hold_is_said_with_what_would_serve_it():
+    # The plain app on the bench: 2 replicas × 2 at 2.13 s, a 10 s objective, 32 requests at once at the incident.
+    memory_found = measured(183, 256, service_s=(2.17, 2.13, 2.48))
+    out = sizing.compute(current(), memory_found, budget(1633), sizing.Load(peak_in_flight=32), latency_objective_ms=10_000)
+    plan, bound = out.plan, out.patch("R10")["max_queued_requests"]
+    assert (plan["replicas"], plan["concurrency"], bound) == (2, 2, 11)
+    [warning] = out.values["R10"]["warnings"]
+    assert "32 requests were in flight or queued; 4 slots and a queue of 11 hold 15, so about 17 at once would be shed" in warning
+    assert "about 3 more replica(s) of 695 MiB" in warning
+    # A load the slots and the queue hold draws no warning.
+    assert sizing.compute(current(), memory_found, budget(1633), sizing.Load(peak_in_flight=15),
+                          latency_objective_ms=10_000).values["R10"]["warnings"] == []
+
+
 def test_a_request_bigger_than_the_budget_is_said_plainly():
     out = sizing.compute(current(), memory(200, 4000), budget(2000), sizing.Load(), latency_objective_ms=10_000)
     assert out.patch("R1")["max_ongoing_requests"] == 1
