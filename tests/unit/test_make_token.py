@@ -12,7 +12,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def shell(*args: str, var_dir: Path, **env: str) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETDECK_", "DJANGO_", "MAKE"))}
+    # As make run on a fresh machine: the embedded defaults under var_dir, never the database or
+    # broker the suite itself was pointed at (CI's PostgreSQL `test` kept the user between runs).
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETDECK_", "DJANGO_", "MAKE", "DATABASE_URL", "CELERY_"))}
     clean.update(env, DJANGO_SETTINGS_MODULE="controlplane.settings", FLEETDECK_VAR_DIR=str(var_dir))
     return subprocess.run(list(args), cwd=REPO, env=clean, capture_output=True, text=True, timeout=300)
 
