@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from apps.fleet import sync
-from tests.browser.pages import log_in
+from tests.browser.pages import log_in, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.ray, pytest.mark.django_db(transaction=True)]
 
@@ -40,7 +40,7 @@ def test_an_operator_logs_in_and_sees_the_clusters_applications(page, live_serve
 
     # "Sync now" posts through htmx and swaps the live status block in place.
     page.click("text=Sync now")
-    page.wait_for_function("document.querySelector('#cluster-status') !== null")
+    wait_until(page, "document.querySelector('#cluster-status') !== null")
     assert page.locator("#cluster-status h2", has_text="demo").count() == 1
 
     page.click("text=Model")
@@ -101,7 +101,7 @@ def test_an_incident_page_draws_its_evidence_charts(page, live_server, team, peo
                                        evidence={"series": series}, causes=[])
     log_in(page, live_server, "viewer")
     page.goto(f"{live_server.url}/incidents/{incident.pk}/")
-    page.wait_for_function("window.Chart && Chart.getChart('latency-chart') && Chart.getChart('load-chart')")
+    wait_until(page, "window.Chart && Chart.getChart('latency-chart') && Chart.getChart('load-chart')")
     datasets = page.evaluate("Chart.getChart('latency-chart').data.datasets.map(d => d.label)")
     assert datasets == ["p50 ms", "p99 ms"]  # no kill markers on a latency incident
     axes = "(id) => Object.fromEntries(Object.entries(Chart.getChart(id).options.scales).map(([k, s]) => [k, s.title.text]))"
@@ -131,7 +131,7 @@ def test_an_oom_incident_page_charts_node_memory_against_the_threshold_and_memor
                                  threshold_bytes=int(6.9 * 2**30), message="")
     log_in(page, live_server, "viewer")
     page.goto(f"{live_server.url}/incidents/{incident.pk}/")
-    page.wait_for_function("window.Chart && Chart.getChart('node-memory-chart') && Chart.getChart('replica-memory-chart')")
+    wait_until(page, "window.Chart && Chart.getChart('node-memory-chart') && Chart.getChart('replica-memory-chart')")
     node = page.evaluate("(() => { const c = Chart.getChart('node-memory-chart'); return {labels: c.data.datasets.map(d => d.label), "
                          "unit: c.options.scales.y.title.text}; })()")
     assert node == {"labels": ["memory used", "Ray's memory monitor kills above", "node total", "OOM kill (node memory Ray reported)"],
@@ -163,7 +163,7 @@ def test_a_node_memory_incident_charts_memory_as_a_share_with_its_unit_on_the_ax
     incident = Incident.objects.create(kind="memory_pressure", cluster=cluster, node_ip="10.0.0.7", title="Memory pressure on 10.0.0.7",
                                        started_at=now, last_signal_at=now, evidence={"node_series": series}, causes=[])
     log_in(page, live_server, "viewer", f"/incidents/{incident.pk}/")
-    page.wait_for_function("window.Chart && Chart.getChart('memory-chart')")
+    wait_until(page, "window.Chart && Chart.getChart('memory-chart')")
     y = "Chart.getChart('memory-chart').scales.y"
     assert page.evaluate(f"{y}.options.title.text") == "memory used (%)"
     assert page.evaluate(f"{y}.ticks.map((t) => t.label)")[-1] == "100 %"
