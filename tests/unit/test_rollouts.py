@@ -195,16 +195,21 @@ def test_a_rollout_across_teams_shows_each_viewer_only_their_teams_changes(clust
     assert len(whole["changes"]) == 3 and "speech-prod" in whole["error"]
 
 
-@pytest.mark.parametrize("action", ["start", "cancel"])
-def test_a_rollout_is_run_only_by_who_operates_every_cluster_it_changes(clusters, people, other_team, api_as, use_replay, action):
+def across_two_teams(people, other_team) -> Rollout:
+    """A rollout over the prod clusters of two teams, planned by an admin who operates the second."""
     from apps.accounts.models import Membership
 
     speech = Cluster.objects.create(name="speech-prod", team=other_team, dashboard_url="http://speech-prod.test:8265",
                                     ray_version="2.60.0", labels={"env": "prod"})
     sync.sync_cluster(speech.pk)
     Membership.objects.create(user=people["admin"], team=other_team, role="operator")
-    rollout = rollouts.plan_rollout(Actor(user=people["admin"]), selection={"label": "env=prod", "deployment": "Model"}, reason="r",
-                                    preset=heavy(), canary="speech-prod")
+    return rollouts.plan_rollout(Actor(user=people["admin"]), selection={"label": "env=prod", "deployment": "Model"}, reason="r",
+                                 preset=heavy(), canary="speech-prod")
+
+
+@pytest.mark.parametrize("action", ["start", "cancel"])
+def test_a_rollout_is_run_only_by_who_operates_every_cluster_it_changes(clusters, people, other_team, api_as, use_replay, action):
+    rollout = across_two_teams(people, other_team)
 
     # The operator of one team sees the rollout, but not all of it, and may not run it.
     assert api_as("operator").post(f"/api/v1/rollouts/{rollout.pk}/{action}/").status_code == 403
@@ -221,14 +226,7 @@ def test_a_rollout_is_run_only_by_who_operates_every_cluster_it_changes(clusters
 
 @pytest.mark.parametrize("action", ["start", "cancel"])
 def test_the_rollout_page_and_the_api_let_the_same_people_run_a_rollout(clusters, people, other_team, api_as, client, use_replay, action):
-    from apps.accounts.models import Membership
-
-    speech = Cluster.objects.create(name="speech-prod", team=other_team, dashboard_url="http://speech-prod.test:8265",
-                                    ray_version="2.60.0", labels={"env": "prod"})
-    sync.sync_cluster(speech.pk)
-    Membership.objects.create(user=people["admin"], team=other_team, role="operator")
-    rollout = rollouts.plan_rollout(Actor(user=people["admin"]), selection={"label": "env=prod", "deployment": "Model"}, reason="r",
-                                    preset=heavy(), canary="speech-prod")
+    rollout = across_two_teams(people, other_team)
 
     def page(who):
         client.force_login(people[who])
