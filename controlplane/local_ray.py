@@ -48,20 +48,36 @@ def _ephemeral_start() -> int:
         return 32768
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on, between Ray's worker ports and the ephemeral range. A
-    port the kernel picks (binding port 0) is an ephemeral one, which it may give to one of Ray's
-    outgoing connections before the process it was picked for binds it."""
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports nothing listens on, between Ray's worker ports and the
+    ephemeral range. A port the kernel picks (binding port 0) is an ephemeral one, which it may
+    give to one of Ray's outgoing connections before the process it was picked for binds it. Each
+    port stays bound until all are picked: released one by one, two picks could be the same port,
+    and Ray refuses to start when two of its components are given one port."""
     below = _ephemeral_start()
-    for _ in range(200):
-        port = _PICK.randrange(_PORTS_FROM, below) if below > _PORTS_FROM + 100 else 0
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    held: list[socket.socket] = []
+    try:
+        for _ in range(200 + count):
+            if len(held) == count:
+                break
+            port = _PICK.randrange(_PORTS_FROM, below) if below > _PORTS_FROM + 100 else 0
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
+                sock.close()
                 continue
-            return sock.getsockname()[1]
-    raise OSError(f"no free loopback port between {_PORTS_FROM} and {below}")
+            held.append(sock)
+        if len(held) < count:
+            raise OSError(f"no {count} free loopback ports between {_PORTS_FROM} and {below}")
+        return [sock.getsockname()[1] for sock in held]
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
 
 
 GIB = 2**30
@@ -100,15 +116,30 @@ def _ray_bin(name: str) -> str:
     return str(local) if local.exists() else name
 
 
+# The ports `ray start` is given, by flag name.
+_HEAD_PORTS = (
+    "port", "dashboard-port", "metrics-export-port", "ray-client-server-port",
+    "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
+    "node-manager-port", "object-manager-port",
+)
+# What `ray start` prints when a port it was given is not free after all. Another process can
+# bind a free port between our pick and Ray's bind; a new pick is then the whole cure.
+_PORT_FAILURES = ("is trying to use a port number", "Address already in use", "Failed to bind")
+START_ATTEMPTS = 3
+
+
 @dataclass
 class LocalRayHead:
     temp_dir: Path
-    dashboard_port: int
-    serve_http_port: int
     log_path: Path
+    args: list[str]
+    env: dict[str, str]
+    dashboard_port: int = 0
+    serve_http_port: int = 0
     process: subprocess.Popen | None = None
     ports: dict[str, int] = field(default_factory=dict)
     stop_requested_at: float | None = None
+    attempts: int = 0
 
     @property
     def dashboard_url(self) -> str:
@@ -121,21 +152,6 @@ class LocalRayHead:
     @classmethod
     def start(cls, *, num_cpus: int = 2, object_store_mb: int = 200, extra_env: dict | None = None) -> "LocalRayHead":
         temp_dir = Path(tempfile.mkdtemp(prefix="fdray-", dir="/tmp"))
-        ports = {
-            name: free_port()
-            for name in (
-                "port", "dashboard-port", "metrics-export-port", "ray-client-server-port",
-                "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
-                "node-manager-port", "object-manager-port",
-            )
-        }
-        head = cls(
-            temp_dir=temp_dir,
-            dashboard_port=ports["dashboard-port"],
-            serve_http_port=free_port(),
-            log_path=temp_dir / "ray-start.log",
-            ports=ports,
-        )
         args = [
             _ray_bin("ray"), "start", "--head", "--block",
             "--node-ip-address", "127.0.0.1", "--dashboard-host", "127.0.0.1",
@@ -144,8 +160,6 @@ class LocalRayHead:
             "--object-store-memory", str(object_store_mb * 1024 * 1024),
             "--temp-dir", str(temp_dir),
         ]
-        for name, port in ports.items():
-            args += [f"--{name}", str(port)]
         env = dict(os.environ)
         env.update(
             PYTHONPATH=os.pathsep.join(filter(None, [str(DEMO_APP_DIR), str(REFERENCE_APP_DIR), env.get("PYTHONPATH", "")])),
@@ -154,17 +168,36 @@ class LocalRayHead:
             RAY_USAGE_STATS_ENABLED="0",
             **(extra_env or {}),
         )
-        log = open(head.log_path, "wb")  # noqa: SIM115 - closed with the process
-        head.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        head = cls(temp_dir=temp_dir, log_path=temp_dir / "ray-start.log", args=args, env=env)
+        head._launch()
         return head
 
+    def _launch(self) -> None:
+        """Start `ray start` on newly picked ports; the Serve proxy's port is picked with them."""
+        *head_ports, self.serve_http_port = free_ports(len(_HEAD_PORTS) + 1)
+        self.ports = dict(zip(_HEAD_PORTS, head_ports, strict=True))
+        self.dashboard_port = self.ports["dashboard-port"]
+        self.attempts += 1
+        args = list(self.args)
+        for name, port in self.ports.items():
+            args += [f"--{name}", str(port)]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+
     def wait_ready(self, timeout_s: float = 90.0) -> None:
+        """Wait for the dashboard and Serve's API. A head that exits because a port it was given
+        was taken meanwhile is started again on new ports, up to START_ATTEMPTS times."""
         deadline = time.monotonic() + timeout_s
         last_error = ""
         with RayDashboard(self.dashboard_url, timeout_s=2.0, policy=OWN_HEAD) as ray:
             while time.monotonic() < deadline:
                 if self.process and self.process.poll() is not None:
-                    raise RuntimeError(f"ray start exited with {self.process.returncode}:\n{self.log_tail()}")
+                    log = self.log_tail()
+                    if self.attempts < START_ATTEMPTS and any(failure in log for failure in _PORT_FAILURES):
+                        self._kill_session()
+                        self._launch()
+                        return self.wait_ready(max(deadline - time.monotonic(), 1.0))
+                    raise RuntimeError(f"ray start exited with {self.process.returncode}:\n{log}")
                 try:
                     ray.version()
                     ray.serve_applications()
@@ -232,6 +265,10 @@ class LocalRayHead:
                 self.process.wait(timeout=max(self.stop_requested_at + timeout_s - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 pass
+        self._kill_session()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def _kill_session(self) -> None:
         deadline = time.monotonic() + 10
         while (pids := _pids_in_session(self.process.pid)) and time.monotonic() < deadline:
             for pid in pids:
@@ -242,7 +279,6 @@ class LocalRayHead:
             time.sleep(0.2)
         if self.process.poll() is None:
             self.process.wait(timeout=5)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def _pids_in_session(sid: int) -> list[int]:

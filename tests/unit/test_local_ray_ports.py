@@ -1,0 +1,31 @@
+"""The ports a local Ray head is given: distinct, and new ones when Ray finds one taken."""
+
+import socket
+
+from controlplane import local_ray
+from controlplane.local_ray import free_ports
+
+
+class Repeating:
+    """A random source that picks the same port again before moving on, as a real one can."""
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def randrange(self, start, stop):
+        return self.values.pop(0)
+
+
+def test_ports_picked_together_are_distinct_even_when_the_random_source_repeats(monkeypatch):
+    monkeypatch.setattr(local_ray, "_PICK", Repeating([23001, 23001, 23001, 23002, 23003]))
+    assert free_ports(3) == [23001, 23002, 23003]
+
+
+def test_a_port_something_listens_on_is_never_picked(monkeypatch):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        monkeypatch.setattr(local_ray, "_PORTS_FROM", 1024)
+        monkeypatch.setattr(local_ray, "_PICK", Repeating([taken, taken, 23004]))
+        assert free_ports(1) == [23004]
