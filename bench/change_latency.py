@@ -53,7 +53,9 @@ def demo_config() -> dict:
 
 def effective_moq(head: LocalRayHead) -> int:
     with RayDashboard(head.dashboard_url) as ray:
-        return ray.serve_applications().applications["demo"].deployments["Model"].deployment_config["max_ongoing_requests"]
+        return (
+            ray.serve_applications().applications["demo"].deployments["Model"].deployment_config["max_ongoing_requests"]
+        )
 
 
 def serve_deploy(head: LocalRayHead, config: dict, value: int) -> float:
@@ -63,7 +65,9 @@ def serve_deploy(head: LocalRayHead, config: dict, value: int) -> float:
     path = head.temp_dir / "bench.json"
     path.write_text(json.dumps(config))
     started = time.monotonic()
-    subprocess.run([_ray_bin("serve"), "deploy", str(path), "--address", head.dashboard_url], check=True, capture_output=True)
+    subprocess.run(
+        [_ray_bin("serve"), "deploy", str(path), "--address", head.dashboard_url], check=True, capture_output=True
+    )
     while effective_moq(head) != value:
         time.sleep(0.05)
     return time.monotonic() - started
@@ -72,8 +76,13 @@ def serve_deploy(head: LocalRayHead, config: dict, value: int) -> float:
 def fleetdeck(cluster: Cluster, value: int) -> tuple[float, float]:
     actor = Actor.system(via="cli")
     started = time.monotonic()
-    change = protocol.plan_change(actor, cluster, targets=[{"application": "demo", "deployment": "Model"}],
-                                  options={"max_ongoing_requests": value}, reason="benchmark")
+    change = protocol.plan_change(
+        actor,
+        cluster,
+        targets=[{"application": "demo", "deployment": "Model"}],
+        options={"max_ongoing_requests": value},
+        reason="benchmark",
+    )
     planned = time.monotonic()
     protocol.request_apply(actor, change)
     protocol.run(change.pk)
@@ -96,7 +105,9 @@ def main() -> None:
         head.wait_ready()
         config = demo_config()
         head.deploy(config)
-        cluster = Cluster.objects.create(name="bench", team=ensure_team("Bench"), dashboard_url=head.dashboard_url, ray_version="2.60.0")
+        cluster = Cluster.objects.create(
+            name="bench", team=ensure_team("Bench"), dashboard_url=head.dashboard_url, ray_version="2.60.0"
+        )
         baseline, apply_times, total_times = [], [], []
         for i in range(args.rounds):
             baseline.append(serve_deploy(head, config, 6 if i % 2 == 0 else 8))
@@ -105,8 +116,12 @@ def main() -> None:
             total_times.append(total)
         config_b = statistics.median(baseline)
         print(f"serve deploy → effective (baseline): median {config_b:.3f} s over {args.rounds} rounds")
-        print(f"fleetdeck apply → verified:           median {statistics.median(apply_times):.3f} s  ratio {statistics.median(apply_times) / config_b:.2f}")
-        print(f"fleetdeck plan + apply → verified:    median {statistics.median(total_times):.3f} s  ratio {statistics.median(total_times) / config_b:.2f}")
+        print(
+            f"fleetdeck apply → verified:           median {statistics.median(apply_times):.3f} s  ratio {statistics.median(apply_times) / config_b:.2f}"
+        )
+        print(
+            f"fleetdeck plan + apply → verified:    median {statistics.median(total_times):.3f} s  ratio {statistics.median(total_times) / config_b:.2f}"
+        )
     finally:
         head.stop()
 

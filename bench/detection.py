@@ -55,8 +55,6 @@ from apps.incidents import detectors, signals  # noqa: E402
 from bench import detector_quality  # noqa: E402
 from bench.scratch_db import scratch_database  # noqa: E402
 
-
-
 # --- part 1: labelled synthetic traces ---------------------------------------------------------
 
 
@@ -136,14 +134,34 @@ def naive_ratchet(points: list[dict]) -> bool:
 
 CASES = {
     # name: (trace generator, kinds with positives first, number of positive kinds, detector, baseline)
-    "latency spike": (detector_quality.trace, ["spike", "noise", "single", "deploy", "restart", "creep"], 1,
-                      lambda p: detectors.latency_spike(p) is not None, detector_quality.naive),
-    "queue build-up": (queue_trace, ["buildup", "steady", "draining", "step"], 1,
-                       lambda p: detectors.queue_buildup(p) is not None, naive_queue),
-    "memory pressure": (pressure_trace, ["pressure", "normal", "blip", "hovering"], 1,
-                        lambda p: detectors.memory_pressure(p) is not None, naive_pressure),
-    "memory ratchet": (ratchet_trace, ["leak", "flat", "sawtooth", "step"], 1,
-                       lambda p: detectors.memory_ratchet(p) is not None, naive_ratchet),
+    "latency spike": (
+        detector_quality.trace,
+        ["spike", "noise", "single", "deploy", "restart", "creep"],
+        1,
+        lambda p: detectors.latency_spike(p) is not None,
+        detector_quality.naive,
+    ),
+    "queue build-up": (
+        queue_trace,
+        ["buildup", "steady", "draining", "step"],
+        1,
+        lambda p: detectors.queue_buildup(p) is not None,
+        naive_queue,
+    ),
+    "memory pressure": (
+        pressure_trace,
+        ["pressure", "normal", "blip", "hovering"],
+        1,
+        lambda p: detectors.memory_pressure(p) is not None,
+        naive_pressure,
+    ),
+    "memory ratchet": (
+        ratchet_trace,
+        ["leak", "flat", "sawtooth", "step"],
+        1,
+        lambda p: detectors.memory_ratchet(p) is not None,
+        naive_ratchet,
+    ),
 }
 
 
@@ -175,7 +193,9 @@ def _pr(tp: int, fp: int, fn: int) -> tuple[float, float]:
 # --- part 2: a real cluster --------------------------------------------------------------------
 
 
-KILL_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) [^\]]*\] \(raylet\) node_manager\.cc:\d+: Killing \d+ worker")
+KILL_LINE = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) [^\]]*\] \(raylet\) node_manager\.cc:\d+: Killing \d+ worker"
+)
 
 
 def raylet_kills(head) -> list[float]:
@@ -217,8 +237,11 @@ def first_signal_after(kind: str, since: float, timeout_s: float) -> float | Non
     deadline = time.monotonic() + timeout_s
     after = datetime.fromtimestamp(since, UTC)
     while time.monotonic() < deadline:
-        event = (IncidentEvent.objects.filter(incident__kind=kind, kind__in=["detected", "extended"], at__gt=after)
-                 .order_by("at").first())
+        event = (
+            IncidentEvent.objects.filter(incident__kind=kind, kind__in=["detected", "extended"], at__gt=after)
+            .order_by("at")
+            .first()
+        )
         if event is not None:
             return event.at.timestamp()
         time.sleep(0.2)
@@ -262,8 +285,11 @@ def oom_trial(head, timeout_s: float) -> dict:
 def latency_trial(head, interval: float, timeout_s: float) -> dict:
     import httpx
 
-    model = {"user_config": {"alloc_mb": 0, "hold_s": 0.2}, "max_ongoing_requests": 8,
-             "autoscaling_config": {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 4}}
+    model = {
+        "user_config": {"alloc_mb": 0, "hold_s": 0.2},
+        "max_ongoing_requests": 8,
+        "autoscaling_config": {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 4},
+    }
     head.deploy(demo_only(model))
     halt, burst = threading.Event(), threading.Event()
     latencies: list[tuple[float, float]] = []  # (completed at, seconds)
@@ -296,15 +322,28 @@ def latency_trial(head, interval: float, timeout_s: float) -> dict:
             thread.join(timeout=70)
     limit = max(detectors.LATENCY_FLOOR_MS / 1000, detectors.SPIKE_FACTOR * baseline)
     slow = [done for done, seconds in latencies if done >= started and seconds > limit]
-    return {"event": started, "detected": detected, "first_slow": min(slow) if slow else None, "baseline_p99_s": baseline,
-            "limit_s": limit}
+    return {
+        "event": started,
+        "detected": detected,
+        "first_slow": min(slow) if slow else None,
+        "baseline_p99_s": baseline,
+        "limit_s": limit,
+    }
 
 
 def real_cluster(interval: float, trials: int, timeout_s: float) -> dict:
     var = tempfile.mkdtemp(prefix="fleetdeck-bench-var-")
     with scratch_database("detect") as (url, engine):
-        os.environ.update({"DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "controlplane.settings", "FLEETDECK_DEBUG": "0",
-                           "FLEETDECK_ALLOW_DEV_SECRET": "1", "FLEETDECK_LOG_LEVEL": "ERROR", "FLEETDECK_VAR_DIR": var})
+        os.environ.update(
+            {
+                "DATABASE_URL": url,
+                "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+                "FLEETDECK_DEBUG": "0",
+                "FLEETDECK_ALLOW_DEV_SECRET": "1",
+                "FLEETDECK_LOG_LEVEL": "ERROR",
+                "FLEETDECK_VAR_DIR": var,
+            }
+        )
         import django
 
         django.setup()
@@ -323,9 +362,13 @@ def real_cluster(interval: float, trials: int, timeout_s: float) -> dict:
         try:
             head.wait_ready()
             head.deploy(demo_only({"user_config": {"alloc_mb": 0, "hold_s": 0.05}}))
-            cluster = Cluster.objects.create(name="detection-lab", team=ensure_team("Bench"), dashboard_url=head.dashboard_url,
-                                             ray_version="2.60.0",
-                                             metrics_url=f"http://127.0.0.1:{head.ports['metrics-export-port']}/metrics")
+            cluster = Cluster.objects.create(
+                name="detection-lab",
+                team=ensure_team("Bench"),
+                dashboard_url=head.dashboard_url,
+                ray_version="2.60.0",
+                metrics_url=f"http://127.0.0.1:{head.ports['metrics-export-port']}/metrics",
+            )
             loop = SyncLoop(cluster.pk, interval)
             loop.start()
             ooms = [oom_trial(head, timeout_s) for _ in range(trials)]
@@ -349,23 +392,32 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one trial of each")
     parser.add_argument("--synthetic-only", action="store_true", help="skip the real cluster")
     args = parser.parse_args()
-    print(f"machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, load average at start "
-          f"{os.getloadavg()[0]:.2f} (other processes share these cores)")
+    print(
+        f"machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, load average at start "
+        f"{os.getloadavg()[0]:.2f} (other processes share these cores)"
+    )
     print(f"\n{args.traces} labelled synthetic traces per detector (half positives), seed {args.seed}:")
     print(f"  {'':17s} {'detector':>17s}   {'naive baseline':>17s}   {'ratio to baseline':26s}  detector wrong on")
-    print(f"  {'':17s} {'precision':>9s} {'recall':>7s}   {'precision':>9s} {'recall':>7s}   {'(precision, recall)':26s}")
+    print(
+        f"  {'':17s} {'precision':>9s} {'recall':>7s}   {'precision':>9s} {'recall':>7s}   {'(precision, recall)':26s}"
+    )
     for name, r in score(args.traces, args.seed).items():
         (dp, dr, _), (bp, br, _) = r["detector"], r["baseline"]
         ratio = f"x{dp / bp:.2f}, x{dr / br:.2f}" if bp and br else "baseline scored zero"
-        wrong = ", ".join(f"{kind} {count}" for kind, count in sorted(r["wrong"].items(), key=lambda kv: -kv[1])) or "nothing"
+        wrong = (
+            ", ".join(f"{kind} {count}" for kind, count in sorted(r["wrong"].items(), key=lambda kv: -kv[1]))
+            or "nothing"
+        )
         print(f"  {name:17s} {dp:9.3f} {dr:7.3f}   {bp:9.3f} {br:7.3f}   {ratio:26s}  {wrong}")
     if args.synthetic_only:
         return
     trials = 1 if args.quick else args.trials
     started = time.monotonic()
     real = real_cluster(args.interval, trials, timeout_s=max(180.0, 12 * args.interval))
-    print(f"\nreal Ray 2.60 head on loopback ({real['engine']}; memory monitor at {real['threshold']:.1%} of the node), "
-          f"sync + detect + metrics every {args.interval:g} s, {trials} trial(s) each, {time.monotonic() - started:.0f} s:")
+    print(
+        f"\nreal Ray 2.60 head on loopback ({real['engine']}; memory monitor at {real['threshold']:.1%} of the node), "
+        f"sync + detect + metrics every {args.interval:g} s, {trials} trial(s) each, {time.monotonic() - started:.0f} s:"
+    )
     for label, rows in (("OOM kill", real["oom"]), ("latency spike", real["latency"])):
         for row in rows:
             if row["detected"] is None or row["event"] is None:
@@ -374,10 +426,14 @@ def main() -> None:
             latency = row["detected"] - row["event"]
             extra = ""
             if row.get("first_slow"):
-                extra = (f"; {row['detected'] - row['first_slow']:.1f} s after the first request over the limit "
-                         f"({row['limit_s'] * 1000:.0f} ms, baseline p99 {row['baseline_p99_s'] * 1000:.0f} ms)")
+                extra = (
+                    f"; {row['detected'] - row['first_slow']:.1f} s after the first request over the limit "
+                    f"({row['limit_s'] * 1000:.0f} ms, baseline p99 {row['baseline_p99_s'] * 1000:.0f} ms)"
+                )
             source = row.get("from", "start of the burst")
-            print(f"  {label:14s} {latency:6.1f} s from the {source} = {latency / args.interval:.2f} x the interval{extra}")
+            print(
+                f"  {label:14s} {latency:6.1f} s from the {source} = {latency / args.interval:.2f} x the interval{extra}"
+            )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,16 @@ from apps.incidents import detectors  # noqa: E402
 def trace(rng: random.Random, kind: str) -> list[dict]:
     base = rng.uniform(40, 400)
     n = rng.randint(8, 30)
-    points = [{"t": 30.0 * i, "p99": max(1.0, rng.gauss(base, base * 0.25)), "rps": rng.uniform(1, 50), "starts": 0, "queued": 0} for i in range(n)]
+    points = [
+        {
+            "t": 30.0 * i,
+            "p99": max(1.0, rng.gauss(base, base * 0.25)),
+            "rps": rng.uniform(1, 50),
+            "starts": 0,
+            "queued": 0,
+        }
+        for i in range(n)
+    ]
     for p in rng.sample(points[:-2], k=min(2, n - 2)):
         p["p99"] *= rng.uniform(2, 6)  # isolated outliers in the history
     if kind == "spike":
@@ -60,7 +69,10 @@ def main() -> None:
     for _ in range(args.traces):
         kind = rng.choice(kinds)
         points = trace(rng, kind)
-        for name, fired in (("detector", detectors.latency_spike(points) is not None), ("naive baseline", naive(points))):
+        for name, fired in (
+            ("detector", detectors.latency_spike(points) is not None),
+            ("naive baseline", naive(points)),
+        ):
             positive = kind == "spike"
             scores[name][0] += fired and positive
             scores[name][1] += fired and not positive
@@ -72,7 +84,9 @@ def main() -> None:
         results[name] = (precision, recall)
         print(f"{name:15s} precision {precision:.3f}  recall {recall:.3f}  (tp {tp}, fp {fp}, fn {fn})")
     (dp, dr), (bp, br) = results["detector"], results["naive baseline"]
-    print(f"ratio to baseline: precision x{dp / bp:.2f}, recall x{dr / br:.2f}" if bp and br else "baseline scored zero")
+    print(
+        f"ratio to baseline: precision x{dp / bp:.2f}, recall x{dr / br:.2f}" if bp and br else "baseline scored zero"
+    )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,10 @@ APPLICATIONS = 10
 DEPLOYMENTS = ("Ingress", "Model", "Postprocess")
 # Quantile knots of the latency (ms), interpolated log-linearly: exactly p50 5, p95 60, p99 130.
 LATENCY_KNOTS = [(0.0, 1.0), (0.5, 5.0), (0.95, 60.0), (0.99, 130.0), (0.999, 200.0), (1.0, 250.0)]
-TRACEBACK = (b'Traceback (most recent call last):\n  File "/ray/dashboard/modules/serve/serve_head.py", line 98, in '
-             b'get_serve_instance_details\nray.exceptions.GetTimeoutError: Get timed out: some object(s) not ready.\n')
+TRACEBACK = (
+    b'Traceback (most recent call last):\n  File "/ray/dashboard/modules/serve/serve_head.py", line 98, in '
+    b"get_serve_instance_details\nray.exceptions.GetTimeoutError: Get timed out: some object(s) not ready.\n"
+)
 
 
 def fixture(name: str) -> dict:
@@ -56,8 +58,11 @@ def serve_applications_body() -> dict:
             dep = copy.deepcopy(running)
             dep["name"] = dep["deployment_config"]["name"] = dep_name
             replica_id = f"r{a:02d}{d}abcd"
-            dep["replicas"][0].update(replica_id=replica_id, actor_name=f"SERVE_REPLICA::{name}#{dep_name}#{replica_id}",
-                                      actor_id=f"{a:02d}{d}" + running["replicas"][0]["actor_id"][3:])
+            dep["replicas"][0].update(
+                replica_id=replica_id,
+                actor_name=f"SERVE_REPLICA::{name}#{dep_name}#{replica_id}",
+                actor_id=f"{a:02d}{d}" + running["replicas"][0]["actor_id"][3:],
+            )
             app["deployments"][dep_name] = dep
             app["deployed_app_config"]["deployments"].append({**copy.deepcopy(submitted), "name": dep_name})
         applications[name] = app
@@ -73,8 +78,16 @@ def draw_latency(rng: random.Random) -> float:
 
 
 def _response(status: bytes, body: bytes, content_type: bytes = b"application/json") -> bytes:
-    return (b"HTTP/1.1 " + status + b"\r\nContent-Type: " + content_type + b"\r\nContent-Length: "
-            + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return (
+        b"HTTP/1.1 "
+        + status
+        + b"\r\nContent-Type: "
+        + content_type
+        + b"\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
 
 
 class Fleet:
@@ -82,8 +95,10 @@ class Fleet:
         self.n = n
         self.hang_cost_s = hang_cost_s  # what a hung request costs the client: its timeout
         version = fixture("version.json")
-        self.versions = [_response(b"200 OK", json.dumps({**version, "session_name": f"session_bench_{i:04d}"}).encode())
-                         for i in range(n)]
+        self.versions = [
+            _response(b"200 OK", json.dumps({**version, "session_name": f"session_bench_{i:04d}"}).encode())
+            for i in range(n)
+        ]
         self.serve = _response(b"200 OK", json.dumps(serve_applications_body()).encode())
         self.actors = _response(b"200 OK", json.dumps(fixture("state_actors_dead_after_rollouts_detail.json")).encode())
         self.not_found = _response(b"404 Not Found", b"404: Not Found", b"text/plain")
@@ -132,7 +147,9 @@ class Fleet:
                     await reader.read()  # until the client gives up and closes
                     return
                 if mode == "reset":
-                    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    writer.get_extra_info("socket").setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                    )
                     writer.transport.abort()
                     return
                 delay = draw_latency(self.rng)
@@ -155,7 +172,9 @@ def serve(n: int, hang_cost_s: float, conn) -> None:
         loop = asyncio.get_running_loop()
         servers = []
         for i in range(n):
-            servers.append(await asyncio.start_server(lambda r, w, i=i: fleet.handle(i, r, w), "127.0.0.1", 0, backlog=64))
+            servers.append(
+                await asyncio.start_server(lambda r, w, i=i: fleet.handle(i, r, w), "127.0.0.1", 0, backlog=64)
+            )
         conn.send([server.sockets[0].getsockname()[1] for server in servers])
         while True:
             command = await loop.run_in_executor(None, conn.recv)

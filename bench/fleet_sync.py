@@ -61,38 +61,67 @@ RESULT = "RESULT "
 
 def measure(n: int, args) -> dict:
     var = tempfile.mkdtemp(prefix="fleetdeck-bench-var-")
-    command = [sys.executable, __file__, "--one", str(n), "--pool", args.pool, "--workers", str(args.workers),
-               "--repeats", str(1 if args.quick else 3)]
+    command = [
+        sys.executable,
+        __file__,
+        "--one",
+        str(n),
+        "--pool",
+        args.pool,
+        "--workers",
+        str(args.workers),
+        "--repeats",
+        str(1 if args.quick else 3),
+    ]
     try:
         with scratch_database(f"sync{n}") as (url, engine):
-            env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "controlplane.settings", "FLEETDECK_DEBUG": "0",
-                   "FLEETDECK_ALLOW_DEV_SECRET": "1", "FLEETDECK_LOG_LEVEL": "ERROR", "FLEETDECK_VAR_DIR": var}
+            env = {
+                **os.environ,
+                "DATABASE_URL": url,
+                "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+                "FLEETDECK_DEBUG": "0",
+                "FLEETDECK_ALLOW_DEV_SECRET": "1",
+                "FLEETDECK_LOG_LEVEL": "ERROR",
+                "FLEETDECK_VAR_DIR": var,
+            }
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     finally:
         shutil.rmtree(var, ignore_errors=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"the worker for N={n} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return {**json.loads(lines[-1][len(RESULT):]), "engine": engine}
+    return {**json.loads(lines[-1][len(RESULT) :]), "engine": engine}
 
 
 def report(r: dict) -> None:
     w = r["workers"]
-    print(f"\nN = {r['n']} clusters ({r['engine']}), pool {r['pool']} x {w}, Ray timeout {r['timeout_s']:g} s, "
-          f"peak RSS of a worker process {r['peak_rss_mib']:.0f} MiB")
+    print(
+        f"\nN = {r['n']} clusters ({r['engine']}), pool {r['pool']} x {w}, Ray timeout {r['timeout_s']:g} s, "
+        f"peak RSS of a worker process {r['peak_rss_mib']:.0f} MiB"
+    )
     lat = r["latency_ms"]
     print(f"  drawn latencies: p50 {lat[0]:.1f} ms, p95 {lat[1]:.1f} ms, p99 {lat[2]:.1f} ms")
-    print(f"  {'cycle':24s} {'time':>8s} {'ideal':>7s} {'Σwait/W':>7s} {'slowest':>7s} {'ratio':>5s} "
-          f"{'+CPU':>7s} {'ratio':>5s} {'CPU/cluster':>11s} {'queries/cl':>10s} {'writes':>6s}")
-    for label, c in (("first sync (all new)", r["first"]), ("unchanged, no faults", r["quiet"]),
-                     ("unchanged, 1 % hang", r["unchanged"]), ("faulty (10/5/5 %)", r["faulty"])):
-        print(f"  {label:24s} {c['time_s']:7.2f}s {c['ideal_s']:6.2f}s {c['sum_wait_s'] / w:6.2f}s {c['slowest_s']:6.2f}s "
-              f"{c['time_s'] / c['ideal_s']:5.2f} {c['with_cpu_s']:6.2f}s {c['time_s'] / c['with_cpu_s']:5.2f} "
-              f"{c['cpu_s'] / r['n'] * 1000:8.1f} ms {c['queries'] / r['n']:10.1f} "
-              f"{sum(c['writes'].values()) + sum(c['claim_writes'].values()):6d}")
+    print(
+        f"  {'cycle':24s} {'time':>8s} {'ideal':>7s} {'Σwait/W':>7s} {'slowest':>7s} {'ratio':>5s} "
+        f"{'+CPU':>7s} {'ratio':>5s} {'CPU/cluster':>11s} {'queries/cl':>10s} {'writes':>6s}"
+    )
+    for label, c in (
+        ("first sync (all new)", r["first"]),
+        ("unchanged, no faults", r["quiet"]),
+        ("unchanged, 1 % hang", r["unchanged"]),
+        ("faulty (10/5/5 %)", r["faulty"]),
+    ):
+        print(
+            f"  {label:24s} {c['time_s']:7.2f}s {c['ideal_s']:6.2f}s {c['sum_wait_s'] / w:6.2f}s {c['slowest_s']:6.2f}s "
+            f"{c['time_s'] / c['ideal_s']:5.2f} {c['with_cpu_s']:6.2f}s {c['time_s'] / c['with_cpu_s']:5.2f} "
+            f"{c['cpu_s'] / r['n'] * 1000:8.1f} ms {c['queries'] / r['n']:10.1f} "
+            f"{sum(c['writes'].values()) + sum(c['claim_writes'].values()):6d}"
+        )
     unchanged, faulty, quiet = r["unchanged"], r["faulty"], r["quiet"]
-    print(f"  faulty cycle / unchanged cycle (1 % hang): {faulty['time_s'] / unchanged['time_s']:.2f}  "
-          f"(dashboards: faulty {faulty['modes']}, unchanged {unchanged['modes']})")
+    print(
+        f"  faulty cycle / unchanged cycle (1 % hang): {faulty['time_s'] / unchanged['time_s']:.2f}  "
+        f"(dashboards: faulty {faulty['modes']}, unchanged {unchanged['modes']})"
+    )
     print(f"  the tick's claim took {quiet['claim_s'] * 1000:.0f} ms of the unchanged cycle")
     print("  writes when nothing changed:")
     for what, count in sorted({**quiet["claim_writes"], **quiet["writes"]}.items()):
@@ -112,8 +141,10 @@ def main() -> None:
     if args.one:
         print(RESULT + json.dumps(run_fleet(args.one, args.pool, args.workers, args.repeats)), flush=True)
         return
-    print(f"machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, load average at start "
-          f"{os.getloadavg()[0]:.2f} (other processes share these cores: figures are upper bounds)")
+    print(
+        f"machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, load average at start "
+        f"{os.getloadavg()[0]:.2f} (other processes share these cores: figures are upper bounds)"
+    )
     for n in [int(x) for x in args.clusters.split(",")]:
         started = time.monotonic()
         report(measure(n, args))
@@ -166,7 +197,9 @@ def run_fleet(n: int, pool_kind: str, workers: int, repeats: int) -> dict:
     # The fleet process starts before Django and before any thread, so a plain fork is safe.
     timeout_s = float(os.environ.get("FLEETDECK_RAY_TIMEOUT_S", "5"))
     ours, theirs = multiprocessing.Pipe()
-    fleet = multiprocessing.get_context("fork").Process(target=fake_fleet.serve, args=(n, timeout_s, theirs), daemon=True)
+    fleet = multiprocessing.get_context("fork").Process(
+        target=fake_fleet.serve, args=(n, timeout_s, theirs), daemon=True
+    )
     fleet.start()
     ports = ours.recv()
 
@@ -186,7 +219,10 @@ def run_fleet(n: int, pool_kind: str, workers: int, repeats: int) -> dict:
     call_command("migrate", verbosity=0)
     team = Team.objects.create(name="Bench", slug="bench")
     Cluster.objects.bulk_create(
-        [Cluster(name=f"bench-{i:04d}", team=team, dashboard_url=f"http://127.0.0.1:{port}") for i, port in enumerate(ports)]
+        [
+            Cluster(name=f"bench-{i:04d}", team=team, dashboard_url=f"http://127.0.0.1:{port}")
+            for i, port in enumerate(ports)
+        ]
     )
     if pool_kind == "prefork":
         # Like Celery's default pool: long-lived forked processes, each with its own connection.
@@ -224,9 +260,18 @@ def run_fleet(n: int, pool_kind: str, workers: int, repeats: int) -> dict:
         cores = min(workers, os.cpu_count() or 1) if pool_kind == "prefork" else 1
         with_cpu = max((sum_wait + task_cpu) / workers, task_cpu / cores, slowest)
         return {
-            "time_s": elapsed, "ideal_s": max(sum_wait / workers, slowest), "sum_wait_s": sum_wait, "slowest_s": slowest,
-            "with_cpu_s": with_cpu, "cpu_s": cpu, "claim_s": claim_s, "queries": claim.total + sum(total for _, total, _, _ in done), "writes": dict(writes),
-            "claim_writes": dict(claim.writes), "modes": modes, "latencies": stats["latencies"],
+            "time_s": elapsed,
+            "ideal_s": max(sum_wait / workers, slowest),
+            "sum_wait_s": sum_wait,
+            "slowest_s": slowest,
+            "with_cpu_s": with_cpu,
+            "cpu_s": cpu,
+            "claim_s": claim_s,
+            "queries": claim.total + sum(total for _, total, _, _ in done),
+            "writes": dict(writes),
+            "claim_writes": dict(claim.writes),
+            "modes": modes,
+            "latencies": stats["latencies"],
             "rss_kib": max(rss for *_, rss in done),
         }
 
@@ -247,10 +292,16 @@ def run_fleet(n: int, pool_kind: str, workers: int, repeats: int) -> dict:
     for c in (first, quiet, unchanged, faulty):
         del c["latencies"]
     return {
-        "n": n, "workers": workers, "timeout_s": timeout_s, "first": first, "quiet": quiet, "unchanged": unchanged,
+        "n": n,
+        "workers": workers,
+        "timeout_s": timeout_s,
+        "first": first,
+        "quiet": quiet,
+        "unchanged": unchanged,
         "faulty": faulty,
         "latency_ms": [statistics.quantiles(latencies, n=100)[q - 1] * 1000 for q in (50, 95, 99)],
-        "peak_rss_mib": max(c["rss_kib"] for c in (first, quiet, unchanged, faulty)) / 1024, "pool": pool_kind,
+        "peak_rss_mib": max(c["rss_kib"] for c in (first, quiet, unchanged, faulty)) / 1024,
+        "pool": pool_kind,
     }
 
 

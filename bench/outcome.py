@@ -56,8 +56,15 @@ ACTOR = Actor.system(via="cli")
 def replay_schedule(lab: Lab, cluster: Cluster, args) -> dict:
     body = {"prompt": "x" * args.prompt_chars, "max_tokens": args.max_tokens}
     schedule = [Burst(at_s=i * args.period_s, clients=args.burst_size) for i in range(args.bursts)]
-    return replay(lab, cluster, schedule, lambda client: client.post(f"{lab.head.serve_url}/reference", json=numbered(body)),
-                  application="reference", deployment="Generator", request_timeout_s=args.request_timeout_s)
+    return replay(
+        lab,
+        cluster,
+        schedule,
+        lambda client: client.post(f"{lab.head.serve_url}/reference", json=numbered(body)),
+        application="reference",
+        deployment="Generator",
+        request_timeout_s=args.request_timeout_s,
+    )
 
 
 def apply(cluster: Cluster, **plan) -> None:
@@ -72,7 +79,9 @@ def apply(cluster: Cluster, **plan) -> None:
 def wizard_values(cluster: Cluster) -> tuple[dict, dict]:
     incident = Incident.objects.filter(cluster=cluster, deployment_name="Generator", kind="oom_kill").first()
     if incident is None:
-        raise RuntimeError("the original configuration was never OOM-killed: raise --burst-size or lower --headroom-gib")
+        raise RuntimeError(
+            "the original configuration was never OOM-killed: raise --burst-size or lower --headroom-gib"
+        )
     wizard, _ = wizards.start(ACTOR, incident=incident)
     if wizard.diagnosis.get("needs_calibration"):
         # The wizard computes nothing before it has measured: its calibration step, run inline.
@@ -91,9 +100,15 @@ def wizard_values(cluster: Cluster) -> tuple[dict, dict]:
     options: dict = {}
     for step in steps:
         for key, value in step.patch.items():
-            options[key] = {**options[key], **value} if isinstance(value, dict) and isinstance(options.get(key), dict) else value
+            options[key] = (
+                {**options[key], **value} if isinstance(value, dict) and isinstance(options.get(key), dict) else value
+            )
     reasons = {s.remedy: s.values.get("reasons", {}) for s in steps}
-    return options, {"memory": wizard.diagnosis.get("memory"), "budget": wizard.diagnosis.get("budget"), "reasons": reasons}
+    return options, {
+        "memory": wizard.diagnosis.get("memory"),
+        "budget": wizard.diagnosis.get("budget"),
+        "reasons": reasons,
+    }
 
 
 def row(name: str, figures: dict, baseline: dict) -> str:
@@ -104,8 +119,10 @@ def row(name: str, figures: dict, baseline: dict) -> str:
 
     p50 = f"{figures['p50_s']:.2f}" if figures["p50_s"] is not None else "–"
     p99 = f"{figures['p99_s']:.2f}" if figures["p99_s"] is not None else "–"
-    return (f"{name:<28} {figures['oom_kills']:>4} {p50:>7} {p99:>7} ({ratio('p99_s')}) {figures['error_rate']:>6.1%} "
-            f"{figures['goodput']:>6.2f} ({ratio('goodput')})")
+    return (
+        f"{name:<28} {figures['oom_kills']:>4} {p50:>7} {p99:>7} ({ratio('p99_s')}) {figures['error_rate']:>6.1%} "
+        f"{figures['goodput']:>6.2f} ({ratio('goodput')})"
+    )
 
 
 def main() -> None:
@@ -128,7 +145,9 @@ def main() -> None:
         cluster = lab.register("outcome", ensure_team("Bench"))
         observe(cluster)
         # As make run does: the warmup request is also what a calibration of the app sends.
-        maintenance.save_profile(ACTOR, Application.objects.get(cluster=cluster, name="reference"), dict(REFERENCE_WARMUP))
+        maintenance.save_profile(
+            ACTOR, Application.objects.get(cluster=cluster, name="reference"), dict(REFERENCE_WARMUP)
+        )
         arms = {"original (misbehaving.json)": replay_schedule(lab, cluster, args)}
         lab.wait_running("reference")
 
@@ -144,9 +163,11 @@ def main() -> None:
 
         # The original arm usually serves nothing at all, so ratios are to the preset arm.
         baseline = arms["heavy preset"]
-        print(f"\nSchedule: {args.bursts} bursts of {args.burst_size} requests every {args.period_s:g} s "
-              f"({args.prompt_chars} characters, {args.max_tokens} tokens each); memory monitor trips "
-              f"{args.headroom_gib:g} GiB above the machine's usage before the cluster started.")
+        print(
+            f"\nSchedule: {args.bursts} bursts of {args.burst_size} requests every {args.period_s:g} s "
+            f"({args.prompt_chars} characters, {args.max_tokens} tokens each); memory monitor trips "
+            f"{args.headroom_gib:g} GiB above the machine's usage before the cluster started."
+        )
         print(f"Wizard's values: {json.dumps(options)}")
         print(f"  memory: {why['memory']}")
         print(f"  budget: {why['budget']}")

@@ -40,7 +40,7 @@ def numbered(body: dict) -> dict:
     replicas, and their cache, from the arm before."""
     with _PROMPT_LOCK:
         n = next(_PROMPT_NUMBERS)
-    return {**body, "prompt": f"{n:08d} {body['prompt']}"[:len(body["prompt"])]}
+    return {**body, "prompt": f"{n:08d} {body['prompt']}"[: len(body["prompt"])]}
 
 
 def observe(cluster: Cluster) -> None:
@@ -72,8 +72,14 @@ class Lab:
 
     def register(self, name: str, team) -> Cluster:
         head = self.head
-        return Cluster.objects.create(name=name, team=team, dashboard_url=head.dashboard_url, ray_version="2.60.0",
-                                      serve_url=head.serve_url, metrics_url=f"http://127.0.0.1:{head.ports['metrics-export-port']}/metrics")
+        return Cluster.objects.create(
+            name=name,
+            team=team,
+            dashboard_url=head.dashboard_url,
+            ray_version="2.60.0",
+            serve_url=head.serve_url,
+            metrics_url=f"http://127.0.0.1:{head.ports['metrics-export-port']}/metrics",
+        )
 
     def killed(self, application: str, deployment: str) -> set[str]:
         """Replica actors of that deployment that Ray's memory monitor killed, ever."""
@@ -171,8 +177,16 @@ Send = Callable[[httpx.Client], httpx.Response]
 RETRY_AFTER_S = 0.5
 
 
-def replay(lab: Lab, cluster: Cluster, schedule: list[Burst], send: Send, *, application: str, deployment: str,
-           request_timeout_s: float = 120.0) -> dict:
+def replay(
+    lab: Lab,
+    cluster: Cluster,
+    schedule: list[Burst],
+    send: Send,
+    *,
+    application: str,
+    deployment: str,
+    request_timeout_s: float = 120.0,
+) -> dict:
     """Play `schedule` with `send`; Fleetdeck observes meanwhile. Returns what the clients, Ray
     and the node saw."""
     before = lab.killed(application, deployment)

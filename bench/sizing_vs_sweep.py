@@ -89,20 +89,45 @@ class App:
 
 
 def reference_app(args) -> App:
-    return App(name="reference", deployment="Generator", config=json.loads((REFERENCE_APP_DIR / "misbehaving.json").read_text()),
-               method="POST", path="/reference", body={"prompt": "x" * args.prompt_chars, "max_tokens": args.max_tokens},
-               warmup=REFERENCE_WARMUP)
+    return App(
+        name="reference",
+        deployment="Generator",
+        config=json.loads((REFERENCE_APP_DIR / "misbehaving.json").read_text()),
+        method="POST",
+        path="/reference",
+        body={"prompt": "x" * args.prompt_chars, "max_tokens": args.max_tokens},
+        warmup=REFERENCE_WARMUP,
+    )
 
 
 def plain_app(args) -> App:
     # As a user would write it: one replica taking 16 at once, nothing bounding its queue.
-    config = {"applications": [{
-        "name": "plain", "route_prefix": "/plain", "import_path": "plain_app:app",
-        "runtime_env": {"env_vars": {"PYTHONPATH": str(PLAIN_APP_DIR), "PLAIN_ALLOC_MB": str(args.plain_alloc_mb),
-                                     "PLAIN_HOLD_S": str(args.plain_hold_s), "PLAIN_BASE_MB": str(args.plain_base_mb)}},
-        "deployments": [{"name": "Plain", "num_replicas": 1, "max_ongoing_requests": 16, "max_queued_requests": -1,
-                         "ray_actor_options": {"num_cpus": 0.2}}],
-    }]}
+    config = {
+        "applications": [
+            {
+                "name": "plain",
+                "route_prefix": "/plain",
+                "import_path": "plain_app:app",
+                "runtime_env": {
+                    "env_vars": {
+                        "PYTHONPATH": str(PLAIN_APP_DIR),
+                        "PLAIN_ALLOC_MB": str(args.plain_alloc_mb),
+                        "PLAIN_HOLD_S": str(args.plain_hold_s),
+                        "PLAIN_BASE_MB": str(args.plain_base_mb),
+                    }
+                },
+                "deployments": [
+                    {
+                        "name": "Plain",
+                        "num_replicas": 1,
+                        "max_ongoing_requests": 16,
+                        "max_queued_requests": -1,
+                        "ray_actor_options": {"num_cpus": 0.2},
+                    }
+                ],
+            }
+        ]
+    }
     return App(name="plain", deployment="Plain", config=config, method="GET", path="/plain")
 
 
@@ -120,13 +145,21 @@ def qualifies(figures: dict) -> bool:
 class Bench:
     def __init__(self, lab: Lab, cluster: Cluster, app: App, args) -> None:
         self.lab, self.cluster, self.app, self.args = lab, cluster, app, args
-        self.schedule = bursty_schedule(args.seed, bursts=args.bursts, period_s=args.period_s, sizes=args.burst_sizes,
-                                        duration_s=args.burst_s)
+        self.schedule = bursty_schedule(
+            args.seed, bursts=args.bursts, period_s=args.period_s, sizes=args.burst_sizes, duration_s=args.burst_s
+        )
         self.idle_bytes = node_used_bytes()
 
     def measure(self) -> dict:
-        figures = replay(self.lab, self.cluster, self.schedule, self.app.send(self.lab.head.serve_url), application=self.app.name,
-                         deployment=self.app.deployment, request_timeout_s=self.args.request_timeout_s)
+        figures = replay(
+            self.lab,
+            self.cluster,
+            self.schedule,
+            self.app.send(self.lab.head.serve_url),
+            application=self.app.name,
+            deployment=self.app.deployment,
+            request_timeout_s=self.args.request_timeout_s,
+        )
         self.lab.wait_running(self.app.name)
         self.lab.settle(self.idle_bytes)
         return figures
@@ -150,8 +183,10 @@ class Bench:
             if time.monotonic() + arm_seconds(self.args) > deadline:
                 cut.append(f"{ongoing}×{replicas}")
                 continue
-            unbounded = self.arm(f"sweep {ongoing}×{replicas} queue -1",
-                                 self.app.with_sizing(num_replicas=replicas, max_ongoing_requests=ongoing, max_queued_requests=-1))
+            unbounded = self.arm(
+                f"sweep {ongoing}×{replicas} queue -1",
+                self.app.with_sizing(num_replicas=replicas, max_ongoing_requests=ongoing, max_queued_requests=-1),
+            )
             arms[f"{ongoing}×{replicas} q-1"] = unbounded
             if unbounded["oom_kills"]:
                 oomed.append((ongoing, replicas))
@@ -161,15 +196,22 @@ class Bench:
                 bound = ongoing * replicas
                 arms[f"{ongoing}×{replicas} q{bound}"] = self.arm(
                     f"sweep {ongoing}×{replicas} queue {bound}",
-                    self.app.with_sizing(num_replicas=replicas, max_ongoing_requests=ongoing, max_queued_requests=bound))
+                    self.app.with_sizing(
+                        num_replicas=replicas, max_ongoing_requests=ongoing, max_queued_requests=bound
+                    ),
+                )
         return arms, cut
 
     def wizard_arm(self, api: APIClient) -> dict:
         """Fleetdeck's fix for the incident the misbehaving arm opened, every step through the API."""
         started = time.monotonic()
-        incident = Incident.objects.filter(cluster=self.cluster, deployment_name=self.app.deployment, kind="oom_kill").first()
+        incident = Incident.objects.filter(
+            cluster=self.cluster, deployment_name=self.app.deployment, kind="oom_kill"
+        ).first()
         if incident is None:
-            raise RuntimeError("the misbehaving config was never OOM-killed: lower --headroom-gib or raise the burst sizes")
+            raise RuntimeError(
+                "the misbehaving config was never OOM-killed: lower --headroom-gib or raise the burst sizes"
+            )
         wizard = call(api, "post", "/api/v1/wizards/", {"incident": incident.pk})
         base = f"/api/v1/wizards/{wizard['id']}"
         if wizard["diagnosis"].get("needs_calibration") or pending(wizard, "calibration"):
@@ -201,13 +243,26 @@ class Bench:
             wizard = call(api, "post", f"{base}/evaluate/")
             if wizard["state"] not in FINAL_WIZARD:
                 time.sleep(5)
-        figures.update(config=applied, wizard={
-            "id": wizard["id"], "state": wizard["state"], "outcome": wizard["outcome"], "latency_objective_ms": wizard["latency_objective_ms"],
-            "calibration": calibration, "steps": [{k: s[k] for k in ("position", "kind", "remedy", "status", "patch", "values")}
-                                                  for s in wizard["steps"]],
-            "memory": wizard["diagnosis"].get("memory"), "budget": wizard["diagnosis"].get("budget"),
-        })
-        print(f"  Fleetdeck: {summary(figures)}; wizard {wizard['state']} ({time.monotonic() - started:.0f} s)", flush=True)
+        figures.update(
+            config=applied,
+            wizard={
+                "id": wizard["id"],
+                "state": wizard["state"],
+                "outcome": wizard["outcome"],
+                "latency_objective_ms": wizard["latency_objective_ms"],
+                "calibration": calibration,
+                "steps": [
+                    {k: s[k] for k in ("position", "kind", "remedy", "status", "patch", "values")}
+                    for s in wizard["steps"]
+                ],
+                "memory": wizard["diagnosis"].get("memory"),
+                "budget": wizard["diagnosis"].get("budget"),
+            },
+        )
+        print(
+            f"  Fleetdeck: {summary(figures)}; wizard {wizard['state']} ({time.monotonic() - started:.0f} s)",
+            flush=True,
+        )
         return figures
 
     def calibrate(self, wizard: dict) -> dict:
@@ -217,7 +272,12 @@ class Bench:
         while time.monotonic() < deadline:
             calibration = calibrations.poll(calibration_id)
             if calibration.is_final:
-                return {"id": calibration.pk, "state": calibration.state, "points": calibration.points, "error": calibration.error}
+                return {
+                    "id": calibration.pk,
+                    "state": calibration.state,
+                    "points": calibration.points,
+                    "error": calibration.error,
+                }
             observe(self.cluster)
             time.sleep(calibrations.poll_interval_s())
         raise RuntimeError(f"calibration {calibration_id} never finished")
@@ -229,7 +289,11 @@ class Bench:
 
 
 def pending(wizard: dict, kind: str) -> list[dict]:
-    return [s for s in wizard["steps"] if s["kind"] == kind and s["status"] == WizardStep.Status.PENDING and (kind != "config" or s["patch"])]
+    return [
+        s
+        for s in wizard["steps"]
+        if s["kind"] == kind and s["status"] == WizardStep.Status.PENDING and (kind != "config" or s["patch"])
+    ]
 
 
 def call(api: APIClient, method: str, path: str, body: dict | None = None) -> dict:
@@ -253,9 +317,11 @@ def seconds(value: float | None) -> str:
 
 
 def summary(figures: dict) -> str:
-    return (f"{figures['oom_kills']} OOM, {figures['error_rate']:.1%} errors {figures['statuses']}, "
-            f"{figures['goodput']:.2f} ok/s, p50 {seconds(figures['p50_s'])} s, p99 {seconds(figures['p99_s'])} s, "
-            f"peak {figures['peak_used_bytes'] / GIB:.2f}/{figures['threshold_bytes'] / GIB:.2f} GiB")
+    return (
+        f"{figures['oom_kills']} OOM, {figures['error_rate']:.1%} errors {figures['statuses']}, "
+        f"{figures['goodput']:.2f} ok/s, p50 {seconds(figures['p50_s'])} s, p99 {seconds(figures['p99_s'])} s, "
+        f"peak {figures['peak_used_bytes'] / GIB:.2f}/{figures['threshold_bytes'] / GIB:.2f} GiB"
+    )
 
 
 def sizing(config: dict) -> str:
@@ -274,8 +340,11 @@ def run_app(app: App, args, deadline: float) -> dict:
             application = Application.objects.get(cluster=cluster, name=app.name)
             maintenance.save_profile(ACTOR, application, dict(app.warmup))
         bench = Bench(lab, cluster, app, args)
-        print(f"\n{app.name}: threshold {lab.threshold_bytes / GIB:.2f} GiB (node at {bench.idle_bytes / GIB:.2f} GiB idle); "
-              f"schedule {[(b.at_s, b.clients, b.duration_s) for b in bench.schedule]}", flush=True)
+        print(
+            f"\n{app.name}: threshold {lab.threshold_bytes / GIB:.2f} GiB (node at {bench.idle_bytes / GIB:.2f} GiB idle); "
+            f"schedule {[(b.at_s, b.clients, b.duration_s) for b in bench.schedule]}",
+            flush=True,
+        )
         arms = {"(a) misbehaving": bench.arm("(a) misbehaving", app.config)}
         skipped = None
         if not wizard_api_exists():
@@ -291,9 +360,17 @@ def run_app(app: App, args, deadline: float) -> dict:
         arms["(b) Ray's defaults"] = bench.arm("(b) Ray's defaults", app.with_sizing(num_replicas=1))
         sweep, cut = bench.sweep(deadline)
         arms.update({f"(c) {name}": figures for name, figures in sweep.items()})
-        return {"threshold_bytes": lab.threshold_bytes, "idle_bytes": bench.idle_bytes, "wizard_skipped": skipped, "sweep_cut": cut,
-                "schedule": [b.__dict__ for b in bench.schedule], "arms": arms,
-                "sweep_best": max((n for n, f in sweep.items() if qualifies(f)), key=lambda n: sweep[n]["goodput"], default=None)}
+        return {
+            "threshold_bytes": lab.threshold_bytes,
+            "idle_bytes": bench.idle_bytes,
+            "wizard_skipped": skipped,
+            "sweep_cut": cut,
+            "schedule": [b.__dict__ for b in bench.schedule],
+            "arms": arms,
+            "sweep_best": max(
+                (n for n, f in sweep.items() if qualifies(f)), key=lambda n: sweep[n]["goodput"], default=None
+            ),
+        }
     finally:
         lab.stop()
 
@@ -311,10 +388,14 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def report(name: str, result: dict) -> dict:
     arms = result["arms"]
     print(f"\n== {name}: memory monitor at {result['threshold_bytes'] / GIB:.2f} GiB ==")
-    print(f"{'arm':<22} {'OOM':>3} {'errors':>6} {'ok/s':>6} {'p50 s':>6} {'p99 s':>6} {'peak GiB':>8}  sizing; statuses")
+    print(
+        f"{'arm':<22} {'OOM':>3} {'errors':>6} {'ok/s':>6} {'p50 s':>6} {'p99 s':>6} {'peak GiB':>8}  sizing; statuses"
+    )
     for label, f in arms.items():
-        print(f"{label:<22} {f['oom_kills']:>3} {f['error_rate']:>6.1%} {f['goodput']:>6.2f} {seconds(f['p50_s']):>6} "
-              f"{seconds(f['p99_s']):>6} {f['peak_used_bytes'] / GIB:>8.2f}  {sizing(f['config'])}; {f['statuses']}")
+        print(
+            f"{label:<22} {f['oom_kills']:>3} {f['error_rate']:>6.1%} {f['goodput']:>6.2f} {seconds(f['p50_s']):>6} "
+            f"{seconds(f['p99_s']):>6} {f['peak_used_bytes'] / GIB:>8.2f}  {sizing(f['config'])}; {f['statuses']}"
+        )
     best = f"(c) {result['sweep_best']}" if result["sweep_best"] else None
     print(f"sweep best: {best or 'none qualifies (0 OOM, ≤ 5 % errors)'}")
     if result["sweep_cut"]:
@@ -327,7 +408,9 @@ def report(name: str, result: dict) -> dict:
     calibration = fleetdeck["wizard"]["calibration"]
     if calibration:
         points = ", ".join(f"{p['x']}: {p['peak_bytes'] / 2**20:.0f} MiB" for p in calibration["points"])
-        print(f"(d) calibration #{calibration['id']} {calibration['state']}: peaks {points or '–'} {calibration['error']}")
+        print(
+            f"(d) calibration #{calibration['id']} {calibration['state']}: peaks {points or '–'} {calibration['error']}"
+        )
     print(f"(d) wizard: {fleetdeck['wizard']['outcome']}")
     objective_s = fleetdeck["wizard"]["latency_objective_ms"] / 1000
     vs_best = ratio(fleetdeck["goodput"], arms[best]["goodput"] if best else None)
@@ -339,8 +422,10 @@ def report(name: str, result: dict) -> dict:
         "goodput >= 0.85 × sweep best": vs_best is not None and vs_best >= 0.85,
         "goodput >= 1.1 × Ray's defaults": vs_defaults is not None and vs_defaults >= 1.1,
     }
-    print(f"goodput (d)/(c best) = {'–' if vs_best is None else f'{vs_best:.2f}'}, "
-          f"(d)/(b) = {'–' if vs_defaults is None else f'{vs_defaults:.2f}'}; wizard {fleetdeck['wizard']['state']}")
+    print(
+        f"goodput (d)/(c best) = {'–' if vs_best is None else f'{vs_best:.2f}'}, "
+        f"(d)/(b) = {'–' if vs_defaults is None else f'{vs_defaults:.2f}'}; wizard {fleetdeck['wizard']['state']}"
+    )
     for target, met in targets.items():
         print(f"  [{'x' if met else ' '}] {target}")
     return {"goodput_vs_sweep_best": vs_best, "goodput_vs_defaults": vs_defaults, "targets": targets}
@@ -364,7 +449,9 @@ def main() -> None:
     parser.add_argument("--app", choices=["reference", "plain", "both"], default="both")
     parser.add_argument("--quick", action="store_true", help="fewer bursts and a 2×2 grid")
     parser.add_argument("--json", type=Path, default=REPO / "var" / "bench" / "sizing_vs_sweep.json")
-    parser.add_argument("--budget-min", type=float, help="sweep arms that would end past it are left out (default 35, quick 10)")
+    parser.add_argument(
+        "--budget-min", type=float, help="sweep arms that would end past it are left out (default 35, quick 10)"
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--bursts", type=int)
     parser.add_argument("--period-s", type=float, default=15.0)
@@ -386,7 +473,10 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     names = ["plain", "reference"] if args.app == "both" else [args.app]
     expected = min(expected_minutes(args, len(names)), args.budget_min)
-    print(f"sizing vs sweep: {', '.join(names)}; expect about {expected:.0f} min (at most {args.budget_min:g} + one arm)", flush=True)
+    print(
+        f"sizing vs sweep: {', '.join(names)}; expect about {expected:.0f} min (at most {args.budget_min:g} + one arm)",
+        flush=True,
+    )
     started = time.monotonic()
     builders = {"reference": reference_app, "plain": plain_app}
     # Each application gets an equal share of what the budget has left when it starts.

@@ -41,8 +41,12 @@ sys.path.insert(0, str(REPO))
 from bench.scratch_db import analyze, scratch_database  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures" / "ray"
-PAGES = {"fleet page": "fleet:overview", "incident list": "incidents:list", "findings page": "remediation:findings",
-         "wizard list": "remediation:wizards"}
+PAGES = {
+    "fleet page": "fleet:overview",
+    "incident list": "incidents:list",
+    "findings page": "remediation:findings",
+    "wizard list": "remediation:wizards",
+}
 LOADED = ["clusters", "applications", "deployments", "incidents", "findings", "changes"]
 KINDS = ["oom_kill", "latency_spike", "queue_buildup", "memory_pressure", "memory_ratchet"]
 RULES = ["gpu-concurrency", "heavy-autoscaling", "unbounded-queue", "single-replica", "cap-below-target"]
@@ -75,85 +79,277 @@ def seed(first: int, count: int, teams: list, user) -> None:
 
     app_config, effective, submitted = captured()
     now, batch = timezone.now(), 2000
-    clusters = Cluster.objects.bulk_create([
-        Cluster(name=f"cluster-{c:04d}", team=teams[c % len(teams)], dashboard_url=f"http://ray-{c:04d}.example.com:8265",
-                labels={"env": "prod" if c % 3 else "staging", "region": f"region-{c % 5}"}, ray_version="2.60.0",
-                session_name=f"session_{c}", reachability="ok", serve_running=True, last_sync_at=now, auth_mode="token")
-        for c in range(first, first + count)])
-    apps = Application.objects.bulk_create([
-        Application(cluster=cluster, name=f"app{a:02d}", status="RUNNING", route_prefix=f"/app{a:02d}", import_path="demo_app:app",
-                    deployed_app_config={**app_config, "name": f"app{a:02d}"}, config_hash=f"{cluster.pk:08x}{a:02d}")
-        for cluster in clusters for a in range(10)], batch_size=batch)
-    deployments = Deployment.objects.bulk_create([
-        Deployment(application=app, name=name, status="HEALTHY", status_trigger="CONFIG_UPDATE_COMPLETED",
-                   effective_config={**effective, "name": name}, submitted_config={**submitted, "name": name},
-                   replica_states={"RUNNING": 2}, running_replicas=2, target_replicas=2, max_ongoing_requests=8,
-                   max_queued_requests=100, autoscaling_min_replicas=1, autoscaling_max_replicas=2,
-                   autoscaling_target_ongoing_requests=4.0, num_cpus=0.2)
-        for app in apps for name in DEPLOYMENTS], batch_size=batch)
-    ConfigRevision.objects.bulk_create([
-        ConfigRevision(application=app, cluster_id=app.cluster_id, config_hash=app.config_hash, ray_session="session",
-                       config={"app": app.deployed_app_config, "deployments": {"Model": effective}}) for app in apps], batch_size=batch)
-    ClusterEvent.objects.bulk_create([ClusterEvent(cluster=cluster, kind="recovered", message="The dashboard answers again.")
-                                      for cluster in clusters for _ in range(10)], batch_size=batch)
+    clusters = Cluster.objects.bulk_create(
+        [
+            Cluster(
+                name=f"cluster-{c:04d}",
+                team=teams[c % len(teams)],
+                dashboard_url=f"http://ray-{c:04d}.example.com:8265",
+                labels={"env": "prod" if c % 3 else "staging", "region": f"region-{c % 5}"},
+                ray_version="2.60.0",
+                session_name=f"session_{c}",
+                reachability="ok",
+                serve_running=True,
+                last_sync_at=now,
+                auth_mode="token",
+            )
+            for c in range(first, first + count)
+        ]
+    )
+    apps = Application.objects.bulk_create(
+        [
+            Application(
+                cluster=cluster,
+                name=f"app{a:02d}",
+                status="RUNNING",
+                route_prefix=f"/app{a:02d}",
+                import_path="demo_app:app",
+                deployed_app_config={**app_config, "name": f"app{a:02d}"},
+                config_hash=f"{cluster.pk:08x}{a:02d}",
+            )
+            for cluster in clusters
+            for a in range(10)
+        ],
+        batch_size=batch,
+    )
+    deployments = Deployment.objects.bulk_create(
+        [
+            Deployment(
+                application=app,
+                name=name,
+                status="HEALTHY",
+                status_trigger="CONFIG_UPDATE_COMPLETED",
+                effective_config={**effective, "name": name},
+                submitted_config={**submitted, "name": name},
+                replica_states={"RUNNING": 2},
+                running_replicas=2,
+                target_replicas=2,
+                max_ongoing_requests=8,
+                max_queued_requests=100,
+                autoscaling_min_replicas=1,
+                autoscaling_max_replicas=2,
+                autoscaling_target_ongoing_requests=4.0,
+                num_cpus=0.2,
+            )
+            for app in apps
+            for name in DEPLOYMENTS
+        ],
+        batch_size=batch,
+    )
+    ConfigRevision.objects.bulk_create(
+        [
+            ConfigRevision(
+                application=app,
+                cluster_id=app.cluster_id,
+                config_hash=app.config_hash,
+                ray_session="session",
+                config={"app": app.deployed_app_config, "deployments": {"Model": effective}},
+            )
+            for app in apps
+        ],
+        batch_size=batch,
+    )
+    ClusterEvent.objects.bulk_create(
+        [
+            ClusterEvent(cluster=cluster, kind="recovered", message="The dashboard answers again.")
+            for cluster in clusters
+            for _ in range(10)
+        ],
+        batch_size=batch,
+    )
     incidents = []
     for k, cluster in enumerate(clusters):
-        mine = deployments[k * 30:(k + 1) * 30]
+        mine = deployments[k * 30 : (k + 1) * 30]
         for i in range(100):
             dep, kind = mine[i % 30], KINDS[(i // 30) % len(KINDS)]
             started = now - timedelta(hours=(i * 7 + cluster.pk) % (30 * 24), minutes=cluster.pk % 60)
-            incidents.append(Incident(
-                kind=kind, status="open" if i < 3 else ("acknowledged" if i < 5 else "resolved"), severity="major",
-                cluster=cluster, application_name=f"app{(i % 30) // 3:02d}", deployment_name=dep.name, deployment=dep,
-                title=f"{kind} of app/{dep.name} on {cluster.name}", started_at=started, last_signal_at=started + timedelta(minutes=10),
-                resolved_at=None if i < 5 else started + timedelta(hours=1), signal_count=2,
-                evidence={"summary": "p99 2400 ms for 2 readings in a row (limit 750 ms, baseline 120 ms).",
-                          "settings_at_detection": {"max_ongoing_requests": 8, "max_queued_requests": 100}},
-                causes=[{"id": cause, "title": "suspected cause", "reason": "why it is suspected", "rank": r + 1}
-                        for r, cause in enumerate(("OOM-2", "OOM-7", "OOM-3"))]))
+            incidents.append(
+                Incident(
+                    kind=kind,
+                    status="open" if i < 3 else ("acknowledged" if i < 5 else "resolved"),
+                    severity="major",
+                    cluster=cluster,
+                    application_name=f"app{(i % 30) // 3:02d}",
+                    deployment_name=dep.name,
+                    deployment=dep,
+                    title=f"{kind} of app/{dep.name} on {cluster.name}",
+                    started_at=started,
+                    last_signal_at=started + timedelta(minutes=10),
+                    resolved_at=None if i < 5 else started + timedelta(hours=1),
+                    signal_count=2,
+                    evidence={
+                        "summary": "p99 2400 ms for 2 readings in a row (limit 750 ms, baseline 120 ms).",
+                        "settings_at_detection": {"max_ongoing_requests": 8, "max_queued_requests": 100},
+                    },
+                    causes=[
+                        {"id": cause, "title": "suspected cause", "reason": "why it is suspected", "rank": r + 1}
+                        for r, cause in enumerate(("OOM-2", "OOM-7", "OOM-3"))
+                    ],
+                )
+            )
     incidents = Incident.objects.bulk_create(incidents, batch_size=batch)
-    IncidentEvent.objects.bulk_create([IncidentEvent(incident=incident, kind="detected", message=incident.evidence["summary"])
-                                       for incident in incidents], batch_size=batch)
-    OomKillRecord.objects.bulk_create([
-        OomKillRecord(incident=incident, actor_id=f"{incident.pk:032x}", replica="sf6rw293", node_ip="10.0.0.1",
-                      used_bytes=30 * 2**30, threshold_bytes=29 * 2**30, message="Memory usage exceeded threshold")
-        for incident in incidents if incident.kind == "oom_kill"], batch_size=batch)
-    Finding.objects.bulk_create([
-        Finding(cluster_id=dep.application.cluster_id, deployment=dep, application_name=dep.application.name, deployment_name=dep.name,
-                rule=RULES[n % len(RULES)], severity="major", evidence={"max_ongoing_requests": 8}, patch={"max_ongoing_requests": 2})
-        for n, dep in enumerate(deployments) if n % 3 == 0], batch_size=batch)
-    changes = Change.objects.bulk_create([
-        Change(cluster=cluster, targets=[{"application": "app00", "deployment": "Model"}], reason="tune concurrency", state="succeeded",
-               base_hash="a" * 64, base_config={"applications": [app_config]}, new_config={"applications": [app_config]},
-               new_hash="b" * 64, json_patch=[{"op": "replace", "path": "/applications/0/deployments/1/max_ongoing_requests", "value": 2}],
-               created_by=user, applied_by=user, started_at=now - timedelta(days=j), finished_at=now - timedelta(days=j))
-        for cluster in clusters for j in range(3)], batch_size=batch)
-    ChangeStep.objects.bulk_create([ChangeStep(change=change, state=state, message=state) for change in changes
-                                    for state in ("checking", "pushing", "succeeded")], batch_size=batch)
+    IncidentEvent.objects.bulk_create(
+        [
+            IncidentEvent(incident=incident, kind="detected", message=incident.evidence["summary"])
+            for incident in incidents
+        ],
+        batch_size=batch,
+    )
+    OomKillRecord.objects.bulk_create(
+        [
+            OomKillRecord(
+                incident=incident,
+                actor_id=f"{incident.pk:032x}",
+                replica="sf6rw293",
+                node_ip="10.0.0.1",
+                used_bytes=30 * 2**30,
+                threshold_bytes=29 * 2**30,
+                message="Memory usage exceeded threshold",
+            )
+            for incident in incidents
+            if incident.kind == "oom_kill"
+        ],
+        batch_size=batch,
+    )
+    Finding.objects.bulk_create(
+        [
+            Finding(
+                cluster_id=dep.application.cluster_id,
+                deployment=dep,
+                application_name=dep.application.name,
+                deployment_name=dep.name,
+                rule=RULES[n % len(RULES)],
+                severity="major",
+                evidence={"max_ongoing_requests": 8},
+                patch={"max_ongoing_requests": 2},
+            )
+            for n, dep in enumerate(deployments)
+            if n % 3 == 0
+        ],
+        batch_size=batch,
+    )
+    changes = Change.objects.bulk_create(
+        [
+            Change(
+                cluster=cluster,
+                targets=[{"application": "app00", "deployment": "Model"}],
+                reason="tune concurrency",
+                state="succeeded",
+                base_hash="a" * 64,
+                base_config={"applications": [app_config]},
+                new_config={"applications": [app_config]},
+                new_hash="b" * 64,
+                json_patch=[
+                    {"op": "replace", "path": "/applications/0/deployments/1/max_ongoing_requests", "value": 2}
+                ],
+                created_by=user,
+                applied_by=user,
+                started_at=now - timedelta(days=j),
+                finished_at=now - timedelta(days=j),
+            )
+            for cluster in clusters
+            for j in range(3)
+        ],
+        batch_size=batch,
+    )
+    ChangeStep.objects.bulk_create(
+        [
+            ChangeStep(change=change, state=state, message=state)
+            for change in changes
+            for state in ("checking", "pushing", "succeeded")
+        ],
+        batch_size=batch,
+    )
     for g in range(0, len(changes), 150):
         rollout = Rollout.objects.create(reason="fleet-wide concurrency cap", state="succeeded", created_by=user)
-        Change.objects.filter(pk__in=[change.pk for change in changes[g:g + 150:3]]).update(rollout=rollout, wave=0)
-    profiles = WarmupProfile.objects.bulk_create([WarmupProfile(application=apps[k * 10], name="warm", path="/warm")
-                                                  for k in range(len(clusters))], batch_size=batch)
-    RecycleSchedule.objects.bulk_create([RecycleSchedule(deployment=deployments[k * 30 + 1], every_hours=6, warmup=profiles[k],
-                                                         next_run_at=now + timedelta(hours=6)) for k in range(len(clusters))], batch_size=batch)
-    MaintenanceRun.objects.bulk_create([
-        MaintenanceRun(kind=kind, trigger="schedule", state="succeeded", cluster=cluster, deployment=deployments[k * 30 + 1],
-                       started_at=now, finished_at=now) for k, cluster in enumerate(clusters) for kind in ("recycle", "warmup")],
-        batch_size=batch)
-    MemoryCalibration.objects.bulk_create([
-        MemoryCalibration(cluster=cluster, deployment=deployments[k * 30 + 1], application_name="app00", deployment_name="Model",
-                          submission_id=f"calibration-{cluster.pk}", state="succeeded", points=[{"x": 1, "peak_bytes": 2**30}])
-        for k, cluster in enumerate(clusters)], batch_size=batch)
-    wizards = Wizard.objects.bulk_create([
-        Wizard(cluster=cluster, deployment=deployments[k * 30 + 1], application_name="app00", deployment_name="Model",
-               incident=incidents[k * 100], state="resolved" if k % 20 else "open", created_by=user)
-        for k, cluster in enumerate(clusters) if k % 10 == 0], batch_size=batch)
-    WizardStep.objects.bulk_create([WizardStep(wizard=wizard, position=p, kind="config", title="Cap concurrency")
-                                    for wizard in wizards for p in (1, 2)], batch_size=batch)
-    AuditEvent.objects.bulk_create([AuditEvent(actor=user, actor_name=user.username, action="cluster.sync", team=cluster.team,
-                                               object_type="cluster", object_id=str(cluster.pk), object_repr=cluster.name)
-                                    for cluster in clusters for _ in range(5)], batch_size=batch)
+        Change.objects.filter(pk__in=[change.pk for change in changes[g : g + 150 : 3]]).update(rollout=rollout, wave=0)
+    profiles = WarmupProfile.objects.bulk_create(
+        [WarmupProfile(application=apps[k * 10], name="warm", path="/warm") for k in range(len(clusters))],
+        batch_size=batch,
+    )
+    RecycleSchedule.objects.bulk_create(
+        [
+            RecycleSchedule(
+                deployment=deployments[k * 30 + 1],
+                every_hours=6,
+                warmup=profiles[k],
+                next_run_at=now + timedelta(hours=6),
+            )
+            for k in range(len(clusters))
+        ],
+        batch_size=batch,
+    )
+    MaintenanceRun.objects.bulk_create(
+        [
+            MaintenanceRun(
+                kind=kind,
+                trigger="schedule",
+                state="succeeded",
+                cluster=cluster,
+                deployment=deployments[k * 30 + 1],
+                started_at=now,
+                finished_at=now,
+            )
+            for k, cluster in enumerate(clusters)
+            for kind in ("recycle", "warmup")
+        ],
+        batch_size=batch,
+    )
+    MemoryCalibration.objects.bulk_create(
+        [
+            MemoryCalibration(
+                cluster=cluster,
+                deployment=deployments[k * 30 + 1],
+                application_name="app00",
+                deployment_name="Model",
+                submission_id=f"calibration-{cluster.pk}",
+                state="succeeded",
+                points=[{"x": 1, "peak_bytes": 2**30}],
+            )
+            for k, cluster in enumerate(clusters)
+        ],
+        batch_size=batch,
+    )
+    wizards = Wizard.objects.bulk_create(
+        [
+            Wizard(
+                cluster=cluster,
+                deployment=deployments[k * 30 + 1],
+                application_name="app00",
+                deployment_name="Model",
+                incident=incidents[k * 100],
+                state="resolved" if k % 20 else "open",
+                created_by=user,
+            )
+            for k, cluster in enumerate(clusters)
+            if k % 10 == 0
+        ],
+        batch_size=batch,
+    )
+    WizardStep.objects.bulk_create(
+        [
+            WizardStep(wizard=wizard, position=p, kind="config", title="Cap concurrency")
+            for wizard in wizards
+            for p in (1, 2)
+        ],
+        batch_size=batch,
+    )
+    AuditEvent.objects.bulk_create(
+        [
+            AuditEvent(
+                actor=user,
+                actor_name=user.username,
+                action="cluster.sync",
+                team=cluster.team,
+                object_type="cluster",
+                object_id=str(cluster.pk),
+                object_repr=cluster.name,
+            )
+            for cluster in clusters
+            for _ in range(5)
+        ],
+        batch_size=batch,
+    )
 
 
 def setup_people():
@@ -169,7 +365,9 @@ def setup_people():
     teams = [Team.objects.create(name=f"Team {t}", slug=f"team-{t}") for t in range(TEAMS)]
     Membership.objects.bulk_create([Membership(user=user, team=team, role="admin") for team in teams])
     for team in teams:
-        Preset.objects.create(slug=f"{team.slug}-gpu", name=f"{team.name} GPU", options={"max_ongoing_requests": 2}, team=team)
+        Preset.objects.create(
+            slug=f"{team.slug}-gpu", name=f"{team.name} GPU", options={"max_ongoing_requests": 2}, team=team
+        )
         Webhook.objects.create(team=team, url=f"https://hooks.example.com/{team.slug}")
     return user, teams, rotate_token(Actor.system(via="cli"), user)
 
@@ -248,8 +446,12 @@ def hammer(port: int, path: str, token: str, seconds: float, threads: int, out) 
 
 def requests_per_second(port: int, path: str, token: str, seconds: float) -> tuple[float, int]:
     queue = multiprocessing.get_context("fork").Queue()
-    processes = [multiprocessing.get_context("fork").Process(target=hammer, args=(port, path, token, seconds, LOAD_THREADS, queue))
-                 for _ in range(LOAD_PROCESSES)]
+    processes = [
+        multiprocessing.get_context("fork").Process(
+            target=hammer, args=(port, path, token, seconds, LOAD_THREADS, queue)
+        )
+        for _ in range(LOAD_PROCESSES)
+    ]
     for process in processes:
         process.start()
     totals = [queue.get() for _ in processes]
@@ -263,10 +465,22 @@ def load(env: dict, token: str, seconds: float) -> dict[str, tuple[float, int]]:
 
     port = free_port()
     server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "gunicorn"), "controlplane.wsgi:application", "--workers", str(GUNICORN_WORKERS),
-         "--bind", f"127.0.0.1:{port}", "--log-level", "warning"],
-        cwd=REPO, env={**env, "DJANGO_SETTINGS_MODULE": "bench.server_settings", "PYTHONPATH": str(REPO)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        [
+            str(Path(sys.executable).parent / "gunicorn"),
+            "controlplane.wsgi:application",
+            "--workers",
+            str(GUNICORN_WORKERS),
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--log-level",
+            "warning",
+        ],
+        cwd=REPO,
+        env={**env, "DJANGO_SETTINGS_MODULE": "bench.server_settings", "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -298,15 +512,25 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats and shorter load phases")
     args = parser.parse_args()
     repeats, seconds = (10, 4.0) if args.quick else (30, 10.0)
-    print(f"machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, load average at start "
-          f"{os.getloadavg()[0]:.2f} (other processes share these cores: figures are upper bounds)")
+    print(
+        f"machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, load average at start "
+        f"{os.getloadavg()[0]:.2f} (other processes share these cores: figures are upper bounds)"
+    )
     with scratch_database("ui") as (url, engine):
         var = tempfile.mkdtemp(prefix="fleetdeck-bench-var-")
-        env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "controlplane.settings", "FLEETDECK_DEBUG": "0",
-               "FLEETDECK_ALLOW_DEV_SECRET": "1", "FLEETDECK_LOG_LEVEL": "ERROR", "FLEETDECK_SECURE_COOKIES": "0",
-               "FLEETDECK_VAR_DIR": var, "FLEETDECK_STATIC_ROOT": f"{var}/static",
-               # The load generator is one user: the per-user throttle would measure itself.
-               "FLEETDECK_API_THROTTLE_USER": "100000000/min"}
+        env = {
+            **os.environ,
+            "DATABASE_URL": url,
+            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+            "FLEETDECK_DEBUG": "0",
+            "FLEETDECK_ALLOW_DEV_SECRET": "1",
+            "FLEETDECK_LOG_LEVEL": "ERROR",
+            "FLEETDECK_SECURE_COOKIES": "0",
+            "FLEETDECK_VAR_DIR": var,
+            "FLEETDECK_STATIC_ROOT": f"{var}/static",
+            # The load generator is one user: the per-user throttle would measure itself.
+            "FLEETDECK_API_THROTTLE_USER": "100000000/min",
+        }
         os.environ.update(env)
         import django
 
@@ -334,11 +558,17 @@ def main() -> None:
         from apps.fleet.models import Deployment
         from apps.incidents.models import Incident
 
-        print(f"database: {engine}; seeded {Cluster.objects.count()} clusters, {Deployment.objects.count()} deployments, "
-              f"{Incident.objects.count()} incidents in {seeded:.0f} s; the user is an admin of {TEAMS} teams (not a superuser)")
-        print(f"\nserver time, ms ({repeats} requests each, at least 5 for pages slower than {SECONDS_PER_URL / repeats * 1000:.0f} ms; in-process):")
+        print(
+            f"database: {engine}; seeded {Cluster.objects.count()} clusters, {Deployment.objects.count()} deployments, "
+            f"{Incident.objects.count()} incidents in {seeded:.0f} s; the user is an admin of {TEAMS} teams (not a superuser)"
+        )
+        print(
+            f"\nserver time, ms ({repeats} requests each, at least 5 for pages slower than {SECONDS_PER_URL / repeats * 1000:.0f} ms; in-process):"
+        )
         print(f"  {'':34s} {'10 clusters':>21s} {'1,000 clusters':>21s} {'p50':>7s}")
-        print(f"  {'':34s} {'p50':>6s} {'p95':>6s} {'queries':>7s} {'p50':>6s} {'p95':>6s} {'queries':>7s} {'ratio':>7s}")
+        print(
+            f"  {'':34s} {'p50':>6s} {'p95':>6s} {'queries':>7s} {'p50':>6s} {'p95':>6s} {'queries':>7s} {'ratio':>7s}"
+        )
         for label in targets:
             (a50, a95, aq), (b50, b95, bq) = small[label], large[label]
             print(f"  {label:34s} {a50:6.1f} {a95:6.1f} {aq:7d} {b50:6.1f} {b95:6.1f} {bq:7d} {b50 / a50:7.2f}")
@@ -346,8 +576,10 @@ def main() -> None:
         rates = load(env, token, seconds)
         shutil.rmtree(var, ignore_errors=True)
     base = rates["trivial DRF endpoint (baseline)"][0]
-    print(f"\nrequests per second against gunicorn {GUNICORN_WORKERS} sync workers, 1,000 clusters, "
-          f"{LOAD_PROCESSES}x{LOAD_THREADS} concurrent clients, {seconds:g} s each:")
+    print(
+        f"\nrequests per second against gunicorn {GUNICORN_WORKERS} sync workers, 1,000 clusters, "
+        f"{LOAD_PROCESSES}x{LOAD_THREADS} concurrent clients, {seconds:g} s each:"
+    )
     for label, (rate, failed) in rates.items():
         print(f"  {label:34s} {rate:8.1f} req/s  ratio {rate / base:5.2f}" + (f"  ({failed} failed)" if failed else ""))
 

@@ -103,8 +103,14 @@ class Channel(kombu_sqla.Channel):
                 # What the consumer does with it next: a payload this cannot read would be raised there.
                 self.Message(payload, channel=self)
             except Exception as exc:  # noqa: BLE001 - whatever a row holds, raising it here ends the worker
-                log.error("dropped corrupt message %s from queue %r (%s: %s): %r", row_id, queue, type(exc).__name__, exc,
-                          raw[:LOGGED_PAYLOAD_CHARS])
+                log.error(
+                    "dropped corrupt message %s from queue %r (%s: %s): %r",
+                    row_id,
+                    queue,
+                    type(exc).__name__,
+                    exc,
+                    raw[:LOGGED_PAYLOAD_CHARS],
+                )
                 continue
             return payload
 

@@ -31,8 +31,13 @@ class TolerantConsumer(Consumer):
             except self.connection_errors + self.channel_errors:
                 raise  # Celery reconnects on these
             except (LookupError, ValueError, TypeError, AttributeError) as exc:
-                log.error("dropped a task message the worker cannot read (%s: %s); headers %.200r, body %.200r",
-                          type(exc).__name__, exc, message.headers, message.body)
+                log.error(
+                    "dropped a task message the worker cannot read (%s: %s); headers %.200r, body %.200r",
+                    type(exc).__name__,
+                    exc,
+                    message.headers,
+                    message.body,
+                )
                 if not message.acknowledged:
                     message.reject_log_error(log, self.connection_errors)
 

@@ -29,7 +29,12 @@ REFERENCE_APP_DIR = REPO / "deploy" / "reference_app"
 # The reference app's warmup request: a small generation on its POST-only route. It is also the
 # request a calibration of the app sends when the operator gives none; a calibration numbers each
 # call in place of {n}, so the app's answer cache never stands in for the model.
-REFERENCE_WARMUP = {"name": "hello", "method": "POST", "path": "/reference", "body": {"prompt": "hello {n}", "max_tokens": 16}}
+REFERENCE_WARMUP = {
+    "name": "hello",
+    "method": "POST",
+    "path": "/reference",
+    "body": {"prompt": "hello {n}", "max_tokens": 16},
+}
 # The head this process started on loopback: the administrators' allow-list is about clusters
 # they register, and the database holding it may not exist yet when the head is waited for.
 OWN_HEAD = NetworkPolicy()
@@ -118,9 +123,15 @@ def _ray_bin(name: str) -> str:
 
 # The ports `ray start` is given, by flag name.
 _HEAD_PORTS = (
-    "port", "dashboard-port", "metrics-export-port", "ray-client-server-port",
-    "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
-    "node-manager-port", "object-manager-port",
+    "port",
+    "dashboard-port",
+    "metrics-export-port",
+    "ray-client-server-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "runtime-env-agent-port",
+    "node-manager-port",
+    "object-manager-port",
 )
 # What `ray start` prints when a port it was given is not free after all. Another process can
 # bind a free port between our pick and Ray's bind; a new pick is then the whole cure.
@@ -153,16 +164,31 @@ class LocalRayHead:
     def start(cls, *, num_cpus: int = 2, object_store_mb: int = 200, extra_env: dict | None = None) -> "LocalRayHead":
         temp_dir = Path(tempfile.mkdtemp(prefix="fdray-", dir="/tmp"))
         args = [
-            _ray_bin("ray"), "start", "--head", "--block",
-            "--node-ip-address", "127.0.0.1", "--dashboard-host", "127.0.0.1",
-            "--include-dashboard", "true", "--disable-usage-stats",
-            "--num-cpus", str(num_cpus), "--num-gpus", "0",
-            "--object-store-memory", str(object_store_mb * 1024 * 1024),
-            "--temp-dir", str(temp_dir),
+            _ray_bin("ray"),
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--dashboard-host",
+            "127.0.0.1",
+            "--include-dashboard",
+            "true",
+            "--disable-usage-stats",
+            "--num-cpus",
+            str(num_cpus),
+            "--num-gpus",
+            "0",
+            "--object-store-memory",
+            str(object_store_mb * 1024 * 1024),
+            "--temp-dir",
+            str(temp_dir),
         ]
         env = dict(os.environ)
         env.update(
-            PYTHONPATH=os.pathsep.join(filter(None, [str(DEMO_APP_DIR), str(REFERENCE_APP_DIR), env.get("PYTHONPATH", "")])),
+            PYTHONPATH=os.pathsep.join(
+                filter(None, [str(DEMO_APP_DIR), str(REFERENCE_APP_DIR), env.get("PYTHONPATH", "")])
+            ),
             # Jobs (calibrations) run `python` from the head's PATH: make it this interpreter, which has Ray.
             PATH=os.pathsep.join(filter(None, [str(Path(sys.executable).parent), env.get("PATH", "")])),
             RAY_USAGE_STATS_ENABLED="0",
@@ -182,7 +208,9 @@ class LocalRayHead:
         for name, port in self.ports.items():
             args += [f"--{name}", str(port)]
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+            self.process = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
         """Wait for the dashboard and Serve's API. A head that exits because a port it was given

@@ -24,7 +24,9 @@ INVALID = {
 }
 METHODS = {"get", "put", "post", "patch", "delete"}
 
-CONFLICT = OpenApiResponse(description="The object moved on meanwhile, or another operation holds it; nothing was changed.")
+CONFLICT = OpenApiResponse(
+    description="The object moved on meanwhile, or another operation holds it; nothing was changed."
+)
 
 
 def _ref(name: str) -> dict:

@@ -44,11 +44,13 @@ def healthz(request):
     to alert on, without letting that change the status code: restarting web processes revives no
     worker."""
     beats = liveness.current()
-    return JsonResponse({
-        "status": "ok",
-        "worker": {"last_tick_at": beats.worker_at, "stale": beats.worker_stale},
-        "beat": {"last_tick_sent_at": beats.beat_at, "stale": beats.beat_stale},
-    })
+    return JsonResponse(
+        {
+            "status": "ok",
+            "worker": {"last_tick_at": beats.worker_at, "stale": beats.worker_stale},
+            "beat": {"last_tick_sent_at": beats.beat_at, "stale": beats.beat_stale},
+        }
+    )
 
 
 def not_found(request, exception):

@@ -56,8 +56,15 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
 def summary(results: list[tuple[str, float]], elapsed_s: float) -> str:
     counts = Counter(outcome for outcome, _ in results)
     ok = sorted(seconds for outcome, seconds in results if outcome.startswith("2"))
-    lines = [f"{len(results)} requests in {elapsed_s:.1f} s: " + ", ".join(f"{outcome} × {n}" for outcome, n in sorted(counts.items()))]
-    lines.append(f"goodput: {len(ok) / elapsed_s:.2f} successful requests/s ({len(ok) / len(results):.0%} succeeded)" if results else "goodput: no requests")
+    lines = [
+        f"{len(results)} requests in {elapsed_s:.1f} s: "
+        + ", ".join(f"{outcome} × {n}" for outcome, n in sorted(counts.items()))
+    ]
+    lines.append(
+        f"goodput: {len(ok) / elapsed_s:.2f} successful requests/s ({len(ok) / len(results):.0%} succeeded)"
+        if results
+        else "goodput: no requests"
+    )
     if ok:
         lines.append(f"latency of successes: p50 {statistics.median(ok):.2f} s, p99 {percentile(ok, 0.99):.2f} s")
     return "\n".join(lines)
@@ -68,9 +75,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("url", help="The endpoint to POST to, e.g. the reference app's URL that `make run` prints.")
     parser.add_argument("--bursts", type=int, default=6)
     parser.add_argument("--burst-size", type=int, default=12, help="Simultaneous requests per burst.")
-    parser.add_argument("--period-s", type=float, default=8.0, help="Seconds from one burst's start to the next's, at least.")
+    parser.add_argument(
+        "--period-s", type=float, default=8.0, help="Seconds from one burst's start to the next's, at least."
+    )
     parser.add_argument("--json", default=json.dumps(DEFAULT_BODY), help="The request body (JSON).")
-    parser.add_argument("--timeout-s", type=float, default=60.0, help="Per request; a request past it counts as ReadTimeout.")
+    parser.add_argument(
+        "--timeout-s", type=float, default=60.0, help="Per request; a request past it counts as ReadTimeout."
+    )
     args = parser.parse_args(argv)
     if urlsplit(args.url).scheme not in ("http", "https") or not urlsplit(args.url).hostname:
         parser.error(f"the URL must be http(s)://host[:port]/path, not {args.url!r}")
@@ -98,8 +109,11 @@ def main(argv: list[str] | None = None) -> int:
                 outcomes = burst(client, args.url, args.body, args.burst_size)
                 results += outcomes
                 counts = Counter(outcome for outcome, _ in outcomes)
-                print(f"burst {number}/{args.bursts} at {began - started:5.1f} s: "
-                      + ", ".join(f"{outcome} × {n}" for outcome, n in sorted(counts.items())), flush=True)
+                print(
+                    f"burst {number}/{args.bursts} at {began - started:5.1f} s: "
+                    + ", ".join(f"{outcome} × {n}" for outcome, n in sorted(counts.items())),
+                    flush=True,
+                )
         except KeyboardInterrupt:
             print("interrupted: the figures below cover the finished bursts", file=sys.stderr)
     print(summary(results, time.monotonic() - started))

@@ -57,7 +57,11 @@ class FakeRay:
                     effective = served["deployments"][entry["name"]]["deployment_config"]
                     for key, value in entry.items():
                         if key != "name":
-                            effective[key] = {**effective[key], **value} if isinstance(value, dict) and isinstance(effective.get(key), dict) else value
+                            effective[key] = (
+                                {**effective[key], **value}
+                                if isinstance(value, dict) and isinstance(effective.get(key), dict)
+                                else value
+                            )
 
     def model_moq(self) -> int:
         return self.serve["applications"]["demo"]["deployed_app_config"]["deployments"][1]["max_ongoing_requests"]
@@ -106,7 +110,7 @@ def handler_for(fake: FakeRay):
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 for i in range(0, len(body), 64):
-                    self.wfile.write(body[i:i + 64])
+                    self.wfile.write(body[i : i + 64])
                     self.wfile.flush()
                     time.sleep(0.2)
             return kind != "apply-then-hang"

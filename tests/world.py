@@ -62,10 +62,24 @@ class TeamWorld:
     model instances, which would go stale as requests change the rows."""
 
     KINDS: ClassVar[tuple[str, ...]] = (
-        "clusters.cluster", "fleet.application", "fleet.deployment", "fleet.configrevision", "changes.change", "changes.rollout",
-        "changes.preset", "maintenance.recycleschedule", "maintenance.warmupprofile", "maintenance.maintenancerun",
-        "incidents.incident", "incidents.webhook", "remediation.finding", "remediation.wizard", "calibration.memorycalibration",
-        "accounts.auditevent", "kubernetes_link.kubeconnection", "kubernetes_link.kubelink",
+        "clusters.cluster",
+        "fleet.application",
+        "fleet.deployment",
+        "fleet.configrevision",
+        "changes.change",
+        "changes.rollout",
+        "changes.preset",
+        "maintenance.recycleschedule",
+        "maintenance.warmupprofile",
+        "maintenance.maintenancerun",
+        "incidents.incident",
+        "incidents.webhook",
+        "remediation.finding",
+        "remediation.wizard",
+        "calibration.memorycalibration",
+        "accounts.auditevent",
+        "kubernetes_link.kubeconnection",
+        "kubernetes_link.kubelink",
     )
 
     slug: str
@@ -92,7 +106,9 @@ def build_team(slug: str) -> TeamWorld:
         world.tokens[role.value] = Token.objects.create(user=user).key
     operator = Actor(user=world.users["operator"], via="api")
 
-    cluster = Cluster.objects.create(name=f"{slug}-gpu", team=team, dashboard_url=f"http://{slug}.ray.test:8265", ray_version="2.60.0")
+    cluster = Cluster.objects.create(
+        name=f"{slug}-gpu", team=team, dashboard_url=f"http://{slug}.ray.test:8265", ray_version="2.60.0"
+    )
     assert sync.sync_cluster(cluster.pk).ok
     incidents.detect(cluster.pk)
     findings.recompute(cluster.pk)
@@ -100,25 +116,59 @@ def build_team(slug: str) -> TeamWorld:
     deployment = Deployment.objects.get(application=application, name="Model")
     incident = Incident.objects.filter(cluster=cluster, deployment_name="Model").first()
     wizard, _ = wizards.start(operator, incident=incident)
-    change = protocol.plan_change(operator, cluster, targets=[{"application": "demo", "deployment": "Model"}],
-                                  reason="Fewer requests per replica", options={"max_ongoing_requests": 5})
-    preset = presets.create_preset(operator, team=team, name=f"{slug} preset", description="", options={"max_ongoing_requests": 6})
-    rollout = rollouts.plan_rollout(operator, selection={"team": slug, "deployment": "Model"}, reason="Fleet-wide cap",
-                                    options={"max_ongoing_requests": 7})
-    profile = maintenance.save_profile(operator, application, {"name": "warm", "path": "/demo", "requests": 2, "concurrency": 1})
+    change = protocol.plan_change(
+        operator,
+        cluster,
+        targets=[{"application": "demo", "deployment": "Model"}],
+        reason="Fewer requests per replica",
+        options={"max_ongoing_requests": 5},
+    )
+    preset = presets.create_preset(
+        operator, team=team, name=f"{slug} preset", description="", options={"max_ongoing_requests": 6}
+    )
+    rollout = rollouts.plan_rollout(
+        operator,
+        selection={"team": slug, "deployment": "Model"},
+        reason="Fleet-wide cap",
+        options={"max_ongoing_requests": 7},
+    )
+    profile = maintenance.save_profile(
+        operator, application, {"name": "warm", "path": "/demo", "requests": 2, "concurrency": 1}
+    )
     schedule = maintenance.save_schedule(operator, deployment, {"every_hours": 6, "warmup": profile})
     run = maintenance.request_recycle(operator, deployment)
     webhook = Webhook.objects.create(team=team, url=f"https://hooks.{slug}.test/incidents")
-    connection = kube.create_connection(Actor(user=world.users["admin"], via="api"), team=team, name=f"{slug}-k8s",
-                                        namespaces=["serve"], kubeconfig=kubeconfig(slug))
-    link = KubeLink.objects.create(cluster=cluster, connection=connection, kind=KubeLink.Kind.RAYCLUSTER, namespace="serve",
-                                   name=f"{slug}-raycluster")
+    connection = kube.create_connection(
+        Actor(user=world.users["admin"], via="api"),
+        team=team,
+        name=f"{slug}-k8s",
+        namespaces=["serve"],
+        kubeconfig=kubeconfig(slug),
+    )
+    link = KubeLink.objects.create(
+        cluster=cluster,
+        connection=connection,
+        kind=KubeLink.Kind.RAYCLUSTER,
+        namespace="serve",
+        name=f"{slug}-raycluster",
+    )
     now = timezone.now()
     calibration = MemoryCalibration.objects.create(
-        deployment=deployment, cluster=cluster, application_name="demo", deployment_name="Model",
-        submission_id=f"fleetdeck-calibration-{slug}", state=MemoryCalibration.State.SUCCEEDED, axis="concurrency", device="cpu",
-        baseline_bytes=100 << 20, points=[{"x": 1, "peak_bytes": 200 << 20}, {"x": 2, "peak_bytes": 300 << 20}], monotone=True,
-        levels=[1, 2], created_by=world.users["operator"], started_at=now, finished_at=now,
+        deployment=deployment,
+        cluster=cluster,
+        application_name="demo",
+        deployment_name="Model",
+        submission_id=f"fleetdeck-calibration-{slug}",
+        state=MemoryCalibration.State.SUCCEEDED,
+        axis="concurrency",
+        device="cpu",
+        baseline_bytes=100 << 20,
+        points=[{"x": 1, "peak_bytes": 200 << 20}, {"x": 2, "peak_bytes": 300 << 20}],
+        monotone=True,
+        levels=[1, 2],
+        created_by=world.users["operator"],
+        started_at=now,
+        finished_at=now,
     )
     world.ids = {
         "clusters.cluster": cluster.pk,

@@ -103,7 +103,9 @@ def require(user: User, team: Team | None, needed: Role, what: str = "") -> None
     """403 unless the user holds `needed` in `team`. Raised as Django's PermissionDenied, which
     pages render as 403 and DRF answers as 403 with the same message."""
     if not has_role(user, team, needed):
-        raise PermissionDenied(f"You need the {needed.label.lower()} role in team {team}{f' to {what}' if what else ''}.")
+        raise PermissionDenied(
+            f"You need the {needed.label.lower()} role in team {team}{f' to {what}' if what else ''}."
+        )
 
 
 def get_visible_or_404(user: User, rows: QuerySet | type[Model], **lookup) -> Model:

@@ -10,8 +10,17 @@ class AuditEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = AuditEvent
         fields = [
-            "id", "created_at", "actor_name", "action", "team", "object_type", "object_id", "object_repr",
-            "changes", "source_ip", "via",
+            "id",
+            "created_at",
+            "actor_name",
+            "action",
+            "team",
+            "object_type",
+            "object_id",
+            "object_repr",
+            "changes",
+            "source_ip",
+            "via",
         ]
 
 

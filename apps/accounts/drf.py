@@ -46,8 +46,10 @@ def exception_handler(exc, context):
     every service call. DRF's handler marks the transaction for rollback, as for its own errors."""
     if isinstance(exc, RequestDataTooBig):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        return Response({"detail": f"The request body is too large: the limit is {limit:,} bytes."},
-                        status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        return Response(
+            {"detail": f"The request body is too large: the limit is {limit:,} bytes."},
+            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        )
     if isinstance(exc, DjangoValidationError):
         exc = as_api_error(exc)
     return views.exception_handler(exc, context)

@@ -23,9 +23,34 @@ class CalibrationSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = MemoryCalibration
-        fields = ["id", "cluster", "cluster_name", "deployment", "application_name", "deployment_name", "submission_id",
-                  "state", "axis", "device", "shape", "baseline_bytes", "cold_baseline_bytes", "points", "limit_reason", "per_unit_bytes", "monotone", "warnings", "levels",
-                  "request", "error", "log_tail", "created_by", "created_at", "started_at", "finished_at"]
+        fields = [
+            "id",
+            "cluster",
+            "cluster_name",
+            "deployment",
+            "application_name",
+            "deployment_name",
+            "submission_id",
+            "state",
+            "axis",
+            "device",
+            "shape",
+            "baseline_bytes",
+            "cold_baseline_bytes",
+            "points",
+            "limit_reason",
+            "per_unit_bytes",
+            "monotone",
+            "warnings",
+            "levels",
+            "request",
+            "error",
+            "log_tail",
+            "created_by",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
         read_only_fields = fields
 
     def get_per_unit_bytes(self, obj) -> int | None:
@@ -36,21 +61,30 @@ class CalibrationSerializer(serializers.ModelSerializer):
 
 class CalibrateSerializer(serializers.Serializer):
     deployment = VisiblePrimaryKeyRelatedField(queryset=Deployment.objects.select_related("application__cluster__team"))
-    axis = serializers.ChoiceField(choices=AXES, default="concurrency",
-                                   help_text="concurrency: k concurrent __call__s per level. token_sum: one batch per level through "
-                                             "the class's calibration_batch(token_sum) hook.")
-    levels = serializers.ListField(child=serializers.IntegerField(), required=False,
-                                   help_text=f"Concurrency levels (1–{services.MAX_LEVEL}; default {list(services.DEFAULT_LEVELS)}) or "
-                                             f"token sums (1–{services.MAX_TOKEN_SUM}; default {list(services.DEFAULT_TOKEN_SUMS)}).")
-    call = serializers.JSONField(required=False, allow_null=True,
-                                 help_text="A handle call with this one argument (concurrency axis only); the same as request "
-                                           '{"kind": "handle", "args": [call]}.')
-    request = serializers.JSONField(
-        required=False, allow_null=True,
-        help_text=services.REPRESENTATIVE_REQUEST_HELP)
+    axis = serializers.ChoiceField(
+        choices=AXES,
+        default="concurrency",
+        help_text="concurrency: k concurrent __call__s per level. token_sum: one batch per level through "
+        "the class's calibration_batch(token_sum) hook.",
+    )
+    levels = serializers.ListField(
+        child=serializers.IntegerField(),
+        required=False,
+        help_text=f"Concurrency levels (1–{services.MAX_LEVEL}; default {list(services.DEFAULT_LEVELS)}) or "
+        f"token sums (1–{services.MAX_TOKEN_SUM}; default {list(services.DEFAULT_TOKEN_SUMS)}).",
+    )
+    call = serializers.JSONField(
+        required=False,
+        allow_null=True,
+        help_text="A handle call with this one argument (concurrency axis only); the same as request "
+        '{"kind": "handle", "args": [call]}.',
+    )
+    request = serializers.JSONField(required=False, allow_null=True, help_text=services.REPRESENTATIVE_REQUEST_HELP)
 
 
-class CalibrationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
+class CalibrationViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet
+):
     """Memory calibrations: a Ray job that measures a deployment's peak memory at rising
     concurrency or batch token sum. The remediation wizard sizes `max_ongoing_requests` (and, from
     a token-sum curve, `max_batch_tokens`) from the latest curve."""
@@ -60,8 +94,11 @@ class CalibrationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixin
     ordering_fields = ["created_at", "finished_at"]
 
     def get_queryset(self):
-        return (access.visible(self.request.user, MemoryCalibration)
-                .select_related("cluster").order_by("-created_at", "-id"))
+        return (
+            access.visible(self.request.user, MemoryCalibration)
+            .select_related("cluster")
+            .order_by("-created_at", "-id")
+        )
 
     @extend_schema(request=CalibrateSerializer, responses={202: CalibrationSerializer})
     def create(self, request, *args, **kwargs):
@@ -72,8 +109,11 @@ class CalibrationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixin
         deployment = body.validated_data["deployment"]
         require_role(request, deployment.application.cluster.team, Role.OPERATOR, "calibrate deployments")
         calibration = services.request_calibration(
-            Actor.from_request(request), deployment, axis=body.validated_data["axis"],
-            levels=body.validated_data.get("levels") or None, call=body.validated_data.get("call"),
+            Actor.from_request(request),
+            deployment,
+            axis=body.validated_data["axis"],
+            levels=body.validated_data.get("levels") or None,
+            call=body.validated_data.get("call"),
             request=body.validated_data.get("request"),
         )
         return Response(CalibrationSerializer(calibration).data, status=status.HTTP_202_ACCEPTED)

@@ -69,11 +69,17 @@ def parse_output(logs: str) -> dict:
         uss, service = raw.get("uss_peak_bytes"), raw.get("service_s")
         if uss is not None and not _is_count(uss):
             raise CalibrationOutputError(f"Point {index} has a uss_peak_bytes that is not a non-negative integer.")
-        if service is not None and (isinstance(service, bool) or not isinstance(service, (int, float))
-                                    or not math.isfinite(service) or service < 0):
+        if service is not None and (
+            isinstance(service, bool)
+            or not isinstance(service, (int, float))
+            or not math.isfinite(service)
+            or service < 0
+        ):
             raise CalibrationOutputError(f"Point {index} has a service_s that is not a non-negative number of seconds.")
         point = {"x": x, "peak_bytes": peak}
-        point.update({key: value for key, value in (("uss_peak_bytes", uss), ("service_s", service)) if value is not None})
+        point.update(
+            {key: value for key, value in (("uss_peak_bytes", uss), ("service_s", service)) if value is not None}
+        )
         points.append(point)
     points.sort(key=lambda point: point["x"])
     for a, b in pairwise(points):
@@ -89,8 +95,17 @@ def parse_output(logs: str) -> dict:
                 f"{axis} {point['x']:g}: the measurement is noisy or memory was freed in between; the curve is kept as measured."
             )
         previous = (point["x"], point["peak_bytes"])
-    return {"axis": axis, "device": device.strip(), "shape": shape, "baseline_bytes": baseline, "cold_baseline_bytes": cold,
-            "limit_reason": limit_reason, "points": points, "monotone": not warnings, "warnings": warnings}
+    return {
+        "axis": axis,
+        "device": device.strip(),
+        "shape": shape,
+        "baseline_bytes": baseline,
+        "cold_baseline_bytes": cold,
+        "limit_reason": limit_reason,
+        "points": points,
+        "monotone": not warnings,
+        "warnings": warnings,
+    }
 
 
 def _last_result_line(logs: str) -> str:
@@ -100,10 +115,12 @@ def _last_result_line(logs: str) -> str:
             continue
         rest = line[at:]
         if rest.startswith(ERROR_MARKER):
-            reason = rest[len(ERROR_MARKER):].strip()
-            raise CalibrationOutputError(f"The calibration failed: {reason}" if reason else "The calibration failed without a reason.")
+            reason = rest[len(ERROR_MARKER) :].strip()
+            raise CalibrationOutputError(
+                f"The calibration failed: {reason}" if reason else "The calibration failed without a reason."
+            )
         if rest.startswith(MARKER + " "):
-            return rest[len(MARKER) + 1:].strip()
+            return rest[len(MARKER) + 1 :].strip()
     raise CalibrationOutputError(f"The job printed no {MARKER} line.")
 
 
@@ -112,7 +129,7 @@ def reported_error(logs: str) -> str | None:
     for line in reversed((logs or "").splitlines()):
         at = line.find(ERROR_MARKER)
         if at >= 0:
-            return line[at + len(ERROR_MARKER):].strip() or None
+            return line[at + len(ERROR_MARKER) :].strip() or None
     return None
 
 

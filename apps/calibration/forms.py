@@ -10,29 +10,53 @@ from apps.calibration import services
 class CalibrateForm(forms.Form):
     axis = forms.ChoiceField(
         choices=[("concurrency", "Concurrency (requests in flight)"), ("token_sum", "Token sum of one batch")],
-        initial="concurrency", required=False,
+        initial="concurrency",
+        required=False,
         help_text="Token sum needs a calibration_batch(token_sum) method on the deployment class; it sizes max_batch_tokens.",
     )
     levels = forms.CharField(
-        required=False, max_length=100,
-        widget=forms.TextInput(attrs={
-            "placeholder": f"{','.join(map(str, services.DEFAULT_LEVELS))} or {','.join(map(str, services.DEFAULT_TOKEN_SUMS))}",
-        }),
+        required=False,
+        max_length=100,
+        widget=forms.TextInput(
+            attrs={
+                "placeholder": f"{','.join(map(str, services.DEFAULT_LEVELS))} or {','.join(map(str, services.DEFAULT_TOKEN_SUMS))}",
+            }
+        ),
         help_text="Concurrency levels or token sums to measure, separated by commas; empty: the axis's defaults.",
     )
-    method = forms.ChoiceField(label="HTTP method", required=False, choices=[("", "—"), *((m, m) for m in services.HTTP_METHODS)],
-                               help_text="An HTTP request for a Starlette or FastAPI deployment; empty with no path: the default request.")
-    path = forms.CharField(label="Path", required=False, max_length=500, widget=forms.TextInput(attrs={"placeholder": "/route/sub"}),
-                           help_text="The full path a client asks for, route prefix included.")
-    query = forms.CharField(label="Query string", required=False, max_length=2000, widget=forms.TextInput(attrs={"placeholder": "a=1&b=2"}))
-    headers = forms.CharField(label="Headers", required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono",
-                                                                                              "placeholder": "content-type: application/json"}),
-                              help_text="One `Name: value` per line.")
-    body = forms.CharField(label="Body", required=False, strip=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}))
-    call = forms.CharField(label="Handle call argument (JSON)", required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}),
-                           help_text="For a deployment called through a handle: each __call__ gets this one argument. Leave the HTTP "
-                                     "fields empty. All empty: the application's warmup request, a GET of its route prefix for its "
-                                     "ingress, else a call with no argument.")
+    method = forms.ChoiceField(
+        label="HTTP method",
+        required=False,
+        choices=[("", "—"), *((m, m) for m in services.HTTP_METHODS)],
+        help_text="An HTTP request for a Starlette or FastAPI deployment; empty with no path: the default request.",
+    )
+    path = forms.CharField(
+        label="Path",
+        required=False,
+        max_length=500,
+        widget=forms.TextInput(attrs={"placeholder": "/route/sub"}),
+        help_text="The full path a client asks for, route prefix included.",
+    )
+    query = forms.CharField(
+        label="Query string", required=False, max_length=2000, widget=forms.TextInput(attrs={"placeholder": "a=1&b=2"})
+    )
+    headers = forms.CharField(
+        label="Headers",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2, "class": "mono", "placeholder": "content-type: application/json"}),
+        help_text="One `Name: value` per line.",
+    )
+    body = forms.CharField(
+        label="Body", required=False, strip=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono"})
+    )
+    call = forms.CharField(
+        label="Handle call argument (JSON)",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}),
+        help_text="For a deployment called through a handle: each __call__ gets this one argument. Leave the HTTP "
+        "fields empty. All empty: the application's warmup request, a GET of its route prefix for its "
+        "ingress, else a call with no argument.",
+    )
 
     def clean_axis(self) -> str:
         return self.cleaned_data["axis"] or "concurrency"
@@ -53,7 +77,9 @@ class CalibrateForm(forms.Form):
         try:
             call = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"Not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}). A string needs quotes.") from exc
+            raise forms.ValidationError(
+                f"Not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}). A string needs quotes."
+            ) from exc
         services.validate_call(call)
         return call
 
@@ -79,8 +105,13 @@ class CalibrateForm(forms.Form):
         if cleaned.get("call") is not None:
             self.add_error("call", "Give an HTTP request or a handle call argument, not both.")
             return None
-        request = {"kind": "http", "method": method or "GET", "path": path, "query": cleaned.get("query", "").strip(),
-                   "headers": cleaned.get("headers") or {}}
+        request = {
+            "kind": "http",
+            "method": method or "GET",
+            "path": path,
+            "query": cleaned.get("query", "").strip(),
+            "headers": cleaned.get("headers") or {},
+        }
         if cleaned.get("body"):
             request["body"] = cleaned["body"]
         try:
@@ -96,7 +127,9 @@ class CalibrateForm(forms.Form):
         axis, levels = cleaned.get("axis"), cleaned.get("levels")
         if axis and "levels" in cleaned:
             try:
-                cleaned["levels"] = services.validate_levels(services.DEFAULTS_BY_AXIS[axis] if levels is None else levels, axis)
+                cleaned["levels"] = services.validate_levels(
+                    services.DEFAULTS_BY_AXIS[axis] if levels is None else levels, axis
+                )
             except forms.ValidationError as exc:
                 self.add_error("levels", exc)
         return cleaned

@@ -192,8 +192,11 @@ def load_class(import_path: str) -> type:
         # Serve names a deployment after its class unless given a name, so the deployment may be
         # bound to another attribute: look for a Serve Deployment object carrying that name.
         target = next(
-            (value for value in vars(module).values()
-             if hasattr(value, "func_or_class") and getattr(value, "name", None) == attribute),
+            (
+                value
+                for value in vars(module).values()
+                if hasattr(value, "func_or_class") and getattr(value, "name", None) == attribute
+            ),
             None,
         )
     if target is None:
@@ -221,9 +224,13 @@ def _set_replica_context(servable, app_name: str, deployment_name: str) -> None:
         from ray.serve._private.config import DeploymentConfig
 
         serve_context._set_internal_replica_context(
-            replica_id=ReplicaID(unique_id="fleetdeck-calibration",
-                                 deployment_id=DeploymentID(name=deployment_name, app_name=app_name)),
-            servable_object=servable, _deployment_config=DeploymentConfig(), rank=None, world_size=1,
+            replica_id=ReplicaID(
+                unique_id="fleetdeck-calibration", deployment_id=DeploymentID(name=deployment_name, app_name=app_name)
+            ),
+            servable_object=servable,
+            _deployment_config=DeploymentConfig(),
+            rank=None,
+            world_size=1,
         )
     except (ImportError, TypeError, AttributeError) as exc:
         print(f"note: no Serve replica context for the instance ({type(exc).__name__}: {exc})", flush=True)
@@ -293,11 +300,19 @@ class HttpRequest:
         body = numbered(self.body, n).encode()
         headers = {**self.headers, **({"content-length": str(len(body))} if body else {})}
         scope = {
-            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-            "method": self.method, "scheme": "http", "path": self.path, "raw_path": self.path.encode(),
-            "root_path": self.root_path, "query_string": numbered(self.query, n).encode("latin-1"),
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1",
+            "method": self.method,
+            "scheme": "http",
+            "path": self.path,
+            "raw_path": self.path.encode(),
+            "root_path": self.root_path,
+            "query_string": numbered(self.query, n).encode("latin-1"),
             "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
-            "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 8000), "state": {},
+            "client": ("127.0.0.1", 0),
+            "server": ("127.0.0.1", 8000),
+            "state": {},
         }
         sent = False
 
@@ -383,8 +398,10 @@ def shape_of(cls: type, axis: str, request: dict) -> str:
         return "hook"
     if is_asgi_ingress(cls):
         if request.get("kind") != "http":
-            raise CalibrationFailed(f"{cls.__name__} is an ASGI (@serve.ingress) app: it is calibrated with an HTTP request, "
-                                    "not a handle call.")
+            raise CalibrationFailed(
+                f"{cls.__name__} is an ASGI (@serve.ingress) app: it is calibrated with an HTTP request, "
+                "not a handle call."
+            )
         return "asgi"
     return "starlette" if request.get("kind") == "http" else "handle"
 
@@ -393,8 +410,18 @@ def shape_of(cls: type, axis: str, request: dict) -> str:
 
 
 class Calibration:
-    def __init__(self, import_path: str, user_config, request: dict, levels: list[int], axis: str, stop_at: int | None,
-                 route_prefix: str, app_name: str, deployment_name: str):
+    def __init__(
+        self,
+        import_path: str,
+        user_config,
+        request: dict,
+        levels: list[int],
+        axis: str,
+        stop_at: int | None,
+        route_prefix: str,
+        app_name: str,
+        deployment_name: str,
+    ):
         self.import_path, self.user_config, self.request = import_path, user_config, request
         self.levels, self.axis, self.route_prefix = levels, axis, route_prefix
         self.app_name, self.deployment_name = app_name, deployment_name or import_path.partition(":")[2]
@@ -426,8 +453,10 @@ class Calibration:
     def _breached(self, used: int) -> None:
         """Node usage crossed the stop mid-run: report what was measured and leave before Ray's
         memory monitor kills anything."""
-        reason = (f"Node memory reached {used / MIB:.0f} MiB during {self.running}, past the stop at {self.stop / MIB:.0f} MiB; "
-                  "the run ended there.")
+        reason = (
+            f"Node memory reached {used / MIB:.0f} MiB during {self.running}, past the stop at {self.stop / MIB:.0f} MiB; "
+            "the run ended there."
+        )
         if self.result.get("points"):
             self.result["limit_reason"] = reason
             print(f"{MARKER} {json.dumps(self.result)}", flush=True)
@@ -488,7 +517,9 @@ class Calibration:
                 raise CalibrationFailed(f"{HOOK}({x}) failed: {type(first).__name__}: {first}") from first
             what = describe(self.request)
             said = str(first) if isinstance(first, CallFailed) else f"{type(first).__name__}: {first}"
-            raise CalibrationFailed(f"{len(failures)} of {k} calls of {what} failed at concurrency {k}: {said}") from first
+            raise CalibrationFailed(
+                f"{len(failures)} of {k} calls of {what} failed at concurrency {k}: {said}"
+            ) from first
         return outcomes
 
     def _measure(self, loop, driver: Driver) -> dict:
@@ -501,19 +532,33 @@ class Calibration:
         except CalibrationFailed as exc:
             first = exc.__cause__
             if self.shape != "hook" and isinstance(first, CallFailed):
-                raise CalibrationFailed(f"The representative request {describe(self.request)} {first} at concurrency 1: give a "
-                                        "request the deployment serves. Nothing was measured.") from exc
+                raise CalibrationFailed(
+                    f"The representative request {describe(self.request)} {first} at concurrency 1: give a "
+                    "request the deployment serves. Nothing was measured."
+                ) from exc
             if self.shape != "hook":
-                raise CalibrationFailed(f"The representative request {describe(self.request)} failed at concurrency 1: "
-                                        f"{type(first).__name__}: {first}. Nothing was measured.") from exc
+                raise CalibrationFailed(
+                    f"The representative request {describe(self.request)} failed at concurrency 1: "
+                    f"{type(first).__name__}: {first}. Nothing was measured."
+                ) from exc
             raise
         warm_peak, _ = self._host_peaks()
         baseline = self._resting()
         host_baseline = rss_bytes()
         device = "cuda" if self.torch is not None else "cpu"
-        print(f"shape {self.shape}; at rest {cold / MIB:.1f} MiB cold, {baseline / MIB:.1f} MiB warm on {device}", flush=True)
-        self.result = {"device": device, "axis": self.axis, "shape": self.shape, "baseline_bytes": baseline,
-                       "cold_baseline_bytes": cold, "points": [], "limit_reason": None}
+        print(
+            f"shape {self.shape}; at rest {cold / MIB:.1f} MiB cold, {baseline / MIB:.1f} MiB warm on {device}",
+            flush=True,
+        )
+        self.result = {
+            "device": device,
+            "axis": self.axis,
+            "shape": self.shape,
+            "baseline_bytes": baseline,
+            "cold_baseline_bytes": cold,
+            "points": [],
+            "limit_reason": None,
+        }
         # Host memory per unit of the axis at worst so far; the warm call gives the first estimate.
         step = max(warm_peak - min(host_baseline, host_cold), 0) / warm_x
         knots = [(0, host_baseline)]
@@ -521,9 +566,11 @@ class Calibration:
             _, used = node_memory()
             predicted = used - rss_bytes() + host_baseline + x * step
             if predicted > self.stop:
-                reason = (f"{self._what(x)} would exceed the memory budget: about {predicted / MIB:.0f} MiB used on the node "
-                          f"({step / MIB:.1f} MiB per {'token' if self.shape == 'hook' else 'request'}) against a stop at "
-                          f"{self.stop / MIB:.0f} MiB")
+                reason = (
+                    f"{self._what(x)} would exceed the memory budget: about {predicted / MIB:.0f} MiB used on the node "
+                    f"({step / MIB:.1f} MiB per {'token' if self.shape == 'hook' else 'request'}) against a stop at "
+                    f"{self.stop / MIB:.0f} MiB"
+                )
                 if not self.result["points"]:
                     raise CalibrationFailed(f"{reason}; nothing was pushed.")
                 self.result["limit_reason"] = f"{reason}; the larger levels were not run."
@@ -532,21 +579,40 @@ class Calibration:
             self._start_peak()
             seconds = self._run_level(loop, driver, x)
             rss_peak, uss_peak = self._host_peaks()
-            point = {self.axis: x, "peak_bytes": rss_peak, "uss_peak_bytes": uss_peak,
-                     "service_s": round(statistics.median(seconds), 6)}
+            point = {
+                self.axis: x,
+                "peak_bytes": rss_peak,
+                "uss_peak_bytes": uss_peak,
+                "service_s": round(statistics.median(seconds), 6),
+            }
             if self.torch is not None:
                 self.torch.cuda.synchronize()
                 point.update(peak_bytes=self.torch.cuda.max_memory_allocated(), rss_peak_bytes=rss_peak)
             self.result["points"].append(point)
             knots.append((x, rss_peak))
             step = max(step, (knots[-1][1] - knots[-2][1]) / (knots[-1][0] - knots[-2][0]))
-            print(f"{self._what(x)}: peak {point['peak_bytes'] / MIB:.1f} MiB, {point['service_s']:.3f} s per request", flush=True)
+            print(
+                f"{self._what(x)}: peak {point['peak_bytes'] / MIB:.1f} MiB, {point['service_s']:.3f} s per request",
+                flush=True,
+            )
         return self.result
 
 
-def calibrate(import_path: str, user_config, request: dict, levels: list[int], axis: str = "concurrency", *,
-              stop_at: int | None = None, route_prefix: str = "/", app_name: str = "", deployment_name: str = "") -> dict:
-    return Calibration(import_path, user_config, request, levels, axis, stop_at, route_prefix, app_name, deployment_name).run()
+def calibrate(
+    import_path: str,
+    user_config,
+    request: dict,
+    levels: list[int],
+    axis: str = "concurrency",
+    *,
+    stop_at: int | None = None,
+    route_prefix: str = "/",
+    app_name: str = "",
+    deployment_name: str = "",
+) -> dict:
+    return Calibration(
+        import_path, user_config, request, levels, axis, stop_at, route_prefix, app_name, deployment_name
+    ).run()
 
 
 def parse_levels(text: str) -> list[int]:
@@ -580,8 +646,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="fleetdeck_calibrate")
     parser.add_argument("--import-path", required=True, help="module:Class of the deployment")
     parser.add_argument("--user-config", default="null", help="JSON given to reconfigure()")
-    parser.add_argument("--request", default=None, help='the representative request, JSON: {"kind": "http", "method", "path", '
-                                                        '"query", "headers", "body" or "json"} or {"kind": "handle", "args": [...]}')
+    parser.add_argument(
+        "--request",
+        default=None,
+        help='the representative request, JSON: {"kind": "http", "method", "path", '
+        '"query", "headers", "body" or "json"} or {"kind": "handle", "args": [...]}',
+    )
     parser.add_argument("--call", default=None, help="JSON value passed as __call__'s one argument (a handle call)")
     parser.add_argument("--axis", choices=AXES, default="concurrency", help="what the levels count")
     parser.add_argument("--levels", default="1,2,4", help="concurrency levels or token sums, increasing")
@@ -591,9 +661,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deployment-name", default="", help="the deployment, for the replica context")
     try:
         args = parser.parse_args(argv)
-        result = calibrate(args.import_path, json.loads(args.user_config), parse_request(args.request, args.call),
-                           parse_levels(args.levels), args.axis, stop_at=args.stop_at_bytes, route_prefix=args.route_prefix,
-                           app_name=args.app_name, deployment_name=args.deployment_name)
+        result = calibrate(
+            args.import_path,
+            json.loads(args.user_config),
+            parse_request(args.request, args.call),
+            parse_levels(args.levels),
+            args.axis,
+            stop_at=args.stop_at_bytes,
+            route_prefix=args.route_prefix,
+            app_name=args.app_name,
+            deployment_name=args.deployment_name,
+        )
     except Exception as exc:  # noqa: BLE001 - every failure must end in the error line
         traceback.print_exc()
         message = " ".join((str(exc) if isinstance(exc, CalibrationFailed) else f"{type(exc).__name__}: {exc}").split())

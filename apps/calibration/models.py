@@ -20,7 +20,9 @@ class MemoryCalibration(models.Model):
     ACTIVE_STATES = (State.PENDING, State.RUNNING)
 
     # The row outlives its deployment (history, and the wizard matching by name after a re-sync).
-    deployment = models.ForeignKey(Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="calibrations")
+    deployment = models.ForeignKey(
+        Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="calibrations"
+    )
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="calibrations")
     application_name = models.CharField(max_length=200)
     deployment_name = models.CharField(max_length=200)
@@ -45,7 +47,9 @@ class MemoryCalibration(models.Model):
     request = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
     log_tail = models.TextField(blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -100,7 +100,9 @@ def validate_call(call) -> None:
     except (TypeError, ValueError) as exc:
         raise ValidationError("The request argument must be JSON.") from exc
     if size > MAX_CALL_BYTES:
-        raise ValidationError(f"The request argument is {size} bytes of JSON; at most {MAX_CALL_BYTES} fit in the job's command line.")
+        raise ValidationError(
+            f"The request argument is {size} bytes of JSON; at most {MAX_CALL_BYTES} fit in the job's command line."
+        )
 
 
 def validate_request(request) -> dict:
@@ -113,8 +115,10 @@ def validate_request(request) -> dict:
         raise ValidationError(f'The representative request\'s kind must be "http" or "handle", not {kind!r}.')
     unknown = sorted(set(request) - REQUEST_KEYS[kind])
     if unknown:
-        raise ValidationError(f"A{'n' if kind == 'http' else ''} {kind} request has no {', '.join(unknown)}; "
-                              f"it takes {', '.join(sorted(REQUEST_KEYS[kind] - {'kind'}))}.")
+        raise ValidationError(
+            f"A{'n' if kind == 'http' else ''} {kind} request has no {', '.join(unknown)}; "
+            f"it takes {', '.join(sorted(REQUEST_KEYS[kind] - {'kind'}))}."
+        )
     if kind == "handle":
         args = request.get("args", [])
         if not isinstance(args, list):
@@ -126,23 +130,35 @@ def validate_request(request) -> dict:
             raise ValidationError(f"The HTTP method must be one of {', '.join(HTTP_METHODS)}, not {method!r}.")
         path = request.get("path", "/")
         if not isinstance(path, str) or not path.startswith("/") or "?" in path or any(c.isspace() for c in path):
-            raise ValidationError(f"The path must start with / and hold no spaces nor query string, not {path!r}; "
-                                  "give the query string apart.")
+            raise ValidationError(
+                f"The path must start with / and hold no spaces nor query string, not {path!r}; "
+                "give the query string apart."
+            )
         query = request.get("query", "")
         if not isinstance(query, str) or any(c.isspace() for c in query):
             raise ValidationError("The query string must be text without spaces, such as a=1&b=2 (no leading ?).")
         headers = request.get("headers", {}) or {}
-        if not isinstance(headers, dict) or not all(isinstance(k, str) and k.strip() and isinstance(v, str)
-                                                     for k, v in headers.items()):
+        if not isinstance(headers, dict) or not all(
+            isinstance(k, str) and k.strip() and isinstance(v, str) for k, v in headers.items()
+        ):
             raise ValidationError("The headers must be an object of header names to text values.")
-        if any(not name.isascii() or not value.isascii() or "\n" in value or "\r" in value for name, value in headers.items()):
+        if any(
+            not name.isascii() or not value.isascii() or "\n" in value or "\r" in value
+            for name, value in headers.items()
+        ):
             raise ValidationError("Header names and values must be single-line ASCII.")
         if "body" in request and "json" in request:
             raise ValidationError('Give the body as text ("body") or as JSON ("json"), not both.')
         body = request.get("body")
         if body is not None and not isinstance(body, str):
             raise ValidationError('The body must be text; give JSON under "json".')
-        clean = {"kind": "http", "method": method.upper(), "path": path, "query": query.removeprefix("?"), "headers": headers}
+        clean = {
+            "kind": "http",
+            "method": method.upper(),
+            "path": path,
+            "query": query.removeprefix("?"),
+            "headers": headers,
+        }
         if body:
             clean["body"] = body
         if "json" in request:
@@ -152,8 +168,10 @@ def validate_request(request) -> dict:
     except (TypeError, ValueError) as exc:
         raise ValidationError("The representative request must be JSON.") from exc
     if size > MAX_CALL_BYTES:
-        raise ValidationError(f"The representative request is {size} bytes of JSON; at most {MAX_CALL_BYTES} fit in the job's "
-                              "command line.")
+        raise ValidationError(
+            f"The representative request is {size} bytes of JSON; at most {MAX_CALL_BYTES} fit in the job's "
+            "command line."
+        )
     return clean
 
 
@@ -162,7 +180,8 @@ REPRESENTATIVE_REQUEST_HELP = (
     '"query": "a=1", "headers": {...}, "body": "text"} (or "json": {...} instead of body) for a Starlette or FastAPI deployment, '
     'or {"kind": "handle", "args": [...]}. Absent or null: the application\'s first warmup request, else a GET of its route '
     "prefix for its ingress, else a handle call with no arguments. {n} anywhere in the query, body or args is replaced by "
-    "each call's number, so an app that caches its answers computes every one.")
+    "each call's number, so an app that caches its answers computes every one."
+)
 
 
 def default_request(deployment: Deployment, ingress: str | None) -> dict:
@@ -171,12 +190,19 @@ def default_request(deployment: Deployment, ingress: str | None) -> dict:
     the route prefix for the application's ingress, else a handle call without arguments."""
     application = deployment.application
     is_ingress = ingress == deployment.name or (ingress is None and application.deployments.count() == 1)
-    profile = WarmupProfile.objects.filter(application=application).order_by("name", "id").first() if is_ingress else None
+    profile = (
+        WarmupProfile.objects.filter(application=application).order_by("name", "id").first() if is_ingress else None
+    )
     if profile is not None:
         path, _, query = profile.path.partition("?")
         # A profile's path already includes the route prefix (validate_profile insists on it).
-        request = {"kind": "http", "method": profile.method.upper(), "path": path,
-                   "query": query, "headers": dict(profile.headers or {})}
+        request = {
+            "kind": "http",
+            "method": profile.method.upper(),
+            "path": path,
+            "query": query,
+            "headers": dict(profile.headers or {}),
+        }
         if profile.body is not None:
             request["json"] = profile.body
         return validate_request(request)
@@ -189,8 +215,10 @@ def stop_at_bytes(nodes: list[NodeMemory], cluster_name: str) -> int:
     """Node memory used that the job must not cross: on the tightest node it may run on, what is
     used now plus BUDGET_SHARE of the room below Ray's kill threshold."""
     if not nodes:
-        raise ValidationError(f"Cluster {cluster_name} reports no node memory, so a calibration could not be kept below "
-                              "Ray's memory threshold: nothing was calibrated.")
+        raise ValidationError(
+            f"Cluster {cluster_name} reports no node memory, so a calibration could not be kept below "
+            "Ray's memory threshold: nothing was calibrated."
+        )
     stops = []
     for node in nodes:
         used = node.total_bytes - node.available_bytes
@@ -199,17 +227,24 @@ def stop_at_bytes(nodes: list[NodeMemory], cluster_name: str) -> int:
             raise ValidationError(
                 f"Node {node.node_ip or '?'} of {cluster_name} already uses {used / MIB:.0f} MiB of {node.total_bytes / MIB:.0f} "
                 f"MiB, at or past Ray's memory threshold ({RAY_KILL_THRESHOLD:.0%}): a calibration there could only cause an "
-                "OOM kill. Free memory first.")
+                "OOM kill. Free memory first."
+            )
         stops.append(int(used + BUDGET_SHARE * room))
     return min(stops)
 
 
 def _fits(usage: dict[str, tuple[float, float]], needs: dict[str, float]) -> bool:
-    return all(total - used >= amount for resource, amount in needs.items() if amount
-               for used, total in [usage.get(resource, (0.0, 0.0))])
+    return all(
+        total - used >= amount
+        for resource, amount in needs.items()
+        if amount
+        for used, total in [usage.get(resource, (0.0, 0.0))]
+    )
 
 
-def fitting_nodes(usage_by_node: dict[str, dict[str, tuple[float, float]]], needs: dict[str, float], cluster_name: str) -> set[str]:
+def fitting_nodes(
+    usage_by_node: dict[str, dict[str, tuple[float, float]]], needs: dict[str, float], cluster_name: str
+) -> set[str]:
     """IPs of the nodes with `needs` free ("" for a cluster-wide report); none: a clear refusal,
     since the job would wait unscheduled until it timed out."""
     fitting = {ip for ip, usage in usage_by_node.items() if _fits(usage, needs)}
@@ -217,11 +252,18 @@ def fitting_nodes(usage_by_node: dict[str, dict[str, tuple[float, float]]], need
         return fitting
     wanted = " and ".join(f"{amount:g} {resource}" for resource, amount in needs.items() if amount)
     in_use = "; ".join(
-        ", ".join(f"{usage.get(resource, (0.0, 0.0))[0]:g} of {usage.get(resource, (0.0, 0.0))[1]:g} {resource} in use"
-                  for resource, amount in needs.items() if amount) + (f" on {ip}" if ip else "")
-        for ip, usage in usage_by_node.items())
-    raise ValidationError(f"No node of {cluster_name} has {wanted} free for a calibration replica ({in_use}): free some, "
-                          "or calibrate when the cluster is quieter.")
+        ", ".join(
+            f"{usage.get(resource, (0.0, 0.0))[0]:g} of {usage.get(resource, (0.0, 0.0))[1]:g} {resource} in use"
+            for resource, amount in needs.items()
+            if amount
+        )
+        + (f" on {ip}" if ip else "")
+        for ip, usage in usage_by_node.items()
+    )
+    raise ValidationError(
+        f"No node of {cluster_name} has {wanted} free for a calibration replica ({in_use}): free some, "
+        "or calibrate when the cluster is quieter."
+    )
 
 
 def import_target(deployment: Deployment) -> str:
@@ -241,7 +283,11 @@ def job_runtime_env(deployment: Deployment) -> dict | None:
     """The runtime_env the deployment's replicas get, so the job can import the same code:
     the application's, overlaid with the deployment's own (env_vars merged), as Serve does."""
     app_env = (deployment.application.deployed_app_config or {}).get("runtime_env") or {}
-    actor_options = deployment.effective_config.get("ray_actor_options") or deployment.submitted_config.get("ray_actor_options") or {}
+    actor_options = (
+        deployment.effective_config.get("ray_actor_options")
+        or deployment.submitted_config.get("ray_actor_options")
+        or {}
+    )
     own_env = actor_options.get("runtime_env") or {}
     merged = {**app_env, **own_env}
     env_vars = {**(app_env.get("env_vars") or {}), **(own_env.get("env_vars") or {})}
@@ -250,15 +296,37 @@ def job_runtime_env(deployment: Deployment) -> dict | None:
     return merged or None
 
 
-def build_entrypoint(import_path: str, *, user_config, call=None, levels: list[int], axis: str = "concurrency",
-                     python: str | None = None, request: dict | None = None, stop_at_bytes: int | None = None,
-                     route_prefix: str | None = None, app_name: str = "", deployment_name: str = "") -> str:
+def build_entrypoint(
+    import_path: str,
+    *,
+    user_config,
+    call=None,
+    levels: list[int],
+    axis: str = "concurrency",
+    python: str | None = None,
+    request: dict | None = None,
+    stop_at_bytes: int | None = None,
+    route_prefix: str | None = None,
+    app_name: str = "",
+    deployment_name: str = "",
+) -> str:
     """The job's shell command: the measuring script shipped inline, so nothing is installed on the
     cluster beforehand. Every argument is shell-quoted."""
     code = base64.b64encode(JOB_SCRIPT.read_bytes()).decode("ascii")
     loader = f"import base64,sys;exec(compile(base64.b64decode('{code}'),'fleetdeck_calibrate','exec'))"
-    args = [python or _python(), "-c", loader, "--import-path", import_path, "--user-config", json.dumps(user_config),
-            "--axis", axis, "--levels", ",".join(str(k) for k in levels)]
+    args = [
+        python or _python(),
+        "-c",
+        loader,
+        "--import-path",
+        import_path,
+        "--user-config",
+        json.dumps(user_config),
+        "--axis",
+        axis,
+        "--levels",
+        ",".join(str(k) for k in levels),
+    ]
     if call is not None:
         args += ["--call", json.dumps(call)]
     if request is not None:
@@ -279,13 +347,18 @@ def build_entrypoint(import_path: str, *, user_config, call=None, levels: list[i
 
 def _resources(deployment: Deployment) -> dict[str, float]:
     """What one replica of the deployment reserves; Serve's default is one CPU."""
-    actor_options = deployment.effective_config.get("ray_actor_options") or deployment.submitted_config.get("ray_actor_options") or {}
+    actor_options = (
+        deployment.effective_config.get("ray_actor_options")
+        or deployment.submitted_config.get("ray_actor_options")
+        or {}
+    )
     cpus = actor_options.get("num_cpus")
     return {"CPU": float(1 if cpus is None else cpus), "GPU": float(actor_options.get("num_gpus") or 0)}
 
 
-def request_calibration(actor: Actor, deployment: Deployment, *, levels=None, call=None, axis: str = "concurrency",
-                        request=None) -> MemoryCalibration:
+def request_calibration(
+    actor: Actor, deployment: Deployment, *, levels=None, call=None, axis: str = "concurrency", request=None
+) -> MemoryCalibration:
     """Submit a calibration job for `deployment`. The caller checks the operator role.
 
     `axis` "concurrency" runs `levels` concurrent calls of the representative `request` (see
@@ -303,11 +376,15 @@ def request_calibration(actor: Actor, deployment: Deployment, *, levels=None, ca
     axis = validate_axis(axis)
     levels = validate_levels(list(DEFAULTS_BY_AXIS[axis] if levels is None else levels), axis)
     if axis == "token_sum" and (call is not None or request is not None):
-        raise ValidationError("A token_sum calibration calls calibration_batch(token_sum), not the deployment's interface: "
-                              "leave the request empty.")
+        raise ValidationError(
+            "A token_sum calibration calls calibration_batch(token_sum), not the deployment's interface: "
+            "leave the request empty."
+        )
     if call is not None and request is not None:
-        raise ValidationError("Give the representative request or the call argument, not both: a call argument is a handle "
-                              "call with that one argument.")
+        raise ValidationError(
+            "Give the representative request or the call argument, not both: a call argument is a handle "
+            "call with that one argument."
+        )
     validate_call(call)
     if call is not None:
         request = {"kind": "handle", "args": [call]}
@@ -326,29 +403,58 @@ def request_calibration(actor: Actor, deployment: Deployment, *, levels=None, ca
             if request is None and axis == "concurrency":
                 request = default_request(deployment, ray.serve_ingresses().get(application.name))
     except RayUnreachable as exc:
-        raise ValidationError(f"Cluster {cluster.name} is unreachable, so nothing was calibrated: {exc.message}") from exc
+        raise ValidationError(
+            f"Cluster {cluster.name} is unreachable, so nothing was calibrated: {exc.message}"
+        ) from exc
     except RayError as exc:
-        raise ValidationError(f"Cluster {cluster.name} cannot be asked about its free resources and memory, so nothing was "
-                              f"calibrated: {exc.message}") from exc
-    stop_at = stop_at_bytes([node for node in memory if "" in fitting or node.node_ip in fitting] or memory, cluster.name)
+        raise ValidationError(
+            f"Cluster {cluster.name} cannot be asked about its free resources and memory, so nothing was "
+            f"calibrated: {exc.message}"
+        ) from exc
+    stop_at = stop_at_bytes(
+        [node for node in memory if "" in fitting or node.node_ip in fitting] or memory, cluster.name
+    )
     # Without the replica's GPUs reserved the job would land on a node with none and measure host memory.
     cpus, gpus = needs["CPU"], needs["GPU"] or None
-    stored = {"import_path": import_path, "axis": axis, "user_config": user_config, "representative": request, "call": call,
-              "runtime_env": runtime_env, "entrypoint_num_cpus": cpus, "entrypoint_num_gpus": gpus, "stop_at_bytes": stop_at}
+    stored = {
+        "import_path": import_path,
+        "axis": axis,
+        "user_config": user_config,
+        "representative": request,
+        "call": call,
+        "runtime_env": runtime_env,
+        "entrypoint_num_cpus": cpus,
+        "entrypoint_num_gpus": gpus,
+        "stop_at_bytes": stop_at,
+    }
     try:
         with transaction.atomic():
             calibration = MemoryCalibration.objects.create(
-                deployment=deployment, cluster=cluster, application_name=application.name, deployment_name=deployment.name,
-                submission_id=f"fleetdeck-calibration-{secrets.token_hex(6)}", axis=axis, levels=levels, request=stored,
+                deployment=deployment,
+                cluster=cluster,
+                application_name=application.name,
+                deployment_name=deployment.name,
+                submission_id=f"fleetdeck-calibration-{secrets.token_hex(6)}",
+                axis=axis,
+                levels=levels,
+                request=stored,
                 created_by=actor.user,
             )
     except IntegrityError as exc:
         raise ValidationError(
             f"A calibration of {application.name}/{deployment.name} is already running; wait for it to finish."
         ) from exc
-    entrypoint = build_entrypoint(import_path, user_config=user_config, levels=levels, axis=axis, request=request,
-                                  stop_at_bytes=stop_at, route_prefix=application.route_prefix, app_name=application.name,
-                                  deployment_name=deployment.name)
+    entrypoint = build_entrypoint(
+        import_path,
+        user_config=user_config,
+        levels=levels,
+        axis=axis,
+        request=request,
+        stop_at_bytes=stop_at,
+        route_prefix=application.route_prefix,
+        app_name=application.name,
+        deployment_name=deployment.name,
+    )
     try:
         with dashboard_for(cluster) as ray:
             ray.submit_job(
@@ -366,11 +472,24 @@ def request_calibration(actor: Actor, deployment: Deployment, *, levels=None, ca
     except RayError as exc:
         calibration.delete()
         if isinstance(exc, RayUnreachable):
-            raise ValidationError(f"Cluster {cluster.name} is unreachable, so nothing was calibrated: {exc.message}") from exc
+            raise ValidationError(
+                f"Cluster {cluster.name} is unreachable, so nothing was calibrated: {exc.message}"
+            ) from exc
         raise ValidationError(f"Ray refused the calibration job: {exc.message}") from exc
-    record(actor, "calibration.request", calibration, team=cluster.team,
-           changes={"deployment": f"{application.name}/{deployment.name}", "axis": axis, "levels": levels, "call": call,
-                    "request": request, "submission_id": calibration.submission_id})
+    record(
+        actor,
+        "calibration.request",
+        calibration,
+        team=cluster.team,
+        changes={
+            "deployment": f"{application.name}/{deployment.name}",
+            "axis": axis,
+            "levels": levels,
+            "call": call,
+            "request": request,
+            "submission_id": calibration.submission_id,
+        },
+    )
     transaction.on_commit(lambda: _enqueue(calibration.pk))
     return calibration
 
@@ -406,48 +525,78 @@ def poll(calibration_id: int) -> MemoryCalibration | None:
                 ray.stop_job(calibration.submission_id)
     except RayJobNotFound:
         if age_s > UNKNOWN_JOB_GRACE_S or overdue:
-            return _finish(calibration, State.FAILED, error=f"Ray has no job {calibration.submission_id}: the submission never "
-                                                             "reached the cluster, or the cluster restarted since.")
+            return _finish(
+                calibration,
+                State.FAILED,
+                error=f"Ray has no job {calibration.submission_id}: the submission never "
+                "reached the cluster, or the cluster restarted since.",
+            )
         return _reload(calibration)
     except RayError as exc:
         if overdue:
-            return _finish(calibration, State.FAILED,
-                           error=f"No result after {timeout_s():.0f} s, and the cluster cannot be asked: {exc.message}")
+            return _finish(
+                calibration,
+                State.FAILED,
+                error=f"No result after {timeout_s():.0f} s, and the cluster cannot be asked: {exc.message}",
+            )
         return _reload(calibration)
     if not info.is_final:
         if overdue:
-            return _finish(calibration, State.FAILED, error=f"No result after {timeout_s():.0f} s (Ray: {info.status}, "
-                                                             f"{info.message or 'no message'}); the job was stopped.")
+            return _finish(
+                calibration,
+                State.FAILED,
+                error=f"No result after {timeout_s():.0f} s (Ray: {info.status}, "
+                f"{info.message or 'no message'}); the job was stopped.",
+            )
         if info.status == "RUNNING":
             MemoryCalibration.objects.filter(pk=calibration.pk, state=State.PENDING).update(
-                state=State.RUNNING, started_at=_ray_time(info.start_time) or now)
+                state=State.RUNNING, started_at=_ray_time(info.start_time) or now
+            )
         return _reload(calibration)
     return _finish_from_job(calibration, info, logs)
 
 
 def _finish_from_job(calibration: MemoryCalibration, info: JobInfo, logs: str) -> MemoryCalibration:
     tail = logs[-LOG_TAIL_CHARS:]
-    times = {"started_at": _ray_time(info.start_time) or calibration.started_at, "finished_at": _ray_time(info.end_time)}
+    times = {
+        "started_at": _ray_time(info.start_time) or calibration.started_at,
+        "finished_at": _ray_time(info.end_time),
+    }
     if info.status == "SUCCEEDED":
         try:
             result = parse_output(logs)
         except CalibrationOutputError as exc:
-            return _finish(calibration, State.FAILED, error=f"The job ended but left no usable result: {exc}", log_tail=tail, **times)
+            return _finish(
+                calibration,
+                State.FAILED,
+                error=f"The job ended but left no usable result: {exc}",
+                log_tail=tail,
+                **times,
+            )
         if calibration.axis and result["axis"] != calibration.axis:
-            return _finish(calibration, State.FAILED, log_tail=tail, **times,
-                           error=f"The job measured the {result['axis']} axis, but {calibration.axis} was requested.")
+            return _finish(
+                calibration,
+                State.FAILED,
+                log_tail=tail,
+                **times,
+                error=f"The job measured the {result['axis']} axis, but {calibration.axis} was requested.",
+            )
         result["limit_reason"] = result["limit_reason"] or ""
         return _finish(calibration, State.SUCCEEDED, log_tail=tail, **times, **result)
     if info.status == "STOPPED":
         return _finish(calibration, State.STOPPED, error=info.message or "The job was stopped.", log_tail=tail, **times)
     reason = reported_error(logs)
     ray_says = info.message or f"the job {info.status.lower()}"
-    return _finish(calibration, State.FAILED, error=f"{reason} (Ray: {ray_says})" if reason else ray_says, log_tail=tail, **times)
+    return _finish(
+        calibration, State.FAILED, error=f"{reason} (Ray: {ray_says})" if reason else ray_says, log_tail=tail, **times
+    )
 
 
 def _finish(calibration: MemoryCalibration, state: str, **fields) -> MemoryCalibration:
     fields["finished_at"] = fields.get("finished_at") or timezone.now()
-    MemoryCalibration.objects.filter(pk=calibration.pk, state__in=MemoryCalibration.ACTIVE_STATES).update(state=state, **fields)
+    MemoryCalibration.objects.filter(pk=calibration.pk, state__in=MemoryCalibration.ACTIVE_STATES).update(
+        state=state, **fields
+    )
     return _reload(calibration)
 
 
@@ -464,8 +613,11 @@ def stale_ids(now: datetime | None = None) -> list[int]:
     """Unfinished calibrations nobody polled lately (their poll chain was lost)."""
     cutoff = (now or timezone.now()) - timedelta(seconds=stale_after_s())
     unfinished = MemoryCalibration.objects.filter(state__in=MemoryCalibration.ACTIVE_STATES)
-    return list(unfinished.filter(Q(polled_at__lt=cutoff) | Q(polled_at__isnull=True, created_at__lt=cutoff))
-                .order_by("id").values_list("id", flat=True))
+    return list(
+        unfinished.filter(Q(polled_at__lt=cutoff) | Q(polled_at__isnull=True, created_at__lt=cutoff))
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
 
 
 # --- what sizing reads ---------------------------------------------------------------------
@@ -500,8 +652,11 @@ def curve_of(calibration: MemoryCalibration) -> Curve:
         measured_at=calibration.finished_at or calibration.created_at,
         calibration_id=calibration.pk,
         monotone=calibration.monotone is not False,
-        service_s={float(point["x"]): float(point["service_s"]) for point in calibration.points
-                   if point.get("service_s") is not None},
+        service_s={
+            float(point["x"]): float(point["service_s"])
+            for point in calibration.points
+            if point.get("service_s") is not None
+        },
         cold_baseline_bytes=calibration.cold_baseline_bytes,
         limit_reason=calibration.limit_reason or None,
         shape=calibration.shape,

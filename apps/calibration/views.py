@@ -46,9 +46,16 @@ def card_context(request, deployment: Deployment, form: CalibrateForm | None = N
 def _levels(curve: services.Curve, measured) -> list[dict]:
     """One row per measured level, in MiB and seconds."""
     uss = {float(point["x"]): point.get("uss_peak_bytes") for point in measured.points}
-    return [{"x": x, "peak_mib": peak / MIB, "above_mib": (peak - curve.baseline_bytes) / MIB,
-             "uss_mib": uss[x] / MIB if uss.get(x) is not None else None, "service_s": curve.service_s.get(x)}
-            for x, peak in curve.points]
+    return [
+        {
+            "x": x,
+            "peak_mib": peak / MIB,
+            "above_mib": (peak - curve.baseline_bytes) / MIB,
+            "uss_mib": uss[x] / MIB if uss.get(x) is not None else None,
+            "service_s": curve.service_s.get(x),
+        }
+        for x, peak in curve.points
+    ]
 
 
 def _representative(measured) -> str:
@@ -66,7 +73,9 @@ def _chart(curve: services.Curve) -> dict:
 
 
 def _deployment(request, pk: int) -> Deployment:
-    return access.get_visible_or_404(request.user, Deployment.objects.select_related("application__cluster__team"), pk=pk)
+    return access.get_visible_or_404(
+        request.user, Deployment.objects.select_related("application__cluster__team"), pk=pk
+    )
 
 
 @login_required
@@ -86,14 +95,21 @@ def calibrate(request, deployment_pk: int):
     form = CalibrateForm(request.POST)
     if form.is_valid():
         try:
-            calibration = services.request_calibration(Actor.from_request(request), deployment, axis=form.cleaned_data["axis"],
-                                                       levels=form.cleaned_data["levels"], call=form.cleaned_data["call"],
-                                                       request=form.cleaned_data["request"])
+            calibration = services.request_calibration(
+                Actor.from_request(request),
+                deployment,
+                axis=form.cleaned_data["axis"],
+                levels=form.cleaned_data["levels"],
+                call=form.cleaned_data["call"],
+                request=form.cleaned_data["request"],
+            )
         except ValidationError as exc:
             form.add_error(None, exc)
         else:
             if not request.htmx:
-                messages.success(request, f"Calibration #{calibration.pk} submitted as Ray job {calibration.submission_id}.")
+                messages.success(
+                    request, f"Calibration #{calibration.pk} submitted as Ray job {calibration.submission_id}."
+                )
                 return redirect("fleet:deployment", pk=deployment.pk)
             form = None
     if request.htmx:

@@ -24,15 +24,26 @@ class Conflict(APIException):
     default_code = "conflict"
 
 
-
 class PresetSerializer(serializers.ModelSerializer):
     team = VisibleSlugRelatedField(slug_field="slug", queryset=Team.objects.all(), required=False, allow_null=True)
-    remedies = serializers.ListField(child=serializers.CharField(max_length=16), required=False,
-                                     help_text="Playbook remedy ids, e.g. R1, R2.")
+    remedies = serializers.ListField(
+        child=serializers.CharField(max_length=16), required=False, help_text="Playbook remedy ids, e.g. R1, R2."
+    )
 
     class Meta:
         model = Preset
-        fields = ["id", "slug", "name", "description", "options", "remedies", "builtin", "team", "created_at", "updated_at"]
+        fields = [
+            "id",
+            "slug",
+            "name",
+            "description",
+            "options",
+            "remedies",
+            "builtin",
+            "team",
+            "created_at",
+            "updated_at",
+        ]
         read_only_fields = ["slug", "builtin", "created_at", "updated_at"]
 
     def validate_options(self, value):
@@ -43,8 +54,12 @@ class PresetSerializer(serializers.ModelSerializer):
 
 
 class CloneSerializer(serializers.Serializer):
-    team = VisibleSlugRelatedField(slug_field="slug", queryset=Team.objects.all(), help_text="The team that gets the copy.")
-    name = serializers.CharField(max_length=120, required=False, allow_blank=True, help_text="Default: the source's name with (copy).")
+    team = VisibleSlugRelatedField(
+        slug_field="slug", queryset=Team.objects.all(), help_text="The team that gets the copy."
+    )
+    name = serializers.CharField(
+        max_length=120, required=False, allow_blank=True, help_text="Default: the source's name with (copy)."
+    )
 
 
 class PresetViewSet(viewsets.ModelViewSet):
@@ -64,8 +79,12 @@ class PresetViewSet(viewsets.ModelViewSet):
         require_role(self.request, team, Role.OPERATOR, "create presets")
         data = serializer.validated_data
         serializer.instance = presets.create_preset(
-            Actor.from_request(self.request), team=team, name=data["name"], description=data.get("description", ""),
-            options=data["options"], remedies=data.get("remedies", []),
+            Actor.from_request(self.request),
+            team=team,
+            name=data["name"],
+            description=data.get("description", ""),
+            options=data["options"],
+            remedies=data.get("remedies", []),
         )
 
     def perform_update(self, serializer):
@@ -73,7 +92,9 @@ class PresetViewSet(viewsets.ModelViewSet):
         if preset.builtin:
             raise serializers.ValidationError({"detail": ["Built-in presets are read-only; clone one to adapt it."]})
         require_role(self.request, preset.team, Role.OPERATOR, "edit presets")
-        fields = {k: v for k, v in serializer.validated_data.items() if k in ("name", "description", "options", "remedies")}
+        fields = {
+            k: v for k, v in serializer.validated_data.items() if k in ("name", "description", "options", "remedies")
+        }
         presets.update_preset(Actor.from_request(self.request), preset, **fields)
 
     def perform_destroy(self, instance):
@@ -91,7 +112,9 @@ class PresetViewSet(viewsets.ModelViewSet):
         body.is_valid(raise_exception=True)
         team = body.validated_data["team"]
         require_role(request, team, Role.OPERATOR, "create presets")
-        clone = presets.clone_preset(Actor.from_request(request), source, team=team, name=body.validated_data.get("name") or None)
+        clone = presets.clone_preset(
+            Actor.from_request(request), source, team=team, name=body.validated_data.get("name") or None
+        )
         return Response(PresetSerializer(clone).data, status=status.HTTP_201_CREATED)
 
 
@@ -111,9 +134,30 @@ class ChangeSerializer(serializers.ModelSerializer):
     class Meta:
         model = Change
         fields = [
-            "id", "cluster", "cluster_name", "kind", "targets", "patch", "preset", "restores", "reason", "state",
-            "ray_version", "base_hash", "new_hash", "json_patch", "warnings", "drift", "error",
-            "created_by", "applied_by", "created_at", "started_at", "pushed_at", "finished_at", "steps",
+            "id",
+            "cluster",
+            "cluster_name",
+            "kind",
+            "targets",
+            "patch",
+            "preset",
+            "restores",
+            "reason",
+            "state",
+            "ray_version",
+            "base_hash",
+            "new_hash",
+            "json_patch",
+            "warnings",
+            "drift",
+            "error",
+            "created_by",
+            "applied_by",
+            "created_at",
+            "started_at",
+            "pushed_at",
+            "finished_at",
+            "steps",
         ]
         read_only_fields = fields
 
@@ -136,7 +180,9 @@ class PlanSerializer(serializers.Serializer):
     targets = TargetSerializer(many=True, allow_empty=False)
     preset = VisibleSlugRelatedField(slug_field="slug", queryset=Preset.objects.all(), required=False, allow_null=True)
     options = serializers.JSONField(required=False, help_text="Deployment options as an object.")
-    options_text = serializers.CharField(required=False, allow_blank=True, help_text="Deployment options as YAML or JSON text.")
+    options_text = serializers.CharField(
+        required=False, allow_blank=True, help_text="Deployment options as YAML or JSON text."
+    )
     reason = serializers.CharField(max_length=2000)
 
     def validate(self, data):
@@ -149,7 +195,9 @@ class PlanSerializer(serializers.Serializer):
 
 
 class RestoreSerializer(serializers.Serializer):
-    revision = VisiblePrimaryKeyRelatedField(queryset=ConfigRevision.objects.select_related("application", "cluster__team"))
+    revision = VisiblePrimaryKeyRelatedField(
+        queryset=ConfigRevision.objects.select_related("application", "cluster__team")
+    )
     reason = serializers.CharField(max_length=2000)
 
 
@@ -176,8 +224,12 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
         cluster = data["cluster"]
         require_role(request, cluster.team, Role.OPERATOR, "change clusters")
         change = protocol.plan_change(
-            Actor.from_request(request), cluster, targets=data["targets"], reason=data["reason"],
-            options=data.get("options"), preset=data.get("preset"),
+            Actor.from_request(request),
+            cluster,
+            targets=data["targets"],
+            reason=data["reason"],
+            options=data.get("options"),
+            preset=data.get("preset"),
         )
         return Response(ChangeSerializer(self.get_queryset().get(pk=change.pk)).data, status=status.HTTP_201_CREATED)
 
@@ -228,8 +280,10 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
         cluster = revision.cluster
         require_role(request, cluster.team, Role.OPERATOR, "change clusters")
         change = protocol.plan_restore(
-            Actor.from_request(request), cluster,
-            app_configs={revision.application.name: revision.config["submitted"]}, reason=body.validated_data["reason"],
+            Actor.from_request(request),
+            cluster,
+            app_configs={revision.application.name: revision.config["submitted"]},
+            reason=body.validated_data["reason"],
         )
         return Response(ChangeSerializer(self.get_queryset().get(pk=change.pk)).data, status=status.HTTP_201_CREATED)
 
@@ -245,11 +299,26 @@ class RolloutChangeSerializer(serializers.ModelSerializer):
 class RolloutSerializer(serializers.ModelSerializer):
     preset = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
     changes = RolloutChangeSerializer(many=True, read_only=True, help_text="The changes on clusters of your teams.")
-    error = serializers.SerializerMethodField(help_text="Why the rollout stopped, as far as it concerns clusters of your teams.")
+    error = serializers.SerializerMethodField(
+        help_text="Why the rollout stopped, as far as it concerns clusters of your teams."
+    )
 
     class Meta:
         model = Rollout
-        fields = ["id", "reason", "preset", "options", "selection", "state", "current_wave", "error", "created_at", "started_at", "finished_at", "changes"]
+        fields = [
+            "id",
+            "reason",
+            "preset",
+            "options",
+            "selection",
+            "state",
+            "current_wave",
+            "error",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "changes",
+        ]
         read_only_fields = fields
 
     def get_error(self, rollout: Rollout) -> str:
@@ -257,7 +326,9 @@ class RolloutSerializer(serializers.ModelSerializer):
 
 
 class RolloutPlanSerializer(serializers.Serializer):
-    selection = serializers.DictField(help_text="Filters: team, label (key=value), cluster, application, deployment, uses_gpu.")
+    selection = serializers.DictField(
+        help_text="Filters: team, label (key=value), cluster, application, deployment, uses_gpu."
+    )
     preset = VisibleSlugRelatedField(slug_field="slug", queryset=Preset.objects.all(), required=False, allow_null=True)
     options = serializers.JSONField(required=False)
     canary = serializers.CharField(required=False, allow_blank=True, help_text="Cluster name for the first wave.")
@@ -267,7 +338,9 @@ class RolloutPlanSerializer(serializers.Serializer):
         return _with_preset_or_options(data)
 
 
-class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class RolloutViewSet(
+    mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
     """Apply one preset to many deployments across clusters: one change per cluster, a canary
     cluster first, the rest after it verified, stopping at the first failure."""
 
@@ -277,7 +350,9 @@ class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user
             return Rollout.objects.none()
-        return rollouts.seen_by(self.request.user, access.visible(self.request.user, Rollout).select_related("preset")).order_by("-created_at", "-id")
+        return rollouts.seen_by(
+            self.request.user, access.visible(self.request.user, Rollout).select_related("preset")
+        ).order_by("-created_at", "-id")
 
     @extend_schema(request=RolloutPlanSerializer, responses={201: RolloutSerializer})
     def create(self, request, *args, **kwargs):
@@ -286,8 +361,12 @@ class RolloutViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
         body.is_valid(raise_exception=True)
         data = body.validated_data
         rollout = rollouts.plan_rollout(
-            Actor.from_request(request), selection=data["selection"], reason=data["reason"],
-            preset=data.get("preset"), options=data.get("options"), canary=data.get("canary") or None,
+            Actor.from_request(request),
+            selection=data["selection"],
+            reason=data["reason"],
+            preset=data.get("preset"),
+            options=data.get("options"),
+            canary=data.get("canary") or None,
         )
         return Response(RolloutSerializer(self.get_queryset().get(pk=rollout.pk)).data, status=status.HTTP_201_CREATED)
 

@@ -59,7 +59,8 @@ def null_kept() -> dict[str, frozenset[str]]:
 
     def nullable(model, where: str) -> frozenset[str]:
         return frozenset(
-            name for name, info in model.model_fields.items()
+            name
+            for name, info in model.model_fields.items()
             if type(None) in get_args(info.annotation) and (where, name) not in NULL_REPLACED
         )
 
@@ -108,7 +109,9 @@ def unknown_nulls(options: dict) -> list[str]:
             if value is None:
                 paths.append(key)
         elif key == "autoscaling_config" and isinstance(value, dict):
-            paths += [f"{key}.{inner}" for inner, v in value.items() if v is None and inner not in known["autoscaling_config"]]
+            paths += [
+                f"{key}.{inner}" for inner, v in value.items() if v is None and inner not in known["autoscaling_config"]
+            ]
     return paths
 
 

@@ -27,23 +27,37 @@ class OptionsChoice:
 
 class PlanForm(OptionsChoice, forms.Form):
     targets = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple, help_text="Deployments to change.")
-    preset = forms.ModelChoiceField(queryset=Preset.objects.none(), required=False, empty_label="— no preset: edit options below —")
+    preset = forms.ModelChoiceField(
+        queryset=Preset.objects.none(), required=False, empty_label="— no preset: edit options below —"
+    )
     options_text = forms.CharField(
         label="Options (YAML or JSON)",
         required=False,
-        widget=forms.Textarea(attrs={"rows": 8, "class": "mono", "placeholder": "max_ongoing_requests: 2\nautoscaling_config:\n  target_ongoing_requests: 1"}),
+        widget=forms.Textarea(
+            attrs={
+                "rows": 8,
+                "class": "mono",
+                "placeholder": "max_ongoing_requests: 2\nautoscaling_config:\n  target_ongoing_requests: 1",
+            }
+        ),
         help_text=(
             "Only the options to change; dicts such as autoscaling_config are merged into what runs now. null is sent "
             "as null, never as a removal: autoscaling_config: null with num_replicas turns autoscaling off, a user_config "
             "key: null reaches the app as null, and a null Serve refuses or replaces with its own default is refused."
         ),
     )
-    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), help_text="Recorded with the change and in the audit log.")
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}), help_text="Recorded with the change and in the audit log."
+    )
 
     def __init__(self, *args, cluster: Cluster, user, **kwargs):
         super().__init__(*args, **kwargs)
-        deployments = Deployment.objects.filter(application__cluster=cluster, removed_at__isnull=True).select_related("application")
-        self.fields["targets"].choices = [(f"{d.application.name}/{d.name}", f"{d.application.name} / {d.name}") for d in deployments]
+        deployments = Deployment.objects.filter(application__cluster=cluster, removed_at__isnull=True).select_related(
+            "application"
+        )
+        self.fields["targets"].choices = [
+            (f"{d.application.name}/{d.name}", f"{d.application.name} / {d.name}") for d in deployments
+        ]
         self.fields["preset"].queryset = Preset.objects.filter(Q(builtin=True) | Q(team__in=visible_teams(user)))
 
     @property
@@ -52,7 +66,9 @@ class PlanForm(OptionsChoice, forms.Form):
 
 
 class PresetForm(forms.ModelForm):
-    options_text = forms.CharField(label="Options (YAML or JSON)", widget=forms.Textarea(attrs={"rows": 10, "class": "mono"}))
+    options_text = forms.CharField(
+        label="Options (YAML or JSON)", widget=forms.Textarea(attrs={"rows": 10, "class": "mono"})
+    )
 
     class Meta:
         model = Preset
@@ -72,8 +88,12 @@ class PresetForm(forms.ModelForm):
 
 
 class RolloutForm(OptionsChoice, forms.Form):
-    preset = forms.ModelChoiceField(queryset=Preset.objects.none(), required=False, empty_label="— no preset: edit options below —")
-    options_text = forms.CharField(label="Options (YAML or JSON)", required=False, widget=forms.Textarea(attrs={"rows": 5, "class": "mono"}))
+    preset = forms.ModelChoiceField(
+        queryset=Preset.objects.none(), required=False, empty_label="— no preset: edit options below —"
+    )
+    options_text = forms.CharField(
+        label="Options (YAML or JSON)", required=False, widget=forms.Textarea(attrs={"rows": 5, "class": "mono"})
+    )
     team = forms.CharField(required=False, help_text="Team slug.")
     label = forms.CharField(required=False, help_text="Cluster label, key=value or key.")
     application = forms.CharField(required=False, help_text="Application name.")
@@ -87,4 +107,8 @@ class RolloutForm(OptionsChoice, forms.Form):
 
     @property
     def selection(self) -> dict:
-        return {key: self.cleaned_data[key] for key in ("team", "label", "application", "deployment") if self.cleaned_data.get(key)}
+        return {
+            key: self.cleaned_data[key]
+            for key in ("team", "label", "application", "deployment")
+            if self.cleaned_data.get(key)
+        }

@@ -48,11 +48,19 @@ class ChangeState(models.TextChoices):
 
 
 ACTIVE_STATES = [
-    ChangeState.QUEUED, ChangeState.CHECKING, ChangeState.PUSHING, ChangeState.VERIFYING, ChangeState.ROLLING_BACK
+    ChangeState.QUEUED,
+    ChangeState.CHECKING,
+    ChangeState.PUSHING,
+    ChangeState.VERIFYING,
+    ChangeState.ROLLING_BACK,
 ]
 FINAL_STATES = [
-    ChangeState.SUCCEEDED, ChangeState.ROLLED_BACK, ChangeState.DRIFTED, ChangeState.FAILED,
-    ChangeState.ROLLBACK_FAILED, ChangeState.CANCELLED,
+    ChangeState.SUCCEEDED,
+    ChangeState.ROLLED_BACK,
+    ChangeState.DRIFTED,
+    ChangeState.FAILED,
+    ChangeState.ROLLBACK_FAILED,
+    ChangeState.CANCELLED,
 ]
 
 
@@ -74,7 +82,9 @@ class Rollout(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.PLANNED, db_index=True)
     current_wave = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -122,8 +132,12 @@ class Change(models.Model):
     error = models.TextField(blank=True)
     drift = models.JSONField(default=list, blank=True)
 
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    applied_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    applied_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     pushed_at = models.DateTimeField(null=True, blank=True)

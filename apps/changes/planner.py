@@ -11,7 +11,15 @@ from typing import Any
 
 import jsonpatch
 
-from apps.changes.fields import DICT_OPTIONS, OMITTED_WHEN_NULL, autoscaling_defaults, for_version, unknown_fields, unknown_nulls, without_unknown
+from apps.changes.fields import (
+    DICT_OPTIONS,
+    OMITTED_WHEN_NULL,
+    autoscaling_defaults,
+    for_version,
+    unknown_fields,
+    unknown_nulls,
+    without_unknown,
+)
 from apps.changes.validation import conflicts
 from apps.clusters.ray_dashboard import ServeStatus
 from apps.fleet.configs import config_hash, unified_diff
@@ -48,7 +56,9 @@ def live_config(serve: ServeStatus) -> dict:
             "a declarative push would delete them. Redeploy them with a config first."
         )
     config: dict[str, Any] = {
-        "applications": [copy.deepcopy(serve.applications[name].deployed_app_config) for name in sorted(serve.applications)]
+        "applications": [
+            copy.deepcopy(serve.applications[name].deployed_app_config) for name in sorted(serve.applications)
+        ]
     }
     if serve.target_capacity is not None:
         config["target_capacity"] = serve.target_capacity
@@ -64,7 +74,9 @@ def plan_patch(serve: ServeStatus, targets: list[dict], options: dict, ray_versi
     for target in targets:
         app_name, dep_name = target["application"], target["deployment"]
         if app_name not in apps:
-            raise PlanError(f"No application {app_name!r} on this cluster (it has: {', '.join(sorted(apps)) or 'none'}).")
+            raise PlanError(
+                f"No application {app_name!r} on this cluster (it has: {', '.join(sorted(apps)) or 'none'})."
+            )
         observed = serve.applications[app_name].deployments.get(dep_name)
         if observed is None:
             known = ", ".join(sorted(serve.applications[app_name].deployments)) or "none listed right now"
@@ -74,7 +86,10 @@ def plan_patch(serve: ServeStatus, targets: list[dict], options: dict, ray_versi
         if entry is None:
             entry = {"name": dep_name}
             entries.append(entry)
-        warnings += [f"{app_name}/{dep_name}: {problem} (already in its config; left as is)" for problem in unknown_fields({k: v for k, v in entry.items() if k != "name"})]
+        warnings += [
+            f"{app_name}/{dep_name}: {problem} (already in its config; left as is)"
+            for problem in unknown_fields({k: v for k, v in entry.items() if k != "name"})
+        ]
         try:
             merged, notes = merge_options(entry, observed.deployment_config, options)
         except PlanError as exc:
@@ -137,8 +152,11 @@ def merge_options(entry: dict, effective: dict, options: dict) -> tuple[dict, li
     autoscaled = _autoscales(entry, effective)
     removals = unknown_nulls(options)
     # Turning autoscaling off gets a note of its own, below.
-    notes = [f"{path} set to null (sent as null, not removed)." for path in _null_paths(options)
-             if not (autoscaled and path == "autoscaling_config") and path not in removals]
+    notes = [
+        f"{path} set to null (sent as null, not removed)."
+        for path in _null_paths(options)
+        if not (autoscaled and path == "autoscaling_config") and path not in removals
+    ]
     notes += [f"{path} removed: Serve does not know it and ignored it, so a null removes it." for path in removals]
     for key, value in options.items():
         if key in DICT_OPTIONS and isinstance(value, dict):
@@ -162,7 +180,9 @@ def merge_options(entry: dict, effective: dict, options: dict) -> tuple[dict, li
                 "autoscaling_config: null turns autoscaling off, and Serve then runs the replica count the deployment's "
                 "code sets (or 1), which Fleetdeck cannot see. Add num_replicas to say how many replicas it keeps."
             )
-        notes.append(f"autoscaling_config set to null: autoscaling off, num_replicas fixed at {merged['num_replicas']}.")
+        notes.append(
+            f"autoscaling_config set to null: autoscaling off, num_replicas fixed at {merged['num_replicas']}."
+        )
     return merged, notes
 
 
@@ -187,7 +207,11 @@ def resulting_options(effective: dict, entry: dict) -> dict:
     for key, value in entry.items():
         if key == "name":
             continue
-        result[key] = _deep_merge(result[key], value) if isinstance(value, dict) and isinstance(result.get(key), dict) else copy.deepcopy(value)
+        result[key] = (
+            _deep_merge(result[key], value)
+            if isinstance(value, dict) and isinstance(result.get(key), dict)
+            else copy.deepcopy(value)
+        )
     if isinstance(entry.get("autoscaling_config"), dict) and "num_replicas" not in entry:
         result.pop("num_replicas", None)
     if "num_replicas" in entry and "autoscaling_config" not in entry:
@@ -251,7 +275,9 @@ def expected_deployments(new_config: dict, targets: list, kind: str) -> dict[tup
     return wanted
 
 
-def verify(serve: ServeStatus, expected: dict[tuple[str, str], dict], base_deploy_times: dict[str, float | None]) -> Verdict:
+def verify(
+    serve: ServeStatus, expected: dict[tuple[str, str], dict], base_deploy_times: dict[str, float | None]
+) -> Verdict:
     waiting: list[str] = []
     for app_name in sorted({app for app, _ in expected} | set(base_deploy_times)):
         app = serve.applications.get(app_name)

@@ -41,8 +41,13 @@ def create_preset(actor: Actor, *, team: Team, name: str, description: str, opti
     validate_options(options)
     with transaction.atomic():
         preset = Preset.objects.create(
-            slug=_unique_slug(name), name=name, description=description, options=options,
-            remedies=list(remedies), team=team, created_by=actor.user,
+            slug=_unique_slug(name),
+            name=name,
+            description=description,
+            options=options,
+            remedies=list(remedies),
+            team=team,
+            created_by=actor.user,
         )
         record(actor, "preset.create", preset, team=team, changes={"options": options})
     return preset
@@ -66,8 +71,12 @@ def update_preset(actor: Actor, preset: Preset, **fields) -> Preset:
 
 def clone_preset(actor: Actor, preset: Preset, *, team: Team, name: str | None = None) -> Preset:
     return create_preset(
-        actor, team=team, name=name or f"{preset.name} (copy)", description=preset.description,
-        options=dict(preset.options), remedies=preset.remedies,
+        actor,
+        team=team,
+        name=name or f"{preset.name} (copy)",
+        description=preset.description,
+        options=dict(preset.options),
+        remedies=preset.remedies,
     )
 
 

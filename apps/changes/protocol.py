@@ -43,7 +43,13 @@ def _read_live(cluster: Cluster) -> ServeStatus:
 
 
 def plan_change(
-    actor: Actor, cluster: Cluster, *, targets: list[dict], reason: str, options: dict | None = None, preset: Preset | None = None
+    actor: Actor,
+    cluster: Cluster,
+    *,
+    targets: list[dict],
+    reason: str,
+    options: dict | None = None,
+    preset: Preset | None = None,
 ) -> Change:
     if not (reason or "").strip():
         raise ChangeRefused("Say why: every change records its reason.")
@@ -59,7 +65,9 @@ def plan_change(
     return _save_plan(actor, cluster, plan, Change.Kind.PATCH, targets, reason, patch=options, preset=preset)
 
 
-def plan_restore(actor: Actor, cluster: Cluster, *, app_configs: dict[str, dict], reason: str, restores: Change | None = None) -> Change:
+def plan_restore(
+    actor: Actor, cluster: Cluster, *, app_configs: dict[str, dict], reason: str, restores: Change | None = None
+) -> Change:
     if not (reason or "").strip():
         raise ChangeRefused("Say why: every change records its reason.")
     plan = _make_plan(
@@ -87,7 +95,13 @@ def roll_back_change(actor: Actor, change: Change) -> Change:
     through the same protocol, and queue it."""
     before = {app["name"]: app for app in change.base_config.get("applications", [])}
     configs = {name: before[name] for name in change.touched_applications if name in before}
-    restore = plan_restore(actor, change.cluster, app_configs=configs, reason=f"Roll back change #{change.pk}: {change.reason}", restores=change)
+    restore = plan_restore(
+        actor,
+        change.cluster,
+        app_configs=configs,
+        reason=f"Roll back change #{change.pk}: {change.reason}",
+        restores=change,
+    )
     return request_apply(actor, restore)
 
 
@@ -108,8 +122,17 @@ def _save_plan(actor, cluster, plan, kind, targets, reason, **extra) -> Change:
             created_by=actor.user,
             **extra,
         )
-        _step(change, f"Planned against live config {plan.base_hash[:12]}: {len(plan.json_patch)} JSON Patch operation(s).")
-        record(actor, "change.plan", change, team=cluster.team, changes={"reason": change.reason, "targets": targets, "kind": kind})
+        _step(
+            change,
+            f"Planned against live config {plan.base_hash[:12]}: {len(plan.json_patch)} JSON Patch operation(s).",
+        )
+        record(
+            actor,
+            "change.plan",
+            change,
+            team=cluster.team,
+            changes={"reason": change.reason, "targets": targets, "kind": kind},
+        )
     return change
 
 
@@ -139,7 +162,9 @@ def request_apply(actor: Actor, change: Change) -> Change:
 
 
 def cancel(actor: Actor, change: Change) -> Change:
-    if not Change.objects.filter(pk=change.pk, state=ChangeState.PLANNED).update(state=ChangeState.CANCELLED, finished_at=timezone.now()):
+    if not Change.objects.filter(pk=change.pk, state=ChangeState.PLANNED).update(
+        state=ChangeState.CANCELLED, finished_at=timezone.now()
+    ):
         raise ChangeRefused("Only a planned change can be cancelled.")
     change.refresh_from_db()
     _step(change, f"Cancelled by {actor.name}.")
@@ -159,7 +184,11 @@ def run(change_id: int) -> None:
         live = _read_live(change.cluster)
         current = planner.live_config(live)
     except (RayError, planner.PlanError) as exc:
-        return _finish(change, ChangeState.FAILED, f"Could not re-read the cluster before pushing: {_message(exc)} Nothing was pushed.")
+        return _finish(
+            change,
+            ChangeState.FAILED,
+            f"Could not re-read the cluster before pushing: {_message(exc)} Nothing was pushed.",
+        )
     if config_hash(current) != change.base_hash:
         change.drift = unified_diff(change.base_config, current, old_label="planned against", new_label="live now")
         change.save(update_fields=["drift"])
@@ -171,7 +200,11 @@ def run(change_id: int) -> None:
     dropped = planner.dropped_applications(current, change.new_config, named=set())
     if dropped:
         return _finish(change, ChangeState.FAILED, f"Refused: the push would delete {', '.join(dropped)}.")
-    change.base_deploy_times = {name: live.applications[name].last_deployed_time_s for name in change.touched_applications if name in live.applications}
+    change.base_deploy_times = {
+        name: live.applications[name].last_deployed_time_s
+        for name in change.touched_applications
+        if name in live.applications
+    }
     change.save(update_fields=["base_deploy_times"])
     _push_and_verify(change)
 
@@ -193,7 +226,9 @@ def _push_and_verify(change: Change) -> None:
     # Only the RayService writer raises these (a cluster whose config a KubeRay RayService owns).
     except KubeConflict as exc:
         # serveConfigV2 changed since the plan, or kept changing under the writer: nothing was written.
-        return _finish(change, ChangeState.DRIFTED, f"{exc.message} The RayService changed outside this change: re-plan.")
+        return _finish(
+            change, ChangeState.DRIFTED, f"{exc.message} The RayService changed outside this change: re-plan."
+        )
     except (KubeError, ServeConfigError) as exc:
         # As with a Ray timeout, a patch whose answer was lost may have landed: only a read-back
         # without the new config lets the change end as "nothing changed".
@@ -210,8 +245,12 @@ def _verify_or_roll_back(change: Change) -> None:
     expected = planner.expected_deployments(change.new_config, change.targets, change.kind)
     verdict = _wait(change, expected, change.base_deploy_times)
     if verdict.done:
-        return _finish(change, ChangeState.SUCCEEDED, "Verified: applications RUNNING, effective configs hold the new values.")
-    why = verdict.failure or f"Not verified within {settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S} s: " + "; ".join(verdict.waiting_for)
+        return _finish(
+            change, ChangeState.SUCCEEDED, "Verified: applications RUNNING, effective configs hold the new values."
+        )
+    why = verdict.failure or f"Not verified within {settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S} s: " + "; ".join(
+        verdict.waiting_for
+    )
     roll_back(change, why)
 
 
@@ -221,7 +260,11 @@ def roll_back(change: Change, why: str) -> None:
     change.save(update_fields=["error"])
     try:
         live = _read_live(change.cluster)
-        times = {name: live.applications[name].last_deployed_time_s for name in change.touched_applications if name in live.applications}
+        times = {
+            name: live.applications[name].last_deployed_time_s
+            for name in change.touched_applications
+            if name in live.applications
+        }
     except RayError:
         # The base config goes back even when the cluster cannot be read now; verification then
         # goes by statuses and effective configs alone, without Ray's deploy stamps.
@@ -229,12 +272,19 @@ def roll_back(change: Change, why: str) -> None:
     try:
         writer_for(change.cluster).push(change.base_config)
     except (RayError, KubeError, ServeConfigError, WriterUnavailable) as exc:
-        return _finish(change, ChangeState.ROLLBACK_FAILED, f"{why}\nThe rollback push failed too: {_message(exc)}", error=True)
+        return _finish(
+            change, ChangeState.ROLLBACK_FAILED, f"{why}\nThe rollback push failed too: {_message(exc)}", error=True
+        )
     expected = planner.expected_deployments(change.base_config, change.touched_applications, Change.Kind.RESTORE)
     verdict = _wait(change, expected, times)
     if verdict.done:
         return _finish(change, ChangeState.ROLLED_BACK, "Rolled back: the base config runs again.", error=True)
-    _finish(change, ChangeState.ROLLBACK_FAILED, f"{why}\nThe rollback was not verified: {verdict.failure or '; '.join(verdict.waiting_for)}", error=True)
+    _finish(
+        change,
+        ChangeState.ROLLBACK_FAILED,
+        f"{why}\nThe rollback was not verified: {verdict.failure or '; '.join(verdict.waiting_for)}",
+        error=True,
+    )
 
 
 def _wait(change: Change, expected: dict, base_deploy_times: dict) -> planner.Verdict:
@@ -274,11 +324,16 @@ def reconcile(change_id: int) -> None:
     if change is None:
         return
     # Claim: only one reconciler acts, and only if the worker is really silent.
-    if not Change.objects.filter(pk=change.pk, state=change.state, heartbeat_at__lt=cutoff).update(heartbeat_at=timezone.now()):
+    if not Change.objects.filter(pk=change.pk, state=change.state, heartbeat_at__lt=cutoff).update(
+        heartbeat_at=timezone.now()
+    ):
         return
     prefix = f"Reconciler: the worker stopped during '{change.get_state_display().lower()}'"
     if change.state == ChangeState.QUEUED:
-        _step(change, f"Reconciler: no worker took this change up within {settings.FLEETDECK_CHANGE_STALE_S} s; sent to the workers again.")
+        _step(
+            change,
+            f"Reconciler: no worker took this change up within {settings.FLEETDECK_CHANGE_STALE_S} s; sent to the workers again.",
+        )
         return _enqueue("changes.run", change.pk)
     if change.state == ChangeState.CHECKING:
         Change.objects.filter(pk=change.pk).update(state=ChangeState.QUEUED)
@@ -288,11 +343,16 @@ def reconcile(change_id: int) -> None:
         return roll_back(change, f"{prefix}; resuming the rollback. {change.error}")
     live = _live_hash(change)
     if live == change.base_hash:
-        return _finish(change, ChangeState.FAILED, f"{prefix}; the cluster still runs the base config, so nothing changed.")
+        return _finish(
+            change, ChangeState.FAILED, f"{prefix}; the cluster still runs the base config, so nothing changed."
+        )
     if live == change.new_hash:
         _step(change, f"{prefix}; the cluster runs the new config, resuming verification.")
         return _verify_or_roll_back(change)
-    roll_back(change, f"{prefix}; the cluster runs neither the base nor the new config ({live[:12] if live else 'unreadable'}).")
+    roll_back(
+        change,
+        f"{prefix}; the cluster runs neither the base nor the new config ({live[:12] if live else 'unreadable'}).",
+    )
 
 
 def _live_hash(change: Change) -> str:

@@ -59,7 +59,8 @@ def select_deployments(user, selection: dict) -> dict[Cluster, list[dict]]:
     if unknown:
         raise ValidationError(f"Unknown filter(s): {', '.join(sorted(unknown))}. Use {', '.join(SELECTION_KEYS)}.")
     deployments = Deployment.objects.filter(
-        removed_at__isnull=True, application__removed_at__isnull=True,
+        removed_at__isnull=True,
+        application__removed_at__isnull=True,
         application__cluster__team__in=teams_where(user, Role.OPERATOR),
     ).select_related("application__cluster")
     if selection.get("team"):
@@ -68,21 +69,37 @@ def select_deployments(user, selection: dict) -> dict[Cluster, list[dict]]:
         deployments = deployments.filter(application__cluster__name=selection["cluster"])
     if selection.get("label"):
         key, _, value = str(selection["label"]).partition("=")
-        lookup = {f"application__cluster__labels__{key.strip()}": value.strip()} if value else {"application__cluster__labels__has_key": key.strip()}
+        lookup = (
+            {f"application__cluster__labels__{key.strip()}": value.strip()}
+            if value
+            else {"application__cluster__labels__has_key": key.strip()}
+        )
         deployments = deployments.filter(**lookup)
     if selection.get("application"):
         deployments = deployments.filter(application__name=selection["application"])
     if selection.get("deployment"):
         deployments = deployments.filter(name=selection["deployment"])
     if selection.get("uses_gpu") is not None:
-        deployments = deployments.filter(num_gpus__gt=0) if selection["uses_gpu"] else deployments.exclude(num_gpus__gt=0)
+        deployments = (
+            deployments.filter(num_gpus__gt=0) if selection["uses_gpu"] else deployments.exclude(num_gpus__gt=0)
+        )
     grouped: dict[Cluster, list[dict]] = {}
     for dep in deployments.order_by("application__cluster__name", "application__name", "name"):
-        grouped.setdefault(dep.application.cluster, []).append({"application": dep.application.name, "deployment": dep.name})
+        grouped.setdefault(dep.application.cluster, []).append(
+            {"application": dep.application.name, "deployment": dep.name}
+        )
     return grouped
 
 
-def plan_rollout(actor: Actor, *, selection: dict, reason: str, preset: Preset | None = None, options: dict | None = None, canary: str | None = None) -> Rollout:
+def plan_rollout(
+    actor: Actor,
+    *,
+    selection: dict,
+    reason: str,
+    preset: Preset | None = None,
+    options: dict | None = None,
+    canary: str | None = None,
+) -> Rollout:
     options = preset_or_options(preset, options)
     validate_options(options)
     grouped = select_deployments(actor.user, selection)
@@ -93,22 +110,33 @@ def plan_rollout(actor: Actor, *, selection: dict, reason: str, preset: Preset |
         raise ValidationError(f"The canary cluster {canary!r} has no matching deployment.")
     problems: list[str] = []
     with transaction.atomic():
-        rollout = Rollout.objects.create(reason=reason, preset=preset, options=options, selection=selection, created_by=actor.user)
+        rollout = Rollout.objects.create(
+            reason=reason, preset=preset, options=options, selection=selection, created_by=actor.user
+        )
         for index, cluster in enumerate(clusters):
             try:
-                change = protocol.plan_change(actor, cluster, targets=grouped[cluster], reason=f"Rollout #{rollout.pk}: {reason}", options=options)
+                change = protocol.plan_change(
+                    actor, cluster, targets=grouped[cluster], reason=f"Rollout #{rollout.pk}: {reason}", options=options
+                )
             except ValidationError as exc:
                 problems.append(f"{cluster.name}: {' '.join(exc.messages)}")
                 continue
             Change.objects.filter(pk=change.pk).update(rollout=rollout, wave=0 if index == 0 else 1)
         if problems:
             raise ValidationError(["The rollout cannot be planned:"] + problems)
-        record(actor, "rollout.plan", rollout, changes={"reason": reason, "selection": selection, "clusters": [c.name for c in clusters]})
+        record(
+            actor,
+            "rollout.plan",
+            rollout,
+            changes={"reason": reason, "selection": selection, "clusters": [c.name for c in clusters]},
+        )
     return rollout
 
 
 def start(actor: Actor, rollout: Rollout) -> Rollout:
-    if not Rollout.objects.filter(pk=rollout.pk, state=Rollout.State.PLANNED).update(state=Rollout.State.RUNNING, started_at=timezone.now()):
+    if not Rollout.objects.filter(pk=rollout.pk, state=Rollout.State.PLANNED).update(
+        state=Rollout.State.RUNNING, started_at=timezone.now()
+    ):
         raise ValidationError("Only a planned rollout can be started.")
     rollout.refresh_from_db()
     record(actor, "rollout.start", rollout, changes={"reason": rollout.reason})
@@ -141,10 +169,14 @@ def advance(rollout_id: int) -> None:
         return
     failed = [c for c in wave if c.is_final and c.state != ChangeState.SUCCEEDED]
     if failed:
-        return _stop(rollout, "; ".join(f"{c.cluster.name}: change #{c.pk} {c.get_state_display().lower()}" for c in failed))
+        return _stop(
+            rollout, "; ".join(f"{c.cluster.name}: change #{c.pk} {c.get_state_display().lower()}" for c in failed)
+        )
     next_wave = rollout.current_wave + 1
     if not _all_changes(rollout).filter(wave=next_wave).exists():
-        Rollout.objects.filter(pk=rollout.pk, state=Rollout.State.RUNNING).update(state=Rollout.State.SUCCEEDED, finished_at=timezone.now())
+        Rollout.objects.filter(pk=rollout.pk, state=Rollout.State.RUNNING).update(
+            state=Rollout.State.SUCCEEDED, finished_at=timezone.now()
+        )
         return
     if Rollout.objects.filter(pk=rollout.pk, current_wave=rollout.current_wave).update(current_wave=next_wave):
         _apply_wave(Actor.system(), rollout, next_wave)

@@ -71,7 +71,9 @@ def null_problems(options: dict) -> list[str]:
                 if inner_value is None and inner not in kept[key] and not unknown:
                     problems.append(_null_refused(path, key, inner))
                 elif isinstance(inner_value, dict) and _has_null(inner_value):
-                    problems.append(f"{path}: Serve takes no null inside it. A null is sent as null, never as a removal.")
+                    problems.append(
+                        f"{path}: Serve takes no null inside it. A null is sent as null, never as a removal."
+                    )
     return problems
 
 
@@ -88,7 +90,8 @@ def _has_null(value: dict) -> bool:
 def _without_nulls(options: dict) -> dict:
     return {
         key: (_without_nulls(value) if isinstance(value, dict) and key != "user_config" else value)
-        for key, value in options.items() if value is not None
+        for key, value in options.items()
+        if value is not None
     }
 
 
@@ -113,7 +116,9 @@ def conflicts(options: dict) -> list[str]:
     autoscaling = options.get("autoscaling_config")
     replicas = options.get("num_replicas")
     if isinstance(autoscaling, dict) and isinstance(replicas, int):
-        found.append("num_replicas and autoscaling_config exclude each other: Serve refuses a fixed count with autoscaling.")
+        found.append(
+            "num_replicas and autoscaling_config exclude each other: Serve refuses a fixed count with autoscaling."
+        )
     if isinstance(autoscaling, dict):
         target = autoscaling.get("target_ongoing_requests")
         cap = options.get("max_ongoing_requests")

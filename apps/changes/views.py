@@ -42,14 +42,22 @@ def change_list(request):
 def plan(request, cluster_pk: int):
     cluster = access.get_for(request.user, Cluster.objects.select_related("team"), Role.OPERATOR, pk=cluster_pk)
     # "Plan this fix" links arrive with the targets, options and reason filled in.
-    initial = {"targets": request.GET.getlist("target"), "options_text": request.GET.get("options", ""), "reason": request.GET.get("reason", "")}
+    initial = {
+        "targets": request.GET.getlist("target"),
+        "options_text": request.GET.get("options", ""),
+        "reason": request.GET.get("reason", ""),
+    }
     form = PlanForm(request.POST or None, cluster=cluster, user=request.user, initial=initial)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
             change = protocol.plan_change(
-                Actor.from_request(request), cluster, targets=form.target_list, reason=data["reason"],
-                options=data["options_text"], preset=data["preset"],
+                Actor.from_request(request),
+                cluster,
+                targets=form.target_list,
+                reason=data["reason"],
+                options=data["options_text"],
+                preset=data["preset"],
             )
         except ValidationError as exc:
             form.add_error(None, exc)
@@ -93,7 +101,11 @@ def preset_list(request):
     items = access.visible(request.user, Preset).select_related("team")
     for preset in items:
         preset.options_yaml = yaml.safe_dump(preset.options, sort_keys=False)
-    return render(request, "changes/preset_list.html", {"presets": items, "can_create": teams_where(request.user, Role.OPERATOR).exists()})
+    return render(
+        request,
+        "changes/preset_list.html",
+        {"presets": items, "can_create": teams_where(request.user, Role.OPERATOR).exists()},
+    )
 
 
 def _preset_form_view(request, preset: Preset | None):
@@ -105,9 +117,22 @@ def _preset_form_view(request, preset: Preset | None):
         data = form.cleaned_data
         actor = Actor.from_request(request)
         if preset is None:
-            presets.create_preset(actor, team=data["team"], name=data["name"], description=data["description"], options=data["options_text"])
+            presets.create_preset(
+                actor,
+                team=data["team"],
+                name=data["name"],
+                description=data["description"],
+                options=data["options_text"],
+            )
         else:
-            presets.update_preset(actor, preset, name=data["name"], description=data["description"], options=data["options_text"], team=data["team"])
+            presets.update_preset(
+                actor,
+                preset,
+                name=data["name"],
+                description=data["description"],
+                options=data["options_text"],
+                team=data["team"],
+            )
         return redirect("changes:presets")
     return render(request, "changes/preset_form.html", {"form": form, "preset": preset})
 
@@ -145,7 +170,9 @@ def preset_delete(request, pk: int):
 
 @login_required
 def rollout_list(request):
-    page = Paginator(access.visible(request.user, Rollout).order_by("-created_at", "-id"), 50).get_page(request.GET.get("page"))
+    page = Paginator(access.visible(request.user, Rollout).order_by("-created_at", "-id"), 50).get_page(
+        request.GET.get("page")
+    )
     return render(request, "changes/rollout_list.html", {"page": page, "can_plan": rollouts.may_plan(request.user)})
 
 
@@ -157,8 +184,12 @@ def rollout_create(request):
         data = form.cleaned_data
         try:
             rollout = rollouts.plan_rollout(
-                Actor.from_request(request), selection=form.selection, reason=data["reason"],
-                preset=data["preset"], options=data["options_text"], canary=data["canary"] or None,
+                Actor.from_request(request),
+                selection=form.selection,
+                reason=data["reason"],
+                preset=data["preset"],
+                options=data["options_text"],
+                canary=data["canary"] or None,
             )
         except ValidationError as exc:
             form.add_error(None, exc)
@@ -173,7 +204,11 @@ def rollout_detail(request, pk: int):
     can_run = rollouts.may_run(request.user, rollout)
     hidden = rollout.change_total - len(rollout.changes.all())
     template = "changes/partials/rollout_progress.html" if request.htmx else "changes/rollout_detail.html"
-    return render(request, template, {"rollout": rollout, "can_run": can_run, "hidden": hidden, "error": rollouts.error_seen_by(rollout)})
+    return render(
+        request,
+        template,
+        {"rollout": rollout, "can_run": can_run, "hidden": hidden, "error": rollouts.error_seen_by(rollout)},
+    )
 
 
 @login_required
@@ -196,11 +231,19 @@ def rollout_action(request, pk: int, action: str):
 def restore_revision(request, pk: int):
     from apps.fleet.models import ConfigRevision
 
-    revision = access.get_for(request.user, ConfigRevision.objects.select_related("application", "cluster__team"), Role.OPERATOR, pk=pk)
-    reason = request.POST.get("reason", "").strip() or f"Restore {revision.application.name} to revision {revision.config_hash[:12]}"
+    revision = access.get_for(
+        request.user, ConfigRevision.objects.select_related("application", "cluster__team"), Role.OPERATOR, pk=pk
+    )
+    reason = (
+        request.POST.get("reason", "").strip()
+        or f"Restore {revision.application.name} to revision {revision.config_hash[:12]}"
+    )
     try:
         change = protocol.plan_restore(
-            Actor.from_request(request), revision.cluster, app_configs={revision.application.name: revision.config["submitted"]}, reason=reason
+            Actor.from_request(request),
+            revision.cluster,
+            app_configs={revision.application.name: revision.config["submitted"]},
+            reason=reason,
         )
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))

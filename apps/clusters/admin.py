@@ -32,18 +32,27 @@ class EgressRuleAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request, extra_context=None):
         if settings.FLEETDECK_CLUSTER_NETWORKS:
-            messages.info(request, "Also allowed by FLEETDECK_CLUSTER_NETWORKS: " + ", ".join(settings.FLEETDECK_CLUSTER_NETWORKS))
+            messages.info(
+                request, "Also allowed by FLEETDECK_CLUSTER_NETWORKS: " + ", ".join(settings.FLEETDECK_CLUSTER_NETWORKS)
+            )
         elif not EgressRule.objects.exists():
-            messages.warning(request, "The allow-list is empty: Fleetdeck may call any address except link-local and "
-                                      "cloud-metadata ones. Add the networks and hosts your clusters live on to close it.")
+            messages.warning(
+                request,
+                "The allow-list is empty: Fleetdeck may call any address except link-local and "
+                "cloud-metadata ones. Add the networks and hosts your clusters live on to close it.",
+            )
         return super().changelist_view(request, extra_context)
 
     def save_model(self, request, obj, form, change):
         if not change:
             obj.created_by = request.user
         super().save_model(request, obj, form, change)
-        record(Actor.from_request(request, via="admin"), "egress_rule.change" if change else "egress_rule.add", obj,
-               changes={"kind": obj.kind, "value": obj.value, "note": obj.note})
+        record(
+            Actor.from_request(request, via="admin"),
+            "egress_rule.change" if change else "egress_rule.add",
+            obj,
+            changes={"kind": obj.kind, "value": obj.value, "note": obj.note},
+        )
 
     def delete_model(self, request, obj):
         self._record_removal(request, obj)
@@ -55,5 +64,9 @@ class EgressRuleAdmin(admin.ModelAdmin):
         super().delete_queryset(request, queryset)
 
     def _record_removal(self, request, obj):
-        record(Actor.from_request(request, via="admin"), "egress_rule.delete", obj,
-               changes={"kind": obj.kind, "value": obj.value})
+        record(
+            Actor.from_request(request, via="admin"),
+            "egress_rule.delete",
+            obj,
+            changes={"kind": obj.kind, "value": obj.value},
+        )

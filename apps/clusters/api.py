@@ -37,15 +37,41 @@ class ClusterSerializer(serializers.ModelSerializer):
     class Meta:
         model = Cluster
         fields = [
-            "id", *EDITABLE_FIELDS, "has_token", "ray_version", "ray_commit", "session_name", "auth_mode", "dashboard_auth_enabled",
-            "serve_running", "serve_http_port", "reachability", "last_error", "last_error_at",
-            "last_sync_at", "last_sync_duration_ms", "sync_requested_at", "sync_pending",
-            "application_count", "deployment_count", "created_at",
+            "id",
+            *EDITABLE_FIELDS,
+            "has_token",
+            "ray_version",
+            "ray_commit",
+            "session_name",
+            "auth_mode",
+            "dashboard_auth_enabled",
+            "serve_running",
+            "serve_http_port",
+            "reachability",
+            "last_error",
+            "last_error_at",
+            "last_sync_at",
+            "last_sync_duration_ms",
+            "sync_requested_at",
+            "sync_pending",
+            "application_count",
+            "deployment_count",
+            "created_at",
         ]
         read_only_fields = [
-            "ray_version", "ray_commit", "session_name", "auth_mode", "serve_running", "serve_http_port",
-            "reachability", "last_error", "last_error_at", "last_sync_at", "last_sync_duration_ms",
-            "sync_requested_at", "created_at",
+            "ray_version",
+            "ray_commit",
+            "session_name",
+            "auth_mode",
+            "serve_running",
+            "serve_http_port",
+            "reachability",
+            "last_error",
+            "last_error_at",
+            "last_sync_at",
+            "last_sync_duration_ms",
+            "sync_requested_at",
+            "created_at",
         ]
 
     def validate_dashboard_url(self, value: str) -> str:
@@ -145,7 +171,9 @@ class ClusterViewSet(
         cluster = self.get_object()
         require_role(request, cluster.team, Role.OPERATOR, "sync clusters")
         services.request_sync(Actor.from_request(request), cluster)
-        return Response(self.get_serializer(self.get_queryset().get(pk=cluster.pk)).data, status=status.HTTP_202_ACCEPTED)
+        return Response(
+            self.get_serializer(self.get_queryset().get(pk=cluster.pk)).data, status=status.HTTP_202_ACCEPTED
+        )
 
     @extend_schema(responses={200: OpenApiResponse(ClusterEventSerializer(many=True))})
     @action(detail=True, methods=["get"])

@@ -12,5 +12,9 @@ class ClustersConfig(AppConfig):
 
         # This process sees an allow-list edit at once; others within network_policy.CACHE_S.
         for signal in (post_save, post_delete):
-            signal.connect(lambda **kwargs: network_policy.forget(), sender=EgressRule, weak=False,
-                           dispatch_uid=f"egress-rules-{signal is post_save}")
+            signal.connect(
+                lambda **kwargs: network_policy.forget(),
+                sender=EgressRule,
+                weak=False,
+                dispatch_uid=f"egress-rules-{signal is post_save}",
+            )

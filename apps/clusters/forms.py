@@ -39,21 +39,29 @@ class ClusterForm(forms.Form):
         help_text="A cluster whose config a KubeRay RayService owns is never pushed through the dashboard.",
     )
     metrics_url = forms.CharField(
-        label="Metrics URL", required=False, max_length=300,
+        label="Metrics URL",
+        required=False,
+        max_length=300,
         help_text="Ray's Prometheus endpoint (--metrics-export-port), e.g. http://ray-head:8080/metrics. Adds memory and error evidence to incidents.",
     )
     prometheus_url = forms.CharField(
-        label="Prometheus URL", required=False, max_length=300,
+        label="Prometheus URL",
+        required=False,
+        max_length=300,
         help_text="A Prometheus server that scrapes this cluster, e.g. http://prometheus:9090. Read instead of the metrics URL when set.",
     )
     prometheus_selector = forms.CharField(
-        label="Prometheus selector", required=False, max_length=300,
+        label="Prometheus selector",
+        required=False,
+        max_length=300,
         widget=forms.TextInput(attrs={"placeholder": 'cluster="gpu-prod"'}),
         help_text='A PromQL label matcher, such as cluster="gpu-prod", that selects this cluster\'s series in that '
-                  "Prometheus; several are separated by commas, without braces.",
+        "Prometheus; several are separated by commas, without braces.",
     )
     serve_url = forms.CharField(
-        label="Serve HTTP URL", required=False, max_length=300,
+        label="Serve HTTP URL",
+        required=False,
+        max_length=300,
         help_text="Where warmups send requests; empty: the dashboard host on Serve's HTTP port.",
     )
     labels = forms.CharField(

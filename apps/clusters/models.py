@@ -35,7 +35,8 @@ class ClusterQuerySet(models.QuerySet):
         return self.annotate(
             application_count=live(Application.objects.filter(removed_at__isnull=True), "cluster"),
             deployment_count=live(
-                Deployment.objects.filter(removed_at__isnull=True, application__removed_at__isnull=True), "application__cluster"
+                Deployment.objects.filter(removed_at__isnull=True, application__removed_at__isnull=True),
+                "application__cluster",
             ),
         )
 
@@ -49,8 +50,16 @@ class ClusterQuerySet(models.QuerySet):
 # lose a field the others keep (the form had lost the Prometheus pair). `name` is set once, at
 # registration; `token` is stored encrypted, as token_ciphertext.
 EDITABLE_FIELDS = (
-    "name", "team", "dashboard_url", "token", "serve_config_owner",
-    "metrics_url", "prometheus_url", "prometheus_selector", "serve_url", "labels",
+    "name",
+    "team",
+    "dashboard_url",
+    "token",
+    "serve_config_owner",
+    "metrics_url",
+    "prometheus_url",
+    "prometheus_selector",
+    "serve_url",
+    "labels",
 )
 UPDATABLE_FIELDS = tuple(field for field in EDITABLE_FIELDS if field != "name")
 
@@ -79,19 +88,30 @@ class Cluster(models.Model):
 
     serve_config_owner = models.CharField(max_length=16, choices=ConfigOwner.choices, default=ConfigOwner.DASHBOARD)
     metrics_url = models.URLField(
-        max_length=300, blank=True, help_text="Ray's Prometheus metrics endpoint (--metrics-export-port), e.g. http://head:8080/metrics."
+        max_length=300,
+        blank=True,
+        help_text="Ray's Prometheus metrics endpoint (--metrics-export-port), e.g. http://head:8080/metrics.",
     )
     prometheus_url = models.URLField(
-        max_length=300, blank=True, help_text="A Prometheus that scrapes this cluster; preferred over the metrics URL when set."
+        max_length=300,
+        blank=True,
+        help_text="A Prometheus that scrapes this cluster; preferred over the metrics URL when set.",
     )
     prometheus_selector = models.CharField(
-        max_length=300, blank=True, validators=[RegexValidator(
-            r'^(\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"]*"\s*)(,\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"]*"\s*)*$',
-            'Label matchers such as cluster="vision-prod", without braces.')],
+        max_length=300,
+        blank=True,
+        validators=[
+            RegexValidator(
+                r'^(\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"]*"\s*)(,\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"]*"\s*)*$',
+                'Label matchers such as cluster="vision-prod", without braces.',
+            )
+        ],
         help_text='Label matchers that pick this cluster\'s series in Prometheus, e.g. cluster="vision-prod".',
     )
     serve_url = models.URLField(
-        max_length=300, blank=True, help_text="Serve's HTTP endpoint for warmups; empty: the dashboard host on Serve's HTTP port."
+        max_length=300,
+        blank=True,
+        help_text="Serve's HTTP endpoint for warmups; empty: the dashboard host on Serve's HTTP port.",
     )
 
     ray_version = models.CharField(max_length=32, blank=True)
@@ -187,11 +207,14 @@ class EgressRule(models.Model):
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
     value = models.CharField(
-        max_length=253, unique=True,
+        max_length=253,
+        unique=True,
         help_text="A network such as 10.20.0.0/16, or a host name such as ray.prod.example or *.prod.example.",
     )
     note = models.CharField(max_length=200, blank=True, help_text="Why this destination is allowed.")
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -46,8 +46,10 @@ class NetworkPolicy:
             return f"{host} resolves to {address}, an address Fleetdeck never calls."
         if not self.restricted or self.allows_host(host) or any(address in network for network in self.networks):
             return None
-        return (f"{host} resolves to {address}, outside the networks and hosts this Fleetdeck may reach: "
-                "an administrator can add it to the network allow-list.")
+        return (
+            f"{host} resolves to {address}, outside the networks and hosts this Fleetdeck may reach: "
+            "an administrator can add it to the network allow-list."
+        )
 
 
 def _never(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
@@ -65,10 +67,14 @@ def normalize_rule(kind: str, raw: str) -> str:
         try:
             network = ipaddress.ip_network(value, strict=False)
         except ValueError as exc:
-            raise ValidationError({"value": f"{raw!r} is not a network: write it as an address or CIDR, e.g. 10.20.0.0/16."}) from exc
+            raise ValidationError(
+                {"value": f"{raw!r} is not a network: write it as an address or CIDR, e.g. 10.20.0.0/16."}
+            ) from exc
         if network.prefixlen == 0:
             # Allowing everything is what an empty list already does, and hides the list's purpose.
-            raise ValidationError({"value": "A network of every address allows everything: delete the entries instead."})
+            raise ValidationError(
+                {"value": "A network of every address allows everything: delete the entries instead."}
+            )
         return str(network)
     if kind == "host":
         try:
@@ -78,8 +84,12 @@ def normalize_rule(kind: str, raw: str) -> str:
         else:
             raise ValidationError({"value": "That is an address: add it as a network (e.g. 10.0.0.7/32)."})
         if not HOST_RULE.match(value) or len(value) > 253:
-            raise ValidationError({"value": f"{raw!r} is not a host name: letters, digits, dashes and dots, "
-                                            "optionally starting with '*.' for every name under a domain."})
+            raise ValidationError(
+                {
+                    "value": f"{raw!r} is not a host name: letters, digits, dashes and dots, "
+                    "optionally starting with '*.' for every name under a domain."
+                }
+            )
         return value
     raise ValidationError({"kind": "Choose network or host."})
 

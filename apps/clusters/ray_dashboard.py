@@ -242,15 +242,23 @@ class RayDashboard:
                 for chunk in response.iter_bytes():
                     body += chunk
                     if len(body) > MAX_RESPONSE_BYTES:
-                        raise RayBadResponse(f"{path} answered more than {MAX_RESPONSE_BYTES // 2**20} MiB, more than Fleetdeck accepts.")
+                        raise RayBadResponse(
+                            f"{path} answered more than {MAX_RESPONSE_BYTES // 2**20} MiB, more than Fleetdeck accepts."
+                        )
                     if time.monotonic() > deadline:
-                        raise RayTimeout(f"Ray dashboard sent its answer to {label or path} too slowly (over {self._deadline_s:.0f} s).")
+                        raise RayTimeout(
+                            f"Ray dashboard sent its answer to {label or path} too slowly (over {self._deadline_s:.0f} s)."
+                        )
         except httpx.TimeoutException as exc:
-            raise RayTimeout(f"Ray dashboard did not answer {label or path} in time ({exc.__class__.__name__}).") from exc
+            raise RayTimeout(
+                f"Ray dashboard did not answer {label or path} in time ({exc.__class__.__name__})."
+            ) from exc
         except httpx.TransportError as exc:
             raise RayUnreachable(f"Cannot reach the Ray dashboard: {str(exc) or exc.__class__.__name__}.") from exc
         # The body is already decoded: the copy must not claim an encoding or a length.
-        headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in ("content-encoding", "content-length")]
+        headers = [
+            (k, v) for k, v in response.headers.multi_items() if k.lower() not in ("content-encoding", "content-length")
+        ]
         return httpx.Response(response.status_code, headers=headers, content=bytes(body), request=response.request)
 
     def _get(self, path: str, params: list[tuple[str, str]] | None = None) -> Any:
@@ -332,7 +340,9 @@ class RayDashboard:
             self._decode(path, response)  # raises the mapped error
             raise RayBadResponse(f"{path} answered HTTP {response.status_code}.", status=response.status_code)
 
-    def list_actors(self, *, filters: list[tuple[str, str, str]] = (), detail: bool = True, limit: int = 1000) -> StatePage:
+    def list_actors(
+        self, *, filters: list[tuple[str, str, str]] = (), detail: bool = True, limit: int = 1000
+    ) -> StatePage:
         page = self._state("/api/v0/actors", filters=filters, detail=detail, limit=limit)
         return StatePage(page.total, page.truncated, [_parse_actor(item) for item in page.items])
 
@@ -370,8 +380,14 @@ class RayDashboard:
         by_node = {}
         for usage in (report.get("usageByNode") or {}).values():
             figures = pairs(usage)
-            ip = next((name.removeprefix("node:") for name in figures
-                       if name.startswith("node:") and not name.startswith("node:__") and name != "node:InternalHead"), "")
+            ip = next(
+                (
+                    name.removeprefix("node:")
+                    for name in figures
+                    if name.startswith("node:") and not name.startswith("node:__") and name != "node:InternalHead"
+                ),
+                "",
+            )
             by_node[ip] = figures
         return by_node or {"": pairs(report.get("usage"))}
 

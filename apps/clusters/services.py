@@ -64,7 +64,9 @@ def register_cluster(
 ) -> Cluster:
     url = checked_url(dashboard_url)
     clean_labels = validate_labels(labels)
-    metrics_url, prometheus_url, serve_url = (checked_url(u) if u else "" for u in (metrics_url, prometheus_url, serve_url))
+    metrics_url, prometheus_url, serve_url = (
+        checked_url(u) if u else "" for u in (metrics_url, prometheus_url, serve_url)
+    )
     result = probe(url, token)
     with transaction.atomic():
         cluster = Cluster.objects.create(
@@ -131,8 +133,12 @@ def update_cluster(
         if clean != cluster.labels:
             changes["labels"] = {"from": cluster.labels, "to": clean}
             cluster.labels = clean
-    for field, value in (("metrics_url", metrics_url), ("prometheus_url", prometheus_url), ("serve_url", serve_url),
-                         ("prometheus_selector", prometheus_selector)):
+    for field, value in (
+        ("metrics_url", metrics_url),
+        ("prometheus_url", prometheus_url),
+        ("serve_url", serve_url),
+        ("prometheus_selector", prometheus_selector),
+    ):
         if value is not UNSET:
             value = checked_url(value) if value and field.endswith("_url") else (value or "")
             if value != getattr(cluster, field):

@@ -34,7 +34,9 @@ def cluster_create(request):
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
-            cluster = services.register_cluster(Actor.from_request(request), **{field: data[field] for field in EDITABLE_FIELDS})
+            cluster = services.register_cluster(
+                Actor.from_request(request), **{field: data[field] for field in EDITABLE_FIELDS}
+            )
         except ValidationError as exc:
             _form_error(form, exc)
         else:

@@ -18,8 +18,20 @@ class ApplicationSerializer(serializers.ModelSerializer):
     class Meta:
         model = Application
         fields = [
-            "id", "cluster", "cluster_name", "name", "status", "message", "route_prefix", "import_path",
-            "deployed_app_config", "last_deployed_time_s", "config_hash", "first_seen_at", "updated_at", "removed_at",
+            "id",
+            "cluster",
+            "cluster_name",
+            "name",
+            "status",
+            "message",
+            "route_prefix",
+            "import_path",
+            "deployed_app_config",
+            "last_deployed_time_s",
+            "config_hash",
+            "first_seen_at",
+            "updated_at",
+            "removed_at",
         ]
 
 
@@ -30,11 +42,29 @@ class DeploymentSerializer(serializers.ModelSerializer):
     class Meta:
         model = Deployment
         fields = [
-            "id", "cluster", "application", "application_name", "name", "status", "status_trigger", "message",
-            "replica_states", "running_replicas", "target_replicas",
-            "max_ongoing_requests", "max_queued_requests", "autoscaling_min_replicas", "autoscaling_max_replicas",
-            "autoscaling_target_ongoing_requests", "num_cpus", "num_gpus",
-            "effective_config", "submitted_config", "first_seen_at", "updated_at", "removed_at",
+            "id",
+            "cluster",
+            "application",
+            "application_name",
+            "name",
+            "status",
+            "status_trigger",
+            "message",
+            "replica_states",
+            "running_replicas",
+            "target_replicas",
+            "max_ongoing_requests",
+            "max_queued_requests",
+            "autoscaling_min_replicas",
+            "autoscaling_max_replicas",
+            "autoscaling_target_ongoing_requests",
+            "num_cpus",
+            "num_gpus",
+            "effective_config",
+            "submitted_config",
+            "first_seen_at",
+            "updated_at",
+            "removed_at",
         ]
 
 
@@ -43,7 +73,16 @@ class ConfigRevisionSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ConfigRevision
-        fields = ["id", "cluster", "application", "application_name", "config_hash", "ray_session", "observed_at", "config"]
+        fields = [
+            "id",
+            "cluster",
+            "application",
+            "application_name",
+            "config_hash",
+            "ray_session",
+            "observed_at",
+            "config",
+        ]
 
 
 class ApplicationViewSet(viewsets.ReadOnlyModelViewSet):
@@ -55,9 +94,7 @@ class ApplicationViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         return (
-            access.visible(self.request.user, Application)
-            .select_related("cluster")
-            .order_by("cluster__name", "name")
+            access.visible(self.request.user, Application).select_related("cluster").order_by("cluster__name", "name")
         )
 
 
@@ -91,11 +128,16 @@ class ConfigRevisionViewSet(viewsets.ReadOnlyModelViewSet):
         )
 
     @extend_schema(
-        parameters=[OpenApiParameter("against", int, description="Revision id to compare with; default: the previous one")],
+        parameters=[
+            OpenApiParameter("against", int, description="Revision id to compare with; default: the previous one")
+        ],
         responses=inline_serializer(
             "RevisionDiff",
-            {"from_revision": serializers.IntegerField(allow_null=True), "to_revision": serializers.IntegerField(),
-             "diff": serializers.ListField(child=serializers.CharField())},
+            {
+                "from_revision": serializers.IntegerField(allow_null=True),
+                "to_revision": serializers.IntegerField(),
+                "diff": serializers.ListField(child=serializers.CharField()),
+            },
         ),
     )
     @action(detail=True, methods=["get"])

@@ -68,7 +68,9 @@ def _cluster_context(request, cluster: Cluster) -> dict:
 @login_required
 def cluster_detail(request, pk: int):
     cluster = _visible_cluster(request, pk)
-    return render(request, "fleet/cluster_detail.html", {**_cluster_context(request, cluster), "kube": kube_card(cluster)})
+    return render(
+        request, "fleet/cluster_detail.html", {**_cluster_context(request, cluster), "kube": kube_card(cluster)}
+    )
 
 
 @login_required
@@ -80,7 +82,9 @@ def cluster_status(request, pk: int):
 
 @login_required
 def deployment_detail(request, pk: int):
-    deployment = access.get_visible_or_404(request.user, Deployment.objects.select_related("application__cluster__team"), pk=pk)
+    deployment = access.get_visible_or_404(
+        request.user, Deployment.objects.select_related("application__cluster__team"), pk=pk
+    )
     context = {
         "deployment": deployment,
         "application": deployment.application,

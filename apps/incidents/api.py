@@ -29,8 +29,18 @@ class OomKillSerializer(serializers.ModelSerializer):
 class PodKillSerializer(serializers.ModelSerializer):
     class Meta:
         model = PodKillRecord
-        fields = ["namespace", "pod", "container", "node", "exit_code", "finished_at", "restart_count", "memory_limit_bytes",
-                  "ray_memory_bytes", "seen_at"]
+        fields = [
+            "namespace",
+            "pod",
+            "container",
+            "node",
+            "exit_code",
+            "finished_at",
+            "restart_count",
+            "memory_limit_bytes",
+            "ray_memory_bytes",
+            "seen_at",
+        ]
 
 
 class EventSerializer(serializers.ModelSerializer):
@@ -52,19 +62,41 @@ class IncidentSerializer(serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     related_work = serializers.SerializerMethodField(
         help_text="What happened around the incident: changes, maintenance runs, cluster and Serve controller restarts, and config "
-                  "revisions Fleetdeck did not make (kind change, maintenance, cluster_restart, controller_restart, config_revision).")
+        "revisions Fleetdeck did not make (kind change, maintenance, cluster_restart, controller_restart, config_revision)."
+    )
     oom_kills = OomKillSerializer(many=True, read_only=True)
-    pod_kills = PodKillSerializer(many=True, read_only=True, help_text="Kernel OOM kills of Ray containers, as Kubernetes reported them.")
+    pod_kills = PodKillSerializer(
+        many=True, read_only=True, help_text="Kernel OOM kills of Ray containers, as Kubernetes reported them."
+    )
     timeline = EventSerializer(many=True, read_only=True)
 
     class Meta:
         model = Incident
-        fields = ["id", "kind", "status", "severity", "title", "cluster", "cluster_name", "application_name", "deployment_name",
-                  "deployment", "node_ip", "started_at", "last_signal_at", "resolved_at", "signal_count", "causes", "evidence", "oom_kills", "pod_kills",
-                  "timeline", "related_work"]
+        fields = [
+            "id",
+            "kind",
+            "status",
+            "severity",
+            "title",
+            "cluster",
+            "cluster_name",
+            "application_name",
+            "deployment_name",
+            "deployment",
+            "node_ip",
+            "started_at",
+            "last_signal_at",
+            "resolved_at",
+            "signal_count",
+            "causes",
+            "evidence",
+            "oom_kills",
+            "pod_kills",
+            "timeline",
+            "related_work",
+        ]
         read_only_fields = fields
         list_serializer_class = IncidentListSerializer
-
 
     def get_related_work(self, obj) -> list[dict]:
         by_incident = self.context.get("related_work") or {}
@@ -83,8 +115,12 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = IncidentFilter
 
     def get_queryset(self):
-        return (access.visible(self.request.user, Incident)
-                .select_related("cluster").prefetch_related("oom_kills", "pod_kills", "timeline__author").order_by("-last_signal_at", "-id"))
+        return (
+            access.visible(self.request.user, Incident)
+            .select_related("cluster")
+            .prefetch_related("oom_kills", "pod_kills", "timeline__author")
+            .order_by("-last_signal_at", "-id")
+        )
 
     def _transition(self, request, status):
         incident = self.get_object()
@@ -118,8 +154,13 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
 
 class WebhookSerializer(serializers.ModelSerializer):
     team = VisibleSlugRelatedField(slug_field="slug", queryset=Team.objects.all())
-    secret = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=500,
-                                   help_text="Signs each body: header X-Fleetdeck-Signature: sha256=<HMAC>. Stored encrypted, never returned.")
+    secret = serializers.CharField(
+        write_only=True,
+        required=False,
+        allow_blank=True,
+        max_length=500,
+        help_text="Signs each body: header X-Fleetdeck-Signature: sha256=<HMAC>. Stored encrypted, never returned.",
+    )
     has_secret = serializers.SerializerMethodField()
     recent_deliveries = serializers.SerializerMethodField()
 
@@ -132,8 +173,16 @@ class WebhookSerializer(serializers.ModelSerializer):
         return bool(obj.secret_ciphertext)
 
     def get_recent_deliveries(self, obj) -> list[dict]:
-        return [{"incident": d.incident_id, "state": d.state, "attempts": d.attempts, "last_status": d.last_status,
-                 "last_error": d.last_error} for d in self._recent(obj)]
+        return [
+            {
+                "incident": d.incident_id,
+                "state": d.state,
+                "attempts": d.attempts,
+                "last_status": d.last_status,
+                "last_error": d.last_error,
+            }
+            for d in self._recent(obj)
+        ]
 
     def _recent(self, obj) -> list:
         # Prefetched for lists; a webhook just saved has no prefetch.
@@ -152,18 +201,29 @@ class WebhookViewSet(viewsets.ModelViewSet):
         if getattr(self, "swagger_fake_view", False):
             return Webhook.objects.none()
         # Sliced prefetch (a window function): one query for the page, not one per webhook.
-        recent = Prefetch("deliveries", queryset=WebhookDelivery.objects.order_by("-created_at", "-id")[:RECENT_DELIVERIES],
-                          to_attr="recent_deliveries")
-        return (access.visible(self.request.user, Webhook, role=Role.ADMIN).select_related("team")
-                .prefetch_related(recent).order_by("id"))
+        recent = Prefetch(
+            "deliveries",
+            queryset=WebhookDelivery.objects.order_by("-created_at", "-id")[:RECENT_DELIVERIES],
+            to_attr="recent_deliveries",
+        )
+        return (
+            access.visible(self.request.user, Webhook, role=Role.ADMIN)
+            .select_related("team")
+            .prefetch_related(recent)
+            .order_by("id")
+        )
 
     def _save(self, serializer, team, webhook=None):
         require_role(self.request, team, Role.ADMIN, "manage webhooks")
         data = serializer.validated_data
         try:
             serializer.instance = webhooks.save_webhook(
-                Actor.from_request(self.request), team=team, url=data.get("url", webhook.url if webhook else ""),
-                secret=data.get("secret", ""), enabled=data.get("enabled", webhook.enabled if webhook else True), webhook=webhook,
+                Actor.from_request(self.request),
+                team=team,
+                url=data.get("url", webhook.url if webhook else ""),
+                secret=data.get("secret", ""),
+                enabled=data.get("enabled", webhook.enabled if webhook else True),
+                webhook=webhook,
             )
         except DjangoValidationError as exc:
             raise serializers.ValidationError({"url": exc.messages}) from exc

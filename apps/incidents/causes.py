@@ -58,11 +58,15 @@ def _superseded(change: RecentChange, history: ClusterHistory) -> str | None:
     # Without a session seen for the change, a restart recorded after it is the evidence.
     restarts = [t for t in history.restarts if t > change.at]
     if not change.session and restarts:
-        return f"the cluster restarted {_minutes(min(restarts) - change.at)} after it; every replica started again since."
+        return (
+            f"the cluster restarted {_minutes(min(restarts) - change.at)} after it; every replica started again since."
+        )
     replaced = [t for t in history.foreign_revisions if t > change.at]
     if replaced:
-        return (f"{_minutes(min(replaced) - change.at)} after it, the application's config changed outside Fleetdeck; "
-                "its replicas run that config now.")
+        return (
+            f"{_minutes(min(replaced) - change.at)} after it, the application's config changed outside Fleetdeck; "
+            "its replicas run that config now."
+        )
     return None
 
 
@@ -74,16 +78,40 @@ def _minutes(delta) -> str:
 def rank_oom_causes(ctx: OomContext) -> list[dict]:
     found: list[tuple[int, str, str]] = []
     if ctx.minutes_since_change is not None:
-        found.append((0, "OOM-7", f"The kill came {ctx.minutes_since_change:.0f} min after {ctx.change_label}: a rolling update starts new replicas before the old ones free their memory."))
+        found.append(
+            (
+                0,
+                "OOM-7",
+                f"The kill came {ctx.minutes_since_change:.0f} min after {ctx.change_label}: a rolling update starts new replicas before the old ones free their memory.",
+            )
+        )
     concurrency = ctx.max_ongoing_requests
     if concurrency is not None and concurrency > 2:
-        found.append((1, "OOM-2", f"Each replica accepts up to {concurrency} requests at once (max_ongoing_requests {concurrency}); memory peaks multiply with requests in flight."))
+        found.append(
+            (
+                1,
+                "OOM-2",
+                f"Each replica accepts up to {concurrency} requests at once (max_ongoing_requests {concurrency}); memory peaks multiply with requests in flight.",
+            )
+        )
     if ctx.nodes_with_several_kills:
-        found.append((2, "OOM-4", f"Several replicas were killed together on {', '.join(ctx.nodes_with_several_kills)}: replicas per node times model size may exceed the node."))
+        found.append(
+            (
+                2,
+                "OOM-4",
+                f"Several replicas were killed together on {', '.join(ctx.nodes_with_several_kills)}: replicas per node times model size may exceed the node.",
+            )
+        )
     low = concurrency is not None and concurrency <= 2
-    found.append((3 if not low else 1, "OOM-1",
-                  "Concurrency is already low, so single requests are large (long inputs, big batches, binary bodies)." if low
-                  else "Large requests (long inputs, big batches, binary bodies) raise the peak of every request in flight."))
+    found.append(
+        (
+            3 if not low else 1,
+            "OOM-1",
+            "Concurrency is already low, so single requests are large (long inputs, big batches, binary bodies)."
+            if low
+            else "Large requests (long inputs, big batches, binary bodies) raise the peak of every request in flight.",
+        )
+    )
     found.append((4, "OOM-5", "If memory grew slowly before the kill, the allocator kept it: recycle on a schedule."))
     found.sort(key=lambda item: item[0])
     return [cause(cause_id, reason, rank) for rank, (_, cause_id, reason) in enumerate(found, start=1)]
@@ -110,17 +138,50 @@ class LatencyContext:
 def rank_latency_causes(ctx: LatencyContext) -> list[dict]:
     found: list[tuple[int, str, str]] = []
     if ctx.cold_start:
-        found.append((0, "LAT-1", "Replicas started just before or during the spike: first requests pay for model load and warmup."))
-    saturated = ctx.max_ongoing_requests and ctx.running_replicas and ctx.ongoing >= ctx.max_ongoing_requests * ctx.running_replicas
+        found.append(
+            (
+                0,
+                "LAT-1",
+                "Replicas started just before or during the spike: first requests pay for model load and warmup.",
+            )
+        )
+    saturated = (
+        ctx.max_ongoing_requests
+        and ctx.running_replicas
+        and ctx.ongoing >= ctx.max_ongoing_requests * ctx.running_replicas
+    )
     if ctx.queue_building or ctx.queued > 0 or saturated:
-        where = "with replicas at the autoscaling maximum" if ctx.at_max_replicas else "faster than the autoscaler adds replicas"
-        found.append((0 if not ctx.cold_start else 1, "LAT-2",
-                      f"{ctx.queued:.0f} requests queued and {ctx.ongoing:.0f} in flight: the queue grows {where}."))
+        where = (
+            "with replicas at the autoscaling maximum"
+            if ctx.at_max_replicas
+            else "faster than the autoscaler adds replicas"
+        )
+        found.append(
+            (
+                0 if not ctx.cold_start else 1,
+                "LAT-2",
+                f"{ctx.queued:.0f} requests queued and {ctx.ongoing:.0f} in flight: the queue grows {where}.",
+            )
+        )
     if ctx.memory_pressure:
-        found.append((2, "LAT-6", "A node is above 90 % memory: collection and memory-pressure pauses slow every request."))
+        found.append(
+            (2, "LAT-6", "A node is above 90 % memory: collection and memory-pressure pauses slow every request.")
+        )
     if not found or (ctx.queued == 0 and not ctx.cold_start):
-        found.append((3, "LAT-3", "Latency rose while requests were not queued: work may block the replica's event loop or threads."))
-    found.append((4, "LAT-4", "If large payloads arrived during the spike, serialization dominates: keep blobs out of request bodies."))
+        found.append(
+            (
+                3,
+                "LAT-3",
+                "Latency rose while requests were not queued: work may block the replica's event loop or threads.",
+            )
+        )
+    found.append(
+        (
+            4,
+            "LAT-4",
+            "If large payloads arrived during the spike, serialization dominates: keep blobs out of request bodies.",
+        )
+    )
     found.sort(key=lambda item: item[0])
     return [cause(cause_id, reason, rank) for rank, (_, cause_id, reason) in enumerate(found, start=1)]
 
@@ -131,7 +192,9 @@ def rank_pressure_causes(busy: list[tuple[str, str, int]]) -> list[dict]:
     if busy:
         names = ", ".join(f"{app}/{dep} ({n})" for app, dep, n in busy)
         found.append(("OOM-2", f"Deployments taking more than 2 requests at once per replica: {names}."))
-    found.append(("OOM-4", "Replicas per node times model size plus caches may not fit: check placement and cache bounds."))
+    found.append(
+        ("OOM-4", "Replicas per node times model size plus caches may not fit: check placement and cache bounds.")
+    )
     found.append(("OOM-3", "Large return values or ray.put per request fill the object store on top of the heap."))
     found.append(("OOM-5", "If it only grows between restarts, the allocator keeps memory: recycle on a schedule."))
     return [cause(cause_id, reason, rank) for rank, (cause_id, reason) in enumerate(found, start=1)]
@@ -139,7 +202,11 @@ def rank_pressure_causes(busy: list[tuple[str, str, int]]) -> list[dict]:
 
 def rank_ratchet_causes() -> list[dict]:
     return [
-        cause("OOM-5", "Memory only grew over hours and never came back: allocator fragmentation or caching allocators keep it. A rolling recycle returns it.", 1),
+        cause(
+            "OOM-5",
+            "Memory only grew over hours and never came back: allocator fragmentation or caching allocators keep it. A rolling recycle returns it.",
+            1,
+        ),
         cause("OOM-4", "An unbounded cache grows with every new key: bound it by size and TTL.", 2),
     ]
 
@@ -161,24 +228,36 @@ def rank_kernel_oom_causes(ctx: KernelOomContext) -> list[dict]:
     gib = 2**30
     what = f"The kernel OOM-killed {ctx.container} in pod {ctx.pod}"
     if ctx.limit_bytes is None:
-        first = (f"{what}, which has no memory limit: the node ran out and the kernel chose it. Ray's memory monitor sizes "
-                 "itself from the whole node, so it never saw this coming. Set requests.memory = limits.memory (K1).")
+        first = (
+            f"{what}, which has no memory limit: the node ran out and the kernel chose it. Ray's memory monitor sizes "
+            "itself from the whole node, so it never saw this coming. Set requests.memory = limits.memory (K1)."
+        )
     elif ctx.ray_memory_bytes is not None and ctx.ray_memory_bytes > ctx.limit_bytes:
-        first = (f"{what} at its {ctx.limit_bytes / gib:.1f} GiB container limit, while Ray plans with "
-                 f"{ctx.ray_memory_bytes / gib:.1f} GiB ({ctx.ray_memory_source}): Ray's memory monitor acts at a fraction of "
-                 "what Ray believes it has, so the kernel acted first. Align Ray's --memory and object store with the limit (K1).")
+        first = (
+            f"{what} at its {ctx.limit_bytes / gib:.1f} GiB container limit, while Ray plans with "
+            f"{ctx.ray_memory_bytes / gib:.1f} GiB ({ctx.ray_memory_source}): Ray's memory monitor acts at a fraction of "
+            "what Ray believes it has, so the kernel acted first. Align Ray's --memory and object store with the limit (K1)."
+        )
     elif ctx.ray_memory_bytes is not None:
-        first = (f"{what} at its {ctx.limit_bytes / gib:.1f} GiB container limit; Ray plans with "
-                 f"{ctx.ray_memory_bytes / gib:.1f} GiB ({ctx.ray_memory_source}), so the memory that tipped it over was outside "
-                 "Ray's accounting (object store shared memory, sidecars) or grew faster than the monitor polls. Leave headroom "
-                 "between Ray's sizes and the limit (K1).")
+        first = (
+            f"{what} at its {ctx.limit_bytes / gib:.1f} GiB container limit; Ray plans with "
+            f"{ctx.ray_memory_bytes / gib:.1f} GiB ({ctx.ray_memory_source}), so the memory that tipped it over was outside "
+            "Ray's accounting (object store shared memory, sidecars) or grew faster than the monitor polls. Leave headroom "
+            "between Ray's sizes and the limit (K1)."
+        )
     else:
-        first = (f"{what} at its {ctx.limit_bytes / gib:.1f} GiB container limit: a kill by the kernel rather than by Ray's memory "
-                 "monitor means Ray believed it had room. Ray's own view of the node was not available to compare: check that "
-                 "Ray's --memory and object store fit inside the limit (K1).")
+        first = (
+            f"{what} at its {ctx.limit_bytes / gib:.1f} GiB container limit: a kill by the kernel rather than by Ray's memory "
+            "monitor means Ray believed it had room. Ray's own view of the node was not available to compare: check that "
+            "Ray's --memory and object store fit inside the limit (K1)."
+        )
     return [
         cause("OOM-6", first, 1),
-        cause("OOM-3", "An object store sized from the host's memory rather than the container's fills the limit together "
-                       "with the heap.", 2),
+        cause(
+            "OOM-3",
+            "An object store sized from the host's memory rather than the container's fills the limit together "
+            "with the heap.",
+            2,
+        ),
         cause("OOM-2", "Replicas on this pod that accept many requests at once multiply their per-request memory.", 3),
     ]

@@ -18,7 +18,9 @@ def chart_data(incident: Incident) -> dict | None:
     node_series = evidence.get("node_series") or []
     if node_series:
         # A node incident: its detectors judge the share of the node's memory in use.
-        return _framed({"node_share": {"mem": _line(node_series, "mem"), "gpu": _line(node_series, "gpu")}}, node_series, [])
+        return _framed(
+            {"node_share": {"mem": _line(node_series, "mem"), "gpu": _line(node_series, "gpu")}}, node_series, []
+        )
     series = evidence.get("series") or []
     nodes = evidence.get("node_memory") or {}
     if not series and not nodes:
@@ -28,7 +30,11 @@ def chart_data(incident: Incident) -> dict | None:
     if series:
         data["latency"] = {"p50": _line(series, "p50"), "p99": _line(series, "p99")}
         data["load"] = {key: _line(series, key) for key in ("ongoing", "queued", "rps")}
-        per_replica = [[_ms(p), round(p["rss_mb"] * MB / p["replicas"] / MIB, 1)] for p in series if p.get("rss_mb") and p.get("replicas")]
+        per_replica = [
+            [_ms(p), round(p["rss_mb"] * MB / p["replicas"] / MIB, 1)]
+            for p in series
+            if p.get("rss_mb") and p.get("replicas")
+        ]
         if per_replica:
             data["replica_mib"] = per_replica
     if nodes:
@@ -46,12 +52,17 @@ def _kills(incident: Incident) -> list[dict]:
     out = []
     for kill in incident.oom_kills.all():
         listed = [r for r in replica_memory(kill.message) if r.killed and r.replica == kill.replica]
-        out.append({
-            "t": int(kill.seen_at.timestamp() * 1000), "replica": kill.replica, "node": kill.node_ip,
-            "node_gib": _gib(kill.used_bytes), "threshold_gib": _gib(kill.threshold_bytes),
-            # What the killed replica itself held, from the memory monitor's list of top consumers.
-            "replica_mib": round(listed[0].used_bytes / MIB, 1) if listed else None,
-        })
+        out.append(
+            {
+                "t": int(kill.seen_at.timestamp() * 1000),
+                "replica": kill.replica,
+                "node": kill.node_ip,
+                "node_gib": _gib(kill.used_bytes),
+                "threshold_gib": _gib(kill.threshold_bytes),
+                # What the killed replica itself held, from the memory monitor's list of top consumers.
+                "replica_mib": round(listed[0].used_bytes / MIB, 1) if listed else None,
+            }
+        )
     return out
 
 

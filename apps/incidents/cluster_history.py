@@ -16,8 +16,14 @@ from apps.incidents.causes import ClusterHistory, RecentChange
 RESTARTS = [ClusterEvent.Kind.SESSION_CHANGED, ClusterEvent.Kind.CONTROLLER_RESTARTED]
 # Changes whose config may be on the cluster: pushed, or in or past the push where an older row
 # has no push time. Planned, queued, drifted and cancelled ones never left Fleetdeck.
-PUSHED_STATES = [ChangeState.PUSHING, ChangeState.VERIFYING, ChangeState.ROLLING_BACK, ChangeState.SUCCEEDED,
-                 ChangeState.ROLLED_BACK, ChangeState.ROLLBACK_FAILED]
+PUSHED_STATES = [
+    ChangeState.PUSHING,
+    ChangeState.VERIFYING,
+    ChangeState.ROLLING_BACK,
+    ChangeState.SUCCEEDED,
+    ChangeState.ROLLED_BACK,
+    ChangeState.ROLLBACK_FAILED,
+]
 REACHED_CLUSTER = Q(pushed_at__isnull=False) | Q(state__in=PUSHED_STATES)
 # A change that rolled back deployed two configs, its own and then its base again.
 ROLLED_BACK = [ChangeState.ROLLING_BACK, ChangeState.ROLLED_BACK, ChangeState.ROLLBACK_FAILED]
@@ -39,11 +45,16 @@ def revisions_since(cluster_ids, since: datetime, application: str | None = None
     rows = ConfigRevision.objects.filter(cluster_id__in=cluster_ids, observed_at__gte=since).filter(Exists(earlier))
     if application is not None:
         rows = rows.filter(application__name=application)
-    return list(rows.select_related("application").only("cluster", "application__name", "config_hash", "ray_session", "observed_at")
-                .order_by("observed_at", "pk"))
+    return list(
+        rows.select_related("application")
+        .only("cluster", "application__name", "config_hash", "ray_session", "observed_at")
+        .order_by("observed_at", "pk")
+    )
 
 
-def makers(revisions: list[ConfigRevision], changes: list[Change], now: datetime | None = None) -> dict[int, list[Change]]:
+def makers(
+    revisions: list[ConfigRevision], changes: list[Change], now: datetime | None = None
+) -> dict[int, list[Change]]:
     """The changes that made each revision. A sync records a revision the first time it sees an
     application run a new config, so a change made the first revision of each application it
     touched observed after its push; one that rolled back also made those up to the first
@@ -56,11 +67,15 @@ def makers(revisions: list[ConfigRevision], changes: list[Change], now: datetime
     made: dict[int, list[Change]] = {revision.pk: [] for revision in revisions}
     for change in changes:
         for application in change.touched_applications:
-            after = [r for r in by_application.get((change.cluster_id, application), []) if r.observed_at >= pushed_at(change)]
+            after = [
+                r
+                for r in by_application.get((change.cluster_id, application), [])
+                if r.observed_at >= pushed_at(change)
+            ]
             if change.state in ROLLED_BACK:
                 ended = change.finished_at or now
                 last = next((i for i, r in enumerate(after) if r.observed_at >= ended), len(after) - 1)
-                chosen = after[:last + 1]
+                chosen = after[: last + 1]
             else:
                 chosen = after[:1]
             for revision in chosen:
@@ -71,17 +86,24 @@ def makers(revisions: list[ConfigRevision], changes: list[Change], now: datetime
 def session_start(cluster: Cluster, at: datetime) -> datetime | None:
     """When the session running at `at` began, as far as Fleetdeck saw: the restart that started
     it; None when the cluster has not restarted since it was registered."""
-    event = (ClusterEvent.objects.filter(cluster=cluster, kind=ClusterEvent.Kind.SESSION_CHANGED, created_at__lte=at)
-             .order_by("-created_at", "-pk").first())
+    event = (
+        ClusterEvent.objects.filter(cluster=cluster, kind=ClusterEvent.Kind.SESSION_CHANGED, created_at__lte=at)
+        .order_by("-created_at", "-pk")
+        .first()
+    )
     return event.created_at if event else None
 
 
-def before_kill(cluster: Cluster, application: str, now: datetime, window: timedelta) -> tuple[list[RecentChange], ClusterHistory]:
+def before_kill(
+    cluster: Cluster, application: str, now: datetime, window: timedelta
+) -> tuple[list[RecentChange], ClusterHistory]:
     """The changes touching `application` that ran within `window` before `now`, each with the
     session its config was first seen running in, and what happened on the cluster since."""
     lookback = now - 2 * window
     changes = [
-        change for change in Change.objects.filter(cluster=cluster).filter(REACHED_CLUSTER)
+        change
+        for change in Change.objects.filter(cluster=cluster)
+        .filter(REACHED_CLUSTER)
         .filter(Q(created_at__gte=lookback) | Q(finished_at__gte=lookback))
         if application in change.touched_applications
     ]
@@ -92,11 +114,17 @@ def before_kill(cluster: Cluster, application: str, now: datetime, window: timed
         for change in made[revision.pk]:
             first_seen.setdefault(change.pk, revision.ray_session)
     recent = [
-        RecentChange(label=f"change #{change.pk} ({change.reason[:80]})", at=pushed_at(change), session=first_seen.get(change.pk, ""))
+        RecentChange(
+            label=f"change #{change.pk} ({change.reason[:80]})",
+            at=pushed_at(change),
+            session=first_seen.get(change.pk, ""),
+        )
         for change in changes
         if pushed_at(change) >= now - window or (change.finished_at and change.finished_at >= now - window)
     ]
-    restarts = ClusterEvent.objects.filter(cluster=cluster, kind=ClusterEvent.Kind.SESSION_CHANGED, created_at__gte=lookback)
+    restarts = ClusterEvent.objects.filter(
+        cluster=cluster, kind=ClusterEvent.Kind.SESSION_CHANGED, created_at__gte=lookback
+    )
     history = ClusterHistory(
         session=cluster.session_name,
         restarts=tuple(restarts.values_list("created_at", flat=True)),

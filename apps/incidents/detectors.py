@@ -39,8 +39,13 @@ def latency_spike(points: list[dict]) -> Finding | None:
         return None
     peak = max(p["p99"] for p in recent)
     base = f"{baseline:.0f} ms" if baseline is not None else "no baseline yet"
-    return Finding("latency_spike", recent[0]["t"], peak, baseline,
-                   f"p99 {peak:.0f} ms for {SUSTAIN} readings in a row (limit {limit:.0f} ms, baseline {base}).")
+    return Finding(
+        "latency_spike",
+        recent[0]["t"],
+        peak,
+        baseline,
+        f"p99 {peak:.0f} ms for {SUSTAIN} readings in a row (limit {limit:.0f} ms, baseline {base}).",
+    )
 
 
 def cold_start(points: list[dict], window: int = SUSTAIN + 1) -> bool:
@@ -60,23 +65,39 @@ def queue_buildup(points: list[dict], window: int = 3) -> Finding | None:
         return None
     recent = points[-window:]
     counts = " → ".join(str(round(p.get("queued") or 0)) for p in recent)
-    return Finding("queue_buildup", recent[0]["t"], recent[-1]["queued"], None, f"Queued requests grew {counts} over {window} readings.")
+    return Finding(
+        "queue_buildup",
+        recent[0]["t"],
+        recent[-1]["queued"],
+        None,
+        f"Queued requests grew {counts} over {window} readings.",
+    )
 
 
 PRESSURE_LIMIT = 0.9
 
 
-def memory_pressure(points: list[dict], key: str = "mem", limit: float = PRESSURE_LIMIT, sustain: int = SUSTAIN) -> Finding | None:
+def memory_pressure(
+    points: list[dict], key: str = "mem", limit: float = PRESSURE_LIMIT, sustain: int = SUSTAIN
+) -> Finding | None:
     """A node's memory (or GPU memory) at or above `limit` for `sustain` readings."""
     recent = points[-sustain:]
     if len(recent) < sustain or not all(p.get(key) is not None and p[key] >= limit for p in recent):
         return None
     peak = max(p[key] for p in recent)
     what = "GPU memory" if key == "gpu" else "memory"
-    return Finding("memory_pressure", recent[0]["t"], peak, None, f"Node {what} at {peak:.0%} for {sustain} readings (limit {limit:.0%}).")
+    return Finding(
+        "memory_pressure",
+        recent[0]["t"],
+        peak,
+        None,
+        f"Node {what} at {peak:.0%} for {sustain} readings (limit {limit:.0%}).",
+    )
 
 
-def memory_ratchet(points: list[dict], key: str = "mem", *, min_hours: float = 2.0, min_growth: float = 0.1) -> Finding | None:
+def memory_ratchet(
+    points: list[dict], key: str = "mem", *, min_hours: float = 2.0, min_growth: float = 0.1
+) -> Finding | None:
     """Memory that only grows, over hours, by at least `min_growth` of the node (OOM-5). Dips of
     under one percent count as flat: allocators give a little back and take it again."""
     series = [(p["t"], p[key]) for p in points if p.get(key) is not None]
@@ -86,5 +107,10 @@ def memory_ratchet(points: list[dict], key: str = "mem", *, min_hours: float = 2
     if any(b < a - 0.01 for a, b in zip(values, values[1:])) or values[-1] - values[0] < min_growth:
         return None
     hours = (series[-1][0] - series[0][0]) / 3600
-    return Finding("memory_ratchet", series[0][0], values[-1], values[0],
-                   f"Node memory rose from {values[0]:.0%} to {values[-1]:.0%} over {hours:.1f} h without coming back down.")
+    return Finding(
+        "memory_ratchet",
+        series[0][0],
+        values[-1],
+        values[0],
+        f"Node memory rose from {values[0]:.0%} to {values[-1]:.0%} over {hours:.1f} h without coming back down.",
+    )

@@ -35,7 +35,9 @@ class Incident(models.Model):
     application_name = models.CharField(max_length=200)
     deployment_name = models.CharField(max_length=200)
     # Kept as names too: the deployment row may be removed while the incident stays.
-    deployment = models.ForeignKey(Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="incidents")
+    deployment = models.ForeignKey(
+        Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="incidents"
+    )
     # Node-level incidents (memory) name the node instead of a deployment.
     node_ip = models.CharField(max_length=64, blank=True)
     title = models.CharField(max_length=300)
@@ -117,7 +119,9 @@ class IncidentEvent(models.Model):
     incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="timeline")
     kind = models.CharField(max_length=16, choices=Kind.choices)
     message = models.TextField(blank=True)
-    author = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -135,7 +139,11 @@ class SignalWindow(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["cluster", "application_name", "deployment_name"], name="one_window_per_deployment")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "application_name", "deployment_name"], name="one_window_per_deployment"
+            )
+        ]
 
 
 class NodeWindow(models.Model):

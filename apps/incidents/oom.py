@@ -76,5 +76,7 @@ def replica_memory(message: str) -> list[ReplicaMemory]:
     for line in message.splitlines():
         for match in WORKER.finditer(line):
             app, dep, replica, gb = match.groups()
-            found.append(ReplicaMemory(app, dep, replica, int(float(gb) * GIB), line.lstrip().startswith("Selected to kill")))
+            found.append(
+                ReplicaMemory(app, dep, replica, int(float(gb) * GIB), line.lstrip().startswith("Selected to kill"))
+            )
     return found

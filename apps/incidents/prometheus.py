@@ -7,26 +7,48 @@ import httpx
 
 from apps.clusters.egress import PinnedTransport
 from apps.incidents.ray_metrics import MetricsUnavailable
-from apps.incidents.signals import COMPONENT_RSS, ONGOING, ApplicationSignals, DeploymentSignals, NodeSignals, Reading, add_replica_memory
+from apps.incidents.signals import (
+    COMPONENT_RSS,
+    ONGOING,
+    ApplicationSignals,
+    DeploymentSignals,
+    NodeSignals,
+    Reading,
+    add_replica_memory,
+)
 
 WINDOW = "2m"
 
 
-def query(base_url: str, promql: str, *, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> list[tuple[dict, float]]:
+def query(
+    base_url: str, promql: str, *, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None
+) -> list[tuple[dict, float]]:
     try:
-        with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False, transport=transport or PinnedTransport(),
-                          headers={"User-Agent": "fleetdeck-prometheus/1"}) as client:
+        with httpx.Client(
+            timeout=timeout_s,
+            follow_redirects=False,
+            trust_env=False,
+            transport=transport or PinnedTransport(),
+            headers={"User-Agent": "fleetdeck-prometheus/1"},
+        ) as client:
             response = client.get(f"{base_url.rstrip('/')}/api/v1/query", params={"query": promql})
     except httpx.TimeoutException as exc:
         raise MetricsUnavailable(f"Prometheus at {base_url} did not answer in time.", transient=True) from exc
     except httpx.TransportError as exc:
-        raise MetricsUnavailable(f"Cannot reach Prometheus at {base_url}: {str(exc) or exc.__class__.__name__}.", transient=True) from exc
+        raise MetricsUnavailable(
+            f"Cannot reach Prometheus at {base_url}: {str(exc) or exc.__class__.__name__}.", transient=True
+        ) from exc
     try:
         body = response.json()
     except ValueError as exc:
-        raise MetricsUnavailable(f"{base_url} did not answer Prometheus JSON (HTTP {response.status_code}).", transient=False) from exc
+        raise MetricsUnavailable(
+            f"{base_url} did not answer Prometheus JSON (HTTP {response.status_code}).", transient=False
+        ) from exc
     if body.get("status") != "success":
-        raise MetricsUnavailable(f"Prometheus refused the query: {body.get('error') or response.status_code}.", transient=response.status_code >= 500)
+        raise MetricsUnavailable(
+            f"Prometheus refused the query: {body.get('error') or response.status_code}.",
+            transient=response.status_code >= 500,
+        )
     data = body.get("data") or {}
     if data.get("resultType") != "vector":
         raise MetricsUnavailable(f"Prometheus answered a {data.get('resultType')!r}, not a vector.", transient=False)
@@ -39,7 +61,9 @@ def query(base_url: str, promql: str, *, timeout_s: float = 5.0, transport: http
     return out
 
 
-def read(base_url: str, selector: str = "", *, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> Reading:
+def read(
+    base_url: str, selector: str = "", *, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None
+) -> Reading:
     sel = "{" + selector + "}" if selector else ""
     by = "application, deployment"
 
@@ -54,17 +78,24 @@ def read(base_url: str, selector: str = "", *, timeout_s: float = 5.0, transport
         return deployments.setdefault(key, DeploymentSignals()) if all(key) else None
 
     for q_value, attr in ((0.5, "p50_ms"), (0.95, "p95_ms"), (0.99, "p99_ms")):
-        for labels, value in q(f"histogram_quantile({q_value}, sum by ({by}, le) (rate(ray_serve_deployment_processing_latency_ms_bucket{sel}[{WINDOW}])))"):
+        for labels, value in q(
+            f"histogram_quantile({q_value}, sum by ({by}, le) (rate(ray_serve_deployment_processing_latency_ms_bucket{sel}[{WINDOW}])))"
+        ):
             if (d := dep(labels)) is not None and value == value:  # NaN when there was no traffic
                 setattr(d, attr, value)
     for labels, value in q(f"sum by ({by}) (rate(ray_serve_deployment_request_counter_total{sel}[{WINDOW}]))"):
         if (d := dep(labels)) is not None:
             d.requests = value * seconds
-    for labels, value in q(f"sum by ({by}, exception_type) (increase(ray_serve_deployment_error_counter_total{sel}[{WINDOW}]))"):
+    for labels, value in q(
+        f"sum by ({by}, exception_type) (increase(ray_serve_deployment_error_counter_total{sel}[{WINDOW}]))"
+    ):
         if (d := dep(labels)) is not None and value:
             d.errors += value
             d.errors_by_type[labels.get("exception_type", "unknown")] = value
-    for metric, attr in (("ray_serve_replica_processing_queries", "ongoing"), ("ray_serve_deployment_queued_queries", "queued")):
+    for metric, attr in (
+        ("ray_serve_replica_processing_queries", "ongoing"),
+        ("ray_serve_deployment_queued_queries", "queued"),
+    ):
         for labels, value in q(f"sum by ({by}) ({metric}{sel})"):
             if (d := dep(labels)) is not None:
                 setattr(d, attr, value)
@@ -74,7 +105,10 @@ def read(base_url: str, selector: str = "", *, timeout_s: float = 5.0, transport
     for labels, value in q(f"count by ({by}) ({ONGOING}{sel})"):
         if (d := dep(labels)) is not None:
             d.replicas = int(value)
-    add_replica_memory(deployments, [(labels.get("Component", ""), value) for labels, value in q(f"sum by (Component) ({COMPONENT_RSS}{sel})")])
+    add_replica_memory(
+        deployments,
+        [(labels.get("Component", ""), value) for labels, value in q(f"sum by (Component) ({COMPONENT_RSS}{sel})")],
+    )
     applications = _applications(q, sel, seconds)
     nodes: dict[str, NodeSignals] = {}
     total = {labels.get("ip", ""): value for labels, value in q(f"sum by (ip) (ray_node_mem_total{sel})")}
@@ -86,7 +120,11 @@ def read(base_url: str, selector: str = "", *, timeout_s: float = 5.0, transport
         ip = labels.get("ip", "")
         if ip in nodes:
             nodes[ip].gpu_used_mb, nodes[ip].gpu_total_mb = gram_used.get(ip, 0.0), gram_used.get(ip, 0.0) + value
-    warnings = [] if deployments else ["Prometheus has no Serve series for this selector: check it matches the cluster's labels."]
+    warnings = (
+        []
+        if deployments
+        else ["Prometheus has no Serve series for this selector: check it matches the cluster's labels."]
+    )
     return Reading(seconds=seconds, deployments=deployments, nodes=nodes, warnings=warnings, applications=applications)
 
 
@@ -102,11 +140,15 @@ def _applications(q, sel: str, seconds: float) -> dict[str, ApplicationSignals]:
     for labels, value in q(f"sum by (application) (rate(ray_serve_num_http_requests_total{sel}[{WINDOW}]))"):
         if (a := app(labels)) is not None:
             a.requests = value * seconds
-    for labels, value in q(f"sum by (application, error_code) (rate(ray_serve_num_http_error_requests_total{sel}[{WINDOW}]))"):
+    for labels, value in q(
+        f"sum by (application, error_code) (rate(ray_serve_num_http_error_requests_total{sel}[{WINDOW}]))"
+    ):
         if (a := app(labels)) is not None and value:
             a.errors_by_code[labels.get("error_code", "unknown")] = value * seconds
     for q_value, attr in ((0.5, "p50_ms"), (0.95, "p95_ms"), (0.99, "p99_ms")):
-        for labels, value in q(f"histogram_quantile({q_value}, sum by (application, le) (rate(ray_serve_http_request_latency_ms_bucket{sel}[{WINDOW}])))"):
+        for labels, value in q(
+            f"histogram_quantile({q_value}, sum by (application, le) (rate(ray_serve_http_request_latency_ms_bucket{sel}[{WINDOW}])))"
+        ):
             if (a := app(labels)) is not None and value == value:  # NaN when there was no traffic
                 setattr(a, attr, value)
     return apps

@@ -49,22 +49,33 @@ def parse(text: str, at: float | None = None) -> Scrape:
             for sample in family.samples:
                 scrape.samples.append(Sample(sample.name, dict(sample.labels), float(sample.value)))
     except (ValueError, TypeError, IndexError) as exc:
-        raise MetricsUnavailable(f"The metrics endpoint did not answer Prometheus text: {exc}", transient=False) from exc
+        raise MetricsUnavailable(
+            f"The metrics endpoint did not answer Prometheus text: {exc}", transient=False
+        ) from exc
     return scrape
 
 
 def scrape(url: str, *, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> Scrape:
     try:
-        with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False, transport=transport or PinnedTransport(),
-                          headers={"User-Agent": USER_AGENT, "Accept": "text/plain"}) as client:
+        with httpx.Client(
+            timeout=timeout_s,
+            follow_redirects=False,
+            trust_env=False,
+            transport=transport or PinnedTransport(),
+            headers={"User-Agent": USER_AGENT, "Accept": "text/plain"},
+        ) as client:
             with client.stream("GET", url) as response:
                 if response.status_code != 200:
-                    raise MetricsUnavailable(f"{url} answered HTTP {response.status_code}.", transient=response.status_code >= 500)
+                    raise MetricsUnavailable(
+                        f"{url} answered HTTP {response.status_code}.", transient=response.status_code >= 500
+                    )
                 body = bytearray()
                 for chunk in response.iter_bytes():
                     body += chunk
                     if len(body) > MAX_BYTES:
-                        raise MetricsUnavailable(f"{url} sent more than {MAX_BYTES // 2**20} MiB; not a metrics page.", transient=False)
+                        raise MetricsUnavailable(
+                            f"{url} sent more than {MAX_BYTES // 2**20} MiB; not a metrics page.", transient=False
+                        )
     except httpx.TimeoutException as exc:
         raise MetricsUnavailable(f"{url} did not answer in time.", transient=True) from exc
     except httpx.TransportError as exc:

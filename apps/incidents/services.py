@@ -57,7 +57,9 @@ def detect(cluster_id: int) -> list[int]:
     per_node = Counter(kill.node_ip for kill in fresh)
     crowded = sorted(ip for ip, count in per_node.items() if count > 1)
     metrics = _metrics_evidence(cluster) if fresh else {}
-    touched = [_record_oom(cluster, app, dep, kills, crowded, metrics) for (app, dep), kills in sorted(by_deployment.items())]
+    touched = [
+        _record_oom(cluster, app, dep, kills, crowded, metrics) for (app, dep), kills in sorted(by_deployment.items())
+    ]
     resolve_quiet()
     return touched
 
@@ -67,23 +69,50 @@ def _metrics_evidence(cluster: Cluster) -> dict:
     if not cluster.metrics_url:
         return {}
     try:
-        reading = signals.read(ray_metrics.Scrape(at=0), ray_metrics.scrape(cluster.metrics_url, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S))
+        reading = signals.read(
+            ray_metrics.Scrape(at=0),
+            ray_metrics.scrape(cluster.metrics_url, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S),
+        )
     except ray_metrics.MetricsUnavailable as exc:
         return {"metrics_warning": exc.message}
     return {
-        "nodes": [{"ip": n.ip, "memory_used_fraction": round(n.mem_fraction, 3) if n.mem_fraction else None,
-                   "memory_monitor_kills": n.evictions} for n in reading.nodes.values()],
-        "out_of_memory_errors": {f"{app}/{dep}": d.oom_errors for (app, dep), d in reading.deployments.items() if d.oom_errors},
+        "nodes": [
+            {
+                "ip": n.ip,
+                "memory_used_fraction": round(n.mem_fraction, 3) if n.mem_fraction else None,
+                "memory_monitor_kills": n.evictions,
+            }
+            for n in reading.nodes.values()
+        ],
+        "out_of_memory_errors": {
+            f"{app}/{dep}": d.oom_errors for (app, dep), d in reading.deployments.items() if d.oom_errors
+        },
         "metrics_warnings": reading.warnings,
     }
 
 
 def _deployment(cluster: Cluster, app: str, dep: str) -> Deployment | None:
-    return Deployment.objects.filter(application__cluster=cluster, application__name=app, name=dep).first() if dep else None
+    return (
+        Deployment.objects.filter(application__cluster=cluster, application__name=app, name=dep).first()
+        if dep
+        else None
+    )
 
 
-def _open_or_extend(cluster: Cluster, app: str, dep: str, kind: str, *, count: int, severity_for, build, detected: str, extended: str,
-                    node_ip: str = "", deployment: Deployment | None = None) -> Incident:
+def _open_or_extend(
+    cluster: Cluster,
+    app: str,
+    dep: str,
+    kind: str,
+    *,
+    count: int,
+    severity_for,
+    build,
+    detected: str,
+    extended: str,
+    node_ip: str = "",
+    deployment: Deployment | None = None,
+) -> Incident:
     """One open incident per deployment and kind: later signals extend it. `build()` makes the
     causes and evidence only when a new incident opens; `severity_for(total)` grades it."""
     now = timezone.now()
@@ -96,10 +125,19 @@ def _open_or_extend(cluster: Cluster, app: str, dep: str, kind: str, *, count: i
         causes, evidence = build()
         where = f"node {node_ip}" if node_ip else f"{app}/{dep}"
         incident = Incident.objects.create(
-            kind=kind, cluster=cluster, application_name=app, deployment_name=dep, node_ip=node_ip,
+            kind=kind,
+            cluster=cluster,
+            application_name=app,
+            deployment_name=dep,
+            node_ip=node_ip,
             deployment=deployment,
-            title=f"{Incident.Kind(kind).label} of {where} on {cluster.name}", started_at=now, last_signal_at=now,
-            signal_count=count, severity=severity_for(count), causes=causes, evidence=evidence,
+            title=f"{Incident.Kind(kind).label} of {where} on {cluster.name}",
+            started_at=now,
+            last_signal_at=now,
+            signal_count=count,
+            severity=severity_for(count),
+            causes=causes,
+            evidence=evidence,
         )
         IncidentEvent.objects.create(incident=incident, kind=IncidentEvent.Kind.DETECTED, message=detected)
         webhooks.queue_for(incident)
@@ -115,7 +153,9 @@ def _open_or_extend(cluster: Cluster, app: str, dep: str, kind: str, *, count: i
 def _record_oom(cluster: Cluster, app: str, dep: str, kills: list[OomKill], crowded: list[str], metrics: dict) -> int:
     now = timezone.now()
     deployment = _deployment(cluster, app, dep)
-    controller_killed = cluster.events.filter(kind=ClusterEvent.Kind.CONTROLLER_RESTARTED, created_at__gte=now - RECENT).exists()
+    controller_killed = cluster.events.filter(
+        kind=ClusterEvent.Kind.CONTROLLER_RESTARTED, created_at__gte=now - RECENT
+    ).exists()
 
     def build():
         ctx, not_counted = _context(cluster, app, deployment, len(kills), crowded, controller_killed, now)
@@ -126,13 +166,30 @@ def _record_oom(cluster: Cluster, app: str, dep: str, kills: list[OomKill], crow
 
     with transaction.atomic():
         incident = _open_or_extend(
-            cluster, app, dep, Incident.Kind.OOM_KILL, count=len(kills), build=build, deployment=deployment,
+            cluster,
+            app,
+            dep,
+            Incident.Kind.OOM_KILL,
+            count=len(kills),
+            build=build,
+            deployment=deployment,
             severity_for=lambda total: severity(total, controller_killed),
-            detected=f"{len(kills)} replica(s) killed by Ray's memory monitor.", extended=f"{len(kills)} more replica(s) killed.",
+            detected=f"{len(kills)} replica(s) killed by Ray's memory monitor.",
+            extended=f"{len(kills)} more replica(s) killed.",
         )
         OomKillRecord.objects.bulk_create(
-            [OomKillRecord(incident=incident, actor_id=k.actor_id, replica=k.replica, node_ip=k.node_ip, used_bytes=k.used_bytes,
-                           threshold_bytes=k.threshold_bytes, message=k.message) for k in kills],
+            [
+                OomKillRecord(
+                    incident=incident,
+                    actor_id=k.actor_id,
+                    replica=k.replica,
+                    node_ip=k.node_ip,
+                    used_bytes=k.used_bytes,
+                    threshold_bytes=k.threshold_bytes,
+                    message=k.message,
+                )
+                for k in kills
+            ],
             ignore_conflicts=True,
         )
         _keep_windows(incident)
@@ -151,8 +208,9 @@ def _keep_windows(incident: Incident) -> None:
     if session.get("started_at"):
         since = max(since, datetime.fromisoformat(session["started_at"]))
     evidence = dict(incident.evidence)
-    window = SignalWindow.objects.filter(cluster=incident.cluster, application_name=incident.application_name,
-                                         deployment_name=incident.deployment_name).first()
+    window = SignalWindow.objects.filter(
+        cluster=incident.cluster, application_name=incident.application_name, deployment_name=incident.deployment_name
+    ).first()
     if window is not None:
         evidence["series"] = _merged(evidence.get("series") or [], window.points, since.timestamp())
     ips = set(incident.oom_kills.exclude(node_ip="").values_list("node_ip", flat=True))
@@ -200,12 +258,20 @@ def _evidence(deployment: Deployment | None, ctx: OomContext) -> dict:
         settings_then = {
             "max_ongoing_requests": deployment.max_ongoing_requests,
             "max_queued_requests": deployment.max_queued_requests,
-            "autoscaling": [deployment.autoscaling_min_replicas, deployment.autoscaling_max_replicas,
-                            deployment.autoscaling_target_ongoing_requests] if deployment.autoscaling else None,
+            "autoscaling": [
+                deployment.autoscaling_min_replicas,
+                deployment.autoscaling_max_replicas,
+                deployment.autoscaling_target_ongoing_requests,
+            ]
+            if deployment.autoscaling
+            else None,
             "running_replicas": deployment.running_replicas,
         }
-    return {"settings_at_detection": settings_then, "controller_killed_too": ctx.controller_killed,
-            "nodes_with_several_kills": ctx.nodes_with_several_kills}
+    return {
+        "settings_at_detection": settings_then,
+        "controller_killed_too": ctx.controller_killed,
+        "nodes_with_several_kills": ctx.nodes_with_several_kills,
+    }
 
 
 def collect_metrics(cluster_id: int) -> list[int]:
@@ -221,11 +287,15 @@ def collect_metrics(cluster_id: int) -> list[int]:
 
 def _prometheus_reading(cluster: Cluster):
     try:
-        reading = prometheus.read(cluster.prometheus_url, cluster.prometheus_selector, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S)
+        reading = prometheus.read(
+            cluster.prometheus_url, cluster.prometheus_selector, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S
+        )
     except ray_metrics.MetricsUnavailable as exc:
         ScrapeState.objects.update_or_create(cluster=cluster, defaults={"at": 0, "samples": [], "error": exc.message})
         return None
-    ScrapeState.objects.update_or_create(cluster=cluster, defaults={"at": time.time(), "samples": [], "error": "", "warnings": reading.warnings})
+    ScrapeState.objects.update_or_create(
+        cluster=cluster, defaults={"at": time.time(), "samples": [], "error": "", "warnings": reading.warnings}
+    )
     return time.time(), reading
 
 
@@ -234,15 +304,24 @@ def _scrape_reading(cluster: Cluster):
     try:
         current = signals.relevant(ray_metrics.scrape(cluster.metrics_url, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S))
     except ray_metrics.MetricsUnavailable as exc:
-        ScrapeState.objects.update_or_create(cluster=cluster, defaults={"at": state.at if state else 0, "samples": state.samples if state else [],
-                                                                       "error": exc.message})
+        ScrapeState.objects.update_or_create(
+            cluster=cluster,
+            defaults={"at": state.at if state else 0, "samples": state.samples if state else [], "error": exc.message},
+        )
         return None
-    ScrapeState.objects.update_or_create(cluster=cluster, defaults={
-        "at": current.at, "samples": [[s.name, s.labels, s.value] for s in current.samples], "error": "",
-    })
+    ScrapeState.objects.update_or_create(
+        cluster=cluster,
+        defaults={
+            "at": current.at,
+            "samples": [[s.name, s.labels, s.value] for s in current.samples],
+            "error": "",
+        },
+    )
     if state is None or not state.samples:
         return None  # a rate needs two scrapes
-    previous = ray_metrics.Scrape(at=state.at, samples=[ray_metrics.Sample(n, labels, v) for n, labels, v in state.samples])
+    previous = ray_metrics.Scrape(
+        at=state.at, samples=[ray_metrics.Sample(n, labels, v) for n, labels, v in state.samples]
+    )
     reading = signals.read(previous, current)
     if reading.warnings:
         ScrapeState.objects.filter(cluster=cluster).update(warnings=reading.warnings)
@@ -255,8 +334,11 @@ def _apply_reading(cluster: Cluster, at: float, reading: signals.Reading) -> lis
         window, _ = NodeWindow.objects.get_or_create(cluster=cluster, node_ip=ip)
         window.points = signals.compact([*window.points, signals.node_point(at, node)], now=at)
         window.save(update_fields=["points", "updated_at"])
-        for finding in (detectors.memory_pressure(window.points), detectors.memory_pressure(window.points, key="gpu"),
-                        detectors.memory_ratchet(window.points)):
+        for finding in (
+            detectors.memory_pressure(window.points),
+            detectors.memory_pressure(window.points, key="gpu"),
+            detectors.memory_ratchet(window.points),
+        ):
             if finding:
                 pressure = pressure or finding.kind == "memory_pressure"
                 touched.append(_record_node(cluster, ip, finding, window.points))
@@ -272,14 +354,19 @@ def _apply_reading(cluster: Cluster, at: float, reading: signals.Reading) -> lis
             # Caught before it becomes a spike: the queue grows faster than replicas are added.
             touched.append(_record_queue(cluster, app, dep, queue, window.points))
     # An open OOM incident's charts follow the readings after the kill: whether memory came back down.
-    for incident in Incident.objects.filter(cluster=cluster, kind=Incident.Kind.OOM_KILL, status__in=OPEN).select_related("cluster"):
+    for incident in Incident.objects.filter(
+        cluster=cluster, kind=Incident.Kind.OOM_KILL, status__in=OPEN
+    ).select_related("cluster"):
         _keep_windows(incident)
     return touched
 
 
 def _record_node(cluster: Cluster, ip: str, finding, points: list[dict]) -> int:
-    busy = list(Deployment.objects.filter(application__cluster=cluster, removed_at__isnull=True, max_ongoing_requests__gt=2)
-                .select_related("application").values_list("application__name", "name", "max_ongoing_requests")[:5])
+    busy = list(
+        Deployment.objects.filter(application__cluster=cluster, removed_at__isnull=True, max_ongoing_requests__gt=2)
+        .select_related("application")
+        .values_list("application__name", "name", "max_ongoing_requests")[:5]
+    )
     kind = Incident.Kind.MEMORY_RATCHET if finding.kind == "memory_ratchet" else Incident.Kind.MEMORY_PRESSURE
 
     def build():
@@ -288,15 +375,22 @@ def _record_node(cluster: Cluster, ip: str, finding, points: list[dict]) -> int:
 
     with transaction.atomic():
         incident = _open_or_extend(
-            cluster, "", "", kind, node_ip=ip, count=1, build=build,
+            cluster,
+            "",
+            "",
+            kind,
+            node_ip=ip,
+            count=1,
+            build=build,
             severity_for=lambda total: "major" if finding.peak >= 0.95 else "warning",
-            detected=finding.summary, extended=finding.summary,
+            detected=finding.summary,
+            extended=finding.summary,
         )
     return incident.pk
 
 
 def _latency_context(deployment: Deployment | None, points: list[dict], *, pressure: bool) -> LatencyContext:
-    recent = points[-detectors.SUSTAIN:]
+    recent = points[-detectors.SUSTAIN :]
     return LatencyContext(
         cold_start=detectors.cold_start(points),
         queue_building=detectors.queue_building(points),
@@ -305,8 +399,11 @@ def _latency_context(deployment: Deployment | None, points: list[dict], *, press
         queued=max(p.get("queued") or 0 for p in recent),
         max_ongoing_requests=deployment.max_ongoing_requests if deployment else None,
         running_replicas=deployment.running_replicas if deployment else None,
-        at_max_replicas=bool(deployment and deployment.autoscaling
-                             and deployment.running_replicas >= (deployment.autoscaling_max_replicas or 0)),
+        at_max_replicas=bool(
+            deployment
+            and deployment.autoscaling
+            and deployment.running_replicas >= (deployment.autoscaling_max_replicas or 0)
+        ),
         memory_pressure=pressure,
     )
 
@@ -319,9 +416,18 @@ def _record_queue(cluster: Cluster, app: str, dep: str, finding, points: list[di
         return rank_latency_causes(ctx), {"summary": finding.summary, "series": points[-60:]}
 
     with transaction.atomic():
-        incident = _open_or_extend(cluster, app, dep, Incident.Kind.QUEUE_BUILDUP, count=1, build=build, deployment=deployment,
-                                   severity_for=lambda total: "major" if finding.peak >= 50 else "warning",
-                                   detected=finding.summary, extended=finding.summary)
+        incident = _open_or_extend(
+            cluster,
+            app,
+            dep,
+            Incident.Kind.QUEUE_BUILDUP,
+            count=1,
+            build=build,
+            deployment=deployment,
+            severity_for=lambda total: "major" if finding.peak >= 50 else "warning",
+            detected=finding.summary,
+            extended=finding.summary,
+        )
     return incident.pk
 
 
@@ -330,14 +436,27 @@ def _record_latency(cluster: Cluster, app: str, dep: str, finding, points: list[
 
     def build():
         ctx = _latency_context(deployment, points, pressure=pressure)
-        return rank_latency_causes(ctx), {"summary": finding.summary, "baseline_p99_ms": finding.baseline, "peak_p99_ms": finding.peak,
-                                          "series": points[-60:]}
+        return rank_latency_causes(ctx), {
+            "summary": finding.summary,
+            "baseline_p99_ms": finding.baseline,
+            "peak_p99_ms": finding.peak,
+            "series": points[-60:],
+        }
 
     with transaction.atomic():
         incident = _open_or_extend(
-            cluster, app, dep, Incident.Kind.LATENCY_SPIKE, count=1, build=build, deployment=deployment,
-            severity_for=lambda total: "critical" if finding.peak > 10_000 else ("major" if total > 2 or finding.peak > 2_000 else "warning"),
-            detected=finding.summary, extended=finding.summary,
+            cluster,
+            app,
+            dep,
+            Incident.Kind.LATENCY_SPIKE,
+            count=1,
+            build=build,
+            deployment=deployment,
+            severity_for=lambda total: (
+                "critical" if finding.peak > 10_000 else ("major" if total > 2 or finding.peak > 2_000 else "warning")
+            ),
+            detected=finding.summary,
+            extended=finding.summary,
         )
         evidence = dict(incident.evidence)
         evidence["series"] = points[-60:]
@@ -348,19 +467,26 @@ def _record_latency(cluster: Cluster, app: str, dep: str, finding, points: list[
 
 def resolve_quiet(now=None) -> int:
     now = now or timezone.now()
-    quiet = Incident.objects.filter(status__in=OPEN, last_signal_at__lt=now - timedelta(seconds=settings.FLEETDECK_INCIDENT_QUIET_S))
+    quiet = Incident.objects.filter(
+        status__in=OPEN, last_signal_at__lt=now - timedelta(seconds=settings.FLEETDECK_INCIDENT_QUIET_S)
+    )
     count = 0
     for incident in quiet:
         incident.status, incident.resolved_at = Incident.Status.RESOLVED, now
         incident.save(update_fields=["status", "resolved_at"])
-        IncidentEvent.objects.create(incident=incident, kind=IncidentEvent.Kind.RESOLVED,
-                                     message=f"No new signal for {settings.FLEETDECK_INCIDENT_QUIET_S // 60} min: resolved automatically.")
+        IncidentEvent.objects.create(
+            incident=incident,
+            kind=IncidentEvent.Kind.RESOLVED,
+            message=f"No new signal for {settings.FLEETDECK_INCIDENT_QUIET_S // 60} min: resolved automatically.",
+        )
         count += 1
     return count
 
 
 def add_note(actor: Actor, incident: Incident, text: str) -> IncidentEvent:
-    event = IncidentEvent.objects.create(incident=incident, kind=IncidentEvent.Kind.NOTE, message=text.strip()[:4000], author=actor.user)
+    event = IncidentEvent.objects.create(
+        incident=incident, kind=IncidentEvent.Kind.NOTE, message=text.strip()[:4000], author=actor.user
+    )
     record(actor, "incident.note", incident, team=incident.cluster.team)
     return event
 
@@ -383,6 +509,8 @@ def set_status(actor: Actor, incident: Incident, status: str) -> Incident:
 
 def open_for(deployment: Deployment) -> Incident | None:
     return Incident.objects.filter(
-        cluster_id=deployment.application.cluster_id, application_name=deployment.application.name,
-        deployment_name=deployment.name, status__in=OPEN,
+        cluster_id=deployment.application.cluster_id,
+        application_name=deployment.application.name,
+        deployment_name=deployment.name,
+        status__in=OPEN,
     ).first()

@@ -250,23 +250,50 @@ def read(prev: Scrape, cur: Scrape) -> Reading:
         if ip in nodes and total:
             nodes[ip].gpu_used_mb, nodes[ip].gpu_total_mb = gram_used[ip], total
     for labels, delta in _deltas(prev, cur, EVICTIONS, warnings):
-        node = nodes.setdefault(labels.get("ip", labels.get("NodeAddress", "")), NodeSignals(labels.get("NodeAddress", ""), 0.0, 0.0))
+        node = nodes.setdefault(
+            labels.get("ip", labels.get("NodeAddress", "")), NodeSignals(labels.get("NodeAddress", ""), 0.0, 0.0)
+        )
         if delta:
             name = labels.get("Name", "unknown")
             node.evictions[name] = node.evictions.get(name, 0.0) + delta
     applications = _applications(prev, cur, warnings)
-    return Reading(seconds=max(cur.at - prev.at, 0.0), deployments=dict(deployments), nodes=nodes, warnings=warnings,
-                   applications=applications)
+    return Reading(
+        seconds=max(cur.at - prev.at, 0.0),
+        deployments=dict(deployments),
+        nodes=nodes,
+        warnings=warnings,
+        applications=applications,
+    )
 
 
-KEPT = (f"{LATENCY}_bucket", REQUESTS, ERRORS, REPLICA_STARTS, EVICTIONS, ONGOING, QUEUED, MEM_USED, MEM_TOTAL, GRAM_USED, GRAM_AVAILABLE,
-        HTTP_REQUESTS, HTTP_ERRORS, f"{HTTP_LATENCY}_bucket")
+KEPT = (
+    f"{LATENCY}_bucket",
+    REQUESTS,
+    ERRORS,
+    REPLICA_STARTS,
+    EVICTIONS,
+    ONGOING,
+    QUEUED,
+    MEM_USED,
+    MEM_TOTAL,
+    GRAM_USED,
+    GRAM_AVAILABLE,
+    HTTP_REQUESTS,
+    HTTP_ERRORS,
+    f"{HTTP_LATENCY}_bucket",
+)
 
 
 def relevant(scrape: Scrape) -> Scrape:
     """Only the series the readings use: a busy node exposes ~760 KB, we keep a few KB."""
-    return Scrape(at=scrape.at, samples=[s for s in scrape.samples if s.name in KEPT
-                                         or (s.name == COMPONENT_RSS and REPLICA_TITLE in s.labels.get("Component", ""))])
+    return Scrape(
+        at=scrape.at,
+        samples=[
+            s
+            for s in scrape.samples
+            if s.name in KEPT or (s.name == COMPONENT_RSS and REPLICA_TITLE in s.labels.get("Component", ""))
+        ],
+    )
 
 
 def point(at: float, seconds: float, d: DeploymentSignals, app: ApplicationSignals | None = None) -> dict:
@@ -274,15 +301,27 @@ def point(at: float, seconds: float, d: DeploymentSignals, app: ApplicationSigna
     into every deployment of the application because a wizard watches one deployment, rarely the
     ingress. Without proxy series the http keys are absent, which is not the same as zero."""
     out = {
-        "t": round(at, 1), "p50": _r(d.p50_ms), "p95": _r(d.p95_ms), "p99": _r(d.p99_ms),
-        "rps": round(d.requests / seconds, 3) if seconds else None, "errors": d.errors,
-        "ongoing": d.ongoing, "queued": d.queued, "starts": d.replica_starts, "seconds": round(seconds, 1),
+        "t": round(at, 1),
+        "p50": _r(d.p50_ms),
+        "p95": _r(d.p95_ms),
+        "p99": _r(d.p99_ms),
+        "rps": round(d.requests / seconds, 3) if seconds else None,
+        "errors": d.errors,
+        "ongoing": d.ongoing,
+        "queued": d.queued,
+        "starts": d.replica_starts,
+        "seconds": round(seconds, 1),
     }
     if d.rss_mb is not None and d.replicas:
         out |= {"rss_mb": round(d.rss_mb, 1), "replicas": d.replicas}
     if app is not None:
-        out |= {"http": app.requests, "http_errors": dict(app.errors_by_code),
-                "http_p50": _r(app.p50_ms), "http_p95": _r(app.p95_ms), "http_p99": _r(app.p99_ms)}
+        out |= {
+            "http": app.requests,
+            "http_errors": dict(app.errors_by_code),
+            "http_p50": _r(app.p50_ms),
+            "http_p95": _r(app.p95_ms),
+            "http_p99": _r(app.p99_ms),
+        }
         if app.p99_between_ms is not None:
             out["http_p99_between"] = list(app.p99_between_ms)
     return out
@@ -290,8 +329,10 @@ def point(at: float, seconds: float, d: DeploymentSignals, app: ApplicationSigna
 
 def node_point(at: float, node: NodeSignals) -> dict:
     return {
-        "t": round(at, 1), "mem": round(node.mem_fraction, 4) if node.mem_fraction is not None else None,
-        "mem_used": node.mem_used, "mem_total": node.mem_total,
+        "t": round(at, 1),
+        "mem": round(node.mem_fraction, 4) if node.mem_fraction is not None else None,
+        "mem_used": node.mem_used,
+        "mem_total": node.mem_total,
         "gpu": round(node.gpu_fraction, 4) if node.gpu_fraction is not None else None,
         "evictions": sum(node.evictions.values()),
     }
@@ -306,7 +347,9 @@ SUMMED_BY_KEY = {"http_errors"}
 AVERAGED = {"rps"}
 
 
-def compact(points: list[dict], now: float, *, raw_s: float = 3600, bucket_s: float = 300, retention_s: float = 86400) -> list[dict]:
+def compact(
+    points: list[dict], now: float, *, raw_s: float = 3600, bucket_s: float = 300, retention_s: float = 86400
+) -> list[dict]:
     """Raw points for `raw_s`, then one point per `bucket_s`, nothing older than `retention_s`.
     Summaries keep the worst of gauges and latencies, the sum of counts (per status code too), the mean of rates."""
     recent = [p for p in points if p["t"] >= now - raw_s]

@@ -16,7 +16,10 @@ from apps.incidents.models import Incident
 
 # How far before an incident began its timeline starts.
 BEFORE = timedelta(minutes=15)
-KINDS = {ClusterEvent.Kind.SESSION_CHANGED: "cluster_restart", ClusterEvent.Kind.CONTROLLER_RESTARTED: "controller_restart"}
+KINDS = {
+    ClusterEvent.Kind.SESSION_CHANGED: "cluster_restart",
+    ClusterEvent.Kind.CONTROLLER_RESTARTED: "controller_restart",
+}
 
 
 def related_work(incident: Incident) -> list[dict]:
@@ -33,37 +36,64 @@ def related_work_for(incidents: list[Incident]) -> dict[int, list[dict]]:
         return {}
     clusters = {incident.cluster_id for incident in incidents}
     since = min(incident.started_at for incident in incidents) - BEFORE
-    changes = list(Change.objects.filter(cluster_id__in=clusters, created_at__gte=since - BEFORE).order_by("created_at", "id"))
-    runs = list(MaintenanceRun.objects.filter(cluster_id__in=clusters, created_at__gte=since).order_by("created_at", "id"))
-    events = list(ClusterEvent.objects.filter(cluster_id__in=clusters, kind__in=list(KINDS), created_at__gte=since)
-                  .order_by("created_at", "id"))
+    changes = list(
+        Change.objects.filter(cluster_id__in=clusters, created_at__gte=since - BEFORE).order_by("created_at", "id")
+    )
+    runs = list(
+        MaintenanceRun.objects.filter(cluster_id__in=clusters, created_at__gte=since).order_by("created_at", "id")
+    )
+    events = list(
+        ClusterEvent.objects.filter(cluster_id__in=clusters, kind__in=list(KINDS), created_at__gte=since).order_by(
+            "created_at", "id"
+        )
+    )
     revisions = cluster_history.revisions_since(clusters, since - BEFORE)
     now = timezone.now()
     return {incident.pk: _related(incident, changes, runs, events, revisions, now) for incident in incidents}
 
 
-def _related(incident: Incident, changes: list[Change], runs: list, events: list[ClusterEvent], revisions: list, now) -> list[dict]:
+def _related(
+    incident: Incident, changes: list[Change], runs: list, events: list[ClusterEvent], revisions: list, now
+) -> list[dict]:
     since = incident.started_at - BEFORE
     mine = incident.cluster_id
     # Who made a revision is judged from the incident's own look back, so a page of incidents
     # says the same as each incident alone.
-    pushed = [c for c in changes if c.cluster_id == mine and c.created_at >= since - BEFORE and cluster_history.reached_cluster(c)]
-    made = cluster_history.makers([r for r in revisions if r.cluster_id == mine and r.observed_at >= since - BEFORE], pushed, now)
+    pushed = [
+        c
+        for c in changes
+        if c.cluster_id == mine and c.created_at >= since - BEFORE and cluster_history.reached_cluster(c)
+    ]
+    made = cluster_history.makers(
+        [r for r in revisions if r.cluster_id == mine and r.observed_at >= since - BEFORE], pushed, now
+    )
     foreign = [revision for revision in revisions if revision.pk in made and not made[revision.pk]]
     items = []
     for change in changes:
         if change.cluster_id != mine or change.created_at < since:
             continue
         if not incident.application_name or incident.application_name in change.touched_applications:
-            items.append({"at": change.started_at or change.created_at, "kind": "change", "id": change.pk,
-                          "text": f"Change #{change.pk} ({change.get_state_display().lower()}): {change.reason}"})
+            items.append(
+                {
+                    "at": change.started_at or change.created_at,
+                    "kind": "change",
+                    "id": change.pk,
+                    "text": f"Change #{change.pk} ({change.get_state_display().lower()}): {change.reason}",
+                }
+            )
     for run in runs:
         if run.cluster_id != mine or run.created_at < since:
             continue
         if incident.deployment_id and run.deployment_id != incident.deployment_id:
             continue
-        items.append({"at": run.started_at or run.created_at, "kind": "maintenance", "id": run.pk,
-                      "text": f"{run.get_kind_display()} run #{run.pk} ({run.get_state_display().lower()})"})
+        items.append(
+            {
+                "at": run.started_at or run.created_at,
+                "kind": "maintenance",
+                "id": run.pk,
+                "text": f"{run.get_kind_display()} run #{run.pk} ({run.get_state_display().lower()})",
+            }
+        )
     for event in events:
         if event.cluster_id == mine:
             text = event.get_kind_display() + (f": {event.message}" if event.message else "")
@@ -73,6 +103,12 @@ def _related(incident: Incident, changes: list[Change], runs: list, events: list
             continue
         name = revision.application.name
         if not incident.application_name or incident.application_name == name:
-            items.append({"at": revision.observed_at, "kind": "config_revision", "id": revision.pk,
-                          "text": f"The config of {name} changed outside Fleetdeck (revision {revision.config_hash[:12]})"})
+            items.append(
+                {
+                    "at": revision.observed_at,
+                    "kind": "config_revision",
+                    "id": revision.pk,
+                    "text": f"The config of {name} changed outside Fleetdeck (revision {revision.config_hash[:12]})",
+                }
+            )
     return sorted(items, key=lambda item: item["at"])

@@ -31,7 +31,9 @@ def incident_list(request):
 
 @login_required
 def incident_detail(request, pk: int):
-    incident = get_object_or_404(_visible(request).prefetch_related("oom_kills", "pod_kills", "timeline__author"), pk=pk)
+    incident = get_object_or_404(
+        _visible(request).prefetch_related("oom_kills", "pod_kills", "timeline__author"), pk=pk
+    )
     context = {
         "incident": incident,
         "can_operate": has_role(request.user, incident.cluster.team, Role.OPERATOR),

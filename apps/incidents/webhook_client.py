@@ -19,13 +19,17 @@ class DeliveryError(Exception):
         self.message, self.transient, self.status = message, transient, status
 
 
-def post(url: str, payload: dict, *, secret: str = "", timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> int:
+def post(
+    url: str, payload: dict, *, secret: str = "", timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None
+) -> int:
     body = json.dumps(payload, sort_keys=True).encode()
     headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
     if secret:
         headers["X-Fleetdeck-Signature"] = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     try:
-        with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False, transport=transport or PinnedTransport()) as client:
+        with httpx.Client(
+            timeout=timeout_s, follow_redirects=False, trust_env=False, transport=transport or PinnedTransport()
+        ) as client:
             response = client.post(url, content=body, headers=headers)
     except httpx.TimeoutException as exc:
         raise DeliveryError(f"{url} did not answer in time.", transient=True) from exc
@@ -34,5 +38,7 @@ def post(url: str, payload: dict, *, secret: str = "", timeout_s: float = 5.0, t
     if response.status_code >= 500 or response.status_code == 429:
         raise DeliveryError(f"{url} answered HTTP {response.status_code}.", transient=True, status=response.status_code)
     if response.status_code >= 300:
-        raise DeliveryError(f"{url} answered HTTP {response.status_code}; not retried.", transient=False, status=response.status_code)
+        raise DeliveryError(
+            f"{url} answered HTTP {response.status_code}; not retried.", transient=False, status=response.status_code
+        )
     return response.status_code

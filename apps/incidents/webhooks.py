@@ -19,7 +19,9 @@ MAX_ATTEMPTS = 6
 RETRY_BACKOFF_MAX_S = 300
 
 
-def save_webhook(actor: Actor, *, team, url: str, secret: str = "", enabled: bool = True, webhook: Webhook | None = None) -> Webhook:
+def save_webhook(
+    actor: Actor, *, team, url: str, secret: str = "", enabled: bool = True, webhook: Webhook | None = None
+) -> Webhook:
     webhook = webhook or Webhook(team=team)
     webhook.url = checked_url(url)
     if secret:
@@ -27,7 +29,13 @@ def save_webhook(actor: Actor, *, team, url: str, secret: str = "", enabled: boo
     webhook.enabled = enabled
     with transaction.atomic():
         webhook.save()
-        record(actor, "webhook.save", webhook, team=team, changes={"url": webhook.url, "enabled": enabled, "secret": "set" if secret else "unchanged"})
+        record(
+            actor,
+            "webhook.save",
+            webhook,
+            team=team,
+            changes={"url": webhook.url, "enabled": enabled, "secret": "set" if secret else "unchanged"},
+        )
     return webhook
 
 
@@ -35,8 +43,13 @@ def payload(incident: Incident) -> dict:
     return {
         "event": "incident.opened",
         "incident": {
-            "id": incident.pk, "kind": incident.kind, "severity": incident.severity, "title": incident.title,
-            "cluster": incident.cluster.name, "application": incident.application_name, "deployment": incident.deployment_name,
+            "id": incident.pk,
+            "kind": incident.kind,
+            "severity": incident.severity,
+            "title": incident.title,
+            "cluster": incident.cluster.name,
+            "application": incident.application_name,
+            "deployment": incident.deployment_name,
             "started_at": incident.started_at.isoformat(),
             "suspected_causes": [{"id": c["id"], "title": c["title"], "reason": c["reason"]} for c in incident.causes],
         },
@@ -45,8 +58,10 @@ def payload(incident: Incident) -> dict:
 
 def queue_for(incident: Incident) -> list[int]:
     """One delivery per enabled webhook of the cluster's team, sent after the incident commits."""
-    deliveries = [WebhookDelivery.objects.create(webhook=hook, incident=incident)
-                  for hook in Webhook.objects.filter(team_id=incident.cluster.team_id, enabled=True)]
+    deliveries = [
+        WebhookDelivery.objects.create(webhook=hook, incident=incident)
+        for hook in Webhook.objects.filter(team_id=incident.cluster.team_id, enabled=True)
+    ]
     for delivery in deliveries:
         transaction.on_commit(lambda delivery_id=delivery.pk: _enqueue(delivery_id))
     return [d.pk for d in deliveries]
@@ -65,19 +80,30 @@ def requeue_lost(now=None) -> list[int]:
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=RETRY_BACKOFF_MAX_S + settings.FLEETDECK_CHANGE_STALE_S)
     pending = WebhookDelivery.objects.filter(state=WebhookDelivery.State.PENDING, sent_at__lt=cutoff)
-    return [delivery_id for delivery_id in pending.order_by("pk").values_list("pk", flat=True)
-            if WebhookDelivery.objects.filter(pk=delivery_id, state=WebhookDelivery.State.PENDING, sent_at__lt=cutoff).update(sent_at=now)]
+    return [
+        delivery_id
+        for delivery_id in pending.order_by("pk").values_list("pk", flat=True)
+        if WebhookDelivery.objects.filter(
+            pk=delivery_id, state=WebhookDelivery.State.PENDING, sent_at__lt=cutoff
+        ).update(sent_at=now)
+    ]
 
 
 def deliver(delivery_id: int) -> None:
     """One attempt. Raises DeliveryError when a retry may help; the task retries with backoff."""
-    delivery = WebhookDelivery.objects.select_related("webhook", "incident__cluster").filter(pk=delivery_id, state=WebhookDelivery.State.PENDING).first()
+    delivery = (
+        WebhookDelivery.objects.select_related("webhook", "incident__cluster")
+        .filter(pk=delivery_id, state=WebhookDelivery.State.PENDING)
+        .first()
+    )
     if delivery is None:
         return
     delivery.attempts += 1
     delivery.sent_at = timezone.now()
     try:
-        status = webhook_client.post(delivery.webhook.url, payload(delivery.incident), secret=secrets.decrypt(delivery.webhook.secret_ciphertext))
+        status = webhook_client.post(
+            delivery.webhook.url, payload(delivery.incident), secret=secrets.decrypt(delivery.webhook.secret_ciphertext)
+        )
     except webhook_client.DeliveryError as exc:
         final = not exc.transient or delivery.attempts >= MAX_ATTEMPTS
         delivery.state = WebhookDelivery.State.FAILED if final else WebhookDelivery.State.PENDING
@@ -86,5 +112,10 @@ def deliver(delivery_id: int) -> None:
         if not final:
             raise
         return
-    delivery.state, delivery.last_status, delivery.last_error, delivery.delivered_at = WebhookDelivery.State.DELIVERED, status, "", timezone.now()
+    delivery.state, delivery.last_status, delivery.last_error, delivery.delivered_at = (
+        WebhookDelivery.State.DELIVERED,
+        status,
+        "",
+        timezone.now(),
+    )
     delivery.save()

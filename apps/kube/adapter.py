@@ -139,7 +139,9 @@ def _pin(configuration: client.Configuration, pin: Callable[[str, int], str]) ->
     address = pin(host, port)
     if address == host:
         return
-    configuration.host = urlunsplit(url._replace(netloc=f"[{address}]:{port}" if ":" in address else f"{address}:{port}"))
+    configuration.host = urlunsplit(
+        url._replace(netloc=f"[{address}]:{port}" if ":" in address else f"{address}:{port}")
+    )
     if url.scheme == "https":
         configuration.tls_server_name = host
 
@@ -198,7 +200,9 @@ class KubeAdapter:
                 )
             else:
                 config.load_kube_config(
-                    config_file=os.fspath(kubeconfig), context=context, client_configuration=configuration,
+                    config_file=os.fspath(kubeconfig),
+                    context=context,
+                    client_configuration=configuration,
                     persist_config=False,
                 )
         except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
@@ -246,10 +250,18 @@ class KubeAdapter:
     def get_rayservice(self, namespace: str, name: str) -> objects.RayService:
         body = self._call(
             lambda: self._custom.get_namespaced_custom_object(
-                RAYSERVICES.group, RAYSERVICES.version, namespace, RAYSERVICES.plural, name,
-                _preload_content=False, _request_timeout=self.timeout_s,
+                RAYSERVICES.group,
+                RAYSERVICES.version,
+                namespace,
+                RAYSERVICES.plural,
+                name,
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
             ),
-            verb="get", kind=RAYSERVICES, namespace=namespace, name=name,
+            verb="get",
+            kind=RAYSERVICES,
+            namespace=namespace,
+            name=name,
         )
         return objects.parse_rayservice(body)
 
@@ -266,11 +278,21 @@ class KubeAdapter:
         patch = {"metadata": {"resourceVersion": resource_version}, "spec": {"serveConfigV2": serve_config_yaml}}
         body = self._call(
             lambda: self._custom.patch_namespaced_custom_object(
-                RAYSERVICES.group, RAYSERVICES.version, namespace, RAYSERVICES.plural, name, patch,
-                field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json",
-                _preload_content=False, _request_timeout=self.timeout_s,
+                RAYSERVICES.group,
+                RAYSERVICES.version,
+                namespace,
+                RAYSERVICES.plural,
+                name,
+                patch,
+                field_manager=FIELD_MANAGER,
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
             ),
-            verb="patch", kind=RAYSERVICES, namespace=namespace, name=name,
+            verb="patch",
+            kind=RAYSERVICES,
+            namespace=namespace,
+            name=name,
         )
         return objects.parse_rayservice(body)
 
@@ -279,8 +301,12 @@ class KubeAdapter:
     def list_pods(self, namespaces: str | Iterable[str], label_selector: str | None = None) -> ListResult[objects.Pod]:
         def page(namespace: str, limit: int, token: str | None):
             return self._core.list_namespaced_pod(
-                namespace, label_selector=label_selector, limit=limit, _continue=token,
-                _preload_content=False, _request_timeout=self.timeout_s,
+                namespace,
+                label_selector=label_selector,
+                limit=limit,
+                _continue=token,
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
             )
 
         return self._paginate(PODS, namespaces, page, objects.parse_pod)
@@ -302,8 +328,12 @@ class KubeAdapter:
 
         def page(namespace: str, limit: int, token: str | None):
             return self._core.list_namespaced_event(
-                namespace, field_selector=selector, limit=limit, _continue=token,
-                _preload_content=False, _request_timeout=self.timeout_s,
+                namespace,
+                field_selector=selector,
+                limit=limit,
+                _continue=token,
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
             )
 
         result = self._paginate(EVENTS, namespaces, page, objects.parse_event)
@@ -314,7 +344,11 @@ class KubeAdapter:
     def list_hpas(self, namespaces: str | Iterable[str]) -> ListResult[objects.HorizontalPodAutoscaler]:
         def page(namespace: str, limit: int, token: str | None):
             return self._autoscaling.list_namespaced_horizontal_pod_autoscaler(
-                namespace, limit=limit, _continue=token, _preload_content=False, _request_timeout=self.timeout_s,
+                namespace,
+                limit=limit,
+                _continue=token,
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
             )
 
         return self._paginate(HPAS, namespaces, page, objects.parse_hpa)
@@ -331,13 +365,21 @@ class KubeAdapter:
     def _list_custom(self, kind: _Kind, namespaces, parse: Callable[[dict], T]) -> ListResult[T]:
         def page(namespace: str, limit: int, token: str | None):
             return self._custom.list_namespaced_custom_object(
-                kind.group, kind.version, namespace, kind.plural, limit=limit, _continue=token,
-                _preload_content=False, _request_timeout=self.timeout_s,
+                kind.group,
+                kind.version,
+                namespace,
+                kind.plural,
+                limit=limit,
+                _continue=token,
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
             )
 
         return self._paginate(kind, namespaces, page, parse)
 
-    def _paginate(self, kind: _Kind, namespaces, fetch: Callable[..., Any], parse: Callable[[dict], T]) -> ListResult[T]:
+    def _paginate(
+        self, kind: _Kind, namespaces, fetch: Callable[..., Any], parse: Callable[[dict], T]
+    ) -> ListResult[T]:
         namespaces = [namespaces] if isinstance(namespaces, str) else list(dict.fromkeys(namespaces))
         result: ListResult[T] = ListResult()
         for position, namespace in enumerate(namespaces):
@@ -345,7 +387,7 @@ class KubeAdapter:
             while True:
                 room = self.max_items - len(result.items)
                 if room <= 0:
-                    unlisted = namespaces[position + 1:] if token else namespaces[position:]
+                    unlisted = namespaces[position + 1 :] if token else namespaces[position:]
                     result.partial = True
                     result.warnings.append(
                         f"Stopped at {self.max_items} {kind.plural} (the cap)"
@@ -357,7 +399,9 @@ class KubeAdapter:
                 try:
                     body = self._call(
                         lambda: fetch(namespace, min(self.page_size, room), token),
-                        verb="list", kind=kind, namespace=namespace,
+                        verb="list",
+                        kind=kind,
+                        namespace=namespace,
                     )
                 except KubeForbidden as exc:
                     result.partial = True
@@ -386,11 +430,15 @@ class KubeAdapter:
                 if not following:
                     break
                 if following == token:
-                    raise KubeBadResponse(f"The {kind.plural} list in {namespace} answered the same continue token twice.")
+                    raise KubeBadResponse(
+                        f"The {kind.plural} list in {namespace} answered the same continue token twice."
+                    )
                 token = following
         return result
 
-    def _call(self, request: Callable[[], Any], *, verb: str, kind: _Kind, namespace: str, name: str = "") -> dict[str, Any]:
+    def _call(
+        self, request: Callable[[], Any], *, verb: str, kind: _Kind, namespace: str, name: str = ""
+    ) -> dict[str, Any]:
         what = f"{verb} {kind.label}" + (f" {namespace}/{name}" if name else f" in {namespace}")
         try:
             response = request()
@@ -471,13 +519,17 @@ def _api_error(exc: ApiException, *, verb: str, kind: _Kind, namespace: str, nam
     if status == 401:
         return KubeUnauthorized(
             f"Kubernetes refused the credentials (HTTP 401) to {what}: the token or client certificate is "
-            "missing, expired or revoked.", status=status,
+            "missing, expired or revoked.",
+            status=status,
         )
     if status == 403:
         return KubeForbidden(
             f"Forbidden to {verb} {kind.label} in namespace {namespace} (HTTP 403): grant Fleetdeck's "
             f"account '{verb}' on '{kind.label}' there.{said_part}",
-            verb=verb, resource=kind.label, namespace=namespace, status=status,
+            verb=verb,
+            resource=kind.label,
+            namespace=namespace,
+            status=status,
         )
     if status == 404:
         if body.get("kind") != "Status":
@@ -514,7 +566,9 @@ def _transport_error(exc: Exception, what: str, timeout_s: float) -> KubeUnavail
     refused = isinstance(cause, (urllib3.exceptions.NewConnectionError, ConnectionError))
     if not refused and isinstance(cause, (urllib3.exceptions.TimeoutError, TimeoutError)):
         return KubeUnavailable(f"The API server did not answer ({what}) within {timeout_s:g} s.")
-    return KubeUnavailable(f"Cannot reach the API server to {what}: {_excerpt(str(cause)) or cause.__class__.__name__}.")
+    return KubeUnavailable(
+        f"Cannot reach the API server to {what}: {_excerpt(str(cause)) or cause.__class__.__name__}."
+    )
 
 
 def _status_body(text: Any) -> dict[str, Any]:

@@ -55,11 +55,15 @@ class _Target:
     pod: Pod | None = None
 
 
-def _targets(rayclusters: Iterable[RayCluster], rayservices: Iterable[RayService], pods: Iterable[Pod]) -> Iterator[_Target]:
+def _targets(
+    rayclusters: Iterable[RayCluster], rayservices: Iterable[RayService], pods: Iterable[Pod]
+) -> Iterator[_Target]:
     rayclusters, rayservices = list(rayclusters), list(rayservices)
     covered_services = {(c.namespace, c.rayservice) for c in rayclusters if c.rayservice}
     specs = [(c.namespace, c.name, c.spec) for c in rayclusters]
-    specs += [(s.namespace, s.name, s.cluster_spec) for s in rayservices if (s.namespace, s.name) not in covered_services]
+    specs += [
+        (s.namespace, s.name, s.cluster_spec) for s in rayservices if (s.namespace, s.name) not in covered_services
+    ]
     for namespace, name, spec in specs:
         for group in spec.groups:
             if group.ray_container is not None:
@@ -68,7 +72,9 @@ def _targets(rayclusters: Iterable[RayCluster], rayservices: Iterable[RayService
     covered_clusters = {(c.namespace, c.name) for c in rayclusters}
     for pod in pods:
         if pod.ray_container is not None and (pod.namespace, pod.ray_cluster) not in covered_clusters:
-            yield _Target(f"{pod.namespace}/{pod.name}/{pod.ray_container.name}", pod.ray_container, pod.ray_node_type, {}, pod)
+            yield _Target(
+                f"{pod.namespace}/{pod.name}/{pod.ray_container.name}", pod.ray_container, pod.ray_node_type, {}, pod
+            )
 
 
 # --- K1: memory requests and limits, and Ray's sizes inside them ----------------------------
@@ -104,54 +110,87 @@ def _k1_spec(target: _Target) -> list[Finding]:
         # The request defaults to the limit, so it can only be missing when the limit is.
         missing = ["memory limit"] + (["memory request"] if request is None else [])
         scheduler = "the scheduler can place it on a node without the memory it will use, " if request is None else ""
-        findings.append(Finding(
-            "K1", "major", target.subject, {**base, "missing": missing},
-            f"The Ray container has no {' and no '.join(missing)}: Ray sizes its object store and memory monitor "
-            f"from what it sees, {scheduler}and the node's other pods decide when the kernel kills it. "
-            "Set requests.memory = limits.memory.",
-            "OOM-6",
-        ))
+        findings.append(
+            Finding(
+                "K1",
+                "major",
+                target.subject,
+                {**base, "missing": missing},
+                f"The Ray container has no {' and no '.join(missing)}: Ray sizes its object store and memory monitor "
+                f"from what it sees, {scheduler}and the node's other pods decide when the kernel kills it. "
+                "Set requests.memory = limits.memory.",
+                "OOM-6",
+            )
+        )
         return findings
     params = {key: _bytes(target.ray_start_params.get(key)) for key in ("memory", "object-store-memory")}
     for key, size in params.items():
         if size is not None and size > limit * (1 + MEMORY_TOLERANCE):
-            findings.append(Finding(
-                "K1", "major", target.subject, {**base, f"ray_start_params.{key}": size, "memory_limit_bytes": int(limit)},
-                f"rayStartParams {key} is {_gib(size)} but the container limit is {_gib(limit)}: Ray plans with memory "
-                "the kernel will not give it. Size it below the limit.",
-                "OOM-6",
-            ))
+            findings.append(
+                Finding(
+                    "K1",
+                    "major",
+                    target.subject,
+                    {**base, f"ray_start_params.{key}": size, "memory_limit_bytes": int(limit)},
+                    f"rayStartParams {key} is {_gib(size)} but the container limit is {_gib(limit)}: Ray plans with memory "
+                    "the kernel will not give it. Size it below the limit.",
+                    "OOM-6",
+                )
+            )
     if None not in params.values() and sum(params.values()) > limit * (1 + MEMORY_TOLERANCE):
-        findings.append(Finding(
-            "K1", "major", target.subject,
-            {**base, "ray_start_params.memory": params["memory"], "ray_start_params.object-store-memory":
-             params["object-store-memory"], "memory_limit_bytes": int(limit)},
-            f"rayStartParams memory + object-store-memory is {_gib(sum(params.values()))}, more than the container "
-            f"limit of {_gib(limit)}: heap and object store cannot both fill up without an OOM kill.",
-            "OOM-6",
-        ))
+        findings.append(
+            Finding(
+                "K1",
+                "major",
+                target.subject,
+                {
+                    **base,
+                    "ray_start_params.memory": params["memory"],
+                    "ray_start_params.object-store-memory": params["object-store-memory"],
+                    "memory_limit_bytes": int(limit),
+                },
+                f"rayStartParams memory + object-store-memory is {_gib(sum(params.values()))}, more than the container "
+                f"limit of {_gib(limit)}: heap and object store cannot both fill up without an OOM kill.",
+                "OOM-6",
+            )
+        )
     return findings
 
 
 def _k1_ray_view(pod: Pod, container: Container, limit: float, memory: int, store: int) -> list[Finding]:
     subject = f"{pod.namespace}/{pod.name}/{container.name}"
-    evidence = {"memory_limit_bytes": int(limit), "ray_memory_total_bytes": memory, "ray_object_store_bytes": store,
-                "node": pod.node_name, "pod_ip": pod.pod_ip}
+    evidence = {
+        "memory_limit_bytes": int(limit),
+        "ray_memory_total_bytes": memory,
+        "ray_object_store_bytes": store,
+        "node": pod.node_name,
+        "pod_ip": pod.pod_ip,
+    }
     findings = []
     if memory > limit * (1 + MEMORY_TOLERANCE):
-        findings.append(Finding(
-            "K1", "major", subject, evidence,
-            f"Ray sees {_gib(memory)} of memory on this pod but the container limit is {_gib(limit)}: Ray's memory "
-            "monitor will not act before the kernel OOM-kills the container. Align Ray's --memory with the limit.",
-            "OOM-6",
-        ))
+        findings.append(
+            Finding(
+                "K1",
+                "major",
+                subject,
+                evidence,
+                f"Ray sees {_gib(memory)} of memory on this pod but the container limit is {_gib(limit)}: Ray's memory "
+                "monitor will not act before the kernel OOM-kills the container. Align Ray's --memory with the limit.",
+                "OOM-6",
+            )
+        )
     if store > limit * (1 + MEMORY_TOLERANCE):
-        findings.append(Finding(
-            "K1", "major", subject, evidence,
-            f"Ray's object store ({_gib(store)}) is larger than the container limit ({_gib(limit)}): it was sized "
-            "from the host's memory. Set --object-store-memory well inside the limit.",
-            "OOM-3",
-        ))
+        findings.append(
+            Finding(
+                "K1",
+                "major",
+                subject,
+                evidence,
+                f"Ray's object store ({_gib(store)}) is larger than the container limit ({_gib(limit)}): it was sized "
+                "from the host's memory. Set --object-store-memory well inside the limit.",
+                "OOM-3",
+            )
+        )
     return findings
 
 
@@ -206,15 +245,22 @@ def check_k2(
             "serve_autoscaling": serve,
         }
         if in_tree:
-            message = (f"{scaler_kind} {scaler.name} scales {target.kind} {target.name}, whose worker groups the Ray "
-                       "autoscaler (enableInTreeAutoscaling) scales too: they overwrite each other's replica counts. "
-                       "Remove the external scaler and let Serve autoscaling drive the Ray autoscaler.")
+            message = (
+                f"{scaler_kind} {scaler.name} scales {target.kind} {target.name}, whose worker groups the Ray "
+                "autoscaler (enableInTreeAutoscaling) scales too: they overwrite each other's replica counts. "
+                "Remove the external scaler and let Serve autoscaling drive the Ray autoscaler."
+            )
         else:
-            message = (f"{scaler_kind} {scaler.name} scales {target.kind} {target.name} while Serve autoscaling scales "
-                       "its replicas on the same load: both react and overshoot. Enable in-tree autoscaling and "
-                       "remove the external scaler.")
-        findings.append(Finding("K2", "major" if in_tree else "warning", f"{scaler.namespace}/{scaler.name}",
-                                evidence, message, "LAT-2"))
+            message = (
+                f"{scaler_kind} {scaler.name} scales {target.kind} {target.name} while Serve autoscaling scales "
+                "its replicas on the same load: both react and overshoot. Enable in-tree autoscaling and "
+                "remove the external scaler."
+            )
+        findings.append(
+            Finding(
+                "K2", "major" if in_tree else "warning", f"{scaler.namespace}/{scaler.name}", evidence, message, "LAT-2"
+            )
+        )
     return findings
 
 
@@ -243,24 +289,31 @@ def check_k3(pods: Iterable[Pod], *, now: datetime, margin_s: int = TERMINATING_
         overdue = now - pod.deletion_timestamp
         if overdue <= timedelta(seconds=margin_s):
             continue
-        why = (f"finalizers {', '.join(pod.finalizers)} have not been removed" if pod.finalizers else
-               f"the kubelet on {pod.node_name or 'its node'} has not confirmed the kill (node down or kubelet stuck?)")
-        findings.append(Finding(
-            "K3", "warning", f"{pod.namespace}/{pod.name}",
-            {
-                "deletion_timestamp": pod.deletion_timestamp.isoformat(),
-                "overdue_s": int(overdue.total_seconds()),
-                "deletion_grace_period_s": pod.deletion_grace_period_s,
-                "termination_grace_period_s": pod.termination_grace_period_s,
-                "finalizers": list(pod.finalizers),
-                "node": pod.node_name,
-                "ray_node_type": pod.ray_node_type,
-                "ray_cluster": pod.ray_cluster,
-            },
-            f"Pod {pod.name} has been Terminating {int(overdue.total_seconds())} s past its deadline: {why}. "
-            "Its memory is not freed for the pods that replace it.",
-            "OOM-7",
-        ))
+        why = (
+            f"finalizers {', '.join(pod.finalizers)} have not been removed"
+            if pod.finalizers
+            else f"the kubelet on {pod.node_name or 'its node'} has not confirmed the kill (node down or kubelet stuck?)"
+        )
+        findings.append(
+            Finding(
+                "K3",
+                "warning",
+                f"{pod.namespace}/{pod.name}",
+                {
+                    "deletion_timestamp": pod.deletion_timestamp.isoformat(),
+                    "overdue_s": int(overdue.total_seconds()),
+                    "deletion_grace_period_s": pod.deletion_grace_period_s,
+                    "termination_grace_period_s": pod.termination_grace_period_s,
+                    "finalizers": list(pod.finalizers),
+                    "node": pod.node_name,
+                    "ray_node_type": pod.ray_node_type,
+                    "ray_cluster": pod.ray_cluster,
+                },
+                f"Pod {pod.name} has been Terminating {int(overdue.total_seconds())} s past its deadline: {why}. "
+                "Its memory is not freed for the pods that replace it.",
+                "OOM-7",
+            )
+        )
     return findings
 
 
@@ -281,15 +334,26 @@ def check_k4(
         gpus, cpu = target.container.gpu_limit, target.container.cpu_request_cores
         if gpus <= 0 or (cpu is not None and cpu / gpus >= min_cpu_per_gpu):
             continue
-        evidence = {"gpus": gpus, "cpu_request_cores": cpu, "min_cpu_per_gpu": min_cpu_per_gpu,
-                    "requests": dict(target.container.requests), "limits": dict(target.container.limits)}
+        evidence = {
+            "gpus": gpus,
+            "cpu_request_cores": cpu,
+            "min_cpu_per_gpu": min_cpu_per_gpu,
+            "requests": dict(target.container.requests),
+            "limits": dict(target.container.limits),
+        }
         if cpu is None:
-            message = (f"The container has {gpus:g} GPU(s) and no CPU request: the scheduler gives it no CPU share and "
-                       f"Ray sees no CPUs for replicas. Request at least {min_cpu_per_gpu * gpus:g} CPU.")
+            message = (
+                f"The container has {gpus:g} GPU(s) and no CPU request: the scheduler gives it no CPU share and "
+                f"Ray sees no CPUs for replicas. Request at least {min_cpu_per_gpu * gpus:g} CPU."
+            )
         else:
-            message = (f"The container has {gpus:g} GPU(s) but requests {cpu:g} CPU ({cpu / gpus:.2f} per GPU): GPUs "
-                       f"wait on throttled host-side work. Request at least {min_cpu_per_gpu * gpus:g} CPU.")
-        findings.append(Finding("K4", "major" if cpu is None else "warning", target.subject, evidence, message, "LAT-3"))
+            message = (
+                f"The container has {gpus:g} GPU(s) but requests {cpu:g} CPU ({cpu / gpus:.2f} per GPU): GPUs "
+                f"wait on throttled host-side work. Request at least {min_cpu_per_gpu * gpus:g} CPU."
+            )
+        findings.append(
+            Finding("K4", "major" if cpu is None else "warning", target.subject, evidence, message, "LAT-3")
+        )
     return findings
 
 

@@ -24,8 +24,18 @@ LABEL_GROUP = "ray.io/group"
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1), "k": Decimal("1e3"),
-            "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"), "P": Decimal("1e15"), "E": Decimal("1e18")}
+_DECIMAL = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+}
 _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))([eE][+-]?\d+|Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?$")
 
 
@@ -375,7 +385,9 @@ def parse_serve_config_v2(text: str) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
-        raise ServeConfigError(f"serveConfigV2 is not valid YAML{line}: {getattr(exc, 'problem', None) or exc}") from exc
+        raise ServeConfigError(
+            f"serveConfigV2 is not valid YAML{line}: {getattr(exc, 'problem', None) or exc}"
+        ) from exc
     if not isinstance(config, dict):
         raise ServeConfigError(f"serveConfigV2 is a YAML {type(config).__name__}, not a mapping with 'applications'.")
     if not isinstance(config.get("applications"), list):
@@ -573,4 +585,3 @@ def _int(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
-

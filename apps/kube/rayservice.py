@@ -70,7 +70,8 @@ class RayServiceWriter:
             elif live.serve_config_yaml != read_at:
                 raise RayServiceDrift(
                     f"RayService {self.namespace}/{self.name}'s serveConfigV2 was changed by someone else while "
-                    "Fleetdeck was writing it; nothing was written. Re-plan.", status=409,
+                    "Fleetdeck was writing it; nothing was written. Re-plan.",
+                    status=409,
                 )
             if live.serve_config == config:
                 return
@@ -81,7 +82,8 @@ class RayServiceWriter:
                 continue
         raise RayServiceDrift(
             f"RayService {self.namespace}/{self.name} kept changing during {PATCH_ATTEMPTS} attempts to write it; "
-            "nothing was written. Re-plan when it is quiet.", status=409,
+            "nothing was written. Re-plan when it is quiet.",
+            status=409,
         )
 
 
@@ -105,8 +107,10 @@ class RayServiceHealth:
         if not self.observed:
             return [f"KubeRay has not reconciled generation {self.generation} of {self.namespace}/{self.name} yet"]
         if self.upgrading:
-            return [f"KubeRay is upgrading {self.namespace}/{self.name} to a new RayCluster "
-                    f"({self.pending_cluster_name or 'pending'}); the active cluster's statuses are not the new config's"]
+            return [
+                f"KubeRay is upgrading {self.namespace}/{self.name} to a new RayCluster "
+                f"({self.pending_cluster_name or 'pending'}); the active cluster's statuses are not the new config's"
+            ]
         reasons = []
         for name in applications:
             app = self.applications.get(name)
@@ -115,7 +119,9 @@ class RayServiceHealth:
             elif app.status != "RUNNING":
                 reasons.append(f"{name}: {app.status}" + (f" ({app.message})" if app.message else ""))
             else:
-                reasons += [f"{name}/{dep.name}: {dep.status}" for dep in app.deployments.values() if dep.status != "HEALTHY"]
+                reasons += [
+                    f"{name}/{dep.name}: {dep.status}" for dep in app.deployments.values() if dep.status != "HEALTHY"
+                ]
         return reasons
 
 

@@ -29,23 +29,48 @@ def _django_errors(check, value):
 class KubeConnectionSerializer(serializers.ModelSerializer):
     team = VisibleSlugRelatedField(slug_field="slug", queryset=Team.objects.all())
     kubeconfig = serializers.CharField(
-        write_only=True, required=False, allow_blank=True, trim_whitespace=False, max_length=256 * 1024,
+        write_only=True,
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        max_length=256 * 1024,
         style={"base_template": "textarea.html"},
         help_text="A kubeconfig (YAML) with a token or client certificate, inline (token, *-data); credential plugins, file "
-                  "paths and proxy-url are refused. Stored encrypted, never returned. On update, empty keeps the stored one.",
+        "paths and proxy-url are refused. Stored encrypted, never returned. On update, empty keeps the stored one.",
     )
     has_kubeconfig = serializers.BooleanField(read_only=True)
-    namespaces = serializers.ListField(child=serializers.CharField(max_length=63), allow_empty=False,
-                                       help_text="The only namespaces Fleetdeck lists RayClusters and RayServices in.")
+    namespaces = serializers.ListField(
+        child=serializers.CharField(max_length=63),
+        allow_empty=False,
+        help_text="The only namespaces Fleetdeck lists RayClusters and RayServices in.",
+    )
     link_count = serializers.IntegerField(read_only=True, help_text="Clusters linked through this connection.")
 
     class Meta:
         model = KubeConnection
-        fields = ["id", "name", "team", "in_cluster", "kubeconfig", "has_kubeconfig", "context", "namespaces", "read_only",
-                  "last_checked_at", "last_error", "last_warnings", "link_count", "created_at"]
+        fields = [
+            "id",
+            "name",
+            "team",
+            "in_cluster",
+            "kubeconfig",
+            "has_kubeconfig",
+            "context",
+            "namespaces",
+            "read_only",
+            "last_checked_at",
+            "last_error",
+            "last_warnings",
+            "link_count",
+            "created_at",
+        ]
         read_only_fields = ["last_checked_at", "last_error", "last_warnings", "created_at"]
-        extra_kwargs = {"in_cluster": {"help_text": "Use Fleetdeck's own service account. Superusers only (403 for others): it "
-                                                    "can read every team's namespaces."}}
+        extra_kwargs = {
+            "in_cluster": {
+                "help_text": "Use Fleetdeck's own service account. Superusers only (403 for others): it "
+                "can read every team's namespaces."
+            }
+        }
 
     def get_fields(self):
         fields = super().get_fields()
@@ -64,13 +89,27 @@ class KubeLinkSerializer(serializers.ModelSerializer):
     snapshot = serializers.JSONField(
         read_only=True,
         help_text="From the last inspection: resource (state, active RayCluster), pods (memory request/limit, CPU, GPUs, "
-                  "restarts, last termination, Ray's memory), pod_count, last_oomkilled, events (recent Warning events).",
+        "restarts, last termination, Ray's memory), pod_count, last_oomkilled, events (recent Warning events).",
     )
 
     class Meta:
         model = KubeLink
-        fields = ["id", "cluster", "cluster_name", "connection", "connection_name", "kind", "namespace", "name", "inspected_at",
-                  "last_error", "partial", "warnings", "snapshot", "created_at"]
+        fields = [
+            "id",
+            "cluster",
+            "cluster_name",
+            "connection",
+            "connection_name",
+            "kind",
+            "namespace",
+            "name",
+            "inspected_at",
+            "last_error",
+            "partial",
+            "warnings",
+            "snapshot",
+            "created_at",
+        ]
         read_only_fields = fields
 
 
@@ -78,7 +117,9 @@ class FoundSerializer(serializers.Serializer):
     kind = serializers.CharField()
     namespace = serializers.CharField()
     name = serializers.CharField()
-    dashboard_url = serializers.CharField(help_text="KubeRay's head service (a RayService's follows its active RayCluster).")
+    dashboard_url = serializers.CharField(
+        help_text="KubeRay's head service (a RayService's follows its active RayCluster)."
+    )
     ray_version = serializers.CharField()
     state = serializers.CharField()
     ray_cluster = serializers.CharField(help_text="A RayService's active RayCluster.")
@@ -90,9 +131,13 @@ class FoundSerializer(serializers.Serializer):
 
 class DiscoverySerializer(serializers.Serializer):
     resources = FoundSerializer(many=True)
-    partial = serializers.BooleanField(help_text="Some namespaces could not be listed, or the cap was reached: see warnings.")
+    partial = serializers.BooleanField(
+        help_text="Some namespaces could not be listed, or the cap was reached: see warnings."
+    )
     warnings = serializers.ListField(child=serializers.CharField())
-    error = serializers.CharField(help_text="Set when nothing could be listed (credentials, CRDs not installed, unreachable).")
+    error = serializers.CharField(
+        help_text="Set when nothing could be listed (credentials, CRDs not installed, unreachable)."
+    )
 
 
 class ResourceSerializer(serializers.Serializer):
@@ -103,10 +148,16 @@ class ResourceSerializer(serializers.Serializer):
 
 class RegisterSerializer(ResourceSerializer):
     cluster_name = serializers.CharField(max_length=63)
-    dashboard_url = serializers.CharField(max_length=300, required=False, allow_blank=True,
-                                          help_text="Empty: the head service KubeRay created.")
-    token = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=4096,
-                                  help_text="Ray dashboard token, when the cluster has token authentication. Stored encrypted.")
+    dashboard_url = serializers.CharField(
+        max_length=300, required=False, allow_blank=True, help_text="Empty: the head service KubeRay created."
+    )
+    token = serializers.CharField(
+        write_only=True,
+        required=False,
+        allow_blank=True,
+        max_length=4096,
+        help_text="Ray dashboard token, when the cluster has token authentication. Stored encrypted.",
+    )
     labels = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
 
     def validate_cluster_name(self, value):
@@ -138,15 +189,24 @@ class KubeConnectionViewSet(viewsets.ModelViewSet):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return KubeConnection.objects.none()
-        return (KubeConnection.objects.visible_to(self.request.user).select_related("team").annotate(link_count=Count("links"))
-                .order_by("team__name", "name"))
+        return (
+            KubeConnection.objects.visible_to(self.request.user)
+            .select_related("team")
+            .annotate(link_count=Count("links"))
+            .order_by("team__name", "name")
+        )
 
     def perform_create(self, serializer):
         data = serializer.validated_data
         require_role(self.request, data["team"], Role.ADMIN, "add Kubernetes connections")
         connection = services.create_connection(
-            Actor.from_request(self.request), team=data["team"], name=data["name"], namespaces=data["namespaces"],
-            in_cluster=data.get("in_cluster", False), kubeconfig=data.get("kubeconfig", ""), context=data.get("context", ""),
+            Actor.from_request(self.request),
+            team=data["team"],
+            name=data["name"],
+            namespaces=data["namespaces"],
+            in_cluster=data.get("in_cluster", False),
+            kubeconfig=data.get("kubeconfig", ""),
+            context=data.get("context", ""),
             read_only=data.get("read_only", True),
         )
         serializer.instance = self.get_queryset().get(pk=connection.pk)
@@ -194,12 +254,20 @@ class KubeConnectionViewSet(viewsets.ModelViewSet):
         body = LinkSerializer(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        link = services.link_cluster(Actor.from_request(request), connection, data["cluster"], kind=data["kind"],
-                                     namespace=data["namespace"], name=data["name"])
+        link = services.link_cluster(
+            Actor.from_request(request),
+            connection,
+            data["cluster"],
+            kind=data["kind"],
+            namespace=data["namespace"],
+            name=data["name"],
+        )
         return Response(KubeLinkSerializer(link).data, status=status.HTTP_201_CREATED)
 
 
-class KubeLinkViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
+class KubeLinkViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
+):
     """Clusters linked to a KubeRay resource, with what the last inspection (after each sync) saw:
     pods with their limits and restarts, the last OOMKilled, Warning events, partial results."""
 
@@ -210,8 +278,11 @@ class KubeLinkViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.D
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return KubeLink.objects.none()
-        return (access.visible(self.request.user, KubeLink)
-                .select_related("cluster__team", "connection").order_by("cluster__name"))
+        return (
+            access.visible(self.request.user, KubeLink)
+            .select_related("cluster__team", "connection")
+            .order_by("cluster__name")
+        )
 
     def perform_destroy(self, instance):
         require_role(self.request, instance.cluster.team, Role.ADMIN, "unlink clusters")

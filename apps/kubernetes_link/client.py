@@ -31,10 +31,14 @@ def adapter_for(connection: KubeConnection) -> KubeAdapter:
             f"Enter the kubeconfig of connection {connection.name} again."
         ) from exc
     if not text:
-        raise KubeConfigInvalid(f"Connection {connection.name} has no kubeconfig and does not use the in-cluster account.")
+        raise KubeConfigInvalid(
+            f"Connection {connection.name} has no kubeconfig and does not use the in-cluster account."
+        )
     # Loaded as untrusted (no allow_plugins): a row stored before a check existed is refused here, not used.
     # Plugins would run on every worker, file references read its files, a proxy-url bypass the pinned address.
-    return KubeAdapter.from_kubeconfig(yaml.safe_load(text), context=connection.context or None, pin=_vetted(connection), **options)
+    return KubeAdapter.from_kubeconfig(
+        yaml.safe_load(text), context=connection.context or None, pin=_vetted(connection), **options
+    )
 
 
 def _require_superuser_grant(connection: KubeConnection) -> None:

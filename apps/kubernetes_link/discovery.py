@@ -69,7 +69,9 @@ def discover(connection: KubeConnection) -> Discovery:
     }
     found = [_service(s) for s in services.items]
     found += [_cluster(c) for c in clusters.items if not c.rayservice]
-    found = [_with_link(item, linked.get(item.key)) for item in sorted(found, key=lambda f: (f.namespace, f.kind, f.name))]
+    found = [
+        _with_link(item, linked.get(item.key)) for item in sorted(found, key=lambda f: (f.namespace, f.kind, f.name))
+    ]
     warnings = list(dict.fromkeys(services.warnings + clusters.warnings))
     _record(connection, error="", warnings=warnings)
     return Discovery(resources=found, partial=services.partial or clusters.partial, warnings=warnings)
@@ -85,7 +87,10 @@ def find(connection: KubeConnection, kind: str, namespace: str, name: str) -> Fo
         listed = kube.list_rayclusters(namespace)
     cluster = next((c for c in listed.items if c.name == name), None)
     if cluster is None:
-        raise KubeNotFound(f"RayCluster {namespace}/{name} does not exist" + (f" ({'; '.join(listed.warnings)})" if listed.warnings else "."))
+        raise KubeNotFound(
+            f"RayCluster {namespace}/{name} does not exist"
+            + (f" ({'; '.join(listed.warnings)})" if listed.warnings else ".")
+        )
     if cluster.rayservice:
         raise KubeNotFound(
             f"RayCluster {namespace}/{name} belongs to RayService {cluster.rayservice}, which replaces it on upgrades: "
@@ -100,9 +105,13 @@ def _service(service: RayService) -> Found:
     if service.status.upgrading:
         state += ", upgrading"
     return Found(
-        kind=KubeLink.Kind.RAYSERVICE, namespace=service.namespace, name=service.name,
-        dashboard_url=head_service_url(service.namespace, service.name), ray_version=service.cluster_spec.ray_version,
-        state=state, ray_cluster=active,
+        kind=KubeLink.Kind.RAYSERVICE,
+        namespace=service.namespace,
+        name=service.name,
+        dashboard_url=head_service_url(service.namespace, service.name),
+        ray_version=service.cluster_spec.ray_version,
+        state=state,
+        ray_cluster=active,
         applications=tuple(app["name"] for app in (service.serve_config or {}).get("applications", [])),
         serve_config_error=service.serve_config_error,
     )
@@ -110,9 +119,13 @@ def _service(service: RayService) -> Found:
 
 def _cluster(cluster: RayCluster) -> Found:
     return Found(
-        kind=KubeLink.Kind.RAYCLUSTER, namespace=cluster.namespace, name=cluster.name,
-        dashboard_url=head_service_url(cluster.namespace, cluster.name), ray_version=cluster.spec.ray_version,
-        state=cluster.state or "unknown", ray_cluster=cluster.name,
+        kind=KubeLink.Kind.RAYCLUSTER,
+        namespace=cluster.namespace,
+        name=cluster.name,
+        dashboard_url=head_service_url(cluster.namespace, cluster.name),
+        ray_version=cluster.spec.ray_version,
+        state=cluster.state or "unknown",
+        ray_cluster=cluster.name,
     )
 
 
@@ -123,4 +136,6 @@ def _with_link(item: Found, cluster) -> Found:
 
 
 def _record(connection: KubeConnection, *, error: str, warnings: list[str]) -> None:
-    KubeConnection.objects.filter(pk=connection.pk).update(last_checked_at=timezone.now(), last_error=error, last_warnings=warnings)
+    KubeConnection.objects.filter(pk=connection.pk).update(
+        last_checked_at=timezone.now(), last_error=error, last_warnings=warnings
+    )

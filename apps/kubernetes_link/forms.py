@@ -13,34 +13,51 @@ from apps.kubernetes_link.validation import validate_cluster_name, validate_name
 
 
 class ConnectionForm(forms.Form):
-    name = forms.CharField(max_length=63, help_text="Lowercase letters, digits and dashes, e.g. prod-eu; cannot change later.")
-    team = forms.ModelChoiceField(queryset=None, empty_label=None, help_text="The team whose admins manage this connection.")
+    name = forms.CharField(
+        max_length=63, help_text="Lowercase letters, digits and dashes, e.g. prod-eu; cannot change later."
+    )
+    team = forms.ModelChoiceField(
+        queryset=None, empty_label=None, help_text="The team whose admins manage this connection."
+    )
     in_cluster = forms.BooleanField(
-        label="Use Fleetdeck's own service account (Fleetdeck runs in this Kubernetes cluster)", required=False,
+        label="Use Fleetdeck's own service account (Fleetdeck runs in this Kubernetes cluster)",
+        required=False,
         help_text="Superusers only: this account can read every team's namespaces.",
     )
     kubeconfig = forms.CharField(
-        required=False, widget=forms.Textarea(attrs={"rows": 8, "autocomplete": "off", "spellcheck": "false"}),
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 8, "autocomplete": "off", "spellcheck": "false"}),
         help_text="A kubeconfig with a token or client certificate, inline (token, *-data): credential plugins, file paths and "
-                  "proxy-url are refused. Stored encrypted, never shown again.",
+        "proxy-url are refused. Stored encrypted, never shown again.",
     )
-    context = forms.CharField(label="Kubeconfig context", required=False, max_length=253, help_text="Empty: the kubeconfig's current-context.")
+    context = forms.CharField(
+        label="Kubeconfig context", required=False, max_length=253, help_text="Empty: the kubeconfig's current-context."
+    )
     namespaces = forms.CharField(
         widget=forms.TextInput(attrs={"placeholder": "ml, ray-serve"}),
         help_text="Comma-separated. Fleetdeck looks for RayClusters and RayServices only here.",
     )
     read_only = forms.BooleanField(
-        label="Read-only", required=False, initial=True,
+        label="Read-only",
+        required=False,
+        initial=True,
         help_text="Untick to let changes patch RayServices' serveConfigV2 (needs the fleetdeck-rayservice-writer role).",
     )
 
     def __init__(self, *args, user, instance: KubeConnection | None = None, **kwargs):
         self.instance = instance
         if instance is not None:
-            kwargs.setdefault("initial", {
-                "name": instance.name, "team": instance.team, "in_cluster": instance.in_cluster, "context": instance.context,
-                "namespaces": ", ".join(instance.namespaces), "read_only": instance.read_only,
-            })
+            kwargs.setdefault(
+                "initial",
+                {
+                    "name": instance.name,
+                    "team": instance.team,
+                    "in_cluster": instance.in_cluster,
+                    "context": instance.context,
+                    "namespaces": ", ".join(instance.namespaces),
+                    "read_only": instance.read_only,
+                },
+            )
         super().__init__(*args, **kwargs)
         self.fields["team"].queryset = teams_where(user, Role.ADMIN)
         superuser = can_use_in_cluster(user)
@@ -49,7 +66,9 @@ class ConnectionForm(forms.Form):
                 self.fields[name].disabled = True
             if instance.in_cluster and not superuser:
                 self.fields["namespaces"].disabled = True
-                self.fields["namespaces"].help_text = (
+                self.fields[
+                    "namespaces"
+                ].help_text = (
                     "Only a superuser changes the namespaces of a connection that uses Fleetdeck's own service account."
                 )
             self.fields["kubeconfig"].help_text = "Leave empty to keep the stored kubeconfig."
@@ -65,11 +84,15 @@ class ConnectionForm(forms.Form):
 class RegisterForm(forms.Form):
     cluster_name = forms.CharField(label="Cluster name in Fleetdeck", max_length=63)
     dashboard_url = forms.CharField(
-        label="Ray dashboard URL", required=False, max_length=300,
+        label="Ray dashboard URL",
+        required=False,
+        max_length=300,
         help_text="Empty: the head service KubeRay created (for a RayService, the one that follows its active RayCluster).",
     )
     token = forms.CharField(
-        label="Dashboard token", required=False, max_length=4096,
+        label="Dashboard token",
+        required=False,
+        max_length=4096,
         widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
         help_text="Only for clusters with token authentication (Ray ≥ 2.52). Stored encrypted.",
     )

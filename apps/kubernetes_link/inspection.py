@@ -82,8 +82,9 @@ def observe(kube: KubeAdapter, link: KubeLink) -> Observation:
     if link.kind == KubeLink.Kind.RAYSERVICE:
         service = kube.get_rayservice(namespace, link.name)
         seen = Observation([c for c in listed.items if c.rayservice == link.name], [service])
-        names = {c.name for c in seen.rayclusters} | {n for n in (service.status.active.cluster_name,
-                                                                   service.status.pending.cluster_name) if n}
+        names = {c.name for c in seen.rayclusters} | {
+            n for n in (service.status.active.cluster_name, service.status.pending.cluster_name) if n
+        }
     else:
         seen = Observation([c for c in listed.items if c.name == link.name], [])
         if not seen.rayclusters and not listed.partial:
@@ -99,9 +100,13 @@ def observe(kube: KubeAdapter, link: KubeLink) -> Observation:
     return seen
 
 
-def run_checks(cluster: Cluster, seen: Observation, ray_nodes: list[checks.RayNodeMemory], *, now: datetime) -> list[checks.Finding]:
+def run_checks(
+    cluster: Cluster, seen: Observation, ray_nodes: list[checks.RayNodeMemory], *, now: datetime
+) -> list[checks.Finding]:
     autoscaled = Deployment.objects.filter(
-        application__cluster=cluster, application__removed_at__isnull=True, removed_at__isnull=True,
+        application__cluster=cluster,
+        application__removed_at__isnull=True,
+        removed_at__isnull=True,
         autoscaling_max_replicas__isnull=False,
     ).exists()
     # Serve autoscaling as the dashboard reports it, for K2: it scales the linked resource's workers.
@@ -117,13 +122,19 @@ def run_checks(cluster: Cluster, seen: Observation, ray_nodes: list[checks.RayNo
 def _ray_view(cluster: Cluster) -> tuple[list[checks.RayNodeMemory], str]:
     """Ray's own view of each node's memory, keyed by node IP (a pod's IP under KubeRay)."""
     if cluster.reachability != Reachability.OK:
-        return [], "The Ray dashboard did not answer the last sync: K1 compares the specs and pods only, not Ray's view of each node."
+        return (
+            [],
+            "The Ray dashboard did not answer the last sync: K1 compares the specs and pods only, not Ray's view of each node.",
+        )
     try:
         with dashboard_for(cluster) as ray:
             memory = ray.node_memory()
             nodes = ray.list_nodes().items
     except (RayError, SecretUnreadable) as exc:
-        return [], f"Ray's view of node memory is unavailable ({getattr(exc, 'message', exc)}): K1 compares the specs and pods only."
+        return (
+            [],
+            f"Ray's view of node memory is unavailable ({getattr(exc, 'message', exc)}): K1 compares the specs and pods only.",
+        )
     resources = {node.node_ip: node.resources_total for node in nodes}
     view = []
     for node in memory:
@@ -145,7 +156,15 @@ def _ray_memory(seen: Observation, ray_nodes: list[checks.RayNodeMemory]) -> dic
             out[pod.name] = (by_ip[pod.pod_ip], "Ray's dashboard")
             continue
         spec = specs.get(pod.ray_cluster)
-        group = (spec.head if pod.ray_node_type == "head" else next((g for g in spec.workers if g.name == pod.ray_group), None)) if spec else None
+        group = (
+            (
+                spec.head
+                if pod.ray_node_type == "head"
+                else next((g for g in spec.workers if g.name == pod.ray_group), None)
+            )
+            if spec
+            else None
+        )
         declared = (group.ray_start_params.get("memory") or "") if group else ""
         if declared.isdigit():
             out[pod.name] = (int(declared), "rayStartParams memory")
@@ -166,17 +185,32 @@ def _ray_kills(seen: Observation, memory: dict[str, tuple[int, str]]) -> list[Po
 def _pod_kill(kill: ContainerKill, pod: Pod, memory: dict[str, tuple[int, str]]) -> PodKill:
     ray_memory, source = memory.get(pod.name, (None, ""))
     return PodKill(
-        key="/".join(kill.key), namespace=kill.namespace, pod=kill.pod, pod_ip=pod.pod_ip, container=kill.container,
-        node=kill.node, ray_node_type=kill.ray_node_type, ray_group=kill.ray_group, exit_code=kill.exit_code,
-        finished_at=kill.finished_at, restart_count=kill.restart_count,
+        key="/".join(kill.key),
+        namespace=kill.namespace,
+        pod=kill.pod,
+        pod_ip=pod.pod_ip,
+        container=kill.container,
+        node=kill.node,
+        ray_node_type=kill.ray_node_type,
+        ray_group=kill.ray_group,
+        exit_code=kill.exit_code,
+        finished_at=kill.finished_at,
+        restart_count=kill.restart_count,
         memory_limit_bytes=pod.ray_container.memory_limit_bytes,
-        ray_memory_bytes=ray_memory, ray_memory_source=source,
+        ray_memory_bytes=ray_memory,
+        ray_memory_source=source,
     )
 
 
 def _restart(kill: ContainerKill) -> dict:
-    return {"pod": f"{kill.namespace}/{kill.pod}", "container": kill.container, "reason": kill.reason, "exit_code": kill.exit_code,
-            "finished_at": kill.finished_at.isoformat() if kill.finished_at else None, "restart_count": kill.restart_count}
+    return {
+        "pod": f"{kill.namespace}/{kill.pod}",
+        "container": kill.container,
+        "reason": kill.reason,
+        "exit_code": kill.exit_code,
+        "finished_at": kill.finished_at.isoformat() if kill.finished_at else None,
+        "restart_count": kill.restart_count,
+    }
 
 
 # --- what the cluster page shows -------------------------------------------------------------
@@ -194,12 +228,23 @@ def snapshot(link: KubeLink, seen: Observation, memory: dict[str, tuple[int, str
 
 
 def _resource(link: KubeLink, seen: Observation) -> dict:
-    out = {"kind": link.kind, "namespace": link.namespace, "name": link.name,
-           "ray_clusters": [{"name": c.name, "state": c.state, "ray_version": c.spec.ray_version} for c in seen.rayclusters]}
+    out = {
+        "kind": link.kind,
+        "namespace": link.namespace,
+        "name": link.name,
+        "ray_clusters": [
+            {"name": c.name, "state": c.state, "ray_version": c.spec.ray_version} for c in seen.rayclusters
+        ],
+    }
     if seen.rayservices:
         service = seen.rayservices[0]
-        out.update(ready=service.status.ready, upgrading=service.status.upgrading, service_status=service.status.service_status,
-                   active_cluster=service.status.active.cluster_name, serve_config_error=service.serve_config_error)
+        out.update(
+            ready=service.status.ready,
+            upgrading=service.status.upgrading,
+            service_status=service.status.service_status,
+            active_cluster=service.status.active.cluster_name,
+            serve_config_error=service.serve_config_error,
+        )
     return out
 
 
@@ -210,12 +255,18 @@ def _pod_order(pod: Pod) -> tuple:
 def _pod(pod: Pod, ray_memory: tuple[int, str] | None) -> dict:
     container = pod.ray_container or (pod.containers[0] if pod.containers else Container("", "", {}, {}))
     return {
-        "name": pod.name, "node_type": pod.ray_node_type, "group": pod.ray_group, "phase": pod.phase, "node": pod.node_name,
-        "ip": pod.pod_ip, "container": container.name,
+        "name": pod.name,
+        "node_type": pod.ray_node_type,
+        "group": pod.ray_group,
+        "phase": pod.phase,
+        "node": pod.node_name,
+        "ip": pod.pod_ip,
+        "container": container.name,
         "memory_request": container.requests.get("memory", container.limits.get("memory", "")),
         "memory_limit": container.limits.get("memory", ""),
         "cpu_request": container.requests.get("cpu", container.limits.get("cpu", "")),
-        "gpus": container.gpu_limit, "restarts": container.restart_count,
+        "gpus": container.gpu_limit,
+        "restarts": container.restart_count,
         "last_termination": _termination(container.last_terminated),
         "terminating": pod.deletion_timestamp is not None,
         "ray_memory_bytes": ray_memory[0] if ray_memory else None,
@@ -225,18 +276,32 @@ def _pod(pod: Pod, ray_memory: tuple[int, str] | None) -> dict:
 def _termination(termination: Termination | None) -> dict | None:
     if termination is None:
         return None
-    return {"reason": termination.reason, "exit_code": termination.exit_code,
-            "finished_at": termination.finished_at.isoformat() if termination.finished_at else None}
+    return {
+        "reason": termination.reason,
+        "exit_code": termination.exit_code,
+        "finished_at": termination.finished_at.isoformat() if termination.finished_at else None,
+    }
 
 
 def _kill(kill: ContainerKill) -> dict:
-    return {"pod": kill.pod, "container": kill.container, "node": kill.node, "exit_code": kill.exit_code,
-            "finished_at": kill.finished_at.isoformat() if kill.finished_at else None, "restart_count": kill.restart_count}
+    return {
+        "pod": kill.pod,
+        "container": kill.container,
+        "node": kill.node,
+        "exit_code": kill.exit_code,
+        "finished_at": kill.finished_at.isoformat() if kill.finished_at else None,
+        "restart_count": kill.restart_count,
+    }
 
 
 def _event(event: Event) -> dict:
-    return {"reason": event.reason, "message": event.message, "object": event.involved_name, "count": event.count,
-            "last_seen": event.last_seen.isoformat() if event.last_seen else None}
+    return {
+        "reason": event.reason,
+        "message": event.message,
+        "object": event.involved_name,
+        "count": event.count,
+        "last_seen": event.last_seen.isoformat() if event.last_seen else None,
+    }
 
 
 def _event_time(event: Event) -> str:

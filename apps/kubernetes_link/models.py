@@ -22,8 +22,12 @@ class KubeConnection(models.Model):
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="kube_connections")
     name = models.CharField(
         max_length=63,
-        validators=[RegexValidator(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
-                                   "Use lowercase letters, digits and dashes, starting and ending with a letter or digit.")],
+        validators=[
+            RegexValidator(
+                r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+                "Use lowercase letters, digits and dashes, starting and ending with a letter or digit.",
+            )
+        ],
     )
     in_cluster = models.BooleanField(default=False, help_text="Use the service account of the pod Fleetdeck runs in.")
     # Fernet ciphertext of the kubeconfig (YAML); never leaves the server.
@@ -37,7 +41,9 @@ class KubeConnection(models.Model):
     last_error = models.TextField(blank=True)
     last_warnings = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     objects = KubeConnectionQuerySet.as_manager()
 
@@ -66,7 +72,9 @@ class KubeLink(models.Model):
     namespace = models.CharField(max_length=63)
     name = models.CharField(max_length=253)
     created_at = models.DateTimeField(auto_now_add=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     inspected_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     partial = models.BooleanField(default=False)
@@ -78,7 +86,9 @@ class KubeLink(models.Model):
     class Meta:
         ordering = ["cluster__name"]
         constraints = [
-            models.UniqueConstraint(fields=["connection", "kind", "namespace", "name"], name="one_link_per_kube_resource"),
+            models.UniqueConstraint(
+                fields=["connection", "kind", "namespace", "name"], name="one_link_per_kube_resource"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -17,7 +17,12 @@ from apps.clusters.validation import validate_token
 from apps.kube.adapter import KubeError
 from apps.kubernetes_link import discovery
 from apps.kubernetes_link.models import KubeConnection, KubeLink
-from apps.kubernetes_link.validation import check_kubeconfig, parse_kubeconfig, validate_cluster_name, validate_namespaces
+from apps.kubernetes_link.validation import (
+    check_kubeconfig,
+    parse_kubeconfig,
+    validate_cluster_name,
+    validate_namespaces,
+)
 from apps.remediation import findings
 
 UNSET = object()
@@ -35,10 +40,13 @@ def create_connection(
     read_only: bool = True,
 ) -> KubeConnection:
     if in_cluster:
-        _require_in_cluster_rights(actor, (
-            "Only a Fleetdeck superuser can use Fleetdeck's own service account: it can read every team's namespaces. "
-            "Give a kubeconfig whose credentials reach only your team's namespaces."
-        ))
+        _require_in_cluster_rights(
+            actor,
+            (
+                "Only a Fleetdeck superuser can use Fleetdeck's own service account: it can read every team's namespaces. "
+                "Give a kubeconfig whose credentials reach only your team's namespaces."
+            ),
+        )
     KubeConnection._meta.get_field("name").run_validators(name)
     if KubeConnection.objects.filter(team=team, name=name).exists():
         raise ValidationError(f"Team {team} already has a Kubernetes connection named {name}.", code="name")
@@ -46,18 +54,39 @@ def create_connection(
     ciphertext = _checked_credentials(in_cluster, kubeconfig, context)
     with transaction.atomic():
         connection = KubeConnection.objects.create(
-            team=team, name=name, in_cluster=in_cluster, kubeconfig_ciphertext=ciphertext, context=context,
-            namespaces=namespaces, read_only=read_only, created_by=actor.user,
+            team=team,
+            name=name,
+            in_cluster=in_cluster,
+            kubeconfig_ciphertext=ciphertext,
+            context=context,
+            namespaces=namespaces,
+            read_only=read_only,
+            created_by=actor.user,
         )
-        record(actor, "kube.connection.create", connection, team=team, changes={
-            "in_cluster": in_cluster, "kubeconfig": "set" if kubeconfig else "none", "context": context,
-            "namespaces": namespaces, "read_only": read_only,
-        })
+        record(
+            actor,
+            "kube.connection.create",
+            connection,
+            team=team,
+            changes={
+                "in_cluster": in_cluster,
+                "kubeconfig": "set" if kubeconfig else "none",
+                "context": context,
+                "namespaces": namespaces,
+                "read_only": read_only,
+            },
+        )
     return connection
 
 
 def update_connection(
-    actor: Actor, connection: KubeConnection, *, kubeconfig=UNSET, context=UNSET, namespaces=UNSET, read_only=UNSET,
+    actor: Actor,
+    connection: KubeConnection,
+    *,
+    kubeconfig=UNSET,
+    context=UNSET,
+    namespaces=UNSET,
+    read_only=UNSET,
 ) -> KubeConnection:
     """Change a connection. A new kubeconfig or context is loaded and checked before it is saved."""
     changes: dict = {}
@@ -66,14 +95,19 @@ def update_connection(
         if clean != connection.namespaces:
             if connection.in_cluster:
                 # The namespaces are all that keeps a team inside its own part of the cluster.
-                _require_in_cluster_rights(actor, (
-                    f"Connection {connection.name} uses Fleetdeck's own service account: only a Fleetdeck superuser can "
-                    "change its namespaces."
-                ))
+                _require_in_cluster_rights(
+                    actor,
+                    (
+                        f"Connection {connection.name} uses Fleetdeck's own service account: only a Fleetdeck superuser can "
+                        "change its namespaces."
+                    ),
+                )
             changes["namespaces"] = {"from": connection.namespaces, "to": clean}
             connection.namespaces = clean
     if (kubeconfig is not UNSET and kubeconfig) or (context is not UNSET and context != connection.context):
-        text = kubeconfig if kubeconfig is not UNSET and kubeconfig else secrets.decrypt(connection.kubeconfig_ciphertext)
+        text = (
+            kubeconfig if kubeconfig is not UNSET and kubeconfig else secrets.decrypt(connection.kubeconfig_ciphertext)
+        )
         new_context = connection.context if context is UNSET else context
         connection.kubeconfig_ciphertext = _checked_credentials(connection.in_cluster, text, new_context)
         if kubeconfig is not UNSET and kubeconfig:
@@ -99,8 +133,13 @@ def delete_connection(actor: Actor, connection: KubeConnection) -> None:
         for link in links:
             # Nothing will inspect these clusters any more: their Kubernetes findings would never resolve.
             findings.recompute_kube(link.cluster, [], complete=True)
-        record(actor, "kube.connection.delete", connection, team=connection.team,
-               changes={"unlinked": sorted(link.cluster.name for link in links)})
+        record(
+            actor,
+            "kube.connection.delete",
+            connection,
+            team=connection.team,
+            changes={"unlinked": sorted(link.cluster.name for link in links)},
+        )
         connection.delete()
 
 
@@ -118,7 +157,9 @@ def _require_in_cluster_rights(actor: Actor, refusal: str) -> None:
 def _checked_credentials(in_cluster: bool, kubeconfig: str, context: str) -> str:
     if in_cluster:
         if kubeconfig:
-            raise ValidationError("Give a kubeconfig or use the in-cluster service account, not both.", code="kubeconfig")
+            raise ValidationError(
+                "Give a kubeconfig or use the in-cluster service account, not both.", code="kubeconfig"
+            )
         return ""
     check_kubeconfig(parse_kubeconfig(kubeconfig), context)
     return secrets.encrypt(kubeconfig)
@@ -148,18 +189,27 @@ def register_discovered(
     found = _find(connection, kind, namespace, name)
     with transaction.atomic():
         cluster = cluster_services.register_cluster(
-            actor, name=cluster_name, team=connection.team, dashboard_url=dashboard_url or found.dashboard_url, token=token,
-            labels=labels, serve_config_owner=_owner(kind),
+            actor,
+            name=cluster_name,
+            team=connection.team,
+            dashboard_url=dashboard_url or found.dashboard_url,
+            token=token,
+            labels=labels,
+            serve_config_owner=_owner(kind),
         )
         _create_link(actor, connection, cluster, found)
     return cluster
 
 
-def link_cluster(actor: Actor, connection: KubeConnection, cluster: Cluster, *, kind: str, namespace: str, name: str) -> KubeLink:
+def link_cluster(
+    actor: Actor, connection: KubeConnection, cluster: Cluster, *, kind: str, namespace: str, name: str
+) -> KubeLink:
     """Link a registered cluster to a RayCluster or RayService. A RayService link makes the
     cluster RayService-owned: its changes then patch serveConfigV2 instead of the dashboard."""
     if cluster.team_id != connection.team_id:
-        raise ValidationError(f"Connection {connection.name} belongs to team {connection.team}; {cluster.name} does not.")
+        raise ValidationError(
+            f"Connection {connection.name} belongs to team {connection.team}; {cluster.name} does not."
+        )
     existing = KubeLink.objects.filter(cluster=cluster).first()
     if existing is not None:
         raise ValidationError(f"{cluster.name} is already linked to {existing.resource}; unlink it first.")
@@ -201,7 +251,11 @@ def _find(connection: KubeConnection, kind: str, namespace: str, name: str) -> d
 
 
 def _refuse_linked_resource(connection: KubeConnection, kind: str, namespace: str, name: str) -> None:
-    taken = KubeLink.objects.filter(connection=connection, kind=kind, namespace=namespace, name=name).select_related("cluster").first()
+    taken = (
+        KubeLink.objects.filter(connection=connection, kind=kind, namespace=namespace, name=name)
+        .select_related("cluster")
+        .first()
+    )
     if taken is not None:
         raise ValidationError(f"{taken.resource} is already linked to cluster {taken.cluster.name}.")
 
@@ -211,9 +265,21 @@ def _owner(kind: str) -> str:
 
 
 def _create_link(actor: Actor, connection: KubeConnection, cluster: Cluster, found: discovery.Found) -> KubeLink:
-    link = KubeLink.objects.create(cluster=cluster, connection=connection, kind=found.kind, namespace=found.namespace,
-                                   name=found.name, created_by=actor.user)
-    record(actor, "kube.link", cluster, team=cluster.team, changes={"resource": link.resource, "connection": connection.name})
+    link = KubeLink.objects.create(
+        cluster=cluster,
+        connection=connection,
+        kind=found.kind,
+        namespace=found.namespace,
+        name=found.name,
+        created_by=actor.user,
+    )
+    record(
+        actor,
+        "kube.link",
+        cluster,
+        team=cluster.team,
+        changes={"resource": link.resource, "connection": connection.name},
+    )
     _enqueue_inspection(cluster.pk)
     return link
 

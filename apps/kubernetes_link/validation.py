@@ -21,7 +21,9 @@ MAX_KUBECONFIG_BYTES = 256 * 1024
 
 def parse_kubeconfig(text: str) -> dict[str, Any]:
     if not (text or "").strip():
-        raise ValidationError("Paste the kubeconfig (YAML); only a superuser can use the in-cluster service account instead.")
+        raise ValidationError(
+            "Paste the kubeconfig (YAML); only a superuser can use the in-cluster service account instead."
+        )
     if len(text.encode()) > MAX_KUBECONFIG_BYTES:
         raise ValidationError(f"The kubeconfig is larger than {MAX_KUBECONFIG_BYTES // 1024} KiB.")
     try:
@@ -49,7 +51,9 @@ def _server_of(config: dict[str, Any], context: str) -> str:
     name = context or config.get("current-context") or ""
     entry = next((c for c in config.get("contexts") or [] if isinstance(c, dict) and c.get("name") == name), {})
     cluster_name = (entry.get("context") or {}).get("cluster")
-    cluster = next((c for c in config.get("clusters") or [] if isinstance(c, dict) and c.get("name") == cluster_name), {})
+    cluster = next(
+        (c for c in config.get("clusters") or [] if isinstance(c, dict) and c.get("name") == cluster_name), {}
+    )
     return str((cluster.get("cluster") or {}).get("server") or "")
 
 

@@ -31,11 +31,20 @@ def _cluster(request, pk: int, needed: Role) -> Cluster:
 
 @login_required
 def connection_list(request):
-    connections = (KubeConnection.objects.visible_to(request.user).select_related("team")
-                   .annotate(link_count=Count("links")).order_by("team__name", "name"))
-    return render(request, "kubernetes_link/connection_list.html", {
-        "connections": connections, "can_add": teams_where(request.user, Role.ADMIN).exists(),
-    })
+    connections = (
+        KubeConnection.objects.visible_to(request.user)
+        .select_related("team")
+        .annotate(link_count=Count("links"))
+        .order_by("team__name", "name")
+    )
+    return render(
+        request,
+        "kubernetes_link/connection_list.html",
+        {
+            "connections": connections,
+            "can_add": teams_where(request.user, Role.ADMIN).exists(),
+        },
+    )
 
 
 @login_required
@@ -47,8 +56,14 @@ def connection_create(request):
         data = form.cleaned_data
         try:
             connection = services.create_connection(
-                Actor.from_request(request), team=data["team"], name=data["name"], namespaces=data["namespaces"],
-                in_cluster=data["in_cluster"], kubeconfig=data["kubeconfig"], context=data["context"], read_only=data["read_only"],
+                Actor.from_request(request),
+                team=data["team"],
+                name=data["name"],
+                namespaces=data["namespaces"],
+                in_cluster=data["in_cluster"],
+                kubeconfig=data["kubeconfig"],
+                context=data["context"],
+                read_only=data["read_only"],
             )
         except ValidationError as exc:
             form.add_error("name" if exc.code == "name" else None, exc)
@@ -66,15 +81,21 @@ def connection_edit(request, pk: int):
         data = form.cleaned_data
         try:
             services.update_connection(
-                Actor.from_request(request), connection, kubeconfig=data["kubeconfig"], context=data["context"],
-                namespaces=data["namespaces"], read_only=data["read_only"],
+                Actor.from_request(request),
+                connection,
+                kubeconfig=data["kubeconfig"],
+                context=data["context"],
+                namespaces=data["namespaces"],
+                read_only=data["read_only"],
             )
         except ValidationError as exc:
             form.add_error(None, exc)
         else:
             messages.success(request, f"Saved {connection.name}.")
             return redirect("kubernetes_link:connection", pk=connection.pk)
-    return render(request, "kubernetes_link/connection_form.html", {"form": form, "connection": connection, "creating": False})
+    return render(
+        request, "kubernetes_link/connection_form.html", {"form": form, "connection": connection, "creating": False}
+    )
 
 
 @login_required
@@ -82,7 +103,9 @@ def connection_edit(request, pk: int):
 def connection_delete(request, pk: int):
     connection = _connection(request, pk, Role.ADMIN)
     services.delete_connection(Actor.from_request(request), connection)
-    messages.success(request, f"Deleted {connection.name}; its clusters are no longer linked. Nothing changed in Kubernetes.")
+    messages.success(
+        request, f"Deleted {connection.name}; its clusters are no longer linked. Nothing changed in Kubernetes."
+    )
     return redirect("kubernetes_link:connections")
 
 
@@ -93,10 +116,17 @@ def connection_detail(request, pk: int):
     found = discovery.discover(connection)
     can_admin = has_role(request.user, connection.team, Role.ADMIN)
     linkable = list(linkable_clusters(connection)) if can_admin else []
-    return render(request, "kubernetes_link/discovery.html", {
-        "connection": connection, "discovery": found, "can_admin": can_admin, "linkable": linkable,
-        "links": connection.links.select_related("cluster").order_by("cluster__name"),
-    })
+    return render(
+        request,
+        "kubernetes_link/discovery.html",
+        {
+            "connection": connection,
+            "discovery": found,
+            "can_admin": can_admin,
+            "linkable": linkable,
+            "links": connection.links.select_related("cluster").order_by("cluster__name"),
+        },
+    )
 
 
 @login_required
@@ -112,17 +142,33 @@ def register(request, pk: int):
         data = form.cleaned_data
         try:
             cluster = services.register_discovered(
-                Actor.from_request(request), connection, **resource, cluster_name=data["cluster_name"],
-                dashboard_url=data["dashboard_url"], token=data["token"], labels=data["labels"],
+                Actor.from_request(request),
+                connection,
+                **resource,
+                cluster_name=data["cluster_name"],
+                dashboard_url=data["dashboard_url"],
+                token=data["token"],
+                labels=data["labels"],
             )
         except ValidationError as exc:
             # The connection test's refusals name the Ray error; the token is at fault only for an auth refusal.
-            field = "token" if exc.code == "RayAuthRefused" else "dashboard_url" if (exc.code or "").startswith("Ray") else None
+            field = (
+                "token"
+                if exc.code == "RayAuthRefused"
+                else "dashboard_url"
+                if (exc.code or "").startswith("Ray")
+                else None
+            )
             form.add_error(field, exc)
         else:
-            messages.success(request, f"Registered {cluster.name}, linked to {resource['kind']} {resource['namespace']}/{resource['name']}.")
+            messages.success(
+                request,
+                f"Registered {cluster.name}, linked to {resource['kind']} {resource['namespace']}/{resource['name']}.",
+            )
             return redirect("fleet:cluster", pk=cluster.pk)
-    return render(request, "kubernetes_link/register_form.html", {"form": form, "connection": connection, "resource": resource})
+    return render(
+        request, "kubernetes_link/register_form.html", {"form": form, "connection": connection, "resource": resource}
+    )
 
 
 @login_required
@@ -135,8 +181,14 @@ def link(request, pk: int):
         return redirect("kubernetes_link:connection", pk=connection.pk)
     data = form.cleaned_data
     try:
-        services.link_cluster(Actor.from_request(request), connection, data["cluster"], kind=data["kind"],
-                              namespace=data["namespace"], name=data["name"])
+        services.link_cluster(
+            Actor.from_request(request),
+            connection,
+            data["cluster"],
+            kind=data["kind"],
+            namespace=data["namespace"],
+            name=data["name"],
+        )
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
         return redirect("kubernetes_link:connection", pk=connection.pk)

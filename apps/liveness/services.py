@@ -16,8 +16,12 @@ STALE_AFTER_TICKS = 3
 
 def record(process: Heartbeat.Process, at: datetime | None = None) -> None:
     """One upsert: the heartbeat is written every tick and must cost one statement."""
-    Heartbeat.objects.bulk_create([Heartbeat(process=process, at=at or timezone.now())],
-                                  update_conflicts=True, unique_fields=["process"], update_fields=["at"])
+    Heartbeat.objects.bulk_create(
+        [Heartbeat(process=process, at=at or timezone.now())],
+        update_conflicts=True,
+        unique_fields=["process"],
+        update_fields=["at"],
+    )
 
 
 @dataclass(frozen=True)

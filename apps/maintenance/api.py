@@ -16,14 +16,24 @@ from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfi
 WINDOW = ["window_days", "window_start_hour", "window_end_hour", "timezone"]
 
 
-
 class ScheduleSerializer(serializers.ModelSerializer):
     deployment = VisiblePrimaryKeyRelatedField(queryset=Deployment.objects.all())
     warmup = VisiblePrimaryKeyRelatedField(queryset=WarmupProfile.objects.all(), required=False, allow_null=True)
 
     class Meta:
         model = RecycleSchedule
-        fields = ["id", "deployment", "enabled", "every_hours", "cron", *WINDOW, "warmup", "next_run_at", "last_run_at", "created_at"]
+        fields = [
+            "id",
+            "deployment",
+            "enabled",
+            "every_hours",
+            "cron",
+            *WINDOW,
+            "warmup",
+            "next_run_at",
+            "last_run_at",
+            "created_at",
+        ]
         read_only_fields = ["next_run_at", "last_run_at", "created_at"]
 
 
@@ -32,24 +42,66 @@ class ProfileSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = WarmupProfile
-        fields = ["id", "application", "name", "method", "path", "headers", "body", "requests", "concurrency", "timeout_s",
-                  "p95_threshold_ms", "every_hours", *WINDOW, "enabled", "next_run_at", "created_at"]
+        fields = [
+            "id",
+            "application",
+            "name",
+            "method",
+            "path",
+            "headers",
+            "body",
+            "requests",
+            "concurrency",
+            "timeout_s",
+            "p95_threshold_ms",
+            "every_hours",
+            *WINDOW,
+            "enabled",
+            "next_run_at",
+            "created_at",
+        ]
         read_only_fields = ["next_run_at", "created_at"]
 
 
 class RunSerializer(serializers.ModelSerializer):
     class Meta:
         model = MaintenanceRun
-        fields = ["id", "kind", "trigger", "state", "cluster", "deployment", "schedule", "profile", "slot", "change", "after",
-                  "override_guards", "override_reason", "skip_reason", "error", "replicas_before", "replicas_after",
-                  "cold_start_s", "results", "log", "created_at", "started_at", "finished_at"]
+        fields = [
+            "id",
+            "kind",
+            "trigger",
+            "state",
+            "cluster",
+            "deployment",
+            "schedule",
+            "profile",
+            "slot",
+            "change",
+            "after",
+            "override_guards",
+            "override_reason",
+            "skip_reason",
+            "error",
+            "replicas_before",
+            "replicas_after",
+            "cold_start_s",
+            "results",
+            "log",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
         read_only_fields = fields
 
 
 class RecycleRequestSerializer(serializers.Serializer):
     deployment = VisiblePrimaryKeyRelatedField(queryset=Deployment.objects.select_related("application__cluster__team"))
-    override_reason = serializers.CharField(required=False, allow_blank=True, max_length=1000,
-                                            help_text="Run despite the guards; recorded in the audit log.")
+    override_reason = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=1000,
+        help_text="Run despite the guards; recorded in the audit log.",
+    )
 
 
 class _Writes:
@@ -137,5 +189,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         body.is_valid(raise_exception=True)
         deployment = body.validated_data["deployment"]
         require_role(request, deployment.application.cluster.team, Role.OPERATOR, "recycle deployments")
-        run = services.request_recycle(Actor.from_request(request), deployment, override_reason=body.validated_data.get("override_reason", ""))
+        run = services.request_recycle(
+            Actor.from_request(request), deployment, override_reason=body.validated_data.get("override_reason", "")
+        )
         return Response(RunSerializer(run).data, status=status.HTTP_202_ACCEPTED)

@@ -9,7 +9,9 @@ from apps.maintenance.models import RecycleSchedule, WarmupProfile
 DAYS = [(0, "Mon"), (1, "Tue"), (2, "Wed"), (3, "Thu"), (4, "Fri"), (5, "Sat"), (6, "Sun")]
 WINDOW_FIELDS = ["window_days", "window_start_hour", "window_end_hour", "timezone"]
 WINDOW_LABELS = {
-    "window_start_hour": "Window opens at (hour)", "window_end_hour": "Window closes at (hour)", "timezone": "Time zone",
+    "window_start_hour": "Window opens at (hour)",
+    "window_end_hour": "Window closes at (hour)",
+    "timezone": "Time zone",
 }
 WINDOW_HELP = {
     "window_start_hour": "0–23, in the time zone below.",
@@ -20,7 +22,11 @@ WINDOW_HELP = {
 
 class WindowFields(forms.ModelForm):
     window_days = forms.TypedMultipleChoiceField(
-        label="Window days", choices=DAYS, coerce=int, required=False, widget=forms.CheckboxSelectMultiple,
+        label="Window days",
+        choices=DAYS,
+        coerce=int,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
         help_text="None checked: every day.",
     )
 
@@ -29,13 +35,18 @@ class ScheduleForm(WindowFields):
     class Meta:
         model = RecycleSchedule
         fields = ["enabled", "every_hours", "cron", *WINDOW_FIELDS, "warmup"]
-        labels = {"enabled": "Enabled", "every_hours": "Recycle every (hours)", "cron": "Cron expression",
-                  "warmup": "Warmup afterwards", **WINDOW_LABELS}
+        labels = {
+            "enabled": "Enabled",
+            "every_hours": "Recycle every (hours)",
+            "cron": "Cron expression",
+            "warmup": "Warmup afterwards",
+            **WINDOW_LABELS,
+        }
         help_texts = {
             "enabled": "Untick to pause recycles and keep the schedule.",
             "every_hours": "1–720 hours between recycles; leave empty to use a cron expression instead.",
             "cron": "Five fields (minute hour day month weekday) in the time zone below, e.g. 0 3 * * 1; "
-                    "leave empty to recycle every N hours.",
+            "leave empty to recycle every N hours.",
             **WINDOW_HELP,
         }
 
@@ -46,15 +57,36 @@ class ScheduleForm(WindowFields):
 
 
 class ProfileForm(WindowFields):
-    headers_text = forms.CharField(label="Headers (JSON object)", required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}))
-    body_text = forms.CharField(label="JSON body", required=False, widget=forms.Textarea(attrs={"rows": 3, "class": "mono"}))
+    headers_text = forms.CharField(
+        label="Headers (JSON object)", required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono"})
+    )
+    body_text = forms.CharField(
+        label="JSON body", required=False, widget=forms.Textarea(attrs={"rows": 3, "class": "mono"})
+    )
 
     class Meta:
         model = WarmupProfile
-        fields = ["name", "method", "path", "requests", "concurrency", "timeout_s", "p95_threshold_ms", "every_hours", *WINDOW_FIELDS, "enabled"]
-        labels = {"method": "HTTP method", "requests": "Requests to send", "concurrency": "Requests at a time",
-                  "timeout_s": "Timeout per request (seconds)", "p95_threshold_ms": "Slowest acceptable p95 (ms)",
-                  "every_hours": "Also run every (hours)", **WINDOW_LABELS}
+        fields = [
+            "name",
+            "method",
+            "path",
+            "requests",
+            "concurrency",
+            "timeout_s",
+            "p95_threshold_ms",
+            "every_hours",
+            *WINDOW_FIELDS,
+            "enabled",
+        ]
+        labels = {
+            "method": "HTTP method",
+            "requests": "Requests to send",
+            "concurrency": "Requests at a time",
+            "timeout_s": "Timeout per request (seconds)",
+            "p95_threshold_ms": "Slowest acceptable p95 (ms)",
+            "every_hours": "Also run every (hours)",
+            **WINDOW_LABELS,
+        }
         help_texts = {
             "method": "GET, POST, PUT or HEAD.",
             "path": "Under the application's route prefix, e.g. /predict.",

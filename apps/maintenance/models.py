@@ -34,8 +34,12 @@ class WarmupProfile(Window):
     requests = models.PositiveIntegerField(default=20)
     concurrency = models.PositiveIntegerField(default=2)
     timeout_s = models.FloatField(default=10.0)
-    p95_threshold_ms = models.FloatField(null=True, blank=True, help_text="Fail when p95 is above this; empty: no latency criterion.")
-    every_hours = models.PositiveIntegerField(null=True, blank=True, help_text="Also run on this schedule; empty: only after recycles and on demand.")
+    p95_threshold_ms = models.FloatField(
+        null=True, blank=True, help_text="Fail when p95 is above this; empty: no latency criterion."
+    )
+    every_hours = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Also run on this schedule; empty: only after recycles and on demand."
+    )
     enabled = models.BooleanField(default=True)
     next_run_at = models.DateTimeField(null=True, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -52,10 +56,14 @@ class RecycleSchedule(Window):
     enabled = models.BooleanField(default=True)
     every_hours = models.PositiveIntegerField(null=True, blank=True)
     cron = models.CharField(max_length=100, blank=True, help_text="Standard 5-field cron, in the schedule's time zone.")
-    warmup = models.ForeignKey(WarmupProfile, null=True, blank=True, on_delete=models.SET_NULL, related_name="recycle_schedules")
+    warmup = models.ForeignKey(
+        WarmupProfile, null=True, blank=True, on_delete=models.SET_NULL, related_name="recycle_schedules"
+    )
     next_run_at = models.DateTimeField(null=True, blank=True, db_index=True)
     last_run_at = models.DateTimeField(null=True, blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -87,12 +95,16 @@ class MaintenanceRun(models.Model):
     trigger = models.CharField(max_length=16, choices=Trigger.choices)
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED, db_index=True)
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="maintenance_runs")
-    deployment = models.ForeignKey(Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="maintenance_runs")
+    deployment = models.ForeignKey(
+        Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="maintenance_runs"
+    )
     schedule = models.ForeignKey(RecycleSchedule, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
     profile = models.ForeignKey(WarmupProfile, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
     # The slot a scheduled run stands for; unique per schedule so a slot runs exactly once.
     slot = models.DateTimeField(null=True, blank=True)
-    change = models.ForeignKey(Change, null=True, blank=True, on_delete=models.SET_NULL, related_name="maintenance_runs")
+    change = models.ForeignKey(
+        Change, null=True, blank=True, on_delete=models.SET_NULL, related_name="maintenance_runs"
+    )
     after = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="followups")
     override_guards = models.BooleanField(default=False)
     override_reason = models.TextField(blank=True)
@@ -103,7 +115,9 @@ class MaintenanceRun(models.Model):
     cold_start_s = models.FloatField(null=True, blank=True)
     results = models.JSONField(default=dict, blank=True)
     log = models.JSONField(default=list, blank=True)
-    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     # When the run was last handed to the broker: a queued run long past it was lost on the way.
     enqueued_at = models.DateTimeField(default=timezone.now, db_index=True)
@@ -119,7 +133,9 @@ class MaintenanceRun(models.Model):
             models.UniqueConstraint(fields=["schedule", "slot"], name="one_run_per_schedule_slot"),
             models.UniqueConstraint(fields=["profile", "slot"], name="one_run_per_warmup_slot"),
             models.UniqueConstraint(
-                fields=["cluster"], condition=models.Q(kind="recycle", state="running"), name="one_running_recycle_per_cluster"
+                fields=["cluster"],
+                condition=models.Q(kind="recycle", state="running"),
+                name="one_running_recycle_per_cluster",
             ),
         ]
 

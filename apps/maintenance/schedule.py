@@ -61,7 +61,9 @@ def next_opening(moment: datetime, days: list, start_hour: int, end_hour: int, t
     return None
 
 
-def next_slot(*, after: datetime, every_hours: int | None, cron: str, days: list, start_hour: int, end_hour: int, tz: str) -> datetime | None:
+def next_slot(
+    *, after: datetime, every_hours: int | None, cron: str, days: list, start_hour: int, end_hour: int, tz: str
+) -> datetime | None:
     """The next moment after `after` the schedule runs. Missed slots are not replayed: after
     downtime the next run is the first slot after now."""
     window = (days, start_hour, end_hour, tz)

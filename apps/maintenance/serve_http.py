@@ -25,10 +25,18 @@ class Sample:
         return self.status is not None and 200 <= self.status < 300
 
 
-def send(base_url: str, *, method: str, path: str, headers: dict, body, requests: int, concurrency: int, timeout_s: float) -> list[Sample]:
+def send(
+    base_url: str, *, method: str, path: str, headers: dict, body, requests: int, concurrency: int, timeout_s: float
+) -> list[Sample]:
     """The first request alone (the cold one), then the rest `concurrency` at a time."""
-    with httpx.Client(base_url=base_url, timeout=timeout_s, follow_redirects=False, trust_env=False, transport=PinnedTransport(),
-                      headers={"User-Agent": USER_AGENT, **headers}) as client:
+    with httpx.Client(
+        base_url=base_url,
+        timeout=timeout_s,
+        follow_redirects=False,
+        trust_env=False,
+        transport=PinnedTransport(),
+        headers={"User-Agent": USER_AGENT, **headers},
+    ) as client:
 
         def one(index: int) -> Sample:
             started = time.perf_counter()

@@ -39,7 +39,12 @@ log = logging.getLogger(__name__)
 
 
 def _window_fields(data: dict) -> tuple:
-    return data.get("window_days", []), data.get("window_start_hour", 0), data.get("window_end_hour", 24), data.get("timezone", "UTC")
+    return (
+        data.get("window_days", []),
+        data.get("window_start_hour", 0),
+        data.get("window_end_hour", 24),
+        data.get("timezone", "UTC"),
+    )
 
 
 def save_schedule(actor: Actor, deployment: Deployment, data: dict) -> RecycleSchedule:
@@ -48,22 +53,37 @@ def save_schedule(actor: Actor, deployment: Deployment, data: dict) -> RecycleSc
     warmup = data.get("warmup")
     if warmup is not None and warmup.application_id != deployment.application_id:
         raise ValidationError("The warmup profile must belong to the deployment's application.")
-    schedule = RecycleSchedule.objects.filter(deployment=deployment).first() or RecycleSchedule(deployment=deployment, created_by=actor.user)
+    schedule = RecycleSchedule.objects.filter(deployment=deployment).first() or RecycleSchedule(
+        deployment=deployment, created_by=actor.user
+    )
     for key, value in data.items():
         setattr(schedule, key, value)
     schedule.next_run_at = _next(schedule, timezone.now()) if schedule.enabled else None
     if schedule.enabled and schedule.next_run_at is None:
-        raise ValidationError("This timing never falls inside the maintenance window: widen the window or change the timing.")
+        raise ValidationError(
+            "This timing never falls inside the maintenance window: widen the window or change the timing."
+        )
     with transaction.atomic():
         schedule.save()
-        record(actor, "recycle_schedule.save", schedule, team=deployment.application.cluster.team, changes={k: str(v) for k, v in data.items()})
+        record(
+            actor,
+            "recycle_schedule.save",
+            schedule,
+            team=deployment.application.cluster.team,
+            changes={k: str(v) for k, v in data.items()},
+        )
     return schedule
 
 
 def _next(item, after):
     return timing.next_slot(
-        after=after, every_hours=item.every_hours, cron=getattr(item, "cron", ""),
-        days=item.window_days, start_hour=item.window_start_hour, end_hour=item.window_end_hour, tz=item.timezone,
+        after=after,
+        every_hours=item.every_hours,
+        cron=getattr(item, "cron", ""),
+        days=item.window_days,
+        start_hour=item.window_start_hour,
+        end_hour=item.window_end_hour,
+        tz=item.timezone,
     )
 
 
@@ -81,7 +101,9 @@ def validate_profile(application, data: dict) -> None:
         problems.append(f"Concurrency must be between 1 and {MAX_CONCURRENCY}.")
     if not 0 < data.get("timeout_s", 10.0) <= 300:
         problems.append("The per-request timeout must be above 0 and at most 300 s.")
-    if not isinstance(data.get("headers", {}), dict) or any(not isinstance(v, str) for v in data.get("headers", {}).values()):
+    if not isinstance(data.get("headers", {}), dict) or any(
+        not isinstance(v, str) for v in data.get("headers", {}).values()
+    ):
         problems.append("Headers must be an object of strings.")
     if data.get("every_hours") is not None and not 1 <= data["every_hours"] <= 720:
         problems.append("every_hours must be between 1 and 720.")
@@ -98,22 +120,38 @@ def save_profile(actor: Actor, application, data: dict, profile: WarmupProfile |
     profile.next_run_at = _next(profile, timezone.now()) if profile.every_hours and profile.enabled else None
     with transaction.atomic():
         profile.save()
-        record(actor, "warmup_profile.save", profile, team=application.cluster.team, changes={k: str(v) for k, v in data.items()})
+        record(
+            actor,
+            "warmup_profile.save",
+            profile,
+            team=application.cluster.team,
+            changes={k: str(v) for k, v in data.items()},
+        )
     return profile
 
 
 def delete_schedule(actor: Actor, schedule: RecycleSchedule) -> None:
     with transaction.atomic():
         # Recorded before the delete: the row's id and name are gone after it.
-        record(actor, "recycle_schedule.delete", schedule, team=schedule.deployment.application.cluster.team,
-               changes={"deployment": str(schedule.deployment)})
+        record(
+            actor,
+            "recycle_schedule.delete",
+            schedule,
+            team=schedule.deployment.application.cluster.team,
+            changes={"deployment": str(schedule.deployment)},
+        )
         schedule.delete()
 
 
 def delete_profile(actor: Actor, profile: WarmupProfile) -> None:
     with transaction.atomic():
-        record(actor, "warmup_profile.delete", profile, team=profile.application.cluster.team,
-               changes={"application": str(profile.application), "name": profile.name})
+        record(
+            actor,
+            "warmup_profile.delete",
+            profile,
+            team=profile.application.cluster.team,
+            changes={"application": str(profile.application), "name": profile.name},
+        )
         profile.delete()
 
 
@@ -125,12 +163,23 @@ def claim_due(now=None) -> list[int]:
     claimed with a conditional UPDATE and the run is unique per (schedule, slot)."""
     now = now or timezone.now()
     runs = []
-    for item in RecycleSchedule.objects.filter(enabled=True, next_run_at__lte=now).select_related("deployment__application__cluster"):
-        run = _claim(item, now, RecycleSchedule, kind=MaintenanceRun.Kind.RECYCLE, schedule=item, deployment=item.deployment,
-                     cluster=item.deployment.application.cluster)
+    for item in RecycleSchedule.objects.filter(enabled=True, next_run_at__lte=now).select_related(
+        "deployment__application__cluster"
+    ):
+        run = _claim(
+            item,
+            now,
+            RecycleSchedule,
+            kind=MaintenanceRun.Kind.RECYCLE,
+            schedule=item,
+            deployment=item.deployment,
+            cluster=item.deployment.application.cluster,
+        )
         runs += [run] if run else []
     for item in WarmupProfile.objects.filter(enabled=True, next_run_at__lte=now).select_related("application__cluster"):
-        run = _claim(item, now, WarmupProfile, kind=MaintenanceRun.Kind.WARMUP, profile=item, cluster=item.application.cluster)
+        run = _claim(
+            item, now, WarmupProfile, kind=MaintenanceRun.Kind.WARMUP, profile=item, cluster=item.application.cluster
+        )
         runs += [run] if run else []
     return runs
 
@@ -149,20 +198,33 @@ def _claim(item, now, model, **run_fields) -> int | None:
 
 def request_recycle(actor: Actor, deployment: Deployment, *, override_reason: str = "") -> MaintenanceRun:
     run = MaintenanceRun.objects.create(
-        kind=MaintenanceRun.Kind.RECYCLE, trigger=MaintenanceRun.Trigger.MANUAL, cluster=deployment.application.cluster,
-        deployment=deployment, schedule=getattr(deployment, "recycle_schedule", None), requested_by=actor.user,
-        override_guards=bool(override_reason), override_reason=override_reason,
+        kind=MaintenanceRun.Kind.RECYCLE,
+        trigger=MaintenanceRun.Trigger.MANUAL,
+        cluster=deployment.application.cluster,
+        deployment=deployment,
+        schedule=getattr(deployment, "recycle_schedule", None),
+        requested_by=actor.user,
+        override_guards=bool(override_reason),
+        override_reason=override_reason,
     )
-    record(actor, "recycle.request", run, team=run.cluster.team,
-           changes={"deployment": str(deployment), "override": override_reason or None})
+    record(
+        actor,
+        "recycle.request",
+        run,
+        team=run.cluster.team,
+        changes={"deployment": str(deployment), "override": override_reason or None},
+    )
     transaction.on_commit(lambda: _enqueue(run.pk))
     return run
 
 
 def request_warmup(actor: Actor, profile: WarmupProfile) -> MaintenanceRun:
     run = MaintenanceRun.objects.create(
-        kind=MaintenanceRun.Kind.WARMUP, trigger=MaintenanceRun.Trigger.MANUAL, cluster=profile.application.cluster,
-        profile=profile, requested_by=actor.user,
+        kind=MaintenanceRun.Kind.WARMUP,
+        trigger=MaintenanceRun.Trigger.MANUAL,
+        cluster=profile.application.cluster,
+        profile=profile,
+        requested_by=actor.user,
     )
     record(actor, "warmup.request", run, team=run.cluster.team, changes={"profile": str(profile)})
     transaction.on_commit(lambda: _enqueue(run.pk))
@@ -186,7 +248,11 @@ def warm_after_change(sender, change: Change, **kwargs) -> None:
     )
     for profile in profiles:
         run = MaintenanceRun.objects.create(
-            kind=MaintenanceRun.Kind.WARMUP, trigger=MaintenanceRun.Trigger.AFTER_CHANGE, cluster_id=change.cluster_id, profile=profile, change=change
+            kind=MaintenanceRun.Kind.WARMUP,
+            trigger=MaintenanceRun.Trigger.AFTER_CHANGE,
+            cluster_id=change.cluster_id,
+            profile=profile,
+            change=change,
         )
         transaction.on_commit(lambda run_id=run.pk: _enqueue(run_id))
 
@@ -207,8 +273,13 @@ def requeue_lost(now=None) -> list[int]:
     lost = MaintenanceRun.objects.filter(state=MaintenanceRun.State.QUEUED, enqueued_at__lt=cutoff)
     requeued = []
     for run in lost.order_by("pk"):
-        if MaintenanceRun.objects.filter(pk=run.pk, state=MaintenanceRun.State.QUEUED, enqueued_at__lt=cutoff).update(enqueued_at=now):
-            _log(run, f"No worker took this run up within {settings.FLEETDECK_CHANGE_STALE_S} s; sent to the workers again.")
+        if MaintenanceRun.objects.filter(pk=run.pk, state=MaintenanceRun.State.QUEUED, enqueued_at__lt=cutoff).update(
+            enqueued_at=now
+        ):
+            _log(
+                run,
+                f"No worker took this run up within {settings.FLEETDECK_CHANGE_STALE_S} s; sent to the workers again.",
+            )
             requeued.append(run.pk)
     return requeued
 
@@ -223,7 +294,8 @@ def abandon_stale(now=None) -> list[int]:
     # A run claimed by a worker of a release before heartbeats has none: its start stands in.
     silent = Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, started_at__lt=cutoff)
     stale = MaintenanceRun.objects.select_related("cluster", "deployment__application", "change").filter(
-        silent, state=MaintenanceRun.State.RUNNING)
+        silent, state=MaintenanceRun.State.RUNNING
+    )
     abandoned = []
     for run in stale.order_by("pk"):
         if run.change is not None and run.change.state in ACTIVE_STATES:
@@ -233,8 +305,10 @@ def abandon_stale(now=None) -> list[int]:
             message = _abandoned(run)
         except Exception as exc:  # one unreadable cluster must not stop the tick's other work
             log.exception("maintenance run %s: reading how far it got failed", run.pk)
-            message = (f"The worker stopped during the run (no heartbeat for {settings.FLEETDECK_CHANGE_STALE_S} s); how far it "
-                       f"got could not be read ({exc}): check the deployment before recycling it again.")
+            message = (
+                f"The worker stopped during the run (no heartbeat for {settings.FLEETDECK_CHANGE_STALE_S} s); how far it "
+                f"got could not be read ({exc}): check the deployment before recycling it again."
+            )
         if _end(run, MaintenanceRun.State.FAILED, message, only_if=silent, error=message):
             abandoned.append(run.pk)
     return abandoned
@@ -255,11 +329,14 @@ def _abandoned(run: MaintenanceRun) -> str:
             raise LookupError(f"{run.cluster.name} is not reachable")
         now_running, _ = _replicas(run.cluster, run.deployment)
     except (LookupError, RayError) as exc:
-        return (f"{lead}; {change}, and the running replicas could not be read ({getattr(exc, 'message', exc)}), so how many "
-                f"of the {len(before)} replica(s) were recycled is unknown: check the deployment before recycling it again.")
+        return (
+            f"{lead}; {change}, and the running replicas could not be read ({getattr(exc, 'message', exc)}), so how many "
+            f"of the {len(before)} replica(s) were recycled is unknown: check the deployment before recycling it again."
+        )
     kept = sorted(set(before) & set(now_running))
-    return (f"{lead}; {len(before) - len(kept)} of {len(before)} replica(s) had been recycled ({change})"
-            + (f"; still running from before: {', '.join(kept)}." if kept else "."))
+    return f"{lead}; {len(before) - len(kept)} of {len(before)} replica(s) had been recycled ({change})" + (
+        f"; still running from before: {', '.join(kept)}." if kept else "."
+    )
 
 
 # --- execution -----------------------------------------------------------------------------
@@ -268,17 +345,28 @@ def _abandoned(run: MaintenanceRun) -> str:
 def execute(run_id: int) -> None:
     """Run a queued run once: the claim is a conditional UPDATE, so a message sent twice (see
     `requeue_lost`) or delivered twice finds the run taken and returns."""
-    run = MaintenanceRun.objects.select_related("cluster", "deployment__application", "schedule__warmup", "profile__application").filter(
-        pk=run_id, state=MaintenanceRun.State.QUEUED).first()
+    run = (
+        MaintenanceRun.objects.select_related(
+            "cluster", "deployment__application", "schedule__warmup", "profile__application"
+        )
+        .filter(pk=run_id, state=MaintenanceRun.State.QUEUED)
+        .first()
+    )
     if run is None:
         return
     started = timezone.now()
     try:
         with transaction.atomic():
             claimed = MaintenanceRun.objects.filter(pk=run.pk, state=MaintenanceRun.State.QUEUED).update(
-                state=MaintenanceRun.State.RUNNING, started_at=started, heartbeat_at=started)
+                state=MaintenanceRun.State.RUNNING, started_at=started, heartbeat_at=started
+            )
     except IntegrityError:
-        return _end(run, MaintenanceRun.State.SKIPPED, "Skipped: another recycle is running on this cluster.", skip_reason="recycle running")
+        return _end(
+            run,
+            MaintenanceRun.State.SKIPPED,
+            "Skipped: another recycle is running on this cluster.",
+            skip_reason="recycle running",
+        )
     if not claimed:
         return
     # `_end` saves the whole row: keep what the UPDATE wrote.
@@ -291,7 +379,9 @@ def execute(run_id: int) -> None:
                 _warmup(run)
     except Exception as exc:
         # Recorded as what it was, not left for the reaper to call a dead worker.
-        _end(run, MaintenanceRun.State.FAILED, f"Failed: {getattr(exc, 'message', None) or exc!r}", error=str(exc)[:2000])
+        _end(
+            run, MaintenanceRun.State.FAILED, f"Failed: {getattr(exc, 'message', None) or exc!r}", error=str(exc)[:2000]
+        )
         raise
 
 
@@ -326,7 +416,9 @@ def _keepalive(run: MaintenanceRun):
         try:
             while not stop.wait(interval) and time.monotonic() < give_up:
                 try:
-                    MaintenanceRun.objects.filter(pk=run.pk, state=MaintenanceRun.State.RUNNING).update(heartbeat_at=timezone.now())
+                    MaintenanceRun.objects.filter(pk=run.pk, state=MaintenanceRun.State.RUNNING).update(
+                        heartbeat_at=timezone.now()
+                    )
                 except DatabaseError as exc:
                     log.warning("heartbeat of maintenance run %s not written: %s", run.pk, exc)
         finally:
@@ -359,8 +451,14 @@ def _log(run: MaintenanceRun, message: str, *, final: bool = False) -> None:
 def _end(run: MaintenanceRun, state: str, message: str, *, only_if: Q | None = None, **fields) -> bool:
     """End an open run once, with what the worker learned (`fields`, and the replicas and change it
     recorded on the way). False, and nothing written, when someone else ended it first."""
-    values = {"state": state, "finished_at": timezone.now(), "started_at": run.started_at, "change": run.change,
-              "replicas_before": run.replicas_before, **fields}
+    values = {
+        "state": state,
+        "finished_at": timezone.now(),
+        "started_at": run.started_at,
+        "change": run.change,
+        "replicas_before": run.replicas_before,
+        **fields,
+    }
     rows = MaintenanceRun.objects.filter(pk=run.pk, state__in=OPEN)
     if not (rows.filter(only_if) if only_if is not None else rows).update(**values):
         return False
@@ -399,7 +497,9 @@ def recycle_guards(run: MaintenanceRun, running: list[str], effective: dict) -> 
             "no replica for about 2–3 s. Keep min_replicas at 2 or more, enable surge, or override."
         )
     if surge:
-        per_replica = (effective.get("ray_actor_options") or {}).get("memory") or settings.FLEETDECK_RECYCLE_REPLICA_MEMORY_MB * 2**20
+        per_replica = (effective.get("ray_actor_options") or {}).get(
+            "memory"
+        ) or settings.FLEETDECK_RECYCLE_REPLICA_MEMORY_MB * 2**20
         needed = math.ceil(len(running) * surge / 100) * per_replica
         try:
             with dashboard_for(cluster) as ray:
@@ -418,10 +518,19 @@ def recycle_guards(run: MaintenanceRun, running: list[str], effective: dict) -> 
 def _recycle(run: MaintenanceRun) -> None:
     cluster, deployment = run.cluster, run.deployment
     if deployment is None or deployment.removed_at is not None:
-        return _end(run, MaintenanceRun.State.FAILED, "The deployment no longer exists on the cluster.", error="deployment vanished")
+        return _end(
+            run,
+            MaintenanceRun.State.FAILED,
+            "The deployment no longer exists on the cluster.",
+            error="deployment vanished",
+        )
     if cluster.reachability != Reachability.OK:
-        return _end(run, MaintenanceRun.State.SKIPPED, f"Skipped: {cluster.name} is not reachable ({cluster.last_error or cluster.reachability}).",
-                    skip_reason="cluster unreachable")
+        return _end(
+            run,
+            MaintenanceRun.State.SKIPPED,
+            f"Skipped: {cluster.name} is not reachable ({cluster.last_error or cluster.reachability}).",
+            skip_reason="cluster unreachable",
+        )
     try:
         before, effective = _replicas(cluster, deployment)
     except (LookupError, RayError) as exc:
@@ -437,7 +546,9 @@ def _recycle(run: MaintenanceRun) -> None:
     actor = Actor(user=run.requested_by, via="worker")
     try:
         change = protocol.plan_change(
-            actor, cluster, targets=[{"application": deployment.application.name, "deployment": deployment.name}],
+            actor,
+            cluster,
+            targets=[{"application": deployment.application.name, "deployment": deployment.name}],
             options={"ray_actor_options": {"runtime_env": {"env_vars": {GENERATION_VAR: str(generation)}}}},
             reason=f"Rolling recycle of {deployment} (run #{run.pk}, generation {generation})",
         )
@@ -447,26 +558,52 @@ def _recycle(run: MaintenanceRun) -> None:
         run.save(update_fields=["change", "replicas_before"])
         protocol.request_apply(actor, change)
     except ValidationError as exc:
-        return _end(run, MaintenanceRun.State.FAILED, "Failed to start the change: " + " ".join(exc.messages), error=" ".join(exc.messages))
+        return _end(
+            run,
+            MaintenanceRun.State.FAILED,
+            "Failed to start the change: " + " ".join(exc.messages),
+            error=" ".join(exc.messages),
+        )
     _log(run, f"Change #{change.pk} bumps {GENERATION_VAR} to {generation}.")
     protocol.run(change.pk)  # a worker may have claimed it first; then this returns at once
     change = _wait_final(run, change)
     if change.state != ChangeState.SUCCEEDED:
-        return _end(run, MaintenanceRun.State.FAILED, f"Change #{change.pk} {change.get_state_display().lower()}: {change.error}", error=change.error)
+        return _end(
+            run,
+            MaintenanceRun.State.FAILED,
+            f"Change #{change.pk} {change.get_state_display().lower()}: {change.error}",
+            error=change.error,
+        )
     after, _ = _replicas(cluster, deployment)
     cold = (change.finished_at - change.pushed_at).total_seconds() if change.pushed_at and change.finished_at else None
     kept = sorted(set(before) & set(after))
     took = f" in {cold:.1f} s" if cold is not None else ""
-    message = f"Recycled: {len(before)} replica(s) replaced by {len(after)} new ones{took}." if not kept else (
-        f"Recycle verified but replica(s) {', '.join(kept)} were not replaced.")
-    _end(run, MaintenanceRun.State.SUCCEEDED if not kept else MaintenanceRun.State.FAILED, message, replicas_after=after, cold_start_s=cold)
+    message = (
+        f"Recycled: {len(before)} replica(s) replaced by {len(after)} new ones{took}."
+        if not kept
+        else (f"Recycle verified but replica(s) {', '.join(kept)} were not replaced.")
+    )
+    _end(
+        run,
+        MaintenanceRun.State.SUCCEEDED if not kept else MaintenanceRun.State.FAILED,
+        message,
+        replicas_after=after,
+        cold_start_s=cold,
+    )
     warmup = run.schedule.warmup if run.schedule else None
     if warmup is not None and warmup.enabled:
         # Run here, so created running: a queued one would look lost to `requeue_lost` and run twice.
         now = timezone.now()
-        follow = MaintenanceRun.objects.create(kind=MaintenanceRun.Kind.WARMUP, trigger=MaintenanceRun.Trigger.AFTER_RECYCLE,
-                                               cluster=cluster, profile=warmup, after=run, state=MaintenanceRun.State.RUNNING,
-                                               started_at=now, heartbeat_at=now)
+        follow = MaintenanceRun.objects.create(
+            kind=MaintenanceRun.Kind.WARMUP,
+            trigger=MaintenanceRun.Trigger.AFTER_RECYCLE,
+            cluster=cluster,
+            profile=warmup,
+            after=run,
+            state=MaintenanceRun.State.RUNNING,
+            started_at=now,
+            heartbeat_at=now,
+        )
         with _keepalive(follow):
             _warmup(follow)
 
@@ -478,7 +615,9 @@ def _wait_final(run: MaintenanceRun, change: Change) -> Change:
         if change.is_final:
             return change
         run.heartbeat_at = timezone.now()
-        MaintenanceRun.objects.filter(pk=run.pk, state=MaintenanceRun.State.RUNNING).update(heartbeat_at=run.heartbeat_at)
+        MaintenanceRun.objects.filter(pk=run.pk, state=MaintenanceRun.State.RUNNING).update(
+            heartbeat_at=run.heartbeat_at
+        )
         time.sleep(0.5)
     return change
 
@@ -489,8 +628,16 @@ def _warmup(run: MaintenanceRun) -> None:
         return _end(run, MaintenanceRun.State.FAILED, "The warmup profile was deleted.")
     base = run.cluster.serve_endpoint
     _log(run, f"Sending {profile.requests} {profile.method} {profile.path} to {base}, {profile.concurrency} at a time.")
-    samples = serve_http.send(base, method=profile.method, path=profile.path, headers=profile.headers, body=profile.body,
-                              requests=profile.requests, concurrency=profile.concurrency, timeout_s=profile.timeout_s)
+    samples = serve_http.send(
+        base,
+        method=profile.method,
+        path=profile.path,
+        headers=profile.headers,
+        body=profile.body,
+        requests=profile.requests,
+        concurrency=profile.concurrency,
+        timeout_s=profile.timeout_s,
+    )
     results = summarize(samples, profile.p95_threshold_ms)
     state = MaintenanceRun.State.SUCCEEDED if results["passed"] else MaintenanceRun.State.FAILED
     _end(run, state, results["verdict"], results=results)
@@ -507,14 +654,18 @@ def summarize(samples: list[serve_http.Sample], p95_threshold_ms: float | None) 
     if p95_threshold_ms is not None and p95 > p95_threshold_ms:
         problems.append(f"p95 {p95:.0f} ms is above {p95_threshold_ms:.0f} ms")
     return {
-        "samples": [{"i": s.index, "status": s.status, "ms": round(s.latency_ms, 2), "error": s.error} for s in samples],
+        "samples": [
+            {"i": s.index, "status": s.status, "ms": round(s.latency_ms, 2), "error": s.error} for s in samples
+        ],
         "first_ms": round(latencies[0], 2) if latencies else None,
         "steady_p50_ms": round(statistics.median(steady), 2) if steady else None,
         "steady_p95_ms": round(p95, 2),
         "max_ms": round(max(latencies), 2) if latencies else None,
         "errors": len(errors),
         "passed": not problems,
-        "verdict": "Passed: all responses 2xx" + (f", p95 {p95:.0f} ms" if latencies else "") if not problems else "Failed: " + "; ".join(problems) + ".",
+        "verdict": "Passed: all responses 2xx" + (f", p95 {p95:.0f} ms" if latencies else "")
+        if not problems
+        else "Failed: " + "; ".join(problems) + ".",
     }
 
 

@@ -24,7 +24,9 @@ def _operator(request, team) -> None:
 
 
 def _deployment(request, pk: int) -> Deployment:
-    return access.get_visible_or_404(request.user, Deployment.objects.select_related("application__cluster__team"), pk=pk)
+    return access.get_visible_or_404(
+        request.user, Deployment.objects.select_related("application__cluster__team"), pk=pk
+    )
 
 
 @login_required
@@ -35,7 +37,9 @@ def schedule_edit(request, deployment_pk: int):
     form = ScheduleForm(request.POST or None, instance=instance, application=deployment.application)
     if request.method == "POST" and form.is_valid():
         try:
-            services.save_schedule(Actor.from_request(request), deployment, {k: form.cleaned_data[k] for k in ScheduleForm.Meta.fields})
+            services.save_schedule(
+                Actor.from_request(request), deployment, {k: form.cleaned_data[k] for k in ScheduleForm.Meta.fields}
+            )
         except ValidationError as exc:
             form.add_error(None, exc)
         else:
@@ -55,7 +59,9 @@ def recycle_now(request, deployment_pk: int):
 
 @login_required
 def warmups(request, application_pk: int):
-    application = access.get_visible_or_404(request.user, Application.objects.select_related("cluster__team"), pk=application_pk)
+    application = access.get_visible_or_404(
+        request.user, Application.objects.select_related("cluster__team"), pk=application_pk
+    )
     can_operate = has_role(request.user, application.cluster.team, Role.OPERATOR)
     form = ProfileForm(request.POST or None, initial={"path": application.route_prefix or "/"})
     if request.method == "POST":
@@ -67,14 +73,21 @@ def warmups(request, application_pk: int):
                 form.add_error(None, exc)
             else:
                 return redirect("maintenance:warmups", application_pk=application.pk)
-    context = {"application": application, "profiles": application.warmup_profiles.all(), "form": form, "can_operate": can_operate}
+    context = {
+        "application": application,
+        "profiles": application.warmup_profiles.all(),
+        "form": form,
+        "can_operate": can_operate,
+    }
     return render(request, "maintenance/warmups.html", context)
 
 
 @login_required
 @require_POST
 def warmup_run(request, pk: int):
-    profile = access.get_visible_or_404(request.user, WarmupProfile.objects.select_related("application__cluster__team"), pk=pk)
+    profile = access.get_visible_or_404(
+        request.user, WarmupProfile.objects.select_related("application__cluster__team"), pk=pk
+    )
     _operator(request, profile.application.cluster.team)
     run = services.request_warmup(Actor.from_request(request), profile)
     return redirect("maintenance:run", pk=run.pk)
@@ -83,7 +96,9 @@ def warmup_run(request, pk: int):
 @login_required
 def run_detail(request, pk: int):
     run = access.get_visible_or_404(
-        request.user, MaintenanceRun.objects.select_related("cluster", "deployment__application", "profile", "change"), pk=pk
+        request.user,
+        MaintenanceRun.objects.select_related("cluster", "deployment__application", "profile", "change"),
+        pk=pk,
     )
     samples = run.results.get("samples", []) if run.results else []
     peak = max([s["ms"] for s in samples], default=1) or 1
@@ -93,7 +108,9 @@ def run_detail(request, pk: int):
         ok = sample["status"] is not None and 200 <= sample["status"] < 300
         bars.append({"x": i * 12, "y": round(105 - height, 1), "h": round(height, 1), "ms": sample["ms"], "ok": ok})
     context = {
-        "run": run, "bars": bars, "chart_width": max(len(bars) * 12, 12),
+        "run": run,
+        "bars": bars,
+        "chart_width": max(len(bars) * 12, 12),
         "waiting_s": unclaimed_for(run.enqueued_at) if run.state == MaintenanceRun.State.QUEUED else None,
         "resend_s": settings.FLEETDECK_CHANGE_STALE_S,
     }

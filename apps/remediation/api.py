@@ -39,9 +39,28 @@ class FindingSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Finding
-        fields = ["id", "cluster", "cluster_name", "application_name", "deployment_name", "deployment", "subject", "rule", "title",
-                  "severity", "why", "remedy", "message", "evidence", "patch", "action", "first_seen_at", "resolved_at", "muted_at",
-                  "mute_reason"]
+        fields = [
+            "id",
+            "cluster",
+            "cluster_name",
+            "application_name",
+            "deployment_name",
+            "deployment",
+            "subject",
+            "rule",
+            "title",
+            "severity",
+            "why",
+            "remedy",
+            "message",
+            "evidence",
+            "patch",
+            "action",
+            "first_seen_at",
+            "resolved_at",
+            "muted_at",
+            "mute_reason",
+        ]
         read_only_fields = fields
 
     def get_title(self, obj) -> str:
@@ -79,7 +98,9 @@ class FindingViewSet(viewsets.ReadOnlyModelViewSet):
         require_role(request, finding.cluster.team, Role.OPERATOR, "mute findings")
         body = MuteSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        return Response(FindingSerializer(findings.mute(Actor.from_request(request), finding, body.validated_data["reason"])).data)
+        return Response(
+            FindingSerializer(findings.mute(Actor.from_request(request), finding, body.validated_data["reason"])).data
+        )
 
     @extend_schema(request=None, responses=FindingSerializer)
     @action(detail=True, methods=["post"])
@@ -95,8 +116,22 @@ class WizardStepSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = WizardStep
-        fields = ["position", "kind", "remedy", "title", "status", "status_label", "values", "patch", "change", "change_state",
-                  "calibration", "check_result", "note", "updated_at"]
+        fields = [
+            "position",
+            "kind",
+            "remedy",
+            "title",
+            "status",
+            "status_label",
+            "values",
+            "patch",
+            "change",
+            "change_state",
+            "calibration",
+            "check_result",
+            "note",
+            "updated_at",
+        ]
         read_only_fields = fields
 
 
@@ -106,21 +141,50 @@ class WizardSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Wizard
-        fields = ["id", "state", "revision", "cluster", "cluster_name", "application_name", "deployment_name", "deployment", "incident",
-                  "finding", "diagnosis", "latency_objective_ms", "failure_objective", "verification_window_s", "verify_started_at", "verify_ends_at",
-                  "before", "after", "outcome", "next_steps", "created_at", "updated_at", "finished_at", "steps"]
+        fields = [
+            "id",
+            "state",
+            "revision",
+            "cluster",
+            "cluster_name",
+            "application_name",
+            "deployment_name",
+            "deployment",
+            "incident",
+            "finding",
+            "diagnosis",
+            "latency_objective_ms",
+            "failure_objective",
+            "verification_window_s",
+            "verify_started_at",
+            "verify_ends_at",
+            "before",
+            "after",
+            "outcome",
+            "next_steps",
+            "created_at",
+            "updated_at",
+            "finished_at",
+            "steps",
+        ]
         read_only_fields = fields
 
 
 class WizardStartSerializer(serializers.Serializer):
     incident = serializers.IntegerField(required=False, help_text="Start from this incident…")
     finding = serializers.IntegerField(required=False, help_text="…or from this finding.")
-    latency_objective_ms = serializers.IntegerField(required=False, min_value=100, max_value=600_000,
-                                                    help_text="The p99 clients may see, end to end; sizes the queue bound (R10). "
-                                                              "Default 10 s.")
-    failure_objective = serializers.FloatField(required=False, min_value=0.0, max_value=1.0,
-                                               help_text="Share of client requests that may fail (5xx, 408) in verification. "
-                                                         "Default 0.05.")
+    latency_objective_ms = serializers.IntegerField(
+        required=False,
+        min_value=100,
+        max_value=600_000,
+        help_text="The p99 clients may see, end to end; sizes the queue bound (R10). Default 10 s.",
+    )
+    failure_objective = serializers.FloatField(
+        required=False,
+        min_value=0.0,
+        max_value=1.0,
+        help_text="Share of client requests that may fail (5xx, 408) in verification. Default 0.05.",
+    )
     verification_window_s = serializers.IntegerField(required=False, min_value=30, max_value=86_400)
 
 
@@ -129,8 +193,12 @@ class RevisionSerializer(serializers.Serializer):
 
 
 class ApplySerializer(RevisionSerializer):
-    steps = serializers.ListField(child=serializers.IntegerField(min_value=1), min_length=1, max_length=10,
-                                  help_text="Positions of config steps, applied together as one change.")
+    steps = serializers.ListField(
+        child=serializers.IntegerField(min_value=1),
+        min_length=1,
+        max_length=10,
+        help_text="Positions of config steps, applied together as one change.",
+    )
 
 
 class StepSerializer(RevisionSerializer):
@@ -140,10 +208,14 @@ class StepSerializer(RevisionSerializer):
 
 
 class WizardCalibrateSerializer(RevisionSerializer):
-    request = serializers.JSONField(required=False, allow_null=True,
-                                    help_text=calibrations.REPRESENTATIVE_REQUEST_HELP)
-    levels = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=64), required=False, min_length=1,
-                                   max_length=8, help_text="Concurrency levels, increasing. Default 1, 2, 4, 8.")
+    request = serializers.JSONField(required=False, allow_null=True, help_text=calibrations.REPRESENTATIVE_REQUEST_HELP)
+    levels = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=64),
+        required=False,
+        min_length=1,
+        max_length=8,
+        help_text="Concurrency levels, increasing. Default 1, 2, 4, 8.",
+    )
 
 
 class VerifySerializer(RevisionSerializer):
@@ -174,8 +246,12 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     filterset_fields = ["state", "cluster", "incident", "finding", "application_name", "deployment_name"]
 
     def get_queryset(self):
-        return (access.visible(self.request.user, Wizard).select_related("cluster")
-                .prefetch_related("steps__change").order_by("-created_at", "-id"))
+        return (
+            access.visible(self.request.user, Wizard)
+            .select_related("cluster")
+            .prefetch_related("steps__change")
+            .order_by("-created_at", "-id")
+        )
 
     def _respond(self, wizard, code=status.HTTP_200_OK):
         return Response(WizardSerializer(self.get_queryset().get(pk=wizard.pk)).data, status=code)
@@ -185,7 +261,9 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         require_role(request, wizard.cluster.team, Role.OPERATOR, what)
         return wizard
 
-    @extend_schema(request=WizardStartSerializer, responses={201: WizardSerializer, 200: WizardSerializer, 409: CONFLICT})
+    @extend_schema(
+        request=WizardStartSerializer, responses={201: WizardSerializer, 200: WizardSerializer, 409: CONFLICT}
+    )
     def create(self, request, *args, **kwargs):
         """Start a wizard from an incident or a finding. An active wizard for the same deployment is
         returned (200) instead of a second one."""
@@ -194,19 +272,32 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         data = body.validated_data
         incident = finding = None
         if data.get("incident"):
-            incident = access.visible(request.user, Incident).filter(pk=data["incident"]).select_related("cluster__team").first()
+            incident = (
+                access.visible(request.user, Incident)
+                .filter(pk=data["incident"])
+                .select_related("cluster__team")
+                .first()
+            )
             if incident is None:
                 raise serializers.ValidationError({"incident": ["No such incident."]})
         if data.get("finding"):
-            finding = access.visible(request.user, Finding).filter(pk=data["finding"]).select_related("cluster__team").first()
+            finding = (
+                access.visible(request.user, Finding).filter(pk=data["finding"]).select_related("cluster__team").first()
+            )
             if finding is None:
                 raise serializers.ValidationError({"finding": ["No such finding."]})
         source = incident or finding
         if source is not None:
             require_role(request, source.cluster.team, Role.OPERATOR, "start remediation wizards")
-        wizard, created = wizard_call(wizards.start, Actor.from_request(request), incident=incident, finding=finding,
-                             latency_objective_ms=data.get("latency_objective_ms"), failure_objective=data.get("failure_objective"),
-                             verification_window_s=data.get("verification_window_s"))
+        wizard, created = wizard_call(
+            wizards.start,
+            Actor.from_request(request),
+            incident=incident,
+            finding=finding,
+            latency_objective_ms=data.get("latency_objective_ms"),
+            failure_objective=data.get("failure_objective"),
+            verification_window_s=data.get("verification_window_s"),
+        )
         return self._respond(wizard, status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(request=ApplySerializer, responses={202: WizardSerializer, 409: CONFLICT})
@@ -216,8 +307,13 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         wizard = self._operable(request, "apply remedies")
         body = ApplySerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        wizard_call(wizards.apply, Actor.from_request(request), wizard, body.validated_data["steps"],
-                    revision=body.validated_data.get("revision"))
+        wizard_call(
+            wizards.apply,
+            Actor.from_request(request),
+            wizard,
+            body.validated_data["steps"],
+            revision=body.validated_data.get("revision"),
+        )
         return self._respond(wizard, status.HTTP_202_ACCEPTED)
 
     def _step_action(self, request, fn, what, extra):
@@ -232,7 +328,9 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def confirm(self, request, pk=None):
         """Mark a code-level remedy as done, with a note."""
-        return self._step_action(request, wizards.confirm, "confirm remedies", extra=lambda d: {"note": d.get("note", "")})
+        return self._step_action(
+            request, wizards.confirm, "confirm remedies", extra=lambda d: {"note": d.get("note", "")}
+        )
 
     @extend_schema(request=StepSerializer, responses={200: WizardSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
@@ -244,7 +342,9 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def check(self, request, pk=None):
         """Run a code-level remedy's automatic check (R3 oversized input, R6 cold start, R7, R8, R9)."""
-        return self._step_action(request, remedy_checks.run, "run checks", extra=lambda d: {"params": d.get("params") or {}})
+        return self._step_action(
+            request, remedy_checks.run, "run checks", extra=lambda d: {"params": d.get("params") or {}}
+        )
 
     @extend_schema(request=WizardCalibrateSerializer, responses={202: WizardSerializer, 400: CONFLICT, 409: CONFLICT})
     @action(detail=True, methods=["post"])
@@ -255,8 +355,14 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         body = WizardCalibrateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        wizard_call(wizards.calibrate, Actor.from_request(request), wizard, request=data.get("request"), levels=data.get("levels"),
-                    revision=data.get("revision"))
+        wizard_call(
+            wizards.calibrate,
+            Actor.from_request(request),
+            wizard,
+            request=data.get("request"),
+            levels=data.get("levels"),
+            revision=data.get("revision"),
+        )
         return self._respond(wizard, status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=RevisionSerializer, responses={200: WizardSerializer, 409: CONFLICT})
@@ -276,8 +382,13 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         wizard = self._operable(request, "verify fixes")
         body = VerifySerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        wizard_call(verification.start, Actor.from_request(request), wizard, window_s=body.validated_data.get("window_s"),
-                    revision=body.validated_data.get("revision"))
+        wizard_call(
+            verification.start,
+            Actor.from_request(request),
+            wizard,
+            window_s=body.validated_data.get("window_s"),
+            revision=body.validated_data.get("revision"),
+        )
         return self._respond(wizard)
 
     @extend_schema(request=None, responses=WizardSerializer)
@@ -294,6 +405,11 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         wizard = self._operable(request, "abandon wizards")
         body = AbandonSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        wizard_call(wizards.abandon, Actor.from_request(request), wizard, reason=body.validated_data["reason"],
-                    revision=body.validated_data.get("revision"))
+        wizard_call(
+            wizards.abandon,
+            Actor.from_request(request),
+            wizard,
+            reason=body.validated_data["reason"],
+            revision=body.validated_data.get("revision"),
+        )
         return self._respond(wizard)

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from apps.clusters.models import Cluster
 from apps.fleet.configs import key_settings
+from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, NodeWindow, SignalWindow
 from apps.incidents.oom import replica_memory
-from apps.fleet.models import Deployment
 from apps.remediation import capacity, observed, sizing
 from apps.remediation.catalogue import PRESCRIPTION, REMEDIES, REMEDIES_FOR, cause
 from apps.remediation.models import Finding
@@ -32,7 +32,10 @@ class Diagnosis:
 def settings_of(effective: dict) -> dict:
     """The settings the computed values depend on; a live config that differs from these makes a
     wizard stale."""
-    out = {"max_ongoing_requests": effective.get("max_ongoing_requests"), "max_queued_requests": effective.get("max_queued_requests")}
+    out = {
+        "max_ongoing_requests": effective.get("max_ongoing_requests"),
+        "max_queued_requests": effective.get("max_queued_requests"),
+    }
     auto = effective.get("autoscaling_config")
     if isinstance(auto, dict):
         out["autoscaling_config"] = {k: auto.get(k) for k in AUTOSCALING_KEYS}
@@ -77,8 +80,17 @@ def with_patch(settings: dict, patch: dict) -> dict:
     return out
 
 
-def diagnose(cluster: Cluster, app: str, dep: str, effective: dict, *, incident: Incident | None, finding: Finding | None,
-             latency_objective_ms: int, curve=None) -> Diagnosis:
+def diagnose(
+    cluster: Cluster,
+    app: str,
+    dep: str,
+    effective: dict,
+    *,
+    incident: Incident | None,
+    finding: Finding | None,
+    latency_objective_ms: int,
+    curve=None,
+) -> Diagnosis:
     window = SignalWindow.objects.filter(cluster=cluster, application_name=app, deployment_name=dep).first()
     points = window.points if window else []
     load = sizing.load_from_points(points)
@@ -87,17 +99,30 @@ def diagnose(cluster: Cluster, app: str, dep: str, effective: dict, *, incident:
     seen = observed.from_points(points)
     memory, budget = _memory_and_budget(cluster, app, dep, incident, current, points, curve, live, seen)
     resources = sizing.resources_from(effective, live.node_resources, _others(cluster, app, dep))
-    computed = sizing.compute(current, memory, budget, load, latency_objective_ms=latency_objective_ms, curve=curve,
-                              resources=resources)
+    computed = sizing.compute(
+        current, memory, budget, load, latency_objective_ms=latency_objective_ms, curve=curve, resources=resources
+    )
 
     if incident is not None:
         causes = incident.causes
-        evidence = {"incident": incident.pk, "kind": incident.kind, "title": incident.title, "signals": incident.signal_count,
-                    "started_at": incident.started_at.isoformat(), **{k: v for k, v in incident.evidence.items() if k not in CHART_SERIES}}
+        evidence = {
+            "incident": incident.pk,
+            "kind": incident.kind,
+            "title": incident.title,
+            "signals": incident.signal_count,
+            "started_at": incident.started_at.isoformat(),
+            **{k: v for k, v in incident.evidence.items() if k not in CHART_SERIES},
+        }
     else:
         rule = BY_ID[finding.rule]
         causes = _finding_causes(finding.rule, rule.remedy)
-        evidence = {"finding": finding.pk, "rule": finding.rule, "title": rule.title, "why": rule.why, **finding.evidence}
+        evidence = {
+            "finding": finding.pk,
+            "rule": finding.rule,
+            "title": rule.title,
+            "why": rule.why,
+            **finding.evidence,
+        }
     remedies = relevant_remedies(causes, current)
     summary = {
         "evidence": evidence,
@@ -105,8 +130,15 @@ def diagnose(cluster: Cluster, app: str, dep: str, effective: dict, *, incident:
         "settings": key_settings(effective),
         "memory": _describe_memory(memory),
         "observed": seen.as_dict() if seen is not None else None,
-        "budget": {"bytes_per_node": budget.bytes_per_node, "nodes": budget.nodes, "reason": budget.reason} if budget else None,
-        "load": {"peak_in_flight": load.peak_in_flight, "p50_ms": load.p50_ms, "peak_rps": load.peak_rps, "cold_starts": load.cold_starts},
+        "budget": {"bytes_per_node": budget.bytes_per_node, "nodes": budget.nodes, "reason": budget.reason}
+        if budget
+        else None,
+        "load": {
+            "peak_in_flight": load.peak_in_flight,
+            "p50_ms": load.p50_ms,
+            "peak_rps": load.peak_rps,
+            "cold_starts": load.cold_starts,
+        },
         "resources": {"per_replica": resources.per_replica, "free": resources.free, "reason": resources.reason},
         "plan": computed.plan,
         "conservative": computed.conservative,
@@ -132,26 +164,44 @@ def _finding_causes(rule_id: str, remedy: str) -> list[dict]:
     matching = [cid for cid, remedies in REMEDIES_FOR.items() if remedy and remedy in remedies]
     if not matching:
         return []
-    return [cause(cid, f"Finding {rule_id} points at remedy {remedy}, which answers this cause.", rank)
-            for rank, cid in enumerate(matching[:3], start=1)] if remedy else []
+    return (
+        [
+            cause(cid, f"Finding {rule_id} points at remedy {remedy}, which answers this cause.", rank)
+            for rank, cid in enumerate(matching[:3], start=1)
+        ]
+        if remedy
+        else []
+    )
 
 
-def _memory_and_budget(cluster, app, dep, incident, current, points, curve, live: capacity.Capacity, seen: observed.Observed | None):
+def _memory_and_budget(
+    cluster, app, dep, incident, current, points, curve, live: capacity.Capacity, seen: observed.Observed | None
+):
     """Memory from the calibration, its baseline lifted to what real replicas were seen using at
     rest (in the kill message or in traffic) and its peaks priced at least at what traffic showed
     per request; a kill message or traffic alone gives only a lower bound. The budget from the
     kill (its threshold less everything else on the node), else from the nodes' memory now."""
     from apps.incidents.models import OomKillRecord
 
-    kill = (OomKillRecord.objects.filter(incident__cluster=cluster, incident__application_name=app, incident__deployment_name=dep)
-            .exclude(message="").order_by("-seen_at", "-id").first())
+    kill = (
+        OomKillRecord.objects.filter(
+            incident__cluster=cluster, incident__application_name=app, incident__deployment_name=dep
+        )
+        .exclude(message="")
+        .order_by("-seen_at", "-id")
+        .first()
+    )
     listed = replica_memory(kill.message) if kill is not None else []
     floor, floor_reason = sizing.replica_floor_from_kill(listed, app, dep)
     if seen is not None and seen.idle_readings and seen.baseline_bytes and seen.baseline_bytes > (floor or 0):
-        floor, floor_reason = seen.baseline_bytes, "the largest of its replicas' readings at rest in Ray's per-process memory"
+        floor, floor_reason = (
+            seen.baseline_bytes,
+            "the largest of its replicas' readings at rest in Ray's per-process memory",
+        )
     # A token-sum curve prices a request by its tokens: the deployment's own caps when it has them.
-    memory = sizing.memory_from_curve(curve, *sizing.request_tokens(current.user_config), replica_floor_bytes=floor,
-                                      floor_reason=floor_reason)
+    memory = sizing.memory_from_curve(
+        curve, *sizing.request_tokens(current.user_config), replica_floor_bytes=floor, floor_reason=floor_reason
+    )
     if memory is not None:
         memory = sizing.with_traffic_floor(memory, seen)
     budget = None
@@ -166,18 +216,29 @@ def _memory_and_budget(cluster, app, dep, incident, current, points, curve, live
     if memory is None:
         memory = sizing.memory_from_traffic(seen)
     if budget is None and live.node_memory:
-        budget = sizing.budget_from_nodes([{"mem_total": n.total_bytes, "mem_used": n.total_bytes - n.available_bytes}
-                                           for n in live.node_memory])
+        budget = sizing.budget_from_nodes(
+            [{"mem_total": n.total_bytes, "mem_used": n.total_bytes - n.available_bytes} for n in live.node_memory]
+        )
     if budget is None:
-        budget = sizing.budget_from_nodes([w.points[-1] for w in NodeWindow.objects.filter(cluster=cluster) if w.points])
+        budget = sizing.budget_from_nodes(
+            [w.points[-1] for w in NodeWindow.objects.filter(cluster=cluster) if w.points]
+        )
     return memory, budget
 
 
 def _others(cluster, app: str, dep: str) -> list[tuple[dict, int]]:
     """What every other deployment on the cluster holds: its actor options and replica count."""
-    rows = (Deployment.objects.filter(application__cluster=cluster, removed_at__isnull=True, application__removed_at__isnull=True)
-            .exclude(application__name=app, name=dep).values_list("effective_config", "running_replicas", "target_replicas"))
-    return [((config or {}).get("ray_actor_options") or {}, max(running or 0, target or 0)) for config, running, target in rows]
+    rows = (
+        Deployment.objects.filter(
+            application__cluster=cluster, removed_at__isnull=True, application__removed_at__isnull=True
+        )
+        .exclude(application__name=app, name=dep)
+        .values_list("effective_config", "running_replicas", "target_replicas")
+    )
+    return [
+        ((config or {}).get("ray_actor_options") or {}, max(running or 0, target or 0))
+        for config, running, target in rows
+    ]
 
 
 def _in_flight_per_replica(points: list[dict], cap: int | None, replicas: int) -> float | None:
@@ -193,6 +254,10 @@ def _in_flight_per_replica(points: list[dict], cap: int | None, replicas: int) -
 def _describe_memory(memory: sizing.Memory | None) -> dict | None:
     if memory is None:
         return None
-    return {"baseline_bytes": memory.baseline_bytes, "per_request_bytes": memory.per_request_bytes, "source": memory.source,
-            "reason": memory.reason, "lower_bound": memory.lower_bound}
-
+    return {
+        "baseline_bytes": memory.baseline_bytes,
+        "per_request_bytes": memory.per_request_bytes,
+        "source": memory.source,
+        "reason": memory.reason,
+        "lower_bound": memory.lower_bound,
+    }

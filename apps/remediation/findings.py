@@ -32,21 +32,45 @@ def subjects(cluster: Cluster) -> list[tuple[Deployment, rules.Subject]]:
     from apps.incidents.models import Incident, SignalWindow
     from apps.maintenance.models import RecycleSchedule, WarmupProfile
 
-    deployments = list(Deployment.objects.filter(application__cluster=cluster, removed_at__isnull=True, application__removed_at__isnull=True)
-                       .select_related("application"))
-    scheduled = set(RecycleSchedule.objects.filter(deployment__in=deployments, enabled=True).values_list("deployment_id", flat=True))
-    warmed = set(WarmupProfile.objects.filter(application__cluster=cluster, enabled=True).values_list("application__name", flat=True))
+    deployments = list(
+        Deployment.objects.filter(
+            application__cluster=cluster, removed_at__isnull=True, application__removed_at__isnull=True
+        ).select_related("application")
+    )
+    scheduled = set(
+        RecycleSchedule.objects.filter(deployment__in=deployments, enabled=True).values_list("deployment_id", flat=True)
+    )
+    warmed = set(
+        WarmupProfile.objects.filter(application__cluster=cluster, enabled=True).values_list(
+            "application__name", flat=True
+        )
+    )
     windows = {(w.application_name, w.deployment_name): w.points for w in SignalWindow.objects.filter(cluster=cluster)}
-    ratchet = Incident.objects.filter(cluster=cluster, kind=Incident.Kind.MEMORY_RATCHET).exclude(status="resolved").exists()
+    ratchet = (
+        Incident.objects.filter(cluster=cluster, kind=Incident.Kind.MEMORY_RATCHET).exclude(status="resolved").exists()
+    )
     out = []
     for dep in deployments:
         cold, ratio = cold_start_ratio(windows.get((dep.application.name, dep.name), []))
-        out.append((dep, rules.Subject(
-            cluster_name=cluster.name, ray_version=cluster.ray_version, application=dep.application.name, deployment=dep.name,
-            effective=dep.effective_config, submitted=dep.submitted_config, running_replicas=dep.running_replicas,
-            has_recycle_schedule=dep.pk in scheduled, has_warmup=dep.application.name in warmed,
-            cold_starts_observed=cold, cold_start_ratio=ratio, memory_ratchet=ratchet,
-        )))
+        out.append(
+            (
+                dep,
+                rules.Subject(
+                    cluster_name=cluster.name,
+                    ray_version=cluster.ray_version,
+                    application=dep.application.name,
+                    deployment=dep.name,
+                    effective=dep.effective_config,
+                    submitted=dep.submitted_config,
+                    running_replicas=dep.running_replicas,
+                    has_recycle_schedule=dep.pk in scheduled,
+                    has_warmup=dep.application.name in warmed,
+                    cold_starts_observed=cold,
+                    cold_start_ratio=ratio,
+                    memory_ratchet=ratchet,
+                ),
+            )
+        )
     return out
 
 
@@ -96,25 +120,45 @@ class _Row:
         causes = ", ".join(dict.fromkeys(c for c in (self.evidence.get("cause"), other.evidence.get("cause")) if c))
         evidence = {**self.evidence, **other.evidence} | ({"cause": causes} if causes else {})
         severity = "major" if "major" in (self.severity, other.severity) else self.severity
-        return _Row(self.deployment, severity, evidence, self.patch, self.action, f"{self.message} {other.message}".strip())
+        return _Row(
+            self.deployment, severity, evidence, self.patch, self.action, f"{self.message} {other.message}".strip()
+        )
 
 
 def _reconcile(cluster: Cluster, wanted: dict, *, owned: Q, resolve_missing: bool = True) -> dict:
     now = timezone.now()
     opened = resolved = 0
     with transaction.atomic():
-        current = {(f.application_name, f.deployment_name, f.subject, f.rule): f
-                   for f in Finding.objects.filter(owned, cluster=cluster, resolved_at__isnull=True)}
+        current = {
+            (f.application_name, f.deployment_name, f.subject, f.rule): f
+            for f in Finding.objects.filter(owned, cluster=cluster, resolved_at__isnull=True)
+        }
         for key, row in wanted.items():
             finding = current.get(key)
             if finding is None:
-                Finding.objects.create(cluster=cluster, deployment=row.deployment, application_name=key[0], deployment_name=key[1],
-                                       subject=key[2], rule=key[3], severity=row.severity, evidence=row.evidence, patch=row.patch,
-                                       action=row.action, message=row.message)
+                Finding.objects.create(
+                    cluster=cluster,
+                    deployment=row.deployment,
+                    application_name=key[0],
+                    deployment_name=key[1],
+                    subject=key[2],
+                    rule=key[3],
+                    severity=row.severity,
+                    evidence=row.evidence,
+                    patch=row.patch,
+                    action=row.action,
+                    message=row.message,
+                )
                 opened += 1
-            elif (finding.evidence, finding.patch, finding.severity, finding.message) != (row.evidence, row.patch, row.severity, row.message):
-                Finding.objects.filter(pk=finding.pk).update(evidence=row.evidence, patch=row.patch, severity=row.severity,
-                                                             message=row.message)
+            elif (finding.evidence, finding.patch, finding.severity, finding.message) != (
+                row.evidence,
+                row.patch,
+                row.severity,
+                row.message,
+            ):
+                Finding.objects.filter(pk=finding.pk).update(
+                    evidence=row.evidence, patch=row.patch, severity=row.severity, message=row.message
+                )
         gone = [f.pk for key, f in current.items() if key not in wanted] if resolve_missing else []
         if gone:
             resolved = Finding.objects.filter(pk__in=gone).update(resolved_at=now)
@@ -126,7 +170,13 @@ def mute(actor: Actor, finding: Finding, reason: str) -> Finding:
         raise ValueError("Say why this finding is muted.")
     finding.muted_at, finding.muted_by, finding.mute_reason = timezone.now(), actor.user, reason.strip()[:2000]
     finding.save(update_fields=["muted_at", "muted_by", "mute_reason"])
-    record(actor, "finding.mute", finding, team=finding.cluster.team, changes={"rule": finding.rule, "reason": finding.mute_reason})
+    record(
+        actor,
+        "finding.mute",
+        finding,
+        team=finding.cluster.team,
+        changes={"rule": finding.rule, "reason": finding.mute_reason},
+    )
     return finding
 
 

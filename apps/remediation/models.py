@@ -12,7 +12,9 @@ class Finding(models.Model):
     rule no longer fires; muted by a person with a reason."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="findings")
-    deployment = models.ForeignKey(Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="findings")
+    deployment = models.ForeignKey(
+        Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="findings"
+    )
     application_name = models.CharField(max_length=200, blank=True)
     deployment_name = models.CharField(max_length=200, blank=True)
     # What a Kubernetes check (K1-K4) points at ("namespace/pod/container"); empty for config lint.
@@ -27,7 +29,9 @@ class Finding(models.Model):
     first_seen_at = models.DateTimeField(auto_now_add=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
     muted_at = models.DateTimeField(null=True, blank=True)
-    muted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    muted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     mute_reason = models.TextField(blank=True)
 
     class Meta:
@@ -41,7 +45,9 @@ class Finding(models.Model):
         ]
 
     def __str__(self) -> str:
-        where = f"{self.application_name}/{self.deployment_name}" if self.deployment_name else (self.subject or "cluster")
+        where = (
+            f"{self.application_name}/{self.deployment_name}" if self.deployment_name else (self.subject or "cluster")
+        )
         return f"{self.rule} on {self.cluster.name} {where}"
 
 
@@ -61,15 +67,21 @@ class Wizard(models.Model):
     deployment = models.ForeignKey(Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="wizards")
     application_name = models.CharField(max_length=200)
     deployment_name = models.CharField(max_length=200)
-    incident = models.ForeignKey("incidents.Incident", null=True, blank=True, on_delete=models.SET_NULL, related_name="wizards")
+    incident = models.ForeignKey(
+        "incidents.Incident", null=True, blank=True, on_delete=models.SET_NULL, related_name="wizards"
+    )
     finding = models.ForeignKey(Finding, null=True, blank=True, on_delete=models.SET_NULL, related_name="wizards")
     state = models.CharField(max_length=16, choices=State.choices, default=State.OPEN, db_index=True)
     revision = models.PositiveIntegerField(default=1)
-    diagnosis = models.JSONField(default=dict, help_text="Evidence, ranked causes and the measurements the values come from.")
+    diagnosis = models.JSONField(
+        default=dict, help_text="Evidence, ranked causes and the measurements the values come from."
+    )
     # The deployment's settings the computed values were based on; a live config that differs
     # (other than by this wizard's own changes) makes the wizard stale.
     basis = models.JSONField(default=dict)
-    latency_objective_ms = models.PositiveIntegerField(default=10_000, help_text="p99 the clients may see, end to end (ms).")
+    latency_objective_ms = models.PositiveIntegerField(
+        default=10_000, help_text="p99 the clients may see, end to end (ms)."
+    )
     # Share of client requests (at the proxy) that may fail (5xx, 408) before verification fails.
     failure_objective = models.FloatField(default=0.05)
     verification_window_s = models.PositiveIntegerField(default=600)
@@ -79,8 +91,12 @@ class Wizard(models.Model):
     after = models.JSONField(default=dict, blank=True)
     outcome = models.TextField(blank=True)
     next_steps = models.JSONField(default=list, blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -124,12 +140,17 @@ class WizardStep(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     values = models.JSONField(default=dict, blank=True, help_text="Computed values with the reason for each.")
     patch = models.JSONField(null=True, blank=True)
-    change = models.ForeignKey("changes.Change", null=True, blank=True, on_delete=models.SET_NULL, related_name="wizard_steps")
-    calibration = models.ForeignKey("calibration.MemoryCalibration", null=True, blank=True, on_delete=models.SET_NULL,
-                                    related_name="wizard_steps")
+    change = models.ForeignKey(
+        "changes.Change", null=True, blank=True, on_delete=models.SET_NULL, related_name="wizard_steps"
+    )
+    calibration = models.ForeignKey(
+        "calibration.MemoryCalibration", null=True, blank=True, on_delete=models.SET_NULL, related_name="wizard_steps"
+    )
     check_result = models.JSONField(default=dict, blank=True)
     note = models.TextField(blank=True)
-    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -26,8 +26,14 @@ class Observed:
     reason: str
 
     def as_dict(self) -> dict:
-        return {"baseline_bytes": self.baseline_bytes, "per_request_bytes": self.per_request_bytes, "lower_bound": True,
-                "idle_readings": self.idle_readings, "busy_readings": self.busy_readings, "reason": self.reason}
+        return {
+            "baseline_bytes": self.baseline_bytes,
+            "per_request_bytes": self.per_request_bytes,
+            "lower_bound": True,
+            "idle_readings": self.idle_readings,
+            "busy_readings": self.busy_readings,
+            "reason": self.reason,
+        }
 
 
 def from_points(points: list[dict]) -> Observed | None:
@@ -52,12 +58,17 @@ def from_points(points: list[dict]) -> Observed | None:
         busy += 1
         best = max(best, (p["rss_mb"] * MB - p["replicas"] * baseline) / held)
     per_request = int(best) if best >= MIB else None
-    base_text = (f"{_mib(baseline)} per replica at rest (the largest of {len(idle)} reading(s) with no request in flight)" if idle
-                 else f"no reading at rest; a replica was never seen below {_mib(baseline)}")
+    base_text = (
+        f"{_mib(baseline)} per replica at rest (the largest of {len(idle)} reading(s) with no request in flight)"
+        if idle
+        else f"no reading at rest; a replica was never seen below {_mib(baseline)}"
+    )
     if per_request:
-        text = (f"{base_text}; under traffic its replicas held at least {_mib(per_request)} per request admitted "
-                f"(the most of {busy} busy reading(s)). A lower bound: admitted requests are not all resident, and Ray samples "
-                "process memory every few seconds.")
+        text = (
+            f"{base_text}; under traffic its replicas held at least {_mib(per_request)} per request admitted "
+            f"(the most of {busy} busy reading(s)). A lower bound: admitted requests are not all resident, and Ray samples "
+            "process memory every few seconds."
+        )
     elif busy:
         text = f"{base_text}; {busy} busy reading(s) showed no memory above it per request."
     else:

@@ -10,17 +10,35 @@ from apps.remediation.models import Wizard, WizardStep
 
 Status = WizardStep.Status
 STATUS_CLASS = {
-    Status.APPLIED: "good", Status.DONE: "good", Status.PASSED: "good", Status.APPLYING: "busy",
-    Status.FAILED: "bad", Status.CHECK_FAILED: "bad", Status.SKIPPED: "muted", Status.NOT_APPLICABLE: "muted",
+    Status.APPLIED: "good",
+    Status.DONE: "good",
+    Status.PASSED: "good",
+    Status.APPLYING: "busy",
+    Status.FAILED: "bad",
+    Status.CHECK_FAILED: "bad",
+    Status.SKIPPED: "muted",
+    Status.NOT_APPLICABLE: "muted",
 }
 # Clients and replicas apart: a replica that never errs can sit behind a proxy that sheds most
 # requests with 503, and its processing time leaves out the queue the clients waited in.
-CLIENTS = [("client_requests", "Requests answered"), ("client_failed", "Failed requests"), ("client_failed_by_code", "Failed by code"),
-           ("client_failed_share", "Failed share"), ("goodput_rps", "Goodput (successful req/s)"),
-           ("client_p50_ms", "p50 end to end (ms)"), ("client_p99_ms", "p99 end to end (ms)")]
-REPLICAS = [("replica_requests", "Requests"), ("errors", "Errors"), ("error_rate", "Errors per request"),
-            ("p50_ms", "Processing p50 (ms)"), ("p99_ms", "Processing p99 (ms)"), ("queued_max", "Queue peak (requests)"),
-            ("rps_mean", "Requests/s (mean)")]
+CLIENTS = [
+    ("client_requests", "Requests answered"),
+    ("client_failed", "Failed requests"),
+    ("client_failed_by_code", "Failed by code"),
+    ("client_failed_share", "Failed share"),
+    ("goodput_rps", "Goodput (successful req/s)"),
+    ("client_p50_ms", "p50 end to end (ms)"),
+    ("client_p99_ms", "p99 end to end (ms)"),
+]
+REPLICAS = [
+    ("replica_requests", "Requests"),
+    ("errors", "Errors"),
+    ("error_rate", "Errors per request"),
+    ("p50_ms", "Processing p50 (ms)"),
+    ("p99_ms", "Processing p99 (ms)"),
+    ("queued_max", "Queue peak (requests)"),
+    ("rps_mean", "Requests/s (mean)"),
+]
 WINDOW = [("oom_kills", "OOM kills"), ("healthy", "Window"), ("points", "Readings")]
 SHARES = {"client_failed_share", "error_rate"}
 
@@ -31,7 +49,10 @@ def wizard_context(wizard: Wizard, position, *, can_operate: bool) -> dict:
         step.css = STATUS_CLASS.get(step.status, "")
     current = _current(steps, position)
     context = {
-        "wizard": wizard, "steps": steps, "step": current, "can_operate": can_operate and wizard.is_active,
+        "wizard": wizard,
+        "steps": steps,
+        "step": current,
+        "can_operate": can_operate and wizard.is_active,
         "polling": wizard.state == Wizard.State.VERIFYING or any(s.status == Status.APPLYING for s in steps),
         "deployment": wizard.deployment,
     }
@@ -40,7 +61,9 @@ def wizard_context(wizard: Wizard, position, *, can_operate: bool) -> dict:
     elif current.kind in (WizardStep.Kind.VERIFICATION, WizardStep.Kind.OUTCOME):
         context["comparison"] = comparison(wizard.before, wizard.after)
         context["failure_objective"] = f"{wizard.failure_objective * 100:g} %"
-        context["applied_changes"] = sorted({s.change for s in steps if s.change_id and s.status == Status.APPLIED}, key=lambda c: c.pk)
+        context["applied_changes"] = sorted(
+            {s.change for s in steps if s.change_id and s.status == Status.APPLIED}, key=lambda c: c.pk
+        )
     return context
 
 
@@ -49,7 +72,9 @@ def comparison(before: dict, after: dict) -> list[dict]:
     the cluster exports no proxy counters instead of showing blanks that read as zero."""
     sections = []
     for title, rows in (("Clients, at the Serve proxy", CLIENTS), ("Replicas", REPLICAS), ("Window", WINDOW)):
-        shown = [(label, _shown(key, before), _shown(key, after)) for key, label in rows if key in before or key in after]
+        shown = [
+            (label, _shown(key, before), _shown(key, after)) for key, label in rows if key in before or key in after
+        ]
         if not shown:
             continue
         note = ""
@@ -94,11 +119,17 @@ def _config(wizard: Wizard, step: WizardStep, steps: list[WizardStep]) -> dict:
     before = diagnosis.settings_of(effective)
     rows = []
     for key, value in _flat(step.patch or {}):
-        rows.append({"option": key, "value": value, "reason": step.values.get("reasons", {}).get(key.split(".")[-1], "")})
-    pending = [s for s in steps if s.kind == WizardStep.Kind.CONFIG and s.status in (Status.PENDING, Status.FAILED) and s.patch]
+        rows.append(
+            {"option": key, "value": value, "reason": step.values.get("reasons", {}).get(key.split(".")[-1], "")}
+        )
+    pending = [
+        s for s in steps if s.kind == WizardStep.Kind.CONFIG and s.status in (Status.PENDING, Status.FAILED) and s.patch
+    ]
     return {
         "rows": rows,
-        "diff": unified_diff(before, diagnosis.with_patch(before, step.patch or {}), old_label="now", new_label="after this remedy"),
+        "diff": unified_diff(
+            before, diagnosis.with_patch(before, step.patch or {}), old_label="now", new_label="after this remedy"
+        ),
         "patch_yaml": yaml.safe_dump(step.patch, sort_keys=False) if step.patch else "",
         "together": pending if len(pending) > 1 and step in pending else [],
     }

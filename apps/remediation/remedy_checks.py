@@ -34,7 +34,9 @@ def run(actor: Actor, wizard: Wizard, position: int, *, params: dict | None = No
     step = _step(wizard, position)
     check = CHECKS.get(step.remedy)
     if step.kind != WizardStep.Kind.CHECKLIST or check is None:
-        raise WizardError(f"{step.remedy or 'This step'} has no automatic check: confirm it by hand once it is in place.")
+        raise WizardError(
+            f"{step.remedy or 'This step'} has no automatic check: confirm it by hand once it is in place."
+        )
     if revision is not None and revision != wizard.revision:
         _locked(wizard, revision)  # raises the conflict with who moved it
     # Outside the lock: a probe may take seconds and must not block other operators' reads.
@@ -47,7 +49,13 @@ def run(actor: Actor, wizard: Wizard, position: int, *, params: dict | None = No
         step.updated_by = actor.user
         step.save(update_fields=["check_result", "status", "updated_by", "updated_at"])
         _bump(wizard, actor)
-        record(actor, "wizard.check", wizard, team=wizard.cluster.team, changes={"step": position, "result": outcome.result})
+        record(
+            actor,
+            "wizard.check",
+            wizard,
+            team=wizard.cluster.team,
+            changes={"step": position, "result": outcome.result},
+        )
     return step
 
 
@@ -74,43 +82,88 @@ def oversized_input(wizard: Wizard, params: dict) -> CheckResult:
     body = {field: text} if method == "POST" else None
     if method == "GET":
         path = f"{path}?{urlencode({field: text})}"
-    sample = serve_http.send(base, method=method, path=path, headers={}, body=body, requests=1, concurrency=1,
-                             timeout_s=float(params.get("timeout_s") or 30))[0]
+    sample = serve_http.send(
+        base,
+        method=method,
+        path=path,
+        headers={},
+        body=body,
+        requests=1,
+        concurrency=1,
+        timeout_s=float(params.get("timeout_s") or 30),
+    )[0]
     data = {"status": sample.status, "latency_ms": round(sample.latency_ms, 1), "size": size, "method": method}
     if sample.status is None:
-        return CheckResult("failed", f"No answer to a {size:,}-character input ({sample.error}): it may have exhausted the replica.", data)
+        return CheckResult(
+            "failed",
+            f"No answer to a {size:,}-character input ({sample.error}): it may have exhausted the replica.",
+            data,
+        )
     if sample.status in REFUSALS:
-        return CheckResult("passed", f"A {size:,}-character input was refused with {sample.status} in {sample.latency_ms:.0f} ms.", data)
+        return CheckResult(
+            "passed",
+            f"A {size:,}-character input was refused with {sample.status} in {sample.latency_ms:.0f} ms.",
+            data,
+        )
     if sample.status in (401, 403, 404, 405):
-        return CheckResult("inconclusive", f"Got {sample.status}: the probe did not reach the handler. Check the path, method and field.", data)
+        return CheckResult(
+            "inconclusive",
+            f"Got {sample.status}: the probe did not reach the handler. Check the path, method and field.",
+            data,
+        )
     if sample.status >= 500:
-        return CheckResult("failed", f"A {size:,}-character input made the application fail with {sample.status} instead of a 4xx.", data)
-    return CheckResult("failed", f"A {size:,}-character input was accepted with {sample.status}: nothing caps input size.", data)
+        return CheckResult(
+            "failed",
+            f"A {size:,}-character input made the application fail with {sample.status} instead of a 4xx.",
+            data,
+        )
+    return CheckResult(
+        "failed", f"A {size:,}-character input was accepted with {sample.status}: nothing caps input size.", data
+    )
 
 
 def cold_start(wizard: Wizard, params: dict) -> CheckResult:
     """R6: right after replicas start, p99 must stay within k × the steady p50."""
     factor = float(params.get("factor") or COLD_START_FACTOR)
-    window = SignalWindow.objects.filter(cluster=wizard.cluster, application_name=wizard.application_name,
-                                         deployment_name=wizard.deployment_name).first()
+    window = SignalWindow.objects.filter(
+        cluster=wizard.cluster, application_name=wizard.application_name, deployment_name=wizard.deployment_name
+    ).first()
     points = [p for p in (window.points if window else []) if p["t"] >= time.time() - 3600]
     started, ratio = cold_start_ratio(points)
     if not started:
-        return CheckResult("inconclusive", "No replica started in the last hour: recycle one (Maintenance) under traffic, then check again.", {})
+        return CheckResult(
+            "inconclusive",
+            "No replica started in the last hour: recycle one (Maintenance) under traffic, then check again.",
+            {},
+        )
     if ratio is None:
-        return CheckResult("inconclusive", "Replicas started, but there was no steady traffic to compare their first requests with.", {})
+        return CheckResult(
+            "inconclusive",
+            "Replicas started, but there was no steady traffic to compare their first requests with.",
+            {},
+        )
     data = {"ratio": round(ratio, 2), "factor": factor}
     if ratio <= factor:
-        return CheckResult("passed", f"After replica starts, p99 was {ratio:.1f} × the steady p50 (limit {factor:g} ×).", data)
-    return CheckResult("failed", f"After replica starts, p99 was {ratio:.1f} × the steady p50 (limit {factor:g} ×): still a cold start.", data)
+        return CheckResult(
+            "passed", f"After replica starts, p99 was {ratio:.1f} × the steady p50 (limit {factor:g} ×).", data
+        )
+    return CheckResult(
+        "failed",
+        f"After replica starts, p99 was {ratio:.1f} × the steady p50 (limit {factor:g} ×): still a cold start.",
+        data,
+    )
 
 
 def recycle_scheduled(wizard: Wizard, params: dict) -> CheckResult:
     """R8: an enabled rolling recycle schedule for the deployment."""
     schedule = RecycleSchedule.objects.filter(deployment_id=wizard.deployment_id, enabled=True).first()
     if schedule is None:
-        return CheckResult("failed", "No enabled recycle schedule for this deployment yet (Maintenance → Schedule).", {})
-    return CheckResult("passed", f"Recycled {_cadence(schedule)}; next at {schedule.next_run_at:%Y-%m-%d %H:%M %Z}.", {})
+        return CheckResult(
+            "failed", "No enabled recycle schedule for this deployment yet (Maintenance → Schedule).", {}
+        )
+    return CheckResult(
+        "passed", f"Recycled {_cadence(schedule)}; next at {schedule.next_run_at:%Y-%m-%d %H:%M %Z}.", {}
+    )
 
 
 def headroom(wizard: Wizard, params: dict) -> CheckResult:
@@ -118,19 +171,36 @@ def headroom(wizard: Wizard, params: dict) -> CheckResult:
     deployment = wizard.deployment
     if deployment is None:
         return CheckResult("inconclusive", "The deployment is no longer in the inventory.", {})
-    minimum = deployment.autoscaling_min_replicas if deployment.autoscaling else deployment.effective_config.get("num_replicas")
+    minimum = (
+        deployment.autoscaling_min_replicas
+        if deployment.autoscaling
+        else deployment.effective_config.get("num_replicas")
+    )
     if isinstance(minimum, int) and minimum >= 2:
-        return CheckResult("passed", f"At least {minimum} replicas: a rolling update keeps one serving.", {"min_replicas": minimum})
-    return CheckResult("failed", f"Minimum replicas is {minimum}: an update or recycle leaves none serving for a few seconds.",
-                       {"min_replicas": minimum})
+        return CheckResult(
+            "passed", f"At least {minimum} replicas: a rolling update keeps one serving.", {"min_replicas": minimum}
+        )
+    return CheckResult(
+        "failed",
+        f"Minimum replicas is {minimum}: an update or recycle leaves none serving for a few seconds.",
+        {"min_replicas": minimum},
+    )
 
 
 def bounded_caches(wizard: Wizard, params: dict) -> CheckResult:
     """R7, as far as it shows from outside: no memory ratchet on the cluster since the wizard began."""
-    ratchet = Incident.objects.filter(cluster=wizard.cluster, kind=Incident.Kind.MEMORY_RATCHET, last_signal_at__gte=wizard.created_at).first()
+    ratchet = Incident.objects.filter(
+        cluster=wizard.cluster, kind=Incident.Kind.MEMORY_RATCHET, last_signal_at__gte=wizard.created_at
+    ).first()
     if ratchet is not None:
-        return CheckResult("failed", f"Memory still ratchets up (incident #{ratchet.pk}): a cache or allocator keeps growing.", {})
-    return CheckResult("passed", "No memory ratchet on the cluster since this wizard began. Confirm the code bounds every cache too.", {})
+        return CheckResult(
+            "failed", f"Memory still ratchets up (incident #{ratchet.pk}): a cache or allocator keeps growing.", {}
+        )
+    return CheckResult(
+        "passed",
+        "No memory ratchet on the cluster since this wizard began. Confirm the code bounds every cache too.",
+        {},
+    )
 
 
 def _cadence(schedule: RecycleSchedule) -> str:

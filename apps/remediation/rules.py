@@ -70,12 +70,28 @@ def heavy_autoscaling(s: Subject) -> Hit | None:
     auto = _auto(s)
     if auto is None:
         replicas = max(2, s.running_replicas)
-        return Hit("heavy-autoscaling", "warning", {"autoscaling": None, "replicas": s.running_replicas},
-                   {"autoscaling_config": {"min_replicas": 2, "max_replicas": max(4, 2 * replicas), "target_ongoing_requests": 1,
-                                           "upscale_delay_s": 5, "downscale_delay_s": 90}})
+        return Hit(
+            "heavy-autoscaling",
+            "warning",
+            {"autoscaling": None, "replicas": s.running_replicas},
+            {
+                "autoscaling_config": {
+                    "min_replicas": 2,
+                    "max_replicas": max(4, 2 * replicas),
+                    "target_ongoing_requests": 1,
+                    "upscale_delay_s": 5,
+                    "downscale_delay_s": 90,
+                }
+            },
+        )
     target = auto.get("target_ongoing_requests")
     if isinstance(target, (int, float)) and target > 2:
-        return Hit("heavy-autoscaling", "warning", {"target_ongoing_requests": target}, {"autoscaling_config": {"target_ongoing_requests": 1}})
+        return Hit(
+            "heavy-autoscaling",
+            "warning",
+            {"target_ongoing_requests": target},
+            {"autoscaling_config": {"target_ongoing_requests": 1}},
+        )
     return None
 
 
@@ -86,15 +102,23 @@ def unbounded_queue(s: Subject) -> Hit | None:
     replicas = (_auto(s) or {}).get("max_replicas") or s.effective.get("num_replicas") or max(1, s.running_replicas)
     # Enough to absorb about four rounds of the fleet's concurrency; beyond that, fail fast.
     bound = max(8, 4 * int(cap) * int(replicas))
-    return Hit("unbounded-queue", "warning", {"max_queued_requests": -1, "max_ongoing_requests": cap, "max_replicas": replicas},
-               {"max_queued_requests": bound})
+    return Hit(
+        "unbounded-queue",
+        "warning",
+        {"max_queued_requests": -1, "max_ongoing_requests": cap, "max_replicas": replicas},
+        {"max_queued_requests": bound},
+    )
 
 
 def short_downscale(s: Subject) -> Hit | None:
     delay = (_auto(s) or {}).get("downscale_delay_s")
     if s.cold_starts_observed and isinstance(delay, (int, float)) and delay < 60:
-        return Hit("short-downscale", "warning", {"downscale_delay_s": delay, "cold_starts_observed": True},
-                   {"autoscaling_config": {"downscale_delay_s": 300}})
+        return Hit(
+            "short-downscale",
+            "warning",
+            {"downscale_delay_s": delay, "cold_starts_observed": True},
+            {"autoscaling_config": {"downscale_delay_s": 300}},
+        )
     return None
 
 
@@ -107,14 +131,23 @@ def single_replica(s: Subject) -> Hit | None:
     patch = {"autoscaling_config": {"min_replicas": 2}} if auto else {"num_replicas": 2}
     if auto and (auto.get("max_replicas") or 0) < 2:
         patch["autoscaling_config"]["max_replicas"] = 2
-    return Hit("single-replica", "warning", {"min_replicas": minimum, "max_surge_percent": surge, "recycle_schedule": s.has_recycle_schedule}, patch)
+    return Hit(
+        "single-replica",
+        "warning",
+        {"min_replicas": minimum, "max_surge_percent": surge, "recycle_schedule": s.has_recycle_schedule},
+        patch,
+    )
 
 
 def cap_below_target(s: Subject) -> Hit | None:
     cap, target = s.effective.get("max_ongoing_requests"), (_auto(s) or {}).get("target_ongoing_requests")
     if isinstance(cap, (int, float)) and isinstance(target, (int, float)) and cap < target:
-        return Hit("cap-below-target", "major", {"max_ongoing_requests": cap, "target_ongoing_requests": target},
-                   {"autoscaling_config": {"target_ongoing_requests": max(1, cap)}})
+        return Hit(
+            "cap-below-target",
+            "major",
+            {"max_ongoing_requests": cap, "target_ongoing_requests": target},
+            {"autoscaling_config": {"target_ongoing_requests": max(1, cap)}},
+        )
     return None
 
 
@@ -128,81 +161,165 @@ def ignored_settings(s: Subject) -> Hit | None:
         patch.update(max_concurrent_queries=None, max_ongoing_requests=options["max_concurrent_queries"])
     inner = options.get("autoscaling_config") if isinstance(options.get("autoscaling_config"), dict) else {}
     if "max_ongoing_requests" in inner:
-        patch.update(autoscaling_config={"max_ongoing_requests": None}, max_ongoing_requests=inner["max_ongoing_requests"])
+        patch.update(
+            autoscaling_config={"max_ongoing_requests": None}, max_ongoing_requests=inner["max_ongoing_requests"]
+        )
     return Hit("ignored-settings", "major", {"ignored": problems}, patch or None)
 
 
 def memory_ratchet(s: Subject) -> Hit | None:
     if s.memory_ratchet and not s.has_recycle_schedule:
-        return Hit("recycle-missing", "warning", {"memory_ratchet": True, "recycle_schedule": False}, None, action="schedule")
+        return Hit(
+            "recycle-missing", "warning", {"memory_ratchet": True, "recycle_schedule": False}, None, action="schedule"
+        )
     return None
 
 
 def warmup_missing(s: Subject) -> Hit | None:
     if s.cold_start_ratio is not None and s.cold_start_ratio >= 5 and not s.has_warmup:
-        return Hit("warmup-missing", "warning", {"cold_start_over_steady_p50": round(s.cold_start_ratio, 1)}, None, action="warmup")
+        return Hit(
+            "warmup-missing",
+            "warning",
+            {"cold_start_over_steady_p50": round(s.cold_start_ratio, 1)},
+            None,
+            action="warmup",
+        )
     return None
 
 
 RULES = [
-    Rule("gpu-concurrency", "GPU deployment takes more than 2 requests at once", "R1",
-         "A GPU replica that accepts many requests at once multiplies its per-request memory: a burst turns into an OOM kill of the "
-         "replica and often of the Serve controller with it. One or two at a time keeps the peak bounded; scale out instead.", gpu_concurrency),
-    Rule("heavy-autoscaling", "Heavy deployment without queue-based autoscaling", "R2",
-         "Without autoscaling, or with a target above two requests per replica, queues grow on the replicas you have instead of "
-         "adding replicas: latency climbs first, then memory. A target of about one, two replicas minimum, fast upscale and slow "
-         "downscale keeps queues short.", heavy_autoscaling),
-    Rule("unbounded-queue", "Unbounded queue (max_queued_requests -1)", "R10",
-         "An unbounded queue turns overload into minutes of latency and memory held by waiting requests. A bound makes overload fail "
-         "fast with 503, which clients can retry elsewhere; the suggested bound absorbs about four rounds of the deployment's concurrency.",
-         unbounded_queue),
-    Rule("short-downscale", "Replicas scaled down quickly while cold starts hurt", "R2",
-         "Replicas were started recently and the downscale delay is under a minute: the autoscaler removes replicas it will need again "
-         "soon, and each new one pays a cold start (LAT-1).", short_downscale),
-    Rule("single-replica", "A single replica during recycles or updates", "R9",
-         "With one replica and no surge, every recycle or config change that replaces replicas leaves the deployment with none for a "
-         "few seconds (measured 2–3 s): requests queue or fail. Two replicas make a rolling replacement invisible.", single_replica),
-    Rule("cap-below-target", "max_ongoing_requests below the autoscaling target", "R2",
-         "A replica never carries more than max_ongoing_requests, so an autoscaling target above it is never reached and the "
-         "deployment never scales up, however long the queue.", cap_below_target),
-    Rule("ignored-settings", "Settings Serve ignores", "R1",
-         "Serve drops unknown and legacy fields without a word: the config says one thing and the replicas run another (a legacy "
-         "max_concurrent_queries leaves the default of 5 in force). What runs is what counts.", ignored_settings),
-    Rule("recycle-missing", "Memory ratchets up and no recycle is scheduled", "R8",
-         "Node memory only grew over hours: allocators and caches keep memory between requests until the memory monitor kills a "
-         "replica. A scheduled rolling recycle returns it before that.", memory_ratchet),
-    Rule("warmup-missing", "Cold starts far slower than steady state, and no warmup", "R6",
-         "Right after replicas start, latency is many times the steady p50: the first requests pay for model load and kernel warmup. "
-         "A warmup after every recycle and change makes that cost invisible to users.", warmup_missing),
+    Rule(
+        "gpu-concurrency",
+        "GPU deployment takes more than 2 requests at once",
+        "R1",
+        "A GPU replica that accepts many requests at once multiplies its per-request memory: a burst turns into an OOM kill of the "
+        "replica and often of the Serve controller with it. One or two at a time keeps the peak bounded; scale out instead.",
+        gpu_concurrency,
+    ),
+    Rule(
+        "heavy-autoscaling",
+        "Heavy deployment without queue-based autoscaling",
+        "R2",
+        "Without autoscaling, or with a target above two requests per replica, queues grow on the replicas you have instead of "
+        "adding replicas: latency climbs first, then memory. A target of about one, two replicas minimum, fast upscale and slow "
+        "downscale keeps queues short.",
+        heavy_autoscaling,
+    ),
+    Rule(
+        "unbounded-queue",
+        "Unbounded queue (max_queued_requests -1)",
+        "R10",
+        "An unbounded queue turns overload into minutes of latency and memory held by waiting requests. A bound makes overload fail "
+        "fast with 503, which clients can retry elsewhere; the suggested bound absorbs about four rounds of the deployment's concurrency.",
+        unbounded_queue,
+    ),
+    Rule(
+        "short-downscale",
+        "Replicas scaled down quickly while cold starts hurt",
+        "R2",
+        "Replicas were started recently and the downscale delay is under a minute: the autoscaler removes replicas it will need again "
+        "soon, and each new one pays a cold start (LAT-1).",
+        short_downscale,
+    ),
+    Rule(
+        "single-replica",
+        "A single replica during recycles or updates",
+        "R9",
+        "With one replica and no surge, every recycle or config change that replaces replicas leaves the deployment with none for a "
+        "few seconds (measured 2–3 s): requests queue or fail. Two replicas make a rolling replacement invisible.",
+        single_replica,
+    ),
+    Rule(
+        "cap-below-target",
+        "max_ongoing_requests below the autoscaling target",
+        "R2",
+        "A replica never carries more than max_ongoing_requests, so an autoscaling target above it is never reached and the "
+        "deployment never scales up, however long the queue.",
+        cap_below_target,
+    ),
+    Rule(
+        "ignored-settings",
+        "Settings Serve ignores",
+        "R1",
+        "Serve drops unknown and legacy fields without a word: the config says one thing and the replicas run another (a legacy "
+        "max_concurrent_queries leaves the default of 5 in force). What runs is what counts.",
+        ignored_settings,
+    ),
+    Rule(
+        "recycle-missing",
+        "Memory ratchets up and no recycle is scheduled",
+        "R8",
+        "Node memory only grew over hours: allocators and caches keep memory between requests until the memory monitor kills a "
+        "replica. A scheduled rolling recycle returns it before that.",
+        memory_ratchet,
+    ),
+    Rule(
+        "warmup-missing",
+        "Cold starts far slower than steady state, and no warmup",
+        "R6",
+        "Right after replicas start, latency is many times the steady p50: the first requests pay for model load and kernel warmup. "
+        "A warmup after every recycle and change makes that cost invisible to users.",
+        warmup_missing,
+    ),
 ]
 
 CLUSTER_RULES = [
-    Rule("dashboard-auth", "Ray dashboard without authentication", "",
-         "Anyone who reaches this cluster's dashboard can replace or delete every Serve application with one request. Ray 2.52 and "
-         "later support token authentication; enable it and give Fleetdeck the token.", lambda s: None, scope="cluster"),
+    Rule(
+        "dashboard-auth",
+        "Ray dashboard without authentication",
+        "",
+        "Anyone who reaches this cluster's dashboard can replace or delete every Serve application with one request. Ray 2.52 and "
+        "later support token authentication; enable it and give Fleetdeck the token.",
+        lambda s: None,
+        scope="cluster",
+    ),
 ]
 
 # The playbook's Kubernetes checks. They judge KubeRay resources and pods, not a Serve config, so
 # `apps.kube.checks` computes them from what the Kubernetes API reports; these entries give them a
 # title and a reason on the findings page, in the API and for muting. None is an R-remedy.
 KUBE_RULES = [
-    Rule("K1", "Ray container memory does not fit its Kubernetes limit", "",
-         "A Ray container needs a memory request and limit, and the memory and object store Ray plans with must fit inside that "
-         "limit. When Ray believes it has more than the container may use, its memory monitor never reaches its threshold: the "
-         "kernel kills the whole pod instead of one replica, with the raylet, every replica on it and, on the head, the Serve "
-         "controller (OOM-6).", lambda s: None, scope="kubernetes"),
-    Rule("K2", "An HPA or KEDA scales workers that Ray already scales", "",
-         "Two autoscalers on the same Ray workers react to the same load: they overwrite each other's replica counts, overshoot, "
-         "and scale in pods that still hold running replicas. Let Serve autoscaling drive the Ray autoscaler and remove the "
-         "external scaler.", lambda s: None, scope="kubernetes"),
-    Rule("K3", "Pods stuck Terminating past their deadline", "",
-         "A pod still Terminating after its grace period keeps its memory and GPU while the pod replacing it starts, so rolling "
-         "updates and scale-in briefly need both on the node (OOM-7). Finalizers nobody removes and unresponsive kubelets are the "
-         "usual reasons.", lambda s: None, scope="kubernetes"),
-    Rule("K4", "GPU pods with too little CPU", "",
-         "KubeRay hands the container's CPU to Ray, and every Serve replica asks for a CPU next to its GPU: below one CPU per GPU "
-         "some GPUs never get a replica. The host-side work that feeds a GPU (parsing, tokenization, batching) also throttles, "
-         "which shows up as latency spikes with the GPU idle (LAT-3).", lambda s: None, scope="kubernetes"),
+    Rule(
+        "K1",
+        "Ray container memory does not fit its Kubernetes limit",
+        "",
+        "A Ray container needs a memory request and limit, and the memory and object store Ray plans with must fit inside that "
+        "limit. When Ray believes it has more than the container may use, its memory monitor never reaches its threshold: the "
+        "kernel kills the whole pod instead of one replica, with the raylet, every replica on it and, on the head, the Serve "
+        "controller (OOM-6).",
+        lambda s: None,
+        scope="kubernetes",
+    ),
+    Rule(
+        "K2",
+        "An HPA or KEDA scales workers that Ray already scales",
+        "",
+        "Two autoscalers on the same Ray workers react to the same load: they overwrite each other's replica counts, overshoot, "
+        "and scale in pods that still hold running replicas. Let Serve autoscaling drive the Ray autoscaler and remove the "
+        "external scaler.",
+        lambda s: None,
+        scope="kubernetes",
+    ),
+    Rule(
+        "K3",
+        "Pods stuck Terminating past their deadline",
+        "",
+        "A pod still Terminating after its grace period keeps its memory and GPU while the pod replacing it starts, so rolling "
+        "updates and scale-in briefly need both on the node (OOM-7). Finalizers nobody removes and unresponsive kubelets are the "
+        "usual reasons.",
+        lambda s: None,
+        scope="kubernetes",
+    ),
+    Rule(
+        "K4",
+        "GPU pods with too little CPU",
+        "",
+        "KubeRay hands the container's CPU to Ray, and every Serve replica asks for a CPU next to its GPU: below one CPU per GPU "
+        "some GPUs never get a replica. The host-side work that feeds a GPU (parsing, tokenization, batching) also throttles, "
+        "which shows up as latency spikes with the GPU idle (LAT-3).",
+        lambda s: None,
+        scope="kubernetes",
+    ),
 ]
 KUBE_IDS = frozenset(rule.id for rule in KUBE_RULES)
 

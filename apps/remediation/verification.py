@@ -37,14 +37,20 @@ def start(actor: Actor, wizard: Wizard, *, window_s: int | None = None, revision
         steps = WizardStep.objects.filter(wizard=wizard)
         if steps.filter(status=Status.APPLYING).exists():
             raise WizardError("A change of this wizard is still being applied: verify once it has finished.")
-        if not steps.filter(status__in=DONE).exclude(kind__in=[WizardStep.Kind.DIAGNOSIS, WizardStep.Kind.CALIBRATION]).exists():
+        if (
+            not steps.filter(status__in=DONE)
+            .exclude(kind__in=[WizardStep.Kind.DIAGNOSIS, WizardStep.Kind.CALIBRATION])
+            .exists()
+        ):
             raise WizardError("No remedy is applied or confirmed yet: there is nothing to verify.")
         now = timezone.now()
         wizard.before = measure(wizard, _before_start(wizard), _first_change_at(wizard) or now)
         wizard.after = {}
         wizard.state, wizard.verification_window_s = Wizard.State.VERIFYING, window_s
         wizard.verify_started_at, wizard.verify_ends_at = now, now + timedelta(seconds=window_s)
-        wizard.save(update_fields=["before", "after", "state", "verification_window_s", "verify_started_at", "verify_ends_at"])
+        wizard.save(
+            update_fields=["before", "after", "state", "verification_window_s", "verify_started_at", "verify_ends_at"]
+        )
         steps.filter(kind=WizardStep.Kind.VERIFICATION).update(status=Status.PENDING, check_result={})
         _bump(wizard, actor)
         record(actor, "wizard.verify", wizard, team=wizard.cluster.team, changes={"window_s": window_s})
@@ -57,27 +63,43 @@ def _before_start(wizard: Wizard) -> datetime:
 
 
 def _first_change_at(wizard: Wizard) -> datetime | None:
-    step = (WizardStep.objects.filter(wizard=wizard, change__isnull=False, change__started_at__isnull=False)
-            .order_by("change__started_at").select_related("change").first())
+    step = (
+        WizardStep.objects.filter(wizard=wizard, change__isnull=False, change__started_at__isnull=False)
+        .order_by("change__started_at")
+        .select_related("change")
+        .first()
+    )
     return step.change.started_at if step else None
 
 
 def measure(wizard: Wizard, since: datetime, until: datetime) -> dict:
     """OOM kills Fleetdeck recorded, and the deployment's signal points, between two instants;
     with whether the window was healthy against the wizard's objectives, and why not."""
-    kills = OomKillRecord.objects.filter(incident__cluster=wizard.cluster, incident__application_name=wizard.application_name,
-                                         incident__deployment_name=wizard.deployment_name, seen_at__gte=since, seen_at__lt=until).count()
-    window = SignalWindow.objects.filter(cluster=wizard.cluster, application_name=wizard.application_name,
-                                         deployment_name=wizard.deployment_name).first()
+    kills = OomKillRecord.objects.filter(
+        incident__cluster=wizard.cluster,
+        incident__application_name=wizard.application_name,
+        incident__deployment_name=wizard.deployment_name,
+        seen_at__gte=since,
+        seen_at__lt=until,
+    ).count()
+    window = SignalWindow.objects.filter(
+        cluster=wizard.cluster, application_name=wizard.application_name, deployment_name=wizard.deployment_name
+    ).first()
     points = [p for p in (window.points if window else []) if since.timestamp() <= p["t"] < until.timestamp()]
     out = {"since": since.isoformat(), "until": until.isoformat(), "oom_kills": kills, **summarize(points)}
-    failing = problems(out, failure_objective=wizard.failure_objective, latency_objective_ms=wizard.latency_objective_ms)
+    failing = problems(
+        out, failure_objective=wizard.failure_objective, latency_objective_ms=wizard.latency_objective_ms
+    )
     if failing:
         out |= {"healthy": False, "why": " ".join(failing)}
     elif not points:
         out |= {"healthy": None, "why": "No metrics in the window: only OOM kills were counted, and there were none."}
     else:
-        seen = f"Clients: {_client_line(out)}." if out["client_requests"] is not None else f"Replicas: {_replica_line(out)}."
+        seen = (
+            f"Clients: {_client_line(out)}."
+            if out["client_requests"] is not None
+            else f"Replicas: {_replica_line(out)}."
+        )
         out |= {"healthy": True, "why": seen}
     return out
 
@@ -85,6 +107,7 @@ def measure(wizard: Wizard, since: datetime, until: datetime) -> dict:
 def summarize(points: list[dict]) -> dict:
     """Client side (the proxy's counts and end-to-end latency, `client_*` and `goodput_rps`;
     None where the cluster exports no proxy series) and replica side (the rest), kept apart."""
+
     def values(key, among=points):
         return [p[key] for p in among if isinstance(p.get(key), (int, float))]
 
@@ -98,7 +121,9 @@ def summarize(points: list[dict]) -> dict:
                 failed_by_code[code] = failed_by_code.get(code, 0) + n
     answered, failed = sum(values("http", served)), sum(failed_by_code.values())
     seconds, client_p50 = sum(values("seconds", served)), values("http_p50", served)
-    slowest = max((p for p in served if isinstance(p.get("http_p99"), (int, float))), key=lambda p: p["http_p99"], default=None)
+    slowest = max(
+        (p for p in served if isinstance(p.get("http_p99"), (int, float))), key=lambda p: p["http_p99"], default=None
+    )
     return {
         "points": len(points),
         "p50_ms": round(statistics.median(p50), 1) if p50 else None,
@@ -139,26 +164,34 @@ def problems(summary: dict, *, failure_objective: float, latency_objective_ms: f
     clients = summary.get("client_requests")
     share = summary.get("client_failed_share")
     if share is not None and share > failure_objective:
-        out.append(f"Clients: {_n(summary['client_failed'])} of {_n(clients)} requests failed ({_pct(share)}; {_codes(summary)}), "
-                   f"above the {_objective(failure_objective)} objective.")
+        out.append(
+            f"Clients: {_n(summary['client_failed'])} of {_n(clients)} requests failed ({_pct(share)}; {_codes(summary)}), "
+            f"above the {_objective(failure_objective)} objective."
+        )
     p99 = summary.get("client_p99_ms")
     low, high = summary.get("client_p99_between_ms") or (p99, p99)
     if p99 is not None and p99 > latency_objective_ms:
         out.append(f"Clients: p99 {_latency(summary)} end to end, above the {latency_objective_ms:.0f} ms objective.")
     elif p99 is not None and low < latency_objective_ms and (high is None or high > latency_objective_ms):
         # An interpolated p99 below the objective inside a bucket that reaches past it proves nothing.
-        out.append(f"Clients: p99 {_latency(summary)} end to end: the proxy's histogram bucket spans the {latency_objective_ms:.0f} ms "
-                   "objective, so it cannot be shown to be met. Give the proxy a bucket boundary at the objective "
-                   "(RAY_SERVE_REQUEST_LATENCY_BUCKETS_MS on the cluster) or set the objective at one of its boundaries.")
+        out.append(
+            f"Clients: p99 {_latency(summary)} end to end: the proxy's histogram bucket spans the {latency_objective_ms:.0f} ms "
+            "objective, so it cannot be shown to be met. Give the proxy a bucket boundary at the objective "
+            "(RAY_SERVE_REQUEST_LATENCY_BUCKETS_MS on the cluster) or set the objective at one of its boundaries."
+        )
     admitted, completed = summary.get("ongoing_max") or 0, summary.get("rps_mean")
     if clients == 0 and (completed or admitted):
-        out.append(f"Clients: no request completed at the proxy while replicas had work "
-                   f"({_n(summary.get('replica_requests') or 0)} served, up to {_n(admitted)} in flight).")
+        out.append(
+            f"Clients: no request completed at the proxy while replicas had work "
+            f"({_n(summary.get('replica_requests') or 0)} served, up to {_n(admitted)} in flight)."
+        )
     if not completed and admitted:
         out.append(f"Replicas: up to {_n(admitted)} request(s) in flight and none completed.")
     rate = summary.get("error_rate")
     if clients is None and rate is not None and rate > failure_objective:
-        out.append(f"Replicas: {_n(summary['errors'])} errors, {_pct(rate)} of requests, above the {_objective(failure_objective)} objective.")
+        out.append(
+            f"Replicas: {_n(summary['errors'])} errors, {_pct(rate)} of requests, above the {_objective(failure_objective)} objective."
+        )
     return out
 
 
@@ -186,11 +219,17 @@ def _objective(share: float) -> str:
 
 
 def _codes(summary: dict) -> str:
-    return ", ".join(f"{code} ×{_n(n)}" for code, n in (summary.get("client_failed_by_code") or {}).items()) or "no code"
+    return (
+        ", ".join(f"{code} ×{_n(n)}" for code, n in (summary.get("client_failed_by_code") or {}).items()) or "no code"
+    )
 
 
 def _client_line(s: dict) -> str:
-    failed = f"{_n(s['client_failed'])} failed ({_pct(s['client_failed_share'])}; {_codes(s)})" if s.get("client_failed") else "none failed"
+    failed = (
+        f"{_n(s['client_failed'])} failed ({_pct(s['client_failed_share'])}; {_codes(s)})"
+        if s.get("client_failed")
+        else "none failed"
+    )
     parts = [f"{_n(s['client_requests'])} requests, {failed}"]
     if s.get("goodput_rps") is not None:
         parts.append(f"goodput {s['goodput_rps']:.2f} req/s")
@@ -213,8 +252,15 @@ def _side(who: str, line, after: dict, before: dict, present: str) -> str:
     return f"{who}: {line(after)}{was}."
 
 
-def verdict(kind: str, before: dict, after: dict, *, window_over: bool, failure_objective: float = FAILURE_OBJECTIVE,
-            latency_objective_ms: float = LATENCY_OBJECTIVE_MS) -> tuple[str, str]:
+def verdict(
+    kind: str,
+    before: dict,
+    after: dict,
+    *,
+    window_over: bool,
+    failure_objective: float = FAILURE_OBJECTIVE,
+    latency_objective_ms: float = LATENCY_OBJECTIVE_MS,
+) -> tuple[str, str]:
     """("passed" | "failed" | "inconclusive" | "running", why). An OOM kill fails at once; the
     rest is judged when the window is over, by what clients saw at the proxy first."""
     if after["oom_kills"]:
@@ -223,7 +269,9 @@ def verdict(kind: str, before: dict, after: dict, *, window_over: bool, failure_
         return "running", "No OOM kill so far."
     lines = [f"No OOM kill in the window (before: {before.get('oom_kills', 0)})."]
     if not after["points"]:
-        lines.append("Latency, errors and queues were not compared: the cluster reports no metrics (set its metrics URL).")
+        lines.append(
+            "Latency, errors and queues were not compared: the cluster reports no metrics (set its metrics URL)."
+        )
         return ("passed" if kind not in LATENCY_KINDS else "inconclusive"), " ".join(lines)
     clients = after.get("client_requests") is not None
     if clients:
@@ -235,14 +283,24 @@ def verdict(kind: str, before: dict, after: dict, *, window_over: bool, failure_
     if failing:
         return "failed", " ".join(failing + lines)
     if not after["rps_mean"] and not after.get("client_requests"):
-        return "inconclusive", "No traffic reached the deployment during the window: verification needs live traffic. Start it again."
+        return (
+            "inconclusive",
+            "No traffic reached the deployment during the window: verification needs live traffic. Start it again.",
+        )
     side = "client_p99_ms" if before.get("client_p99_ms") and after.get("client_p99_ms") else "p99_ms"
     before_p99, after_p99 = before.get(side), after.get(side)
     if kind in LATENCY_KINDS and before_p99 and after_p99 and after_p99 > 0.8 * before_p99:
-        return "failed", " ".join(lines + [f"p99 {before_p99:.0f} ms → {after_p99:.0f} ms did not come down by at least 20 %."])
+        return "failed", " ".join(
+            lines + [f"p99 {before_p99:.0f} ms → {after_p99:.0f} ms did not come down by at least 20 %."]
+        )
     if kind in LATENCY_KINDS and not clients:
-        return "inconclusive", " ".join(lines + ["A latency fix is judged by the latency clients see, queueing included; "
-                                                 "replica processing time alone cannot pass it. Export the Serve proxy's metrics."])
+        return "inconclusive", " ".join(
+            lines
+            + [
+                "A latency fix is judged by the latency clients see, queueing included; "
+                "replica processing time alone cannot pass it. Export the Serve proxy's metrics."
+            ]
+        )
     return "passed", " ".join(lines)
 
 
@@ -256,8 +314,14 @@ def evaluate(wizard_id: int, now: datetime | None = None) -> str | None:
         until = min(now, wizard.verify_ends_at)
         wizard.after = measure(wizard, wizard.verify_started_at, until)
         kind = wizard.incident.kind if wizard.incident_id else ""
-        result, why = verdict(kind, wizard.before, wizard.after, window_over=now >= wizard.verify_ends_at,
-                              failure_objective=wizard.failure_objective, latency_objective_ms=wizard.latency_objective_ms)
+        result, why = verdict(
+            kind,
+            wizard.before,
+            wizard.after,
+            window_over=now >= wizard.verify_ends_at,
+            failure_objective=wizard.failure_objective,
+            latency_objective_ms=wizard.latency_objective_ms,
+        )
         step = WizardStep.objects.get(wizard=wizard, kind=WizardStep.Kind.VERIFICATION)
         step.check_result = {"result": result, "why": why, "at": now.isoformat()}
         if result == "running":
@@ -276,7 +340,9 @@ def evaluate(wizard_id: int, now: datetime | None = None) -> str | None:
 
 
 def _conclude(wizard: Wizard, resolved: bool, why: str, now: datetime) -> None:
-    changes = sorted({s.change_id for s in WizardStep.objects.filter(wizard=wizard, status=Status.APPLIED, change__isnull=False)})
+    changes = sorted(
+        {s.change_id for s in WizardStep.objects.filter(wizard=wizard, status=Status.APPLIED, change__isnull=False)}
+    )
     linked = ", ".join(f"#{pk}" for pk in changes) or "none"
     wizard.state = Wizard.State.RESOLVED if resolved else Wizard.State.NOT_RESOLVED
     wizard.finished_at = now
@@ -285,7 +351,8 @@ def _conclude(wizard: Wizard, resolved: bool, why: str, now: datetime) -> None:
     wizard.revision += 1
     wizard.save(update_fields=["after", "state", "finished_at", "next_steps", "outcome", "revision", "updated_at"])
     WizardStep.objects.filter(wizard=wizard, kind=WizardStep.Kind.OUTCOME).update(
-        status=Status.DONE, check_result={"resolved": resolved, "changes": changes})
+        status=Status.DONE, check_result={"resolved": resolved, "changes": changes}
+    )
     incident = wizard.incident
     if incident is None:
         return
@@ -296,24 +363,45 @@ def _conclude(wizard: Wizard, resolved: bool, why: str, now: datetime) -> None:
         IncidentEvent.objects.create(incident=incident, kind=IncidentEvent.Kind.NOTE, message=message)
     else:
         tried = "; ".join(f"{n['id']}: {n['title']}" for n in wizard.next_steps) or "reopen the diagnosis"
-        IncidentEvent.objects.create(incident=incident, kind=IncidentEvent.Kind.NOTE,
-                                     message=f"Wizard #{wizard.pk} did not fix it (changes {linked}): {why} Next: {tried}.")
+        IncidentEvent.objects.create(
+            incident=incident,
+            kind=IncidentEvent.Kind.NOTE,
+            message=f"Wizard #{wizard.pk} did not fix it (changes {linked}): {why} Next: {tried}.",
+        )
 
 
 def next_steps(wizard: Wizard) -> list[dict]:
     """What is left to try: remedies skipped or not done, then the causes' remedies no step covered."""
     steps = list(WizardStep.objects.filter(wizard=wizard, kind__in=[WizardStep.Kind.CONFIG, WizardStep.Kind.CHECKLIST]))
     covered = {s.remedy for s in steps}
-    out = [{"id": s.remedy, "title": REMEDIES[s.remedy], "why": f"Step {s.position + 1} is {s.get_status_display().lower()}."}
-           for s in steps if s.status not in DONE and s.status != Status.NOT_APPLICABLE]
+    out = [
+        {
+            "id": s.remedy,
+            "title": REMEDIES[s.remedy],
+            "why": f"Step {s.position + 1} is {s.get_status_display().lower()}.",
+        }
+        for s in steps
+        if s.status not in DONE and s.status != Status.NOT_APPLICABLE
+    ]
     for cause in wizard.diagnosis.get("causes", []):
         for remedy in REMEDIES_FOR.get(cause["id"], []):
             if remedy not in covered:
                 covered.add(remedy)
-                out.append({"id": remedy, "title": REMEDIES[remedy], "why": f"Suspected cause {cause['id']} was not addressed."})
+                out.append(
+                    {
+                        "id": remedy,
+                        "title": REMEDIES[remedy],
+                        "why": f"Suspected cause {cause['id']} was not addressed.",
+                    }
+                )
     if wizard.diagnosis.get("conservative"):
-        out.append({"id": "calibrate", "title": "Calibrate the deployment's memory",
-                    "why": "The values were conservative defaults: a calibration measures what fits."})
+        out.append(
+            {
+                "id": "calibrate",
+                "title": "Calibrate the deployment's memory",
+                "why": "The values were conservative defaults: a calibration measures what fits.",
+            }
+        )
     return out
 
 

@@ -28,8 +28,13 @@ from apps.remediation.rules import BY_ID
 def fix_url(finding: Finding) -> str:
     """Where "plan this fix" leads: the change planner prefilled, or the schedule/warmup page."""
     if finding.patch and finding.deployment_name:
-        query = urlencode({"target": f"{finding.application_name}/{finding.deployment_name}", "options": findings.patch_text(finding),
-                           "reason": f"Finding: {BY_ID[finding.rule].title}"})
+        query = urlencode(
+            {
+                "target": f"{finding.application_name}/{finding.deployment_name}",
+                "options": findings.patch_text(finding),
+                "reason": f"Finding: {BY_ID[finding.rule].title}",
+            }
+        )
         return f"{reverse('changes:plan', args=[finding.cluster_id])}?{query}"
     if finding.action == "schedule" and finding.deployment_id:
         return reverse("maintenance:schedule", args=[finding.deployment_id])
@@ -47,15 +52,20 @@ FINDING_ORDER = ("cluster__name", "application_name", "deployment_name", "pk")
 @login_required
 def finding_list(request):
     show_muted = request.GET.get("muted") == "1"
-    queryset = (access.visible(request.user, Finding).filter(resolved_at__isnull=True)
-                .select_related("cluster", "deployment__application"))
+    queryset = (
+        access.visible(request.user, Finding)
+        .filter(resolved_at__isnull=True)
+        .select_related("cluster", "deployment__application")
+    )
     if not show_muted:
         queryset = queryset.filter(muted_at__isnull=True)
     counts = dict(queryset.order_by().values_list("rule").annotate(n=Count("pk")))
     only = request.GET.get("rule")
     page = None
     if only in counts:
-        page = Paginator(queryset.filter(rule=only).order_by(*FINDING_ORDER), FINDINGS_PER_PAGE).get_page(request.GET.get("page"))
+        page = Paginator(queryset.filter(rule=only).order_by(*FINDING_ORDER), FINDINGS_PER_PAGE).get_page(
+            request.GET.get("page")
+        )
         rows = list(page.object_list)
     else:
         only = None
@@ -69,15 +79,21 @@ def finding_list(request):
         finding.fix_url = fix_url(finding)
         finding.can_operate = finding.cluster.team_id in operable
         by_rule[finding.rule].append(finding)
-    groups = [{"rule": BY_ID[rule], "findings": items, "count": counts[rule], "hidden": counts[rule] - len(items)}
-              for rule, items in sorted(by_rule.items(), key=lambda kv: (-counts[kv[0]], kv[0]))]
-    return render(request, "remediation/findings.html", {"groups": groups, "show_muted": show_muted, "only": only, "page": page})
+    groups = [
+        {"rule": BY_ID[rule], "findings": items, "count": counts[rule], "hidden": counts[rule] - len(items)}
+        for rule, items in sorted(by_rule.items(), key=lambda kv: (-counts[kv[0]], kv[0]))
+    ]
+    return render(
+        request, "remediation/findings.html", {"groups": groups, "show_muted": show_muted, "only": only, "page": page}
+    )
 
 
 @login_required
 @require_POST
 def finding_mute(request, pk: int):
-    finding = access.get_for(request.user, Finding.objects.select_related("cluster__team"), Role.OPERATOR, "mute findings", pk=pk)
+    finding = access.get_for(
+        request.user, Finding.objects.select_related("cluster__team"), Role.OPERATOR, "mute findings", pk=pk
+    )
     try:
         if finding.muted_at:
             findings.unmute(Actor.from_request(request), finding)
@@ -98,7 +114,9 @@ def _wizards(request):
 @login_required
 def wizard_list(request):
     active = _wizards(request).filter(state__in=[Wizard.State.OPEN, Wizard.State.VERIFYING]).order_by("-updated_at")
-    page = Paginator(_wizards(request).exclude(pk__in=active).order_by("-updated_at", "-id"), 50).get_page(request.GET.get("page"))
+    page = Paginator(_wizards(request).exclude(pk__in=active).order_by("-updated_at", "-id"), 50).get_page(
+        request.GET.get("page")
+    )
     return render(request, "remediation/wizard_list.html", {"active": active, "page": page})
 
 
@@ -107,9 +125,13 @@ def wizard_list(request):
 def wizard_start(request):
     incident = finding = None
     if request.POST.get("incident"):
-        incident = access.get_visible_or_404(request.user, Incident.objects.select_related("cluster__team"), pk=request.POST["incident"])
+        incident = access.get_visible_or_404(
+            request.user, Incident.objects.select_related("cluster__team"), pk=request.POST["incident"]
+        )
     elif request.POST.get("finding"):
-        finding = access.get_visible_or_404(request.user, Finding.objects.select_related("cluster__team"), pk=request.POST["finding"])
+        finding = access.get_visible_or_404(
+            request.user, Finding.objects.select_related("cluster__team"), pk=request.POST["finding"]
+        )
     source = incident or finding
     if source is None:
         raise Http404("Start a wizard from an incident or a finding.")
@@ -140,13 +162,24 @@ def _render_wizard(request, wizard: Wizard, position, error: str = ""):
 
 ACTIONS = {
     "apply": lambda actor, w, post, rev: wizards.apply(actor, w, [int(p) for p in post.getlist("steps")], revision=rev),
-    "skip": lambda actor, w, post, rev: wizards.skip(actor, w, int(post["step"]), reason=post.get("reason", ""), revision=rev),
-    "confirm": lambda actor, w, post, rev: wizards.confirm(actor, w, int(post["step"]), note=post.get("note", ""), revision=rev),
-    "check": lambda actor, w, post, rev: remedy_checks.run(actor, w, int(post["step"]), revision=rev,
-                                                          params={k: post[k] for k in ("method", "path", "field", "size") if post.get(k)}),
+    "skip": lambda actor, w, post, rev: wizards.skip(
+        actor, w, int(post["step"]), reason=post.get("reason", ""), revision=rev
+    ),
+    "confirm": lambda actor, w, post, rev: wizards.confirm(
+        actor, w, int(post["step"]), note=post.get("note", ""), revision=rev
+    ),
+    "check": lambda actor, w, post, rev: remedy_checks.run(
+        actor,
+        w,
+        int(post["step"]),
+        revision=rev,
+        params={k: post[k] for k in ("method", "path", "field", "size") if post.get(k)},
+    ),
     "replan": lambda actor, w, post, rev: wizards.replan(actor, w, revision=rev),
     "calibrate": lambda actor, w, post, rev: wizards.calibrate(actor, w, request=_representative(post), revision=rev),
-    "verify": lambda actor, w, post, rev: verification.start(actor, w, window_s=int(post.get("window_s") or 0) or None, revision=rev),
+    "verify": lambda actor, w, post, rev: verification.start(
+        actor, w, window_s=int(post.get("window_s") or 0) or None, revision=rev
+    ),
     "evaluate": lambda actor, w, post, rev: verification.evaluate(w.pk),
     "abandon": lambda actor, w, post, rev: wizards.abandon(actor, w, reason=post.get("reason", ""), revision=rev),
 }

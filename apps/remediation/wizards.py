@@ -49,9 +49,15 @@ CALIBRATION_LEVELS = (1, 2, 4, 8)
 # --- starting ------------------------------------------------------------------------------
 
 
-def start(actor: Actor, *, incident: Incident | None = None, finding: Finding | None = None,
-          latency_objective_ms: int | None = None, failure_objective: float | None = None,
-          verification_window_s: int | None = None) -> tuple[Wizard, bool]:
+def start(
+    actor: Actor,
+    *,
+    incident: Incident | None = None,
+    finding: Finding | None = None,
+    latency_objective_ms: int | None = None,
+    failure_objective: float | None = None,
+    verification_window_s: int | None = None,
+) -> tuple[Wizard, bool]:
     """Open a wizard, or return the one already open for that deployment: a second operator
     joins it instead of starting a rival."""
     if (incident is None) == (finding is None):
@@ -59,17 +65,33 @@ def start(actor: Actor, *, incident: Incident | None = None, finding: Finding | 
     source = incident or finding
     cluster, app, dep = source.cluster, source.application_name, source.deployment_name
     if not dep:
-        raise WizardError("This concerns a node or the whole cluster, not one deployment: a wizard fixes one deployment. "
-                          "Open the incident of a deployment on that node instead.")
-    existing = Wizard.objects.filter(cluster=cluster, application_name=app, deployment_name=dep,
-                                     state__in=[Wizard.State.OPEN, Wizard.State.VERIFYING]).first()
+        raise WizardError(
+            "This concerns a node or the whole cluster, not one deployment: a wizard fixes one deployment. "
+            "Open the incident of a deployment on that node instead."
+        )
+    existing = Wizard.objects.filter(
+        cluster=cluster,
+        application_name=app,
+        deployment_name=dep,
+        state__in=[Wizard.State.OPEN, Wizard.State.VERIFYING],
+    ).first()
     if existing is not None:
         return existing, False
     deployment = _deployment(cluster, app, dep)
     if deployment is None:
-        raise WizardError(f"{app}/{dep} is no longer on {cluster.name}: there is nothing to fix. Resolve the incident by hand.")
-    wizard = Wizard(cluster=cluster, deployment=deployment, application_name=app, deployment_name=dep, incident=incident,
-                    finding=finding, created_by=actor.user, updated_by=actor.user)
+        raise WizardError(
+            f"{app}/{dep} is no longer on {cluster.name}: there is nothing to fix. Resolve the incident by hand."
+        )
+    wizard = Wizard(
+        cluster=cluster,
+        deployment=deployment,
+        application_name=app,
+        deployment_name=dep,
+        incident=incident,
+        finding=finding,
+        created_by=actor.user,
+        updated_by=actor.user,
+    )
     if latency_objective_ms:
         wizard.latency_objective_ms = latency_objective_ms
     if failure_objective is not None:
@@ -79,27 +101,58 @@ def start(actor: Actor, *, incident: Incident | None = None, finding: Finding | 
     found = _diagnose(wizard, deployment.effective_config)
     with transaction.atomic():
         wizard.diagnosis = found.summary
-        wizard.basis = {"at": timezone.now().isoformat(), "settings": diagnosis.settings_of(deployment.effective_config)}
+        wizard.basis = {
+            "at": timezone.now().isoformat(),
+            "settings": diagnosis.settings_of(deployment.effective_config),
+        }
         wizard.save()
         _create_steps(wizard, found, deployment.effective_config)
-        record(actor, "wizard.start", wizard, team=cluster.team,
-               changes={"incident": incident.pk if incident else None, "finding": finding.pk if finding else None,
-                        "remedies": found.remedies})
+        record(
+            actor,
+            "wizard.start",
+            wizard,
+            team=cluster.team,
+            changes={
+                "incident": incident.pk if incident else None,
+                "finding": finding.pk if finding else None,
+                "remedies": found.remedies,
+            },
+        )
         if incident is not None:
-            IncidentEvent.objects.create(incident=incident, kind=IncidentEvent.Kind.NOTE, author=actor.user,
-                                         message=f"Remediation wizard #{wizard.pk} started by {actor.name}.")
+            IncidentEvent.objects.create(
+                incident=incident,
+                kind=IncidentEvent.Kind.NOTE,
+                author=actor.user,
+                message=f"Remediation wizard #{wizard.pk} started by {actor.name}.",
+            )
     return wizard, True
 
 
 def _deployment(cluster, app: str, dep: str) -> Deployment | None:
-    return (Deployment.objects.filter(application__cluster=cluster, application__name=app, name=dep, removed_at__isnull=True,
-                                      application__removed_at__isnull=True).select_related("application").first())
+    return (
+        Deployment.objects.filter(
+            application__cluster=cluster,
+            application__name=app,
+            name=dep,
+            removed_at__isnull=True,
+            application__removed_at__isnull=True,
+        )
+        .select_related("application")
+        .first()
+    )
 
 
 def _diagnose(wizard: Wizard, effective: dict) -> diagnosis.Diagnosis:
-    return diagnosis.diagnose(wizard.cluster, wizard.application_name, wizard.deployment_name, effective,
-                              incident=wizard.incident, finding=wizard.finding, latency_objective_ms=wizard.latency_objective_ms,
-                              curve=_curve(wizard))
+    return diagnosis.diagnose(
+        wizard.cluster,
+        wizard.application_name,
+        wizard.deployment_name,
+        effective,
+        incident=wizard.incident,
+        finding=wizard.finding,
+        latency_objective_ms=wizard.latency_objective_ms,
+        curve=_curve(wizard),
+    )
 
 
 def _curve(wizard: Wizard):
@@ -108,20 +161,30 @@ def _curve(wizard: Wizard):
 
 
 def _create_steps(wizard: Wizard, found: diagnosis.Diagnosis, effective: dict) -> None:
-    steps = [WizardStep(wizard=wizard, position=0, kind=WizardStep.Kind.DIAGNOSIS, title="Diagnosis", status=Status.DONE)]
+    steps = [
+        WizardStep(wizard=wizard, position=0, kind=WizardStep.Kind.DIAGNOSIS, title="Diagnosis", status=Status.DONE)
+    ]
     if found.sizing.needs_calibration:
         steps.append(_calibration_step(wizard, len(steps), found))
     for remedy in found.remedies:
         steps.append(_remedy_step(wizard, len(steps), remedy, found, effective))
-    steps.append(WizardStep(wizard=wizard, position=len(steps), kind=WizardStep.Kind.VERIFICATION,
-                            title="Verify under live traffic"))
+    steps.append(
+        WizardStep(
+            wizard=wizard, position=len(steps), kind=WizardStep.Kind.VERIFICATION, title="Verify under live traffic"
+        )
+    )
     steps.append(WizardStep(wizard=wizard, position=len(steps), kind=WizardStep.Kind.OUTCOME, title="Outcome"))
     WizardStep.objects.bulk_create(steps)
 
 
 def _calibration_step(wizard: Wizard, position: int, found: diagnosis.Diagnosis) -> WizardStep:
-    return WizardStep(wizard=wizard, position=position, kind=WizardStep.Kind.CALIBRATION, title=CALIBRATION_TITLE,
-                      values={"why": found.sizing.why_not_sized, "levels": list(CALIBRATION_LEVELS)})
+    return WizardStep(
+        wizard=wizard,
+        position=position,
+        kind=WizardStep.Kind.CALIBRATION,
+        title=CALIBRATION_TITLE,
+        values={"why": found.sizing.why_not_sized, "levels": list(CALIBRATION_LEVELS)},
+    )
 
 
 def _remedy_step(wizard: Wizard, position: int, remedy: str, found: diagnosis.Diagnosis, effective: dict) -> WizardStep:
@@ -140,8 +203,10 @@ def _set_values(step: WizardStep, found: diagnosis.Diagnosis, effective: dict) -
         step.kind, step.patch, step.values = WizardStep.Kind.CHECKLIST, None, {"guidance": GUIDANCE[step.remedy]}
         if computed:
             step.values["warnings"] = computed.get("warnings", [])
-            step.values["computed"] = [{"option": key, "value": value, "reason": computed.get("reasons", {}).get(key, "")}
-                                       for key, value in computed.get("value", {}).items()]
+            step.values["computed"] = [
+                {"option": key, "value": value, "reason": computed.get("reasons", {}).get(key, "")}
+                for key, value in computed.get("value", {}).items()
+            ]
         if step.status in (Status.NOT_APPLICABLE, Status.FAILED):
             step.status, step.note = Status.PENDING, ""
         return
@@ -149,7 +214,9 @@ def _set_values(step: WizardStep, found: diagnosis.Diagnosis, effective: dict) -
     step.values = {k: v for k, v in computed.items() if k != "patch"}
     step.patch = computed.get("patch")
     if computed.get("waiting"):
-        step.note = computed.get("why_waiting") or "No values yet: they are computed from the calibration's measurements."
+        step.note = (
+            computed.get("why_waiting") or "No values yet: they are computed from the calibration's measurements."
+        )
         if step.status == Status.NOT_APPLICABLE:
             step.status = Status.PENDING
     elif computed.get("not_applicable"):
@@ -172,8 +239,10 @@ def _locked(wizard: Wizard, revision: int | None) -> Wizard:
     current = Wizard.objects.select_for_update().get(pk=wizard.pk)
     if revision is not None and revision != current.revision:
         who = current.updated_by.get_username() if current.updated_by else "the worker"
-        raise WizardConflict(f"Wizard #{current.pk} moved on since you loaded it (revision {revision} → {current.revision}, last by "
-                             f"{who} at {timezone.localtime(current.updated_at):%H:%M:%S}). Reload to see what changed.")
+        raise WizardConflict(
+            f"Wizard #{current.pk} moved on since you loaded it (revision {revision} → {current.revision}, last by "
+            f"{who} at {timezone.localtime(current.updated_at):%H:%M:%S}). Reload to see what changed."
+        )
     if current.state not in (Wizard.State.OPEN, Wizard.State.VERIFYING):
         raise WizardError(f"Wizard #{current.pk} is {current.get_state_display().lower()}.")
     return current
@@ -200,18 +269,28 @@ def apply(actor: Actor, wizard: Wizard, positions: list[int], *, revision: int |
             raise WizardError("Verification is running: wait for its outcome, or abandon it, before changing more.")
         busy = WizardStep.objects.filter(wizard=wizard, status=Status.APPLYING).first()
         if busy is not None:
-            raise WizardError(f"Step {busy.position} is being applied (change #{busy.change_id}); apply the next when it has finished.")
+            raise WizardError(
+                f"Step {busy.position} is being applied (change #{busy.change_id}); apply the next when it has finished."
+            )
         steps = [_step(wizard, p) for p in sorted(set(positions))]
         if not steps:
             raise WizardError("Name the step(s) to apply.")
         for step in steps:
             if step.kind != WizardStep.Kind.CONFIG:
-                raise WizardError(f"Step {step.position} ({step.remedy}) is a code-level remedy: confirm it or run its check instead.")
+                raise WizardError(
+                    f"Step {step.position} ({step.remedy}) is a code-level remedy: confirm it or run its check instead."
+                )
             if step.status in (Status.PENDING, Status.FAILED) and not step.patch and step.values.get("waiting"):
-                raise WizardError(f"Step {step.position} ({step.remedy}) has no values yet: "
-                                  + step.values.get("why_waiting", "run the calibration step first, so they come from measured memory."))
+                raise WizardError(
+                    f"Step {step.position} ({step.remedy}) has no values yet: "
+                    + step.values.get(
+                        "why_waiting", "run the calibration step first, so they come from measured memory."
+                    )
+                )
             if step.status not in (Status.PENDING, Status.FAILED) or not step.patch:
-                raise WizardError(f"Step {step.position} ({step.remedy}) is {step.get_status_display().lower()}: nothing to apply.")
+                raise WizardError(
+                    f"Step {step.position} ({step.remedy}) is {step.get_status_display().lower()}: nothing to apply."
+                )
         WizardStep.objects.filter(pk__in=[s.pk for s in steps]).update(status=Status.APPLYING, updated_by=actor.user)
         _bump(wizard, actor)
     pending = [s.pk for s in steps]
@@ -226,11 +305,19 @@ def apply(actor: Actor, wizard: Wizard, positions: list[int], *, revision: int |
     if stale:
         WizardStep.objects.filter(pk__in=pending, status=Status.APPLYING).update(status=Status.PENDING)
         replan(actor, wizard, effective=effective)
-        raise WizardStale(f"{wizard.application_name}/{wizard.deployment_name} changed since these values were computed "
-                          f"({', '.join(stale)}). The values were recomputed from the live config: review them and apply again.")
+        raise WizardStale(
+            f"{wizard.application_name}/{wizard.deployment_name} changed since these values were computed "
+            f"({', '.join(stale)}). The values were recomputed from the live config: review them and apply again."
+        )
     with transaction.atomic():
         WizardStep.objects.filter(pk__in=pending).update(change=change)
-        record(actor, "wizard.apply", wizard, team=wizard.cluster.team, changes={"steps": [s.position for s in steps], "change": change.pk})
+        record(
+            actor,
+            "wizard.apply",
+            wizard,
+            team=wizard.cluster.team,
+            changes={"steps": [s.position for s in steps], "change": change.pk},
+        )
     return change
 
 
@@ -238,9 +325,13 @@ def _plan_and_queue(actor: Actor, wizard: Wizard, steps: list[WizardStep]) -> Ch
     options = _merged([s.patch for s in steps])
     remedies = "+".join(s.remedy for s in steps)
     source = f"incident #{wizard.incident_id}" if wizard.incident_id else f"finding #{wizard.finding_id}"
-    change = protocol.plan_change(actor, wizard.cluster, options=options,
-                                  targets=[{"application": wizard.application_name, "deployment": wizard.deployment_name}],
-                                  reason=f"Wizard #{wizard.pk} ({source}): {remedies} with computed values")
+    change = protocol.plan_change(
+        actor,
+        wizard.cluster,
+        options=options,
+        targets=[{"application": wizard.application_name, "deployment": wizard.deployment_name}],
+        reason=f"Wizard #{wizard.pk} ({source}): {remedies} with computed values",
+    )
     return protocol.request_apply(actor, change)
 
 
@@ -260,7 +351,9 @@ def _stale_settings(wizard: Wizard, effective: dict) -> list[str]:
     wizard's own changes set since."""
     expected = wizard.basis.get("settings", {})
     since = dt.datetime.fromisoformat(wizard.basis["at"]) if wizard.basis.get("at") else None
-    applied = WizardStep.objects.filter(wizard=wizard, status=Status.APPLIED, change__finished_at__gte=since) if since else []
+    applied = (
+        WizardStep.objects.filter(wizard=wizard, status=Status.APPLIED, change__finished_at__gte=since) if since else []
+    )
     for step in applied:
         expected = diagnosis.with_patch(expected, step.patch or {})
     live = diagnosis.settings_of(effective)
@@ -271,12 +364,16 @@ def _live_effective(wizard: Wizard) -> dict:
     try:
         live = protocol._read_live(wizard.cluster)
     except RayError as exc:
-        raise WizardError(f"Could not read {wizard.cluster.name}'s live config, so nothing was applied: {exc.message}") from exc
+        raise WizardError(
+            f"Could not read {wizard.cluster.name}'s live config, so nothing was applied: {exc.message}"
+        ) from exc
     app = live.applications.get(wizard.application_name)
     deployment = app.deployments.get(wizard.deployment_name) if app else None
     if deployment is None:
-        raise WizardError(f"{wizard.application_name}/{wizard.deployment_name} no longer exists on {wizard.cluster.name}; nothing "
-                          "was applied. Abandon this wizard, or start one for the deployment that replaced it.")
+        raise WizardError(
+            f"{wizard.application_name}/{wizard.deployment_name} no longer exists on {wizard.cluster.name}; nothing "
+            "was applied. Abandon this wizard, or start one for the deployment that replaced it."
+        )
     return deployment.deployment_config
 
 
@@ -334,7 +431,11 @@ def _insert_calibration_step(wizard: Wizard, found: diagnosis.Diagnosis) -> None
 
 def _insert_steps(wizard: Wizard, remedies: list[str], found: diagnosis.Diagnosis, effective: dict) -> None:
     """New config remedies go before verification; the last two steps move down."""
-    tail = list(WizardStep.objects.filter(wizard=wizard, kind__in=[WizardStep.Kind.VERIFICATION, WizardStep.Kind.OUTCOME]).order_by("-position"))
+    tail = list(
+        WizardStep.objects.filter(
+            wizard=wizard, kind__in=[WizardStep.Kind.VERIFICATION, WizardStep.Kind.OUTCOME]
+        ).order_by("-position")
+    )
     for step in tail:
         step.position += len(remedies) + 100  # out of the way of the unique constraint first
         step.save(update_fields=["position"])
@@ -349,8 +450,9 @@ def _insert_steps(wizard: Wizard, remedies: list[str], found: diagnosis.Diagnosi
 # --- calibration ---------------------------------------------------------------------------
 
 
-def calibrate(actor: Actor, wizard: Wizard, *, request: dict | None = None, levels: list[int] | None = None,
-              revision: int | None) -> WizardStep:
+def calibrate(
+    actor: Actor, wizard: Wizard, *, request: dict | None = None, levels: list[int] | None = None, revision: int | None
+) -> WizardStep:
     """Measure the deployment's memory with a calibration job, through its own interface: with
     `request` as the representative request, else Fleetdeck's default for the deployment (its
     warmup profile's request, or a GET of its route). The values are recomputed when it ends."""
@@ -367,10 +469,14 @@ def calibrate(actor: Actor, wizard: Wizard, *, request: dict | None = None, leve
     _live_effective(wizard)
     deployment = _deployment(wizard.cluster, wizard.application_name, wizard.deployment_name)
     if deployment is None:
-        raise WizardError(f"{wizard.application_name}/{wizard.deployment_name} is no longer in the inventory: sync the cluster, or "
-                          "abandon this wizard.")
+        raise WizardError(
+            f"{wizard.application_name}/{wizard.deployment_name} is no longer in the inventory: sync the cluster, or "
+            "abandon this wizard."
+        )
     try:
-        run = calibrations.request_calibration(actor, deployment, levels=list(levels or CALIBRATION_LEVELS), request=request)
+        run = calibrations.request_calibration(
+            actor, deployment, levels=list(levels or CALIBRATION_LEVELS), request=request
+        )
     except ValidationError as exc:
         raise WizardError(f"Nothing was measured and nothing was pushed: {_message(exc)}") from exc
     with transaction.atomic():
@@ -384,41 +490,62 @@ def calibrate(actor: Actor, wizard: Wizard, *, request: dict | None = None, leve
         step.check_result = {}
         step.save(update_fields=["calibration", "status", "updated_by", "note", "check_result", "updated_at"])
         _bump(wizard, actor)
-        record(actor, "wizard.calibrate", wizard, team=wizard.cluster.team, changes={"calibration": run.pk, "request": run.request})
+        record(
+            actor,
+            "wizard.calibrate",
+            wizard,
+            team=wizard.cluster.team,
+            changes={"calibration": run.pk, "request": run.request},
+        )
     return step
 
 
 def awaiting_calibration() -> list[int]:
-    return list(WizardStep.objects.filter(kind=WizardStep.Kind.CALIBRATION, status=Status.APPLYING,
-                                          wizard__state=Wizard.State.OPEN).values_list("wizard_id", flat=True))
+    return list(
+        WizardStep.objects.filter(
+            kind=WizardStep.Kind.CALIBRATION, status=Status.APPLYING, wizard__state=Wizard.State.OPEN
+        ).values_list("wizard_id", flat=True)
+    )
 
 
 def settle_calibration(wizard_id: int) -> bool:
     """A finished calibration settles its step: on success the values are recomputed from it; on
     failure the step says why and the config steps stay without values. True when it settled."""
     with transaction.atomic():
-        step = (WizardStep.objects.select_for_update(of=("self",)).select_related("calibration")
-                .filter(wizard_id=wizard_id, kind=WizardStep.Kind.CALIBRATION, status=Status.APPLYING).first())
+        step = (
+            WizardStep.objects.select_for_update(of=("self",))
+            .select_related("calibration")
+            .filter(wizard_id=wizard_id, kind=WizardStep.Kind.CALIBRATION, status=Status.APPLYING)
+            .first()
+        )
         if step is None or step.calibration is None or not step.calibration.is_final:
             return False
         run = step.calibration
         ok = run.state == run.State.SUCCEEDED
         step.status = Status.DONE if ok else Status.FAILED
         step.check_result = {"calibration": run.pk, "state": run.state, "error": run.error}
-        step.note = (f"Calibration #{run.pk} measured {len(run.points)} level(s); the values below come from it."
-                     if ok else f"Calibration #{run.pk} {run.get_state_display().lower()}: {run.error or 'no reason given'}")
+        step.note = (
+            f"Calibration #{run.pk} measured {len(run.points)} level(s); the values below come from it."
+            if ok
+            else f"Calibration #{run.pk} {run.get_state_display().lower()}: {run.error or 'no reason given'}"
+        )
         step.save(update_fields=["status", "check_result", "note", "updated_at"])
         wizard = Wizard.objects.select_for_update().get(pk=wizard_id)
         wizard.revision += 1
         wizard.save(update_fields=["revision", "updated_at"])
         if wizard.incident_id:
-            IncidentEvent.objects.create(incident_id=wizard.incident_id, kind=IncidentEvent.Kind.NOTE,
-                                         message=f"Wizard #{wizard.pk}: {step.note}")
+            IncidentEvent.objects.create(
+                incident_id=wizard.incident_id,
+                kind=IncidentEvent.Kind.NOTE,
+                message=f"Wizard #{wizard.pk}: {step.note}",
+            )
     if ok:
         try:
             replan(Actor.system(), wizard)
         except WizardError as exc:
-            WizardStep.objects.filter(pk=step.pk).update(note=f"{step.note} The values could not be recomputed: {_message(exc)}")
+            WizardStep.objects.filter(pk=step.pk).update(
+                note=f"{step.note} The values could not be recomputed: {_message(exc)}"
+            )
     return True
 
 
@@ -428,11 +555,15 @@ def confirm(actor: Actor, wizard: Wizard, position: int, *, note: str = "", revi
         wizard = _locked(wizard, revision)
         step = _step(wizard, position)
         if step.kind != WizardStep.Kind.CHECKLIST:
-            raise WizardError(f"Step {position} is not a code-level remedy: config remedies are applied, not confirmed.")
+            raise WizardError(
+                f"Step {position} is not a code-level remedy: config remedies are applied, not confirmed."
+            )
         step.status, step.note, step.updated_by = Status.DONE, note.strip()[:2000], actor.user
         step.save(update_fields=["status", "note", "updated_by", "updated_at"])
         _bump(wizard, actor)
-        record(actor, "wizard.confirm", wizard, team=wizard.cluster.team, changes={"step": position, "remedy": step.remedy})
+        record(
+            actor, "wizard.confirm", wizard, team=wizard.cluster.team, changes={"step": position, "remedy": step.remedy}
+        )
     return step
 
 
@@ -473,15 +604,22 @@ def on_change_finished(sender, change: Change, **kwargs) -> None:
     with transaction.atomic():
         for step in steps:
             step.status = Status.APPLIED if ok else Status.FAILED
-            step.note = "" if ok else f"Change #{change.pk} {change.get_state_display().lower()}: {change.error or 'see the change log'}"
+            step.note = (
+                ""
+                if ok
+                else f"Change #{change.pk} {change.get_state_display().lower()}: {change.error or 'see the change log'}"
+            )
             step.save(update_fields=["status", "note", "updated_at"])
         wizard = Wizard.objects.select_for_update().get(pk=steps[0].wizard_id)
         wizard.revision += 1
         wizard.save(update_fields=["revision", "updated_at"])
         if wizard.incident_id:
             verb = "applied" if ok else f"did not apply ({change.get_state_display().lower()})"
-            IncidentEvent.objects.create(incident_id=wizard.incident_id, kind=IncidentEvent.Kind.NOTE,
-                                         message=f"Wizard #{wizard.pk}: change #{change.pk} ({', '.join(s.remedy for s in steps)}) {verb}.")
+            IncidentEvent.objects.create(
+                incident_id=wizard.incident_id,
+                kind=IncidentEvent.Kind.NOTE,
+                message=f"Wizard #{wizard.pk}: change #{change.pk} ({', '.join(s.remedy for s in steps)}) {verb}.",
+            )
 
 
 def _message(exc: Exception) -> str:

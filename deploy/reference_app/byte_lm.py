@@ -59,9 +59,7 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.norm1(x)).view(n, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         keys[:, :, start : start + t] = k
         values[:, :, start : start + t] = v
-        attended = F.scaled_dot_product_attention(
-            q, keys[:, :, : start + t], values[:, :, : start + t], attn_mask=mask
-        )
+        attended = F.scaled_dot_product_attention(q, keys[:, :, : start + t], values[:, :, : start + t], attn_mask=mask)
         x = x + self.out(attended.transpose(1, 2).reshape(n, t, d))
         return x + self.ff(self.norm2(x))
 
@@ -167,9 +165,7 @@ def touch_temporaries(
     return torch.ones(size, dtype=torch.uint8, device=device)
 
 
-def run_batch(
-    model: ByteLM, requests: list[Request], *, kb_per_token: int = 0, mb_per_request: int = 0
-) -> list[bytes]:
+def run_batch(model: ByteLM, requests: list[Request], *, kb_per_token: int = 0, mb_per_request: int = 0) -> list[bytes]:
     """One batch as a replica runs it: the temporaries stay alive for the whole generation,
     which is when a real model's activations and cache are alive too."""
     device = next(model.parameters()).device

@@ -41,9 +41,8 @@ import sys
 import traceback
 from pathlib import Path
 
-import torch
-
 import byte_lm
+import torch
 
 HERE = Path(__file__).resolve().parent
 PROMPT = b"calibrating the memory of a batch against its token sum. "
@@ -106,10 +105,19 @@ def calibrate_cpu(args, temporaries: dict) -> tuple[int, list[dict]]:
         for _ in range(args.repeats):
             child = subprocess.run(
                 [
-                    sys.executable, str(Path(__file__).resolve()), "--measure-once", str(token_sum),
-                    "--request-tokens", str(args.request_tokens), "--config", str(args.config),
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--measure-once",
+                    str(token_sum),
+                    "--request-tokens",
+                    str(args.request_tokens),
+                    "--config",
+                    str(args.config),
                 ],
-                capture_output=True, text=True, env=env, check=False,
+                capture_output=True,
+                text=True,
+                env=env,
+                check=False,
             )
             if child.returncode != 0:
                 print(child.stderr, file=sys.stderr)

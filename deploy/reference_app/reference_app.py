@@ -29,6 +29,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, fields
 
+import byte_lm
 import torch
 from cachetools import TTLCache
 from ray import serve
@@ -36,8 +37,6 @@ from ray.serve import metrics
 from ray.serve.exceptions import RayServeException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-
-import byte_lm
 
 DEFAULT_MAX_TOKENS = 32
 # JSON may spend up to six characters on one byte of the prompt ("\u0001"); the rest of the
@@ -143,7 +142,8 @@ def parse_request(body: bytes, settings: Settings) -> byte_lm.Request:
 
     if settings.max_prompt_tokens is not None and len(encoded) > settings.max_prompt_tokens:
         raise Rejected(
-            413, "prompt_too_long",
+            413,
+            "prompt_too_long",
             f"prompt is {len(encoded)} tokens (UTF-8 bytes); the limit is {settings.max_prompt_tokens}",
         )
     if max_tokens < 1:
@@ -157,7 +157,8 @@ def parse_request(body: bytes, settings: Settings) -> byte_lm.Request:
     # that is the client's doing, so it is answered as such.
     if settings.max_batch_tokens is not None and request.tokens > settings.max_batch_tokens:
         raise Rejected(
-            413, "request_too_large",
+            413,
+            "request_too_large",
             f"prompt and max_tokens need {request.tokens} tokens; a batch holds at most {settings.max_batch_tokens}",
         )
     return request

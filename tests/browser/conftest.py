@@ -13,8 +13,12 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 CHROMIUM = os.environ.get("FLEETDECK_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
 ]
 
 
@@ -31,7 +35,10 @@ def page(live_server):
         page = context.new_page()
         # Every browser test also proves the pages work under the content security policy.
         blocked: list[str] = []
-        page.on("console", lambda message: blocked.append(message.text) if "Content Security Policy" in message.text else None)
+        page.on(
+            "console",
+            lambda message: blocked.append(message.text) if "Content Security Policy" in message.text else None,
+        )
         yield page
         browser.close()
         assert not blocked, f"the content security policy blocked: {blocked}"

@@ -4,6 +4,7 @@ test on any CSP violation)."""
 from __future__ import annotations
 
 import pytest
+
 from tests.browser.pages import log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

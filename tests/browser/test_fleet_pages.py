@@ -61,9 +61,15 @@ def test_an_operator_plans_reviews_and_applies_a_change_in_the_browser(page, liv
     from tests.conftest import two_app_config
 
     settings.FLEETDECK_CHANGE_POLL_S = 0.3
-    cluster_id = api_as("admin").post(
-        "/api/v1/clusters/", {"name": "local-ray", "team": "vision", "dashboard_url": ray_head.dashboard_url}, format="json"
-    ).json()["id"]
+    cluster_id = (
+        api_as("admin")
+        .post(
+            "/api/v1/clusters/",
+            {"name": "local-ray", "team": "vision", "dashboard_url": ray_head.dashboard_url},
+            format="json",
+        )
+        .json()["id"]
+    )
     sync.sync_cluster(cluster_id)
     celery_app.control.purge()
     try:
@@ -92,13 +98,32 @@ def test_an_incident_page_draws_its_evidence_charts(page, live_server, team, peo
     from apps.clusters.models import Cluster
     from apps.incidents.models import Incident
 
-    cluster = Cluster.objects.create(name="gpu-prod", team=team, dashboard_url="http://127.0.0.1:9", ray_version="2.60.0")
+    cluster = Cluster.objects.create(
+        name="gpu-prod", team=team, dashboard_url="http://127.0.0.1:9", ray_version="2.60.0"
+    )
     now = timezone.now()
-    series = [{"t": now.timestamp() - 30 * (20 - i), "p50": 40.0 + i, "p99": 90.0 + (900 if i > 16 else 0), "rps": 3.0,
-               "ongoing": 2 + (6 if i > 16 else 0), "queued": 4 if i > 16 else 0} for i in range(20)]
-    incident = Incident.objects.create(kind="latency_spike", cluster=cluster, application_name="demo", deployment_name="Model",
-                                       title="Latency spike of demo/Model on gpu-prod", started_at=now, last_signal_at=now,
-                                       evidence={"series": series}, causes=[])
+    series = [
+        {
+            "t": now.timestamp() - 30 * (20 - i),
+            "p50": 40.0 + i,
+            "p99": 90.0 + (900 if i > 16 else 0),
+            "rps": 3.0,
+            "ongoing": 2 + (6 if i > 16 else 0),
+            "queued": 4 if i > 16 else 0,
+        }
+        for i in range(20)
+    ]
+    incident = Incident.objects.create(
+        kind="latency_spike",
+        cluster=cluster,
+        application_name="demo",
+        deployment_name="Model",
+        title="Latency spike of demo/Model on gpu-prod",
+        started_at=now,
+        last_signal_at=now,
+        evidence={"series": series},
+        causes=[],
+    )
     log_in(page, live_server, "viewer")
     page.goto(f"{live_server.url}/incidents/{incident.pk}/")
     wait_until(page, "window.Chart && Chart.getChart('latency-chart') && Chart.getChart('load-chart')")
@@ -111,34 +136,83 @@ def test_an_incident_page_draws_its_evidence_charts(page, live_server, team, peo
     page.screenshot(path="/tmp/incident-chart.png", full_page=True)
 
 
-def test_an_oom_incident_page_charts_node_memory_against_the_threshold_and_memory_per_replica(page, live_server, team, people):
+def test_an_oom_incident_page_charts_node_memory_against_the_threshold_and_memory_per_replica(
+    page, live_server, team, people
+):
     from django.utils import timezone
 
     from apps.clusters.models import Cluster
     from apps.incidents.models import Incident, OomKillRecord
 
-    cluster = Cluster.objects.create(name="gpu-prod", team=team, dashboard_url="http://127.0.0.1:9", ray_version="2.60.0")
+    cluster = Cluster.objects.create(
+        name="gpu-prod", team=team, dashboard_url="http://127.0.0.1:9", ray_version="2.60.0"
+    )
     now = timezone.now()
     times = [now.timestamp() - 30 * (20 - i) for i in range(20)]
-    series = [{"t": t, "p50": 40.0, "p99": 90.0, "rps": 3.0, "ongoing": 2, "queued": 0, "rss_mb": 900.0 + 100 * i, "replicas": 1}
-              for i, t in enumerate(times)]
-    nodes = {"192.0.2.2": [{"t": t, "mem_used": (5 + 0.1 * i) * 2**30, "mem_total": 23.5 * 2**30} for i, t in enumerate(times)]}
-    incident = Incident.objects.create(kind="oom_kill", cluster=cluster, application_name="demo", deployment_name="Model",
-                                       title="OOM kill of demo/Model on gpu-prod", started_at=now, last_signal_at=now,
-                                       evidence={"series": series, "node_memory": nodes, "session": {"name": "s", "started_at": None}},
-                                       causes=[])
-    OomKillRecord.objects.create(incident=incident, actor_id="a1", replica="r1", node_ip="192.0.2.2", used_bytes=7 * 2**30,
-                                 threshold_bytes=int(6.9 * 2**30), message="")
+    series = [
+        {
+            "t": t,
+            "p50": 40.0,
+            "p99": 90.0,
+            "rps": 3.0,
+            "ongoing": 2,
+            "queued": 0,
+            "rss_mb": 900.0 + 100 * i,
+            "replicas": 1,
+        }
+        for i, t in enumerate(times)
+    ]
+    nodes = {
+        "192.0.2.2": [
+            {"t": t, "mem_used": (5 + 0.1 * i) * 2**30, "mem_total": 23.5 * 2**30} for i, t in enumerate(times)
+        ]
+    }
+    incident = Incident.objects.create(
+        kind="oom_kill",
+        cluster=cluster,
+        application_name="demo",
+        deployment_name="Model",
+        title="OOM kill of demo/Model on gpu-prod",
+        started_at=now,
+        last_signal_at=now,
+        evidence={"series": series, "node_memory": nodes, "session": {"name": "s", "started_at": None}},
+        causes=[],
+    )
+    OomKillRecord.objects.create(
+        incident=incident,
+        actor_id="a1",
+        replica="r1",
+        node_ip="192.0.2.2",
+        used_bytes=7 * 2**30,
+        threshold_bytes=int(6.9 * 2**30),
+        message="",
+    )
     log_in(page, live_server, "viewer")
     page.goto(f"{live_server.url}/incidents/{incident.pk}/")
     wait_until(page, "window.Chart && Chart.getChart('node-memory-chart') && Chart.getChart('replica-memory-chart')")
-    node = page.evaluate("(() => { const c = Chart.getChart('node-memory-chart'); return {labels: c.data.datasets.map(d => d.label), "
-                         "unit: c.options.scales.y.title.text}; })()")
-    assert node == {"labels": ["memory used", "Ray's memory monitor kills above", "node total", "OOM kill (node memory Ray reported)"],
-                    "unit": "node memory (GiB)"}
-    assert page.evaluate("Chart.getChart('replica-memory-chart').options.scales.y.title.text") == "memory per replica (MiB)"
+    node = page.evaluate(
+        "(() => { const c = Chart.getChart('node-memory-chart'); return {labels: c.data.datasets.map(d => d.label), "
+        "unit: c.options.scales.y.title.text}; })()"
+    )
+    assert node == {
+        "labels": [
+            "memory used",
+            "Ray's memory monitor kills above",
+            "node total",
+            "OOM kill (node memory Ray reported)",
+        ],
+        "unit": "node memory (GiB)",
+    }
+    assert (
+        page.evaluate("Chart.getChart('replica-memory-chart').options.scales.y.title.text")
+        == "memory per replica (MiB)"
+    )
     # The latency chart shares the time axis and marks the kill too.
-    assert page.evaluate("Chart.getChart('latency-chart').data.datasets.map(d => d.label)") == ["p50 ms", "p99 ms", "OOM kill"]
+    assert page.evaluate("Chart.getChart('latency-chart').data.datasets.map(d => d.label)") == [
+        "p50 ms",
+        "p99 ms",
+        "OOM kill",
+    ]
     page.screenshot(path="/tmp/incident-oom-chart.png", full_page=True)
 
 
@@ -157,11 +231,21 @@ def test_a_node_memory_incident_charts_memory_as_a_share_with_its_unit_on_the_ax
     from apps.clusters.models import Cluster
     from apps.incidents.models import Incident
 
-    cluster = Cluster.objects.create(name="gpu-prod", team=team, dashboard_url="http://127.0.0.1:9", ray_version="2.60.0")
+    cluster = Cluster.objects.create(
+        name="gpu-prod", team=team, dashboard_url="http://127.0.0.1:9", ray_version="2.60.0"
+    )
     now = timezone.now()
     series = [{"t": now.timestamp() - 30 * (20 - i), "mem": 0.5 + i * 0.02, "gpu": None} for i in range(20)]
-    incident = Incident.objects.create(kind="memory_pressure", cluster=cluster, node_ip="10.0.0.7", title="Memory pressure on 10.0.0.7",
-                                       started_at=now, last_signal_at=now, evidence={"node_series": series}, causes=[])
+    incident = Incident.objects.create(
+        kind="memory_pressure",
+        cluster=cluster,
+        node_ip="10.0.0.7",
+        title="Memory pressure on 10.0.0.7",
+        started_at=now,
+        last_signal_at=now,
+        evidence={"node_series": series},
+        causes=[],
+    )
     log_in(page, live_server, "viewer", f"/incidents/{incident.pk}/")
     wait_until(page, "window.Chart && Chart.getChart('memory-chart')")
     y = "Chart.getChart('memory-chart').scales.y"

@@ -13,7 +13,6 @@ from tests.browser.pages import log_in
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
-
 def assert_beside_its_words(page, checkbox: str) -> None:
     box = page.locator(checkbox).bounding_box()
     words = page.locator(checkbox).locator("xpath=..").bounding_box()
@@ -30,7 +29,9 @@ def deployment(team, use_replay):
     return Deployment.objects.select_related("application").filter(application__cluster=cluster).first()
 
 
-def test_checkboxes_sit_before_their_labels_on_the_recycle_warmup_and_kubernetes_forms(page, live_server, people, deployment):
+def test_checkboxes_sit_before_their_labels_on_the_recycle_warmup_and_kubernetes_forms(
+    page, live_server, people, deployment
+):
     log_in(page, live_server, "root", f"/deployments/{deployment.pk}/recycle-schedule/")
     page.wait_for_selector("text=Recycle every (hours)")
     assert_beside_its_words(page, "input[name=enabled]")
@@ -58,5 +59,8 @@ def test_every_page_links_an_icon_that_is_served(page, live_server, people):
         page.goto(f"{live_server.url}{path}")
         icon = page.evaluate("document.querySelector('link[rel=icon]').href")
         assert icon.endswith(".svg")
-        assert page.evaluate("(href) => fetch(href).then((r) => [r.status, r.headers.get('content-type')])", icon) == [200, "image/svg+xml"]
+        assert page.evaluate("(href) => fetch(href).then((r) => [r.status, r.headers.get('content-type')])", icon) == [
+            200,
+            "image/svg+xml",
+        ]
     assert missing == []

@@ -17,8 +17,9 @@ from tests.conftest import ray_fixture
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
-
-def test_the_revision_compare_selector_shows_the_diff_against_the_chosen_revision(page, live_server, people, team, use_replay):
+def test_the_revision_compare_selector_shows_the_diff_against_the_chosen_revision(
+    page, live_server, people, team, use_replay
+):
     cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
     sync.sync_cluster(cluster.pk)
     for cap in (2, 3):
@@ -44,8 +45,18 @@ def test_the_incident_status_filter_submits_when_it_changes(page, live_server, p
     cluster = Cluster.objects.create(name="gpu-prod", team=team, dashboard_url="http://127.0.0.1:9")
     now = timezone.now()
     for title, status in (("Still open", "open"), ("Already resolved", "resolved")):
-        Incident.objects.create(kind="latency_spike", cluster=cluster, application_name="demo", deployment_name="Model",
-                                title=title, status=status, started_at=now, last_signal_at=now, evidence={}, causes=[])
+        Incident.objects.create(
+            kind="latency_spike",
+            cluster=cluster,
+            application_name="demo",
+            deployment_name="Model",
+            title=title,
+            status=status,
+            started_at=now,
+            last_signal_at=now,
+            evidence={},
+            causes=[],
+        )
     log_in(page, live_server, "viewer", "/incidents/")
     page.wait_for_selector("text=Still open")
     with page.expect_navigation():
@@ -56,8 +67,12 @@ def test_the_incident_status_filter_submits_when_it_changes(page, live_server, p
 
 
 def test_the_fleet_filters_narrow_the_rows_when_a_select_changes(page, live_server, people, team, other_team):
-    Cluster.objects.create(name="reachable-one", team=team, dashboard_url="http://127.0.0.1:9", reachability=Reachability.OK)
-    Cluster.objects.create(name="lost-one", team=team, dashboard_url="http://127.0.0.2:9", reachability=Reachability.UNREACHABLE)
+    Cluster.objects.create(
+        name="reachable-one", team=team, dashboard_url="http://127.0.0.1:9", reachability=Reachability.OK
+    )
+    Cluster.objects.create(
+        name="lost-one", team=team, dashboard_url="http://127.0.0.2:9", reachability=Reachability.UNREACHABLE
+    )
     log_in(page, live_server, "root", "/")
     rows = page.locator("#cluster-rows")
     rows.locator("text=lost-one").wait_for()

@@ -5,7 +5,6 @@ captured payloads; the calibration job's result is stored as polling would store
 from __future__ import annotations
 
 import pytest
-
 from django.utils import timezone
 
 from apps.calibration.models import MemoryCalibration
@@ -14,8 +13,8 @@ from apps.fleet import sync
 from apps.incidents import services as incidents
 from apps.incidents.models import Incident
 from apps.remediation.models import Wizard
-from tests.unit.test_wizards import DEAD, Live
 from tests.browser.pages import log_in
+from tests.unit.test_wizards import DEAD, Live
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -24,10 +23,16 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 def incident(team, use_replay):
     use_replay.routes["/api/serve/applications/"] = Live()
     use_replay.routes["/api/v0/actors"] = DEAD
-    for path, payload in (("/api/v0/nodes", "state_nodes.json"), ("/nodes", "nodes_view_summary.json"),
-                          ("/api/cluster_status", "cluster_status.json"), ("/api/jobs/", "jobs_submit_response.json")):
+    for path, payload in (
+        ("/api/v0/nodes", "state_nodes.json"),
+        ("/nodes", "nodes_view_summary.json"),
+        ("/api/cluster_status", "cluster_status.json"),
+        ("/api/jobs/", "jobs_submit_response.json"),
+    ):
         use_replay.routes[path] = payload
-    cluster = Cluster.objects.create(name="gpu-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0")
+    cluster = Cluster.objects.create(
+        name="gpu-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0"
+    )
     sync.sync_cluster(cluster.pk)
     incidents.detect(cluster.pk)
     return Incident.objects.get(application_name="demo", deployment_name="Model")
@@ -44,8 +49,14 @@ def test_an_operator_opens_the_wizard_from_the_incident_and_applies_r1_and_r2(pa
     assert run.request["representative"]["kind"] == "handle" and run.deployment_name == "Model"
     # The job on the cluster reports its curve; polling stores it and the wizard recomputes.
     MemoryCalibration.objects.filter(pk=run.pk).update(
-        state="succeeded", axis="concurrency", device="cpu", shape="handle", baseline_bytes=200 * 2**20, finished_at=timezone.now(),
-        points=[{"x": k, "peak_bytes": (200 + 800 * k) * 2**20, "service_s": 1.0} for k in (1, 2, 4)])
+        state="succeeded",
+        axis="concurrency",
+        device="cpu",
+        shape="handle",
+        baseline_bytes=200 * 2**20,
+        finished_at=timezone.now(),
+        points=[{"x": k, "peak_bytes": (200 + 800 * k) * 2**20, "service_s": 1.0} for k in (1, 2, 4)],
+    )
     page.click(".wizard-steps >> text=Diagnosis")
     page.click("text=Recompute from the latest measurements")
     page.wait_for_selector(".wizard-steps li:nth-child(2) .badge:text('Done')")

@@ -34,8 +34,9 @@ ENDINGS = {ChangeState.SUCCEEDED, ChangeState.ROLLED_BACK, ChangeState.FAILED}
 def generation(head) -> str:
     body = httpx.get(f"{head.dashboard_url}/api/serve/applications/", timeout=10).json()
     assert set(body["applications"]) == {"demo", "echo2"}, "an application was lost"
-    return body["applications"]["demo"]["deployments"]["Model"]["deployment_config"]["ray_actor_options"]["runtime_env"]["env_vars"][
-        "RECYCLE_GENERATION"]
+    return body["applications"]["demo"]["deployments"]["Model"]["deployment_config"]["ray_actor_options"][
+        "runtime_env"
+    ]["env_vars"]["RECYCLE_GENERATION"]
 
 
 # Where a kill is aimed: before any worker took the change up, while it re-reads the live config,
@@ -59,7 +60,9 @@ def test_changes_survive_a_worker_killed_at_random_points(api_as, ray_head, team
     settings.FLEETDECK_CHANGE_POLL_S = 0.3
     celery_app.control.purge()
     ray_head.deploy(two_app_config())
-    cluster = Cluster.objects.create(name="local", team=team, dashboard_url=ray_head.dashboard_url, ray_version="2.60.0")
+    cluster = Cluster.objects.create(
+        name="local", team=team, dashboard_url=ray_head.dashboard_url, ray_version="2.60.0"
+    )
     client = api_as("operator")
     rng = random.Random(20261130)
     seen: dict[str, int] = {}
@@ -69,13 +72,36 @@ def test_changes_survive_a_worker_killed_at_random_points(api_as, ray_head, team
             target = str(int(before) + 1)
             # Replacing replicas takes seconds, which spreads the kill over every step of the protocol.
             options = f"ray_actor_options:\n  runtime_env:\n    env_vars:\n      RECYCLE_GENERATION: '{target}'"
-            planned = client.post("/api/v1/changes/", {"cluster": cluster.pk, "targets": MODEL, "options_text": options,
-                                                       "reason": f"kill loop round {round_}"}, format="json")
+            planned = client.post(
+                "/api/v1/changes/",
+                {
+                    "cluster": cluster.pk,
+                    "targets": MODEL,
+                    "options_text": options,
+                    "reason": f"kill loop round {round_}",
+                },
+                format="json",
+            )
             assert planned.status_code == 201, planned.content
             change_id = planned.json()["id"]
             worker = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "solo", "--loglevel", "WARNING"],
-                cwd=REPO, env=worker_env(), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "controlplane",
+                    "worker",
+                    "--pool",
+                    "solo",
+                    "--loglevel",
+                    "WARNING",
+                ],
+                cwd=REPO,
+                env=worker_env(),
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             try:
                 assert client.post(f"/api/v1/changes/{change_id}/apply/").status_code == 202
@@ -109,7 +135,9 @@ def test_changes_survive_a_worker_killed_at_random_points(api_as, ray_head, team
             log = "\n".join(f"{s.state}: {s.message}" for s in change.steps.all())
             assert change.state in ENDINGS, f"round {round_} (killed in {killed_in}): {change.state}\n{log}"
             live = generation(ray_head)
-            assert live == (target if change.state == ChangeState.SUCCEEDED else before), f"round {round_}: {live}\n{log}"
+            assert live == (target if change.state == ChangeState.SUCCEEDED else before), (
+                f"round {round_}: {live}\n{log}"
+            )
             if change.state == ChangeState.FAILED:
                 assert "nothing" in (change.error + log).lower(), log
     finally:

@@ -77,7 +77,9 @@ def test_a_web_server_that_is_not_ray(api_as, serve_http):
 
 
 def test_a_dashboard_answering_500(api_as, serve_http):
-    url = serve_http(status=500, body=b"Traceback (most recent call last):\n  ValueError: boom", content_type="text/plain")
+    url = serve_http(
+        status=500, body=b"Traceback (most recent call last):\n  ValueError: boom", content_type="text/plain"
+    )
     response = register(api_as, url)
     assert response.status_code == 400
     message = str(response.json()["dashboard_url"])

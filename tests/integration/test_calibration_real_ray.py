@@ -27,7 +27,9 @@ def cluster(ray_head, team, settings):
     model = next(d for d in config["applications"][0]["deployments"] if d["name"] == "Model")
     model["user_config"] = {"alloc_mb": ALLOC_MB, "hold_s": 0.5}
     ray_head.deploy(config)
-    cluster = Cluster.objects.create(name="local", team=team, dashboard_url=ray_head.dashboard_url, ray_version="2.60.0")
+    cluster = Cluster.objects.create(
+        name="local", team=team, dashboard_url=ray_head.dashboard_url, ray_version="2.60.0"
+    )
     assert sync.sync_cluster(cluster.pk).ok
     yield Cluster.objects.get(pk=cluster.pk)
     ray_head.deploy(two_app_config())
@@ -35,10 +37,13 @@ def cluster(ray_head, team, settings):
 
 def test_calibrating_the_demo_model_measures_its_memory_per_request_on_the_cluster(cluster, people, ray_head):
     model = Deployment.objects.select_related("application__cluster__team").get(
-        application__cluster=cluster, application__name="demo", name="Model")
+        application__cluster=cluster, application__name="demo", name="Model"
+    )
     assert model.effective_config["user_config"] == {"alloc_mb": ALLOC_MB, "hold_s": 0.5}
 
-    calibration = services.request_calibration(Actor(user=people["operator"], via="test"), model, levels=[1, 2, 4], call="calibrate")
+    calibration = services.request_calibration(
+        Actor(user=people["operator"], via="test"), model, levels=[1, 2, 4], call="calibrate"
+    )
     deadline = time.monotonic() + 180
     while not calibration.is_final:
         assert time.monotonic() < deadline, f"calibration still {calibration.state}"
@@ -50,9 +55,11 @@ def test_calibrating_the_demo_model_measures_its_memory_per_request_on_the_clust
     assert ray_says["status"] == "SUCCEEDED" and ray_says["runtime_env"]["env_vars"]["PYTHONPATH"]
 
     curve = services.latest_curve(model)
-    print(f"\nMeasured on the cluster: device {curve.device}, baseline {curve.baseline_bytes / MIB:.1f} MiB, "
-          + ", ".join(f"{x:g} -> {peak / MIB:.1f} MiB" for x, peak in curve.points)
-          + f"; per request {curve.per_unit_bytes / MIB:.1f} MiB; peak_at(8) {curve.peak_at(8) / MIB:.1f} MiB")
+    print(
+        f"\nMeasured on the cluster: device {curve.device}, baseline {curve.baseline_bytes / MIB:.1f} MiB, "
+        + ", ".join(f"{x:g} -> {peak / MIB:.1f} MiB" for x, peak in curve.points)
+        + f"; per request {curve.per_unit_bytes / MIB:.1f} MiB; peak_at(8) {curve.peak_at(8) / MIB:.1f} MiB"
+    )
     assert curve.calibration_id == calibration.pk and curve.axis == "concurrency" and curve.device == "cpu"
     assert curve.monotone and [x for x, _ in curve.points] == [1.0, 2.0, 4.0]
     # Four requests each holding 64 MiB at once; a little allowance for measurement noise.

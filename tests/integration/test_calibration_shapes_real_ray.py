@@ -25,9 +25,17 @@ PLAIN_APP_DIR = REPO / "deploy" / "plain_app"
 
 def plain_application(name: str, import_path: str, deployments: list[str]) -> dict:
     return {
-        "name": name, "route_prefix": f"/{name}", "import_path": import_path,
-        "runtime_env": {"env_vars": {"PYTHONPATH": str(PLAIN_APP_DIR), "PLAIN_ALLOC_MB": str(ALLOC_MB),
-                                     "PLAIN_HOLD_S": str(HOLD_S), "PLAIN_BASE_MB": str(BASE_MB)}},
+        "name": name,
+        "route_prefix": f"/{name}",
+        "import_path": import_path,
+        "runtime_env": {
+            "env_vars": {
+                "PYTHONPATH": str(PLAIN_APP_DIR),
+                "PLAIN_ALLOC_MB": str(ALLOC_MB),
+                "PLAIN_HOLD_S": str(HOLD_S),
+                "PLAIN_BASE_MB": str(BASE_MB),
+            }
+        },
         # Small CPU shares, so the replicas and the calibration jobs all fit on the 2-CPU head.
         "deployments": [{"name": deployment, "ray_actor_options": {"num_cpus": 0.1}} for deployment in deployments],
     }
@@ -43,7 +51,9 @@ def cluster(ray_head, team):
         plain_application("plainhandle", "plain_app:handle_app", ["Front", "Worker"]),
     ]
     ray_head.deploy(config)
-    cluster = Cluster.objects.create(name="local", team=team, dashboard_url=ray_head.dashboard_url, ray_version="2.60.0")
+    cluster = Cluster.objects.create(
+        name="local", team=team, dashboard_url=ray_head.dashboard_url, ray_version="2.60.0"
+    )
     assert sync.sync_cluster(cluster.pk).ok
     yield Cluster.objects.get(pk=cluster.pk)
     ray_head.deploy(two_app_config())
@@ -51,7 +61,8 @@ def cluster(ray_head, team):
 
 def deployment(cluster: Cluster, app: str, name: str) -> Deployment:
     return Deployment.objects.select_related("application__cluster__team").get(
-        application__cluster=cluster, application__name=app, name=name)
+        application__cluster=cluster, application__name=app, name=name
+    )
 
 
 def test_the_three_shapes_of_a_plain_app_are_calibrated_through_their_own_interface(cluster, people):
@@ -60,13 +71,25 @@ def test_the_three_shapes_of_a_plain_app_are_calibrated_through_their_own_interf
         # No request given: Plain is its application's ingress, so the default is a GET of its route prefix.
         "starlette": services.request_calibration(operator, deployment(cluster, "plain", "Plain"), levels=[1, 2, 4]),
         "asgi": services.request_calibration(
-            operator, deployment(cluster, "plainapi", "PlainAPI"), levels=[1, 2, 4],
-            request={"kind": "http", "method": "POST", "path": "/plainapi/generate", "json": {"prompt": "hello"}}),
+            operator,
+            deployment(cluster, "plainapi", "PlainAPI"),
+            levels=[1, 2, 4],
+            request={"kind": "http", "method": "POST", "path": "/plainapi/generate", "json": {"prompt": "hello"}},
+        ),
         "handle": services.request_calibration(
-            operator, deployment(cluster, "plainhandle", "Worker"), levels=[1, 2, 4], request={"kind": "handle", "args": ["hello"]}),
+            operator,
+            deployment(cluster, "plainhandle", "Worker"),
+            levels=[1, 2, 4],
+            request={"kind": "handle", "args": ["hello"]},
+        ),
     }
-    assert requested["starlette"].request["representative"] == {"kind": "http", "method": "GET", "path": "/plain", "query": "",
-                                                                "headers": {}}
+    assert requested["starlette"].request["representative"] == {
+        "kind": "http",
+        "method": "GET",
+        "path": "/plain",
+        "query": "",
+        "headers": {},
+    }
     deadline = time.monotonic() + 240
     while not all(calibration.is_final for calibration in requested.values()):
         assert time.monotonic() < deadline, {shape: c.state for shape, c in requested.items()}
@@ -76,9 +99,11 @@ def test_the_three_shapes_of_a_plain_app_are_calibrated_through_their_own_interf
     for shape, calibration in requested.items():
         assert calibration.state == "succeeded", f"{shape}: {calibration.error}\n{calibration.log_tail}"
         curve = services.curve_of(calibration)
-        print(f"\n{shape}: cold {curve.cold_baseline_bytes / MIB:.1f} MiB, warm {curve.baseline_bytes / MIB:.1f} MiB, "
-              + ", ".join(f"{x:g} -> {peak / MIB:.1f} MiB in {curve.service_s[x]:.2f} s" for x, peak in curve.points)
-              + f"; per request {curve.per_unit_bytes / MIB:.1f} MiB")
+        print(
+            f"\n{shape}: cold {curve.cold_baseline_bytes / MIB:.1f} MiB, warm {curve.baseline_bytes / MIB:.1f} MiB, "
+            + ", ".join(f"{x:g} -> {peak / MIB:.1f} MiB in {curve.service_s[x]:.2f} s" for x, peak in curve.points)
+            + f"; per request {curve.per_unit_bytes / MIB:.1f} MiB"
+        )
         assert curve.shape == shape and curve.limit_reason is None and curve.device == "cpu"
         assert [x for x, _ in curve.points] == [1.0, 2.0, 4.0]
         # Each request fills PLAIN_ALLOC_MB and holds it for PLAIN_HOLD_S, while the others run.

@@ -47,7 +47,11 @@ def test_the_heavy_preset_changes_one_deployment_and_leaves_the_other_applicatio
     echo2_before = replica_ids(ray_head, "echo2")
     echo_before = {r["actor_id"] for r in ray_apps(ray_head)["demo"]["deployments"]["Echo"]["replicas"]}
     change = protocol.plan_change(
-        operator, cluster, targets=MODEL, preset=Preset.objects.get(slug="heavy-gpu-model"), reason="OOM kills under bursts"
+        operator,
+        cluster,
+        targets=MODEL,
+        preset=Preset.objects.get(slug="heavy-gpu-model"),
+        reason="OOM kills under bursts",
     )
     protocol.request_apply(operator, change)
 

@@ -55,14 +55,20 @@ def test_plan_apply_and_roll_back_through_the_api_with_a_worker(api_as, cluster,
     with start_worker(celery_app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
         planned = client.post(
             "/api/v1/changes/",
-            {"cluster": cluster.pk, "targets": MODEL, "options_text": "max_ongoing_requests: 6\nmax_queued_requests: 20", "reason": "cap queue"},
+            {
+                "cluster": cluster.pk,
+                "targets": MODEL,
+                "options_text": "max_ongoing_requests: 6\nmax_queued_requests: 20",
+                "reason": "cap queue",
+            },
             format="json",
         )
         assert planned.status_code == 201, planned.content
         body = planned.json()
         assert body["state"] == "planned"
         assert {op["path"] for op in body["json_patch"]} == {
-            "/applications/0/deployments/1/max_ongoing_requests", "/applications/0/deployments/1/max_queued_requests"
+            "/applications/0/deployments/1/max_ongoing_requests",
+            "/applications/0/deployments/1/max_queued_requests",
         }
         started = time.monotonic()
         applied = client.post(f"/api/v1/changes/{body['id']}/apply/")
@@ -87,7 +93,9 @@ def test_plan_apply_and_roll_back_through_the_api_with_a_worker(api_as, cluster,
 
 def test_viewers_cannot_plan_or_apply(api_as, cluster):
     response = api_as("viewer").post(
-        "/api/v1/changes/", {"cluster": cluster.pk, "targets": MODEL, "options": {"max_ongoing_requests": 6}, "reason": "x"}, format="json"
+        "/api/v1/changes/",
+        {"cluster": cluster.pk, "targets": MODEL, "options": {"max_ongoing_requests": 6}, "reason": "x"},
+        format="json",
     )
     assert response.status_code == 403
 
@@ -98,7 +106,9 @@ def worker_env() -> dict:
         url = f"sqlite:///{db['NAME']}"
     else:
         url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    env = dict(os.environ, DATABASE_URL=url, FLEETDECK_ALLOW_DEV_SECRET="1", DJANGO_SETTINGS_MODULE="controlplane.settings")
+    env = dict(
+        os.environ, DATABASE_URL=url, FLEETDECK_ALLOW_DEV_SECRET="1", DJANGO_SETTINGS_MODULE="controlplane.settings"
+    )
     return env
 
 
@@ -106,12 +116,20 @@ def test_a_worker_killed_mid_change_is_finished_by_the_reconciler(api_as, cluste
     client = api_as("operator")
     # Replacing replicas takes seconds, which gives the kill a window inside the protocol.
     options = "ray_actor_options:\n  runtime_env:\n    env_vars:\n      RECYCLE_GENERATION: '2'"
-    planned = client.post("/api/v1/changes/", {"cluster": cluster.pk, "targets": MODEL, "options_text": options, "reason": "recycle"}, format="json")
+    planned = client.post(
+        "/api/v1/changes/",
+        {"cluster": cluster.pk, "targets": MODEL, "options_text": options, "reason": "recycle"},
+        format="json",
+    )
     assert planned.status_code == 201, planned.content
     change_id = planned.json()["id"]
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "solo", "--loglevel", "WARNING"],
-        cwd=REPO, env=worker_env(), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=REPO,
+        env=worker_env(),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         assert client.post(f"/api/v1/changes/{change_id}/apply/").status_code == 202

@@ -9,8 +9,8 @@ import collections
 import itertools
 import json
 import os
-import sqlite3
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -33,21 +33,51 @@ class EmbeddedWorker:
         self.root = root
         self.records = root / "records.txt"
         self.records.touch()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETDECK_", "DATABASE_", "CELERY_", "DJANGO_"))}
-        self.env = {**env, "DJANGO_SETTINGS_MODULE": "controlplane.settings", "FLEETDECK_ALLOW_DEV_SECRET": "1",
-                    "FLEETDECK_VAR_DIR": str(root / "var"), "FLEETDECK_TEST_RECORD_FILE": str(self.records)}
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("FLEETDECK_", "DATABASE_", "CELERY_", "DJANGO_"))
+        }
+        self.env = {
+            **env,
+            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+            "FLEETDECK_ALLOW_DEV_SECRET": "1",
+            "FLEETDECK_VAR_DIR": str(root / "var"),
+            "FLEETDECK_TEST_RECORD_FILE": str(self.records),
+        }
         self.log = root / "worker.log"
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--loglevel", "INFO", "--concurrency", "2",
-                 "--include", "tests.broker_tasks"],
-                cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "controlplane",
+                    "worker",
+                    "--loglevel",
+                    "INFO",
+                    "--concurrency",
+                    "2",
+                    "--include",
+                    "tests.broker_tasks",
+                ],
+                cwd=REPO,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def python(self, code: str) -> str:
         """Run `code` in a process of its own on the same settings, as the web process would."""
         prelude = "import django; django.setup()\nfrom controlplane.celery import app\n"
-        result = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], cwd=REPO, env=self.env,
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-c", prelude + textwrap.dedent(code)],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout
 
@@ -95,12 +125,20 @@ def test_a_message_that_is_not_a_message_is_dropped_and_logged_and_the_worker_go
 
 def envelope(headers, body) -> str:
     """A kombu message as the transport stores it, around any headers and JSON body."""
-    return json.dumps({
-        "body": base64.b64encode(json.dumps(body).encode()).decode(),
-        "content-encoding": "utf-8", "content-type": "application/json", "headers": headers,
-        "properties": {"delivery_tag": str(uuid.uuid4()), "body_encoding": "base64", "priority": 0,
-                       "delivery_info": {"exchange": "", "routing_key": "celery"}},
-    })
+    return json.dumps(
+        {
+            "body": base64.b64encode(json.dumps(body).encode()).decode(),
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": headers,
+            "properties": {
+                "delivery_tag": str(uuid.uuid4()),
+                "body_encoding": "base64",
+                "priority": 0,
+                "delivery_info": {"exchange": "", "routing_key": "celery"},
+            },
+        }
+    )
 
 
 TASK_HEADERS = {"lang": "py", "task": "tests.record", "id": "00000000-0000-0000-0000-000000000000"}
@@ -139,8 +177,10 @@ class Injector(threading.Thread):
                 queue_id = db.execute("SELECT id FROM kombu_queue WHERE name = 'celery'").fetchone()[0]
                 rows = itertools.cycle([("row", r) for r in UNREADABLE_ROWS] + [("task", t) for t in UNREADABLE_TASKS])
                 for kind, payload in itertools.islice(rows, self.count):
-                    db.execute("INSERT INTO kombu_message (visible, payload, version, queue_id) VALUES (1, ?, 1, ?)",
-                               (payload, queue_id))
+                    db.execute(
+                        "INSERT INTO kombu_message (visible, payload, version, queue_id) VALUES (1, ?, 1, ?)",
+                        (payload, queue_id),
+                    )
                     db.commit()
                     self.kinds[kind] += 1
                     time.sleep(0.1)
@@ -167,7 +207,8 @@ def test_a_worker_survives_corrupt_messages_under_load_and_runs_every_valid_task
     injector = Injector(database, CORRUPT)
 
     injector.start()
-    sent = json.loads(worker.python(f"""
+    sent = json.loads(
+        worker.python(f"""
         import json, time
         sent = []
         for number in range({SENT}):
@@ -175,7 +216,8 @@ def test_a_worker_survives_corrupt_messages_under_load_and_runs_every_valid_task
             sent.append(number)
             time.sleep(0.02)
         print(json.dumps(sent))
-    """))
+    """)
+    )
     injector.join(timeout=60)
     executed = worker.wait_executed(SENT)
     time.sleep(2)  # a duplicate would land after the last first run
@@ -185,10 +227,14 @@ def test_a_worker_survives_corrupt_messages_under_load_and_runs_every_valid_task
     assert injector.error is None
     log = worker.log.read_text(errors="replace")
     dropped_rows = log.count("dropped corrupt message")
-    dropped_tasks = log.count("dropped a task message the worker cannot read") + log.count("Received invalid task message")
-    print(f"\nembedded broker soak: sent {len(sent)}, executed {len(executed)} ({len(set(executed))} distinct), "
-          f"corrupt injected {sum(injector.kinds.values())} (unreadable rows {injector.kinds['row']}, dropped by the transport "
-          f"{dropped_rows}; unreadable tasks {injector.kinds['task']}, dropped by the consumer {dropped_tasks}), in {elapsed:.1f} s")
+    dropped_tasks = log.count("dropped a task message the worker cannot read") + log.count(
+        "Received invalid task message"
+    )
+    print(
+        f"\nembedded broker soak: sent {len(sent)}, executed {len(executed)} ({len(set(executed))} distinct), "
+        f"corrupt injected {sum(injector.kinds.values())} (unreadable rows {injector.kinds['row']}, dropped by the transport "
+        f"{dropped_rows}; unreadable tasks {injector.kinds['task']}, dropped by the consumer {dropped_tasks}), in {elapsed:.1f} s"
+    )
     assert worker.process.poll() is None, worker.tail()
     assert sorted(executed) == sorted(sent) == list(range(SENT))
     assert (dropped_rows, dropped_tasks) == (injector.kinds["row"], injector.kinds["task"])

@@ -40,7 +40,9 @@ def cluster(fake, team):
 
 def change_through(cluster: Cluster, fake: FakeRay, value: int = 6, *, within_s: float = 30):
     operator = Actor.system(via="cli")
-    change = protocol.plan_change(operator, cluster, targets=MODEL, options={"max_ongoing_requests": value}, reason="fault test")
+    change = protocol.plan_change(
+        operator, cluster, targets=MODEL, options={"max_ongoing_requests": value}, reason="fault test"
+    )
     protocol.request_apply(operator, change)
     started = time.monotonic()
     protocol.run(change.pk)
@@ -110,4 +112,7 @@ def test_a_sync_against_a_faulty_dashboard_keeps_the_inventory_and_says_why(clus
     result = sync.sync_cluster(cluster.pk)
     cluster.refresh_from_db()
     assert not result.ok and cluster.last_error
-    assert set(Application.objects.filter(cluster=cluster, removed_at__isnull=True).values_list("name", flat=True)) == {"demo", "echo2"}
+    assert set(Application.objects.filter(cluster=cluster, removed_at__isnull=True).values_list("name", flat=True)) == {
+        "demo",
+        "echo2",
+    }

@@ -25,8 +25,13 @@ def test_a_slow_handler_under_a_burst_becomes_a_latency_incident(ray_head, team)
     model["user_config"] = {"alloc_mb": 0, "hold_s": 1.5}
     model["autoscaling_config"] = {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 4}
     ray_head.deploy(config)
-    cluster = Cluster.objects.create(name="slow", team=team, dashboard_url=ray_head.dashboard_url, ray_version="2.60.0",
-                                     metrics_url=f"http://127.0.0.1:{ray_head.ports['metrics-export-port']}/metrics")
+    cluster = Cluster.objects.create(
+        name="slow",
+        team=team,
+        dashboard_url=ray_head.dashboard_url,
+        ray_version="2.60.0",
+        metrics_url=f"http://127.0.0.1:{ray_head.ports['metrics-export-port']}/metrics",
+    )
     stop = threading.Event()
 
     def burst():
@@ -58,8 +63,10 @@ def test_a_slow_handler_under_a_burst_becomes_a_latency_incident(ray_head, team)
     incidents = {i.deployment_name: i for i in Incident.objects.filter(pk__in=incident_ids)}
     for incident in incidents.values():
         last = incident.evidence["series"][-1]
-        print(f"\n{incident.title}: {incident.evidence['summary']} causes {[c['id'] for c in incident.causes]} "
-              f"(in flight {last['ongoing']}, queued {last['queued']}, starts {last['starts']})")
+        print(
+            f"\n{incident.title}: {incident.evidence['summary']} causes {[c['id'] for c in incident.causes]} "
+            f"(in flight {last['ongoing']}, queued {last['queued']}, starts {last['starts']})"
+        )
     model = incidents["Model"]
     assert model.kind == "latency_spike" and model.evidence["peak_p99_ms"] > 1500
     # One replica capped at 8 in flight under 24 clients: the queue, or the replica start that the

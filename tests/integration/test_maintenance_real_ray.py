@@ -24,7 +24,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.django_db]
 def cluster(ray_head, team, settings):
     settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S = 90
     settings.FLEETDECK_CHANGE_POLL_S = 0.2
-    cluster = Cluster.objects.create(name="local", team=team, dashboard_url=ray_head.dashboard_url, ray_version="2.60.0")
+    cluster = Cluster.objects.create(
+        name="local", team=team, dashboard_url=ray_head.dashboard_url, ray_version="2.60.0"
+    )
     sync.sync_cluster(cluster.pk)
     yield Cluster.objects.get(pk=cluster.pk)
     ray_head.deploy(two_app_config())
@@ -81,8 +83,13 @@ def test_a_single_replica_without_surge_is_skipped_with_the_reason(cluster, peop
 def test_a_recycle_replaces_only_the_target_replicas_under_traffic(cluster, people, ray_head, surge):
     if surge:
         operator = Actor(user=people["operator"])
-        change = protocol.plan_change(operator, cluster, targets=[{"application": "demo", "deployment": "Model"}],
-                                      options={"max_surge_percent": surge}, reason="enable surge")
+        change = protocol.plan_change(
+            operator,
+            cluster,
+            targets=[{"application": "demo", "deployment": "Model"}],
+            options={"max_surge_percent": surge},
+            reason="enable surge",
+        )
         protocol.request_apply(operator, change)
         protocol.run(change.pk)
         sync.sync_cluster(cluster.pk)
@@ -102,16 +109,22 @@ def test_a_recycle_replaces_only_the_target_replicas_under_traffic(cluster, peop
     assert ids(ray_head, "echo2", "Echo") == echo2
     assert run.cold_start_s and run.cold_start_s > 0
     worst = max(traffic.latencies)
-    print(f"\nrecycle surge={surge}%: {len(traffic.latencies)} requests, {traffic.failures} failed, "
-          f"worst {worst * 1000:.0f} ms, cold start {run.cold_start_s:.2f} s")
+    print(
+        f"\nrecycle surge={surge}%: {len(traffic.latencies)} requests, {traffic.failures} failed, "
+        f"worst {worst * 1000:.0f} ms, cold start {run.cold_start_s:.2f} s"
+    )
     assert traffic.failures == 0
 
 
 def test_a_warmup_records_latencies_and_fails_on_errors(cluster, people):
     demo = cluster.applications.get(name="demo")
     actor = Actor(user=people["operator"])
-    good = services.save_profile(actor, demo, {"name": "ok", "path": "/demo?text=warm", "requests": 8, "concurrency": 2})
-    bad = services.save_profile(actor, demo, {"name": "broken", "path": "/demo?fail=1", "requests": 4, "concurrency": 2})
+    good = services.save_profile(
+        actor, demo, {"name": "ok", "path": "/demo?text=warm", "requests": 8, "concurrency": 2}
+    )
+    bad = services.save_profile(
+        actor, demo, {"name": "broken", "path": "/demo?fail=1", "requests": 4, "concurrency": 2}
+    )
 
     for profile, state in ((good, MaintenanceRun.State.SUCCEEDED), (bad, MaintenanceRun.State.FAILED)):
         run = services.request_warmup(actor, profile)

@@ -23,7 +23,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.django_db(transaction=True)]
 
 
 def test_two_ticks_at_once_run_a_due_slot_exactly_once_and_the_guard_skips_it(ray_head, team, people):
-    cluster = Cluster.objects.create(name="local", team=team, dashboard_url=ray_head.dashboard_url, ray_version="2.60.0")
+    cluster = Cluster.objects.create(
+        name="local", team=team, dashboard_url=ray_head.dashboard_url, ray_version="2.60.0"
+    )
     sync.sync_cluster(cluster.pk)
     # echo2/Echo has a fixed num_replicas of 1, so the single-replica guard applies.
     echo = Deployment.objects.get(application__cluster=cluster, application__name="echo2", name="Echo")

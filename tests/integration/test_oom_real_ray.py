@@ -37,8 +37,13 @@ def oom_head():
 
 
 def test_a_real_oom_kill_becomes_an_incident_with_its_evidence(oom_head, team):
-    cluster = Cluster.objects.create(name="oom-lab", team=team, dashboard_url=oom_head.dashboard_url, ray_version="2.60.0",
-                                     metrics_url=f"http://127.0.0.1:{oom_head.ports['metrics-export-port']}/metrics")
+    cluster = Cluster.objects.create(
+        name="oom-lab",
+        team=team,
+        dashboard_url=oom_head.dashboard_url,
+        ray_version="2.60.0",
+        metrics_url=f"http://127.0.0.1:{oom_head.ports['metrics-export-port']}/metrics",
+    )
     assert sync.sync_cluster(cluster.pk).ok
     statuses = []
 
@@ -58,7 +63,9 @@ def test_a_real_oom_kill_becomes_an_incident_with_its_evidence(oom_head, team):
         incident_ids = services.detect(cluster.pk)
 
     incident = Incident.objects.get(pk=incident_ids[0])
-    print(f"\nOOM incident: {incident.title}; causes {[c['id'] for c in incident.causes]}; client saw {statuses}; evidence {sorted(incident.evidence)}")
+    print(
+        f"\nOOM incident: {incident.title}; causes {[c['id'] for c in incident.causes]}; client saw {statuses}; evidence {sorted(incident.evidence)}"
+    )
     assert incident.kind == "oom_kill" and (incident.application_name, incident.deployment_name) == ("demo", "Model")
     kill = incident.oom_kills.first()
     assert kill.used_bytes > kill.threshold_bytes and "low on memory" in kill.message

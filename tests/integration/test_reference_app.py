@@ -131,9 +131,11 @@ def test_batches_never_exceed_the_token_budget_under_concurrent_load(reference):
     assert 2 * single <= budget < 3 * single
 
     with ThreadPoolExecutor(16) as pool:
-        answers = list(pool.map(
-            lambda i: generate(reference.client, f"{i:03d}" + "z" * (prompt_tokens - 3), max_tokens), range(16)
-        ))
+        answers = list(
+            pool.map(
+                lambda i: generate(reference.client, f"{i:03d}" + "z" * (prompt_tokens - 3), max_tokens), range(16)
+            )
+        )
 
     assert [answer.status_code for answer in answers] == [200] * 16
     batches = reference.client.get("/stats").json()["batches"]
@@ -185,7 +187,9 @@ def test_the_replica_reports_its_memory_peaks_on_the_stats_route_and_as_ray_metr
 def test_the_misbehaving_mode_takes_any_input_and_its_temporaries_raise_the_peak(reference):
     # misbehaving.json's settings with smaller temporaries: this machine is shared.
     settings = {
-        **generator(shipped("misbehaving.json"))["user_config"], "scratch_kb_per_token": 64, "scratch_mb_per_request": 64
+        **generator(shipped("misbehaving.json"))["user_config"],
+        "scratch_kb_per_token": 64,
+        "scratch_mb_per_request": 64,
     }
     before = configure(reference, **settings)
     prompt_tokens, max_tokens = 2 * SHIPPED_SETTINGS["max_prompt_tokens"], 2 * SHIPPED_SETTINGS["max_tokens_cap"]
@@ -195,7 +199,9 @@ def test_the_misbehaving_mode_takes_any_input_and_its_temporaries_raise_the_peak
     assert answer.status_code == 200 and answer.json()["completion_tokens"] == max_tokens
     after = reference.client.get("/stats").json()
     temporaries = (prompt_tokens + max_tokens) * 64 * 1024 + 64 * MIB
-    print(f"\nresident {before['memory']['rss_bytes'] / MIB:.0f} MiB, then a peak of "
-          f"{after['memory']['peak_rss_bytes'] / MIB:.0f} MiB with {temporaries / MIB:.0f} MiB of temporaries")
+    print(
+        f"\nresident {before['memory']['rss_bytes'] / MIB:.0f} MiB, then a peak of "
+        f"{after['memory']['peak_rss_bytes'] / MIB:.0f} MiB with {temporaries / MIB:.0f} MiB of temporaries"
+    )
     assert after["memory"]["peak_rss_bytes"] >= before["memory"]["rss_bytes"] + 0.9 * temporaries
     assert after["batches"]["largest_token_sum"] == prompt_tokens + max_tokens

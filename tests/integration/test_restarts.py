@@ -46,13 +46,20 @@ class Stack:
         self.postgres = PrivatePostgres().start()
         self.postgres.create_database()
         self.redis = PrivateRedis(root / "redis").start()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETDECK_", "DATABASE_", "CELERY_", "DJANGO_"))}
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("FLEETDECK_", "DATABASE_", "CELERY_", "DJANGO_"))
+        }
         self.env = {
-            **env, "DJANGO_SETTINGS_MODULE": "controlplane.settings", "FLEETDECK_ALLOW_DEV_SECRET": "1",
-            "DATABASE_URL": self.postgres.url, "CELERY_BROKER_URL": self.redis.url(0),
+            **env,
+            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+            "FLEETDECK_ALLOW_DEV_SECRET": "1",
+            "DATABASE_URL": self.postgres.url,
+            "CELERY_BROKER_URL": self.redis.url(0),
             # The cache lives on the same Redis, as in many deployments: it goes down with the broker.
-            "FLEETDECK_CACHE_URL": self.redis.url(1), "FLEETDECK_VAR_DIR": str(root / "var"),
-            "FLEETDECK_TICK_INTERVAL_S": "1", "FLEETDECK_SYNC_INTERVAL_S": str(SYNC_INTERVAL_S),
+            "FLEETDECK_CACHE_URL": self.redis.url(1),
+            "FLEETDECK_VAR_DIR": str(root / "var"),
+            "FLEETDECK_TICK_INTERVAL_S": "1",
+            "FLEETDECK_SYNC_INTERVAL_S": str(SYNC_INTERVAL_S),
         }
         self.manage("migrate", "-v", "0")
         self.manage("shell", "-c", SEED.replace("{url}", fake.url))
@@ -62,8 +69,15 @@ class Stack:
         self.spawn("beat", celery + ["beat", "--loglevel", "INFO", "--schedule", str(root / "var" / "beat-schedule")])
 
     def manage(self, *args: str) -> str:
-        result = subprocess.run([sys.executable, "manage.py", *args], check=False, cwd=REPO, env=self.env, capture_output=True, text=True,
-                                timeout=300)
+        result = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            check=False,
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout
 
@@ -73,8 +87,9 @@ class Stack:
 
     def spawn(self, name: str, command: list[str]) -> None:
         log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - the child writes it until stopped
-        self.processes[name] = subprocess.Popen(command, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                                start_new_session=True)
+        self.processes[name] = subprocess.Popen(
+            command, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def logs(self) -> str:
         files = [self.root / f"{name}.log" for name in self.processes] + [self.postgres.root / "postgres.log"]

@@ -22,13 +22,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_runlocal_starts_everything_and_an_interrupt_stops_it_all(tmp_path):
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETDECK_", "DJANGO_", "DATABASE_URL", "CELERY_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("FLEETDECK_", "DJANGO_", "DATABASE_URL", "CELERY_"))
+    }
     env.update(FLEETDECK_DEBUG="1", FLEETDECK_VAR_DIR=str(tmp_path), FLEETDECK_ADMIN_PASSWORD="pw-for-test")
     log = tmp_path / "runlocal.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "manage.py", "runlocal", "--port", str(port)],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         deadline = time.monotonic() + 180
@@ -46,8 +52,10 @@ def test_runlocal_starts_everything_and_an_interrupt_stops_it_all(tmp_path):
         web = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
         assert web.get("/healthz").json()["status"] == "ok"
         login = web.get("/accounts/login/")
-        web.post("/accounts/login/", data={"username": "admin", "password": "pw-for-test",
-                                           "csrfmiddlewaretoken": login.cookies["csrftoken"]})
+        web.post(
+            "/accounts/login/",
+            data={"username": "admin", "password": "pw-for-test", "csrfmiddlewaretoken": login.cookies["csrftoken"]},
+        )
         deadline = time.monotonic() + 60
         while "demo" not in (page := web.get("/").text) or "Reachable" not in page:
             assert time.monotonic() < deadline, "the demo cluster was not synced by the worker"

@@ -38,8 +38,13 @@ def cluster(ray_head, team):
     config = copy.deepcopy(two_app_config())
     config["applications"] += reference_config()["applications"]
     ray_head.deploy(config)
-    cluster = Cluster.objects.create(name="local", team=team, dashboard_url=ray_head.dashboard_url, ray_version="2.60.0",
-                                     metrics_url=f"http://127.0.0.1:{ray_head.ports['metrics-export-port']}/metrics")
+    cluster = Cluster.objects.create(
+        name="local",
+        team=team,
+        dashboard_url=ray_head.dashboard_url,
+        ray_version="2.60.0",
+        metrics_url=f"http://127.0.0.1:{ray_head.ports['metrics-export-port']}/metrics",
+    )
     assert sync.sync_cluster(cluster.pk).ok
     yield Cluster.objects.get(pk=cluster.pk)
     ray_head.deploy(two_app_config())
@@ -59,7 +64,8 @@ def node_reading(cluster: Cluster) -> dict:
 
 def test_the_reference_generator_is_calibrated_by_token_sum_and_r4_is_computed_from_the_curve(cluster, people):
     generator = Deployment.objects.select_related("application__cluster__team").get(
-        application__cluster=cluster, application__name="reference", name="Generator")
+        application__cluster=cluster, application__name="reference", name="Generator"
+    )
     user_config = generator.effective_config["user_config"]
     assert user_config["scratch_kb_per_token"] == 64 and user_config["max_batch_tokens"] == 1024
 
@@ -73,9 +79,11 @@ def test_the_reference_generator_is_calibrated_by_token_sum_and_r4_is_computed_f
     assert calibration.state == "succeeded", f"{calibration.error}\n{calibration.log_tail}"
 
     curve = services.latest_curve(generator)
-    print(f"\nMeasured on the cluster: device {curve.device}, at rest {curve.baseline_bytes / MIB:.1f} MiB, "
-          + ", ".join(f"{x:g} tokens -> {peak / MIB:.1f} MiB" for x, peak in curve.points)
-          + f"; steepest step {curve.per_unit_bytes / KIB:.1f} KiB per token")
+    print(
+        f"\nMeasured on the cluster: device {curve.device}, at rest {curve.baseline_bytes / MIB:.1f} MiB, "
+        + ", ".join(f"{x:g} tokens -> {peak / MIB:.1f} MiB" for x, peak in curve.points)
+        + f"; steepest step {curve.per_unit_bytes / KIB:.1f} KiB per token"
+    )
     assert curve.axis == "token_sum" and curve.device == "cpu" and [x for x, _ in curve.points] == TOKEN_SUMS
     assert curve.monotone, calibration.warnings
     # The batch's own temporaries alone (64 KiB per token) separate the ends; a little allowance for noise.
@@ -85,20 +93,31 @@ def test_the_reference_generator_is_calibrated_by_token_sum_and_r4_is_computed_f
     node = node_reading(cluster)
     now = timezone.now()
     incident = Incident.objects.create(
-        kind="oom_kill", cluster=cluster, deployment=generator, application_name="reference", deployment_name="Generator",
-        title="reference/Generator: OOM kill", started_at=now, last_signal_at=now,
-        causes=[cause("OOM-1", "Memory peaks track the batch's token sum.", 1),
-                cause("OOM-2", "Several requests share a replica.", 2)])
+        kind="oom_kill",
+        cluster=cluster,
+        deployment=generator,
+        application_name="reference",
+        deployment_name="Generator",
+        title="reference/Generator: OOM kill",
+        started_at=now,
+        last_signal_at=now,
+        causes=[
+            cause("OOM-1", "Memory peaks track the batch's token sum.", 1),
+            cause("OOM-2", "Several requests share a replica.", 2),
+        ],
+    )
     wizard, _ = wizards.start(operator, incident=incident)
     steps = {s.remedy: s for s in wizard.steps.all() if s.remedy}
     r1, r4 = steps["R1"], steps["R4"]
     budget, memory = wizard.diagnosis["budget"], wizard.diagnosis["memory"]
     computed = r4.values["largest_fitting_tokens"]
-    print(f"Node: {node['mem_used'] / MIB:,.0f} of {node['mem_total'] / MIB:,.0f} MiB used. Budget: {budget['reason']}\n"
-          f"Memory: {memory['reason']}\n"
-          f"max_ongoing_requests {r1.patch['max_ongoing_requests']}: {r1.values['reasons']['max_ongoing_requests']}\n"
-          f"max_batch_tokens: {computed} fit (step {r4.kind}, {r4.status}, patch {r4.patch}): "
-          f"{r4.values['reasons']['max_batch_tokens']} {' '.join(r4.values['warnings'])}")
+    print(
+        f"Node: {node['mem_used'] / MIB:,.0f} of {node['mem_total'] / MIB:,.0f} MiB used. Budget: {budget['reason']}\n"
+        f"Memory: {memory['reason']}\n"
+        f"max_ongoing_requests {r1.patch['max_ongoing_requests']}: {r1.values['reasons']['max_ongoing_requests']}\n"
+        f"max_batch_tokens: {computed} fit (step {r4.kind}, {r4.status}, patch {r4.patch}): "
+        f"{r4.values['reasons']['max_batch_tokens']} {' '.join(r4.values['warnings'])}"
+    )
 
     # A request is priced at the deployment's own caps: 512 prompt + 128 generated tokens.
     assert memory["source"] == "calibration" and "640 tokens" in memory["reason"]

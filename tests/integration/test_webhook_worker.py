@@ -21,7 +21,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_a_failed_delivery_is_retried_with_backoff_until_it_lands(team, people, use_replay):
     use_replay.routes["/api/serve/applications/"] = "serve_applications_oom_t1_modelonly_after_recovery.json"
     use_replay.routes["/api/v0/actors"] = "state_actors_dead_oom_t1_modelonly_detail.json"
-    cluster = Cluster.objects.create(name="gpu-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0")
+    cluster = Cluster.objects.create(
+        name="gpu-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0"
+    )
     sync.sync_cluster(cluster.pk)
     endpoint = Endpoint([502, 200])
     celery_app.control.purge()
@@ -31,7 +33,9 @@ def test_a_failed_delivery_is_retried_with_backoff_until_it_lands(team, people, 
             services.detect(cluster.pk)
             deadline = time.monotonic() + 30
             while not WebhookDelivery.objects.filter(state="delivered").exists():
-                assert time.monotonic() < deadline, list(WebhookDelivery.objects.values("state", "attempts", "last_error"))
+                assert time.monotonic() < deadline, list(
+                    WebhookDelivery.objects.values("state", "attempts", "last_error")
+                )
                 time.sleep(0.2)
     finally:
         endpoint.close()

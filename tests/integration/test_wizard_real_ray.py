@@ -35,13 +35,32 @@ pytestmark = [pytest.mark.ray, pytest.mark.django_db]
 CLIENTS = 8
 ALLOC_MB, HOLD_S, BASE_MB = 500, 1, 64
 MIB = 2**20
-CONFIG = {"applications": [{
-    "name": "plain", "route_prefix": "/plain", "import_path": "plain_app:app",
-    "runtime_env": {"env_vars": {"PYTHONPATH": str(REPO / "deploy" / "plain_app"), "PLAIN_ALLOC_MB": str(ALLOC_MB),
-                                 "PLAIN_HOLD_S": str(HOLD_S), "PLAIN_BASE_MB": str(BASE_MB)}},
-    "deployments": [{"name": "Plain", "num_replicas": 1, "max_ongoing_requests": 16, "max_queued_requests": -1,
-                     "ray_actor_options": {"num_cpus": 0.5}}],
-}]}
+CONFIG = {
+    "applications": [
+        {
+            "name": "plain",
+            "route_prefix": "/plain",
+            "import_path": "plain_app:app",
+            "runtime_env": {
+                "env_vars": {
+                    "PYTHONPATH": str(REPO / "deploy" / "plain_app"),
+                    "PLAIN_ALLOC_MB": str(ALLOC_MB),
+                    "PLAIN_HOLD_S": str(HOLD_S),
+                    "PLAIN_BASE_MB": str(BASE_MB),
+                }
+            },
+            "deployments": [
+                {
+                    "name": "Plain",
+                    "num_replicas": 1,
+                    "max_ongoing_requests": 16,
+                    "max_queued_requests": -1,
+                    "ray_actor_options": {"num_cpus": 0.5},
+                }
+            ],
+        }
+    ]
+}
 
 
 @pytest.fixture(scope="module")
@@ -92,20 +111,29 @@ def observe(cluster: Cluster) -> list[int]:
 
 def post(client, wizard: Wizard, action: str, **data):
     wizard.refresh_from_db()
-    response = client.post(reverse("remediation:wizard_action", args=[wizard.pk, action]), {"revision": wizard.revision, **data},
-                           HTTP_HX_REQUEST="true")
+    response = client.post(
+        reverse("remediation:wizard_action", args=[wizard.pk, action]),
+        {"revision": wizard.revision, **data},
+        HTTP_HX_REQUEST="true",
+    )
     assert response.status_code == 200
     assert b'role="alert"' not in response.content, response.content.decode()[:3000]
     return response
 
 
-def test_an_operator_fixes_a_plain_app_s_oom_kills_with_measured_values_verified_by_the_clients(oom_lab, team, people, client,
-                                                                                                settings):
+def test_an_operator_fixes_a_plain_app_s_oom_kills_with_measured_values_verified_by_the_clients(
+    oom_lab, team, people, client, settings
+):
     settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S = 120
     settings.FLEETDECK_CHANGE_POLL_S = 0.5
-    cluster = Cluster.objects.create(name="oom-lab", team=team, dashboard_url=oom_lab.dashboard_url, ray_version="2.60.0",
-                                     serve_url=oom_lab.serve_url,
-                                     metrics_url=f"http://127.0.0.1:{oom_lab.ports['metrics-export-port']}/metrics")
+    cluster = Cluster.objects.create(
+        name="oom-lab",
+        team=team,
+        dashboard_url=oom_lab.dashboard_url,
+        ray_version="2.60.0",
+        serve_url=oom_lab.serve_url,
+        metrics_url=f"http://127.0.0.1:{oom_lab.ports['metrics-export-port']}/metrics",
+    )
     url = f"{oom_lab.serve_url}/plain"
 
     # 1. The failure: the load gets the replica killed by Ray's memory monitor.
@@ -149,11 +177,19 @@ def test_an_operator_fixes_a_plain_app_s_oom_kills_with_measured_values_verified
     assert wizard.steps.get(kind="calibration").status == "done" and not wizard.diagnosis["needs_calibration"]
 
     # 4. The values come from what the calibration measured: its per-request memory, the budget and the CPUs.
-    memory, budget, plan = wizard.diagnosis["memory"], wizard.diagnosis["budget"]["bytes_per_node"], wizard.diagnosis["plan"]
+    memory, budget, plan = (
+        wizard.diagnosis["memory"],
+        wizard.diagnosis["budget"]["bytes_per_node"],
+        wizard.diagnosis["plan"],
+    )
     assert memory["source"] == "calibration" and not memory["lower_bound"]
     assert 0.8 * ALLOC_MB * MIB <= memory["per_request_bytes"] <= 2 * ALLOC_MB * MIB, memory
     steps = {s.remedy: s for s in wizard.steps.all() if s.remedy}
-    r1, auto, queue = steps["R1"].patch, steps["R2"].patch["autoscaling_config"], steps["R10"].patch["max_queued_requests"]
+    r1, auto, queue = (
+        steps["R1"].patch,
+        steps["R2"].patch["autoscaling_config"],
+        steps["R10"].patch["max_queued_requests"],
+    )
     assert r1["max_ongoing_requests"] == plan["concurrency"] and auto["max_replicas"] == plan["replicas"]
     measured_peak = next(p["peak_bytes"] for p in run.points if p["x"] == plan["concurrency"])
     assert plan["peak_bytes"] >= measured_peak and plan["peak_bytes"] * auto["max_replicas"] <= budget, (plan, budget)
@@ -177,8 +213,10 @@ def test_an_operator_fixes_a_plain_app_s_oom_kills_with_measured_values_verified
             time.sleep(3)
             observe(cluster)
     wizard.refresh_from_db()
-    print(f"\nwizard #{wizard.pk}: R1 {r1}, R2 {auto}, R10 {queue}; plan {plan}; before {wizard.before}; after {wizard.after}; "
-          f"clients before: {sorted(set(map(str, before.statuses)))}, after: {sorted(set(map(str, after.statuses)))}")
+    print(
+        f"\nwizard #{wizard.pk}: R1 {r1}, R2 {auto}, R10 {queue}; plan {plan}; before {wizard.before}; after {wizard.after}; "
+        f"clients before: {sorted(set(map(str, before.statuses)))}, after: {sorted(set(map(str, after.statuses)))}"
+    )
     assert wizard.state == "resolved", f"{wizard.outcome} {wizard.after}"
     assert wizard.after["oom_kills"] == 0 and wizard.before["oom_kills"] >= 1 and wizard.before["healthy"] is False
     assert wizard.after["client_requests"] and wizard.after["client_failed_share"] <= wizard.failure_objective
@@ -187,5 +225,7 @@ def test_an_operator_fixes_a_plain_app_s_oom_kills_with_measured_values_verified
     incident.refresh_from_db()
     assert incident.status == "resolved"
     assert incident.timeline.filter(message__contains=f"changes #{change.pk}").exists()
-    page = client.get(reverse("remediation:wizard", args=[wizard.pk]), {"step": wizard.steps.get(kind="outcome").position})
+    page = client.get(
+        reverse("remediation:wizard", args=[wizard.pk]), {"step": wizard.steps.get(kind="outcome").position}
+    )
     assert b"Fixed and verified" in page.content

@@ -149,7 +149,9 @@ def test_a_500_traceback_raises_a_transient_bad_response_with_an_excerpt(name):
     assert not isinstance(error, RayValidationError)
     assert error.transient is True
     assert error.status == 500
-    assert error.message.startswith(f"The Ray dashboard failed on {SERVE} with HTTP 500: Traceback (most recent call last):")
+    assert error.message.startswith(
+        f"The Ray dashboard failed on {SERVE} with HTTP 500: Traceback (most recent call last):"
+    )
     assert "\n" not in error.message
     assert len(error.message) < len(envelope["body"])
     assert error.message.endswith("…")

@@ -19,7 +19,12 @@ URL = "/api/v1/clusters/"
 
 
 def register(client, **overrides):
-    body = {"name": "vision-prod", "team": "vision", "dashboard_url": "http://ray.test:8265/", "labels": {"env": "prod"}}
+    body = {
+        "name": "vision-prod",
+        "team": "vision",
+        "dashboard_url": "http://ray.test:8265/",
+        "labels": {"env": "prod"},
+    }
     body.update(overrides)
     return client.post(URL, body, format="json")
 
@@ -30,7 +35,9 @@ def cluster(team, use_replay):
 
 
 # To an outsider the team does not exist: 400, as for a made-up slug, not a 403 that confirms it.
-@pytest.mark.parametrize("who, status", [("admin", 201), ("root", 201), ("operator", 403), ("viewer", 403), ("outsider", 400)])
+@pytest.mark.parametrize(
+    "who, status", [("admin", 201), ("root", 201), ("operator", 403), ("viewer", 403), ("outsider", 400)]
+)
 def test_only_team_admins_register_clusters(api_as, use_replay, who, status):
     response = register(api_as(who))
     assert response.status_code == status, response.content
@@ -142,7 +149,8 @@ def test_an_oversized_body_is_refused(api_as, use_replay, settings):
 
 
 def test_a_broker_that_refuses_the_message_delays_the_first_sync_and_fails_nothing(
-        api_as, use_replay, monkeypatch, django_capture_on_commit_callbacks):
+    api_as, use_replay, monkeypatch, django_capture_on_commit_callbacks
+):
     from kombu.exceptions import OperationalError
 
     from controlplane.celery import app
@@ -250,7 +258,11 @@ def test_inventory_endpoints_list_what_a_sync_saw(api_as, cluster):
     apps = viewer.get(f"/api/v1/applications/?cluster={cluster.pk}").json()["results"]
     assert [a["name"] for a in apps] == ["demo", "echo2"]
     deps = viewer.get(f"/api/v1/deployments/?cluster={cluster.pk}").json()["results"]
-    assert {(d["application_name"], d["name"]) for d in deps} == {("demo", "Echo"), ("demo", "Model"), ("echo2", "Echo")}
+    assert {(d["application_name"], d["name"]) for d in deps} == {
+        ("demo", "Echo"),
+        ("demo", "Model"),
+        ("echo2", "Echo"),
+    }
     model = next(d for d in deps if d["name"] == "Model")
     assert model["max_ongoing_requests"] == 8 and model["replica_states"] == {"RUNNING": 1}
     revisions = viewer.get(f"/api/v1/config-revisions/?cluster={cluster.pk}").json()["results"]
@@ -308,4 +320,7 @@ def test_metrics_and_serve_urls_are_validated_like_the_dashboard_url(api_as, use
     assert response.status_code == 400 and "credentials" in str(response.json()["metrics_url"])
     ok = register(api_as("admin"), metrics_url="http://ray.test:8080/metrics", serve_url="http://ray.test:8000/")
     assert ok.status_code == 201, ok.content
-    assert (ok.json()["metrics_url"], ok.json()["serve_url"]) == ("http://ray.test:8080/metrics", "http://ray.test:8000")
+    assert (ok.json()["metrics_url"], ok.json()["serve_url"]) == (
+        "http://ray.test:8080/metrics",
+        "http://ray.test:8000",
+    )

@@ -104,8 +104,13 @@ def aim_at_seeded_objects(case, world) -> None:
 
 @pytest.mark.django_db
 @schema.parametrize()
-@settings(max_examples=int(os.environ.get("FLEETDECK_FUZZ_EXAMPLES", "25")), derandomize=True, deadline=None,
-          phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=int(os.environ.get("FLEETDECK_FUZZ_EXAMPLES", "25")),
+    derandomize=True,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
 def test_every_operation_answers_as_documented(case, seeded, offline, in_test_transaction):
     aim_at_seeded_objects(case, seeded)
     with transaction.atomic():
@@ -120,15 +125,22 @@ def test_every_operation_answers_as_documented(case, seeded, offline, in_test_tr
 @pytest.mark.django_db
 @pytest.mark.parametrize("value", ["-1.7976931348623157e+308", "0.5", "99999999999999999999"])
 def test_an_id_filter_refuses_what_no_id_can_be(api_as, value):
-    for url in ("/api/v1/applications/", "/api/v1/deployments/", "/api/v1/calibrations/", "/api/v1/incidents/", "/api/v1/findings/"):
+    for url in (
+        "/api/v1/applications/",
+        "/api/v1/deployments/",
+        "/api/v1/calibrations/",
+        "/api/v1/incidents/",
+        "/api/v1/findings/",
+    ):
         response = api_as("viewer").get(url, {"cluster": value})
         assert response.status_code == 400 and "cluster" in response.json(), (url, response.content)
 
 
 @pytest.mark.django_db
 def test_a_preset_with_remedies_that_are_not_a_list_is_refused(api_as, team):
-    created = api_as("operator").post("/api/v1/presets/", {"name": "mine", "team": team.slug, "options": {"max_ongoing_requests": 2}},
-                                      format="json")
+    created = api_as("operator").post(
+        "/api/v1/presets/", {"name": "mine", "team": team.slug, "options": {"max_ongoing_requests": 2}}, format="json"
+    )
     response = api_as("operator").patch(f"/api/v1/presets/{created.json()['id']}/", {"remedies": None}, format="json")
     assert response.status_code == 400 and "remedies" in response.json()
 
@@ -149,8 +161,10 @@ def test_an_api_url_no_route_matches_answers_json(api_as):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("since, status", [("0043-07-05T10:18:47+19:59", 200), ("2026-01-01T10:00:00-23:59", 200),
-                                           ("0001-01-01T00:00:00+01:00", 400)])
+@pytest.mark.parametrize(
+    "since, status",
+    [("0043-07-05T10:18:47+19:59", 200), ("2026-01-01T10:00:00-23:59", 200), ("0001-01-01T00:00:00+01:00", 400)],
+)
 def test_incident_time_filters_take_any_offset_iso_8601_allows(api_as, since, status):
     response = api_as("viewer").get("/api/v1/incidents/", {"since": since})
     assert response.status_code == status, response.content

@@ -23,7 +23,15 @@ from rest_framework.views import APIView
 
 from apps.accounts.models import ROLE_RANK, AuditEvent, Role
 from tests.conftest import ReplayRay, route_adapters_to
-from tests.world import TeamWorld, api_model, build_team, builtin_preset_id, isolate_network, kubeconfig, replay_oom_cluster
+from tests.world import (
+    TeamWorld,
+    api_model,
+    build_team,
+    builtin_preset_id,
+    isolate_network,
+    kubeconfig,
+    replay_oom_cluster,
+)
 
 A_SLUG, B_SLUG = "aardvark", "bison"
 GHOST_SLUG, GHOST_ID = "no-such-team", 987654
@@ -100,8 +108,10 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("remediation:wizards", "GET"): READ,
     ("remediation:wizard_start", "POST"): OPERATE,
     ("remediation:wizard", "GET"): READ,
-    **{(f"remediation:wizard_action[{action}]", "POST"): OPERATE
-       for action in ("apply", "skip", "confirm", "check", "calibrate", "replan", "verify", "evaluate", "abandon")},
+    **{
+        (f"remediation:wizard_action[{action}]", "POST"): OPERATE
+        for action in ("apply", "skip", "confirm", "check", "calibrate", "replan", "verify", "evaluate", "abandon")
+    },
     # calibration card
     ("calibration:card", "GET"): READ,
     ("calibration:calibrate", "POST"): OPERATE,
@@ -190,8 +200,10 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("wizard-list", "GET"): READ,
     ("wizard-list", "POST"): OPERATE,
     ("wizard-detail", "GET"): READ,
-    **{(f"wizard-{action}", "POST"): OPERATE
-       for action in ("apply", "skip", "confirm", "check", "calibrate", "replan", "verify", "evaluate", "abandon")},
+    **{
+        (f"wizard-{action}", "POST"): OPERATE
+        for action in ("apply", "skip", "confirm", "check", "calibrate", "replan", "verify", "evaluate", "abandon")
+    },
     ("kubeconnection-list", "GET"): READ,
     ("kubeconnection-list", "POST"): ADMINISTER,
     ("kubeconnection-detail", "GET"): READ,
@@ -258,36 +270,88 @@ OPTIONS = {"max_ongoing_requests": 3}
 KUBECONFIG = kubeconfig("new")
 # Bodies good enough to reach the permission check (and, for those allowed, the service).
 BODIES: dict[tuple[str, str], Callable[[Refs], dict]] = {
-    ("clusters:create", "POST"): lambda r: {"name": "new-one", "team": r.team, "dashboard_url": "http://new.ray.test:8265",
-                                            "serve_config_owner": "dashboard", "labels": "env=prod"},
-    ("clusters:edit", "POST"): lambda r: {"dashboard_url": "http://aardvark.ray.test:8265", "team": r.team,
-                                          "serve_config_owner": "dashboard", "labels": "env=prod"},
-    ("changes:plan", "POST"): lambda r: {"targets": "demo/Model", "options_text": "max_ongoing_requests: 3", "reason": "test"},
-    ("changes:rollout_create", "POST"): lambda r: {"team": r.slug, "options_text": "max_ongoing_requests: 3", "reason": "test"},
+    ("clusters:create", "POST"): lambda r: {
+        "name": "new-one",
+        "team": r.team,
+        "dashboard_url": "http://new.ray.test:8265",
+        "serve_config_owner": "dashboard",
+        "labels": "env=prod",
+    },
+    ("clusters:edit", "POST"): lambda r: {
+        "dashboard_url": "http://aardvark.ray.test:8265",
+        "team": r.team,
+        "serve_config_owner": "dashboard",
+        "labels": "env=prod",
+    },
+    ("changes:plan", "POST"): lambda r: {
+        "targets": "demo/Model",
+        "options_text": "max_ongoing_requests: 3",
+        "reason": "test",
+    },
+    ("changes:rollout_create", "POST"): lambda r: {
+        "team": r.slug,
+        "options_text": "max_ongoing_requests: 3",
+        "reason": "test",
+    },
     ("changes:restore_revision", "POST"): lambda r: {"reason": "test"},
-    ("changes:preset_create", "POST"): lambda r: {"name": "mine", "team": r.team, "options_text": "max_ongoing_requests: 3"},
-    ("changes:preset_edit", "POST"): lambda r: {"name": "mine", "team": r.team, "options_text": "max_ongoing_requests: 3"},
+    ("changes:preset_create", "POST"): lambda r: {
+        "name": "mine",
+        "team": r.team,
+        "options_text": "max_ongoing_requests: 3",
+    },
+    ("changes:preset_edit", "POST"): lambda r: {
+        "name": "mine",
+        "team": r.team,
+        "options_text": "max_ongoing_requests: 3",
+    },
     ("maintenance:schedule", "POST"): lambda r: {"enabled": "on", "every_hours": 4},
-    ("maintenance:warmups", "POST"): lambda r: {"name": "w2", "method": "GET", "path": "/demo", "requests": 2, "concurrency": 1,
-                                                "timeout_s": 5},
+    ("maintenance:warmups", "POST"): lambda r: {
+        "name": "w2",
+        "method": "GET",
+        "path": "/demo",
+        "requests": 2,
+        "concurrency": 1,
+        "timeout_s": 5,
+    },
     ("incidents:action[note]", "POST"): lambda r: {"text": "looking"},
     ("remediation:mute", "POST"): lambda r: {"reason": "known"},
     ("remediation:wizard_start", "POST"): lambda r: {"incident": r.id("incidents.incident")},
     ("calibration:calibrate", "POST"): lambda r: {"axis": "concurrency", "levels": "1"},
-    ("kubernetes_link:connection_create", "POST"): lambda r: {"team": r.team, "name": "k2", "namespaces": "serve",
-                                                              "kubeconfig": KUBECONFIG},
+    ("kubernetes_link:connection_create", "POST"): lambda r: {
+        "team": r.team,
+        "name": "k2",
+        "namespaces": "serve",
+        "kubeconfig": KUBECONFIG,
+    },
     ("kubernetes_link:connection_edit", "POST"): lambda r: {"namespaces": "serve, batch"},
-    ("kubernetes_link:register", "POST"): lambda r: {"kind": "RayCluster", "namespace": "serve", "name": "rc",
-                                                     "cluster_name": "from-k8s", "dashboard_url": "http://rc.ray.test:8265"},
-    ("kubernetes_link:link", "POST"): lambda r: {"cluster": r.id("clusters.cluster"), "kind": "RayCluster", "namespace": "serve",
-                                                 "name": "rc"},
-    ("cluster-list", "POST"): lambda r: {"name": "new-one", "team": r.slug, "dashboard_url": "http://new.ray.test:8265"},
+    ("kubernetes_link:register", "POST"): lambda r: {
+        "kind": "RayCluster",
+        "namespace": "serve",
+        "name": "rc",
+        "cluster_name": "from-k8s",
+        "dashboard_url": "http://rc.ray.test:8265",
+    },
+    ("kubernetes_link:link", "POST"): lambda r: {
+        "cluster": r.id("clusters.cluster"),
+        "kind": "RayCluster",
+        "namespace": "serve",
+        "name": "rc",
+    },
+    ("cluster-list", "POST"): lambda r: {
+        "name": "new-one",
+        "team": r.slug,
+        "dashboard_url": "http://new.ray.test:8265",
+    },
     ("cluster-detail", "PATCH"): lambda r: {"labels": {"env": "prod"}},
     ("preset-list", "POST"): lambda r: {"name": "mine", "team": r.slug, "options": OPTIONS},
     ("preset-detail", "PATCH"): lambda r: {"description": "tuned"},
     ("preset-clone", "POST"): lambda r: {"team": r.slug},
-    ("change-list", "POST"): lambda r: {"cluster": r.id("clusters.cluster"), "targets": [{"application": "demo", "deployment": "Model"}],
-                                        "options": OPTIONS, "reason": "test"},
+    ("change-list", "POST"): lambda r: {
+        "cluster": r.id("clusters.cluster"),
+        "targets": [{"application": "demo", "deployment": "Model"}],
+        "options": OPTIONS,
+        "reason": "test",
+    },
     ("change-restore", "POST"): lambda r: {"revision": r.id("fleet.configrevision"), "reason": "test"},
     ("rollout-list", "POST"): lambda r: {"selection": {"team": r.slug}, "options": OPTIONS, "reason": "test"},
     ("recycleschedule-list", "POST"): lambda r: {"deployment": r.id("fleet.deployment"), "every_hours": 4},
@@ -301,12 +365,26 @@ BODIES: dict[tuple[str, str], Callable[[Refs], dict]] = {
     ("finding-mute", "POST"): lambda r: {"reason": "known"},
     ("memorycalibration-list", "POST"): lambda r: {"deployment": r.id("fleet.deployment"), "levels": [1]},
     ("wizard-list", "POST"): lambda r: {"incident": r.id("incidents.incident")},
-    ("kubeconnection-list", "POST"): lambda r: {"team": r.slug, "name": "k2", "namespaces": ["serve"], "kubeconfig": KUBECONFIG},
+    ("kubeconnection-list", "POST"): lambda r: {
+        "team": r.slug,
+        "name": "k2",
+        "namespaces": ["serve"],
+        "kubeconfig": KUBECONFIG,
+    },
     ("kubeconnection-detail", "PATCH"): lambda r: {"namespaces": ["serve", "batch"]},
-    ("kubeconnection-register", "POST"): lambda r: {"kind": "RayCluster", "namespace": "serve", "name": "rc",
-                                                    "cluster_name": "from-k8s", "dashboard_url": "http://rc.ray.test:8265"},
-    ("kubeconnection-link", "POST"): lambda r: {"cluster": r.id("clusters.cluster"), "kind": "RayCluster", "namespace": "serve",
-                                                "name": "rc"},
+    ("kubeconnection-register", "POST"): lambda r: {
+        "kind": "RayCluster",
+        "namespace": "serve",
+        "name": "rc",
+        "cluster_name": "from-k8s",
+        "dashboard_url": "http://rc.ray.test:8265",
+    },
+    ("kubeconnection-link", "POST"): lambda r: {
+        "cluster": r.id("clusters.cluster"),
+        "kind": "RayCluster",
+        "namespace": "serve",
+        "name": "rc",
+    },
 }
 
 IGNORED_METHODS = {"HEAD", "OPTIONS", "TRACE"}
@@ -332,7 +410,9 @@ def _walk(resolver: URLResolver, prefix: str = "", namespace: str = "", kwargs: 
     for entry in resolver.url_patterns:
         groups = tuple(entry.pattern.regex.groupindex)
         if isinstance(entry, URLResolver):
-            inner = f"{namespace}:{entry.namespace}" if namespace and entry.namespace else (entry.namespace or namespace)
+            inner = (
+                f"{namespace}:{entry.namespace}" if namespace and entry.namespace else (entry.namespace or namespace)
+            )
             yield from _walk(entry, prefix + str(entry.pattern), inner, kwargs + groups)
         elif isinstance(entry, URLPattern):
             name = f"{namespace}:{entry.name}" if namespace and entry.name else (entry.name or "")
@@ -424,7 +504,7 @@ def cases() -> list[Case]:
         if "action" in route.kwargs:
             for key, method in sorted(EXPECTED):
                 if key.startswith(route.name + "[") and method in methods:
-                    found.append(Case(key, method, route, key[len(route.name) + 1:-1]))
+                    found.append(Case(key, method, route, key[len(route.name) + 1 : -1]))
         else:
             found.extend(Case(route.name, method, route) for method in methods)
     return found
@@ -490,7 +570,9 @@ def ask(case: Case, *, user=None, token: str = "", refs: Refs, model_id: Callabl
     with transaction.atomic():
         before = AuditEvent.objects.count()
         if case.route.api:
-            response = client.generic(case.method, url, data=json.dumps(body), content_type="application/json", **headers)
+            response = client.generic(
+                case.method, url, data=json.dumps(body), content_type="application/json", **headers
+            )
         elif case.method == "GET":
             response = client.get(url, **headers)
         else:
@@ -554,7 +636,10 @@ def test_every_object_argument_names_an_object_the_world_has():
 
 
 def _role_users(world: World) -> dict[str, tuple[object, str]]:
-    return {role.value: (world.a.users[role.value], world.a.tokens[role.value]) for role in (Role.VIEWER, Role.OPERATOR, Role.ADMIN)}
+    return {
+        role.value: (world.a.users[role.value], world.a.tokens[role.value])
+        for role in (Role.VIEWER, Role.OPERATOR, Role.ADMIN)
+    }
 
 
 @pytest.mark.django_db
@@ -644,8 +729,10 @@ def _action_routes() -> list[Route]:
 @pytest.mark.parametrize("route", _action_routes(), ids=lambda route: route.name)
 def test_an_unknown_action_is_not_found_for_everyone(world, route):
     case = Case(f"{route.name}[no-such-action]", "POST", route, "no-such-action")
-    answers = {role: ask(case, user=user, token=token, refs=Refs(world.a), model_id=world.a.id)
-               for role, (user, token) in _role_users(world).items()}
+    answers = {
+        role: ask(case, user=user, token=token, refs=Refs(world.a), model_id=world.a.id)
+        for role, (user, token) in _role_users(world).items()
+    }
     wrong = {role: str(answer) for role, answer in answers.items() if answer.status != 404 or answer.audit_rows}
     assert not wrong, wrong
 
@@ -654,7 +741,9 @@ PRESET_ROUTES = ("changes:preset_edit", "changes:preset_delete", "preset-detail"
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("case", [c for c in cases() if c.key in PRESET_ROUTES and (c.key, c.method) in EXPECTED], ids=str)
+@pytest.mark.parametrize(
+    "case", [c for c in cases() if c.key in PRESET_ROUTES and (c.key, c.method) in EXPECTED], ids=str
+)
 def test_built_in_presets_are_read_by_everyone_and_changed_by_no_one(world, case):
     users = {**_role_users(world), "outsider": (world.b.users["admin"], world.b.tokens["admin"])}
     wrong = {}
@@ -721,8 +810,12 @@ def test_public_urls_answer_without_logging_in():
 
 # A list filter that names an object: which model each name means.
 FILTER_MODELS = {
-    "cluster": "clusters.cluster", "application": "fleet.application", "deployment": "fleet.deployment",
-    "incident": "incidents.incident", "finding": "remediation.finding", "connection": "kubernetes_link.kubeconnection",
+    "cluster": "clusters.cluster",
+    "application": "fleet.application",
+    "deployment": "fleet.deployment",
+    "incident": "incidents.incident",
+    "finding": "remediation.finding",
+    "connection": "kubernetes_link.kubeconnection",
 }
 
 
@@ -730,8 +823,13 @@ def _object_filters() -> list[tuple[str, str]]:
     from drf_spectacular.generators import SchemaGenerator
 
     paths = SchemaGenerator().get_schema(request=None, public=True)["paths"]
-    return [(path, parameter["name"]) for path, operations in sorted(paths.items()) if "{" not in path and "get" in operations
-            for parameter in operations["get"].get("parameters", []) if parameter["in"] == "query" and parameter["name"] in FILTER_MODELS]
+    return [
+        (path, parameter["name"])
+        for path, operations in sorted(paths.items())
+        if "{" not in path and "get" in operations
+        for parameter in operations["get"].get("parameters", [])
+        if parameter["in"] == "query" and parameter["name"] in FILTER_MODELS
+    ]
 
 
 @pytest.mark.django_db

@@ -54,7 +54,12 @@ def server():
 
 def test_bursts_are_simultaneous_bounded_and_summarised(server, capsys):
     started = time.monotonic()
-    assert burst_load.main([server["url"], "--bursts", "3", "--burst-size", "4", "--period-s", "0.2", "--json", '{"prompt": "hi"}']) == 0
+    assert (
+        burst_load.main(
+            [server["url"], "--bursts", "3", "--burst-size", "4", "--period-s", "0.2", "--json", '{"prompt": "hi"}']
+        )
+        == 0
+    )
 
     assert time.monotonic() - started < 5
     assert len(server["bodies"]) == 12 and all(body == {"prompt": "hi"} for body in server["bodies"])
@@ -74,11 +79,14 @@ def test_an_unreachable_url_is_counted_not_raised(capsys):
     assert "latency of successes" not in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["127.0.0.1:8000/reference"], "must be http(s)://"),
-    (["http://127.0.0.1:1/", "--json", "{prompt}"], "--json is not JSON"),
-    (["http://127.0.0.1:1/", "--bursts", "0"], "at least 1"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["127.0.0.1:8000/reference"], "must be http(s)://"),
+        (["http://127.0.0.1:1/", "--json", "{prompt}"], "--json is not JSON"),
+        (["http://127.0.0.1:1/", "--bursts", "0"], "at least 1"),
+    ],
+)
 def test_bad_arguments_are_refused_before_any_request(argv, message, capsys):
     with pytest.raises(SystemExit):
         burst_load.parse_args(argv)

@@ -23,7 +23,10 @@ def generator_user_config() -> dict:
 def calibrate(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(REFERENCE_APP_DIR / "calibrate.py"), *args],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
 
 
@@ -155,8 +158,15 @@ def shapes_app(tmp_path):
 def run_script(app_dir, *args: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
     from apps.calibration import job_script
 
-    return subprocess.run([sys.executable, job_script.__file__, *args], capture_output=True, text=True, timeout=timeout,
-                          check=False, cwd=app_dir, env={"PYTHONPATH": str(app_dir), "PATH": "/usr/bin:/bin", **(env or {})})
+    return subprocess.run(
+        [sys.executable, job_script.__file__, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=app_dir,
+        env={"PYTHONPATH": str(app_dir), "PATH": "/usr/bin:/bin", **(env or {})},
+    )
 
 
 def result_of(done: subprocess.CompletedProcess) -> dict:
@@ -180,8 +190,11 @@ def per_request_mib(result: dict) -> list[float]:
 
 def test_a_starlette_request_handler_gets_a_real_request_with_query_and_json_body(shapes_app):
     request = {"kind": "http", "method": "POST", "path": "/plain", "query": "mb=16", "json": {"extra_mb": 8}}
-    result = result_of(run_script(shapes_app, "--import-path", "shapes_app:Plain", "--request", json.dumps(request),
-                                  "--levels", "1,2,4"))
+    result = result_of(
+        run_script(
+            shapes_app, "--import-path", "shapes_app:Plain", "--request", json.dumps(request), "--levels", "1,2,4"
+        )
+    )
     parsed = parse_output("FLEETDECK_CALIBRATION " + json.dumps(result))
     assert result["shape"] == "starlette" and result["limit_reason"] is None and parsed["monotone"]
     # 16 MiB from the query string and 8 from the JSON body, per request, at every level: each
@@ -195,8 +208,19 @@ def test_a_starlette_request_handler_gets_a_real_request_with_query_and_json_bod
 def test_a_call_number_in_the_request_gets_past_an_answer_cache(shapes_app):
     def measure(prompt: str) -> list[float]:
         request = {"kind": "http", "method": "POST", "path": "/cached", "json": {"prompt": prompt}}
-        return per_request_mib(result_of(run_script(shapes_app, "--import-path", "shapes_app:Cached", "--request",
-                                                    json.dumps(request), "--levels", "1,2")))
+        return per_request_mib(
+            result_of(
+                run_script(
+                    shapes_app,
+                    "--import-path",
+                    "shapes_app:Cached",
+                    "--request",
+                    json.dumps(request),
+                    "--levels",
+                    "1,2",
+                )
+            )
+        )
 
     # The same prompt every time: after the warm call the cache answers and nothing is measured.
     assert all(mib < 4 for mib in measure("hello")), measure("hello")
@@ -205,15 +229,35 @@ def test_a_call_number_in_the_request_gets_past_an_answer_cache(shapes_app):
 
 def test_a_fastapi_ingress_is_driven_as_an_asgi_app_under_its_route_prefix(shapes_app):
     request = {"kind": "http", "method": "POST", "path": "/api/generate", "json": {"mb": 16}}
-    result = result_of(run_script(shapes_app, "--import-path", "shapes_app:API", "--request", json.dumps(request),
-                                  "--route-prefix", "/api", "--levels", "1,2"))
+    result = result_of(
+        run_script(
+            shapes_app,
+            "--import-path",
+            "shapes_app:API",
+            "--request",
+            json.dumps(request),
+            "--route-prefix",
+            "/api",
+            "--levels",
+            "1,2",
+        )
+    )
     assert result["shape"] == "asgi"
     assert all(14 <= mib <= 22 for mib in per_request_mib(result)), per_request_mib(result)
 
 
 def test_a_handle_called_class_gets_its_json_arguments(shapes_app):
-    result = result_of(run_script(shapes_app, "--import-path", "shapes_app:Handle", "--request",
-                                  json.dumps({"kind": "handle", "args": ["hello", 16]}), "--levels", "1,4"))
+    result = result_of(
+        run_script(
+            shapes_app,
+            "--import-path",
+            "shapes_app:Handle",
+            "--request",
+            json.dumps({"kind": "handle", "args": ["hello", 16]}),
+            "--levels",
+            "1,4",
+        )
+    )
     assert result["shape"] == "handle" and [p["concurrency"] for p in result["points"]] == [1, 4]
     assert all(14 <= mib <= 22 for mib in per_request_mib(result)), per_request_mib(result)
 
@@ -221,22 +265,45 @@ def test_a_handle_called_class_gets_its_json_arguments(shapes_app):
 def test_a_representative_request_that_answers_404_fails_the_calibration_and_says_so(shapes_app):
     request = {"kind": "http", "path": "/plain", "query": "missing=1&x=1"}
     message = error_of(run_script(shapes_app, "--import-path", "shapes_app:Plain", "--request", json.dumps(request)))
-    assert message == ("The representative request GET /plain?missing=1&x=1 answered 404 at concurrency 1: give a request the "
-                       "deployment serves. Nothing was measured.")
+    assert message == (
+        "The representative request GET /plain?missing=1&x=1 answered 404 at concurrency 1: give a request the "
+        "deployment serves. Nothing was measured."
+    )
 
 
 def test_a_fastapi_route_that_does_not_exist_answers_404_and_fails(shapes_app):
-    message = error_of(run_script(shapes_app, "--import-path", "shapes_app:API", "--request",
-                                  json.dumps({"kind": "http", "method": "GET", "path": "/nowhere"})))
+    message = error_of(
+        run_script(
+            shapes_app,
+            "--import-path",
+            "shapes_app:API",
+            "--request",
+            json.dumps({"kind": "http", "method": "GET", "path": "/nowhere"}),
+        )
+    )
     assert "GET /nowhere answered 404 at concurrency 1" in message
 
 
-@pytest.mark.parametrize("import_path, request_, fragment", [
-    ("shapes_app:Exploding", {"kind": "handle", "args": []}, "shapes_app:Exploding could not be built: RuntimeError: weights not found"),
-    ("shapes_app:Plain", {"kind": "http", "path": "/plain"},
-     "The representative request GET /plain failed at concurrency 1: JSONDecodeError"),
-    ("shapes_app:API", {"kind": "handle", "args": []}, "is an ASGI (@serve.ingress) app: it is calibrated with an HTTP request"),
-])
+@pytest.mark.parametrize(
+    "import_path, request_, fragment",
+    [
+        (
+            "shapes_app:Exploding",
+            {"kind": "handle", "args": []},
+            "shapes_app:Exploding could not be built: RuntimeError: weights not found",
+        ),
+        (
+            "shapes_app:Plain",
+            {"kind": "http", "path": "/plain"},
+            "The representative request GET /plain failed at concurrency 1: JSONDecodeError",
+        ),
+        (
+            "shapes_app:API",
+            {"kind": "handle", "args": []},
+            "is an ASGI (@serve.ingress) app: it is calibrated with an HTTP request",
+        ),
+    ],
+)
 def test_an_app_that_raises_fails_the_calibration_with_the_exception(shapes_app, import_path, request_, fragment):
     assert fragment in error_of(run_script(shapes_app, "--import-path", import_path, "--request", json.dumps(request_)))
 
@@ -262,22 +329,54 @@ ROOM = 1024 * MIB
 
 def test_a_first_level_that_would_cross_the_budget_is_not_run(shapes_app):
     request = {"kind": "handle", "args": ["x", 256]}
-    message = error_of(run_script(shapes_app, "--import-path", "shapes_app:Handle", "--request", json.dumps(request),
-                                  "--levels", "8", "--stop-at-bytes", str(node_used() + margin() + ROOM)))
+    message = error_of(
+        run_script(
+            shapes_app,
+            "--import-path",
+            "shapes_app:Handle",
+            "--request",
+            json.dumps(request),
+            "--levels",
+            "8",
+            "--stop-at-bytes",
+            str(node_used() + margin() + ROOM),
+        )
+    )
     assert "concurrency 8 would exceed the memory budget" in message and message.endswith("nothing was pushed.")
 
 
 def test_levels_whose_predicted_peak_crosses_the_budget_are_left_out_with_the_reason(shapes_app):
     request = {"kind": "handle", "args": ["x", 256]}
-    result = result_of(run_script(shapes_app, "--import-path", "shapes_app:Handle", "--request", json.dumps(request),
-                                  "--levels", "1,2,8", "--stop-at-bytes", str(node_used() + margin() + ROOM)))
+    result = result_of(
+        run_script(
+            shapes_app,
+            "--import-path",
+            "shapes_app:Handle",
+            "--request",
+            json.dumps(request),
+            "--levels",
+            "1,2,8",
+            "--stop-at-bytes",
+            str(node_used() + margin() + ROOM),
+        )
+    )
     assert [p["concurrency"] for p in result["points"]] == [1, 2]
     assert result["limit_reason"].startswith("concurrency 8 would exceed the memory budget")
 
 
 def test_the_sampler_ends_a_level_that_crosses_the_budget_and_keeps_the_levels_before(shapes_app):
     # Levels 1 and 2 look cheap (4 MiB a request); level 2's calls then take 1,536 MiB each.
-    result = result_of(run_script(shapes_app, "--import-path", "shapes_app:Growing", "--levels", "1,2,4",
-                                  "--stop-at-bytes", str(node_used() + margin() + ROOM), env={"GROWING_MB": "1536"}))
+    result = result_of(
+        run_script(
+            shapes_app,
+            "--import-path",
+            "shapes_app:Growing",
+            "--levels",
+            "1,2,4",
+            "--stop-at-bytes",
+            str(node_used() + margin() + ROOM),
+            env={"GROWING_MB": "1536"},
+        )
+    )
     assert [p["concurrency"] for p in result["points"]] == [1]
     assert "during concurrency 2" in result["limit_reason"] and "the run ended there" in result["limit_reason"]

@@ -9,7 +9,8 @@ import shlex
 import subprocess
 import sys
 import textwrap
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 import httpx
 import pytest
@@ -34,16 +35,30 @@ WHEN = datetime(2026, 11, 30, 12, 0, tzinfo=dt_timezone.utc)
 
 
 def result_line(**overrides) -> str:
-    body = {"device": "cpu", "axis": "concurrency", "baseline_bytes": 100 * MIB,
-            "points": [{"concurrency": 1, "peak_bytes": 164 * MIB}, {"concurrency": 2, "peak_bytes": 228 * MIB},
-                       {"concurrency": 4, "peak_bytes": 356 * MIB}]}
+    body = {
+        "device": "cpu",
+        "axis": "concurrency",
+        "baseline_bytes": 100 * MIB,
+        "points": [
+            {"concurrency": 1, "peak_bytes": 164 * MIB},
+            {"concurrency": 2, "peak_bytes": 228 * MIB},
+            {"concurrency": 4, "peak_bytes": 356 * MIB},
+        ],
+    }
     body.update(overrides)
     return "FLEETDECK_CALIBRATION " + json.dumps(body)
 
 
 def curve(points, baseline=100, monotone=True) -> Curve:
-    return Curve(axis="concurrency", device="cpu", baseline_bytes=baseline, points=points, measured_at=WHEN,
-                 calibration_id=1, monotone=monotone)
+    return Curve(
+        axis="concurrency",
+        device="cpu",
+        baseline_bytes=baseline,
+        points=points,
+        measured_at=WHEN,
+        calibration_id=1,
+        monotone=monotone,
+    )
 
 
 # --- parse_output ----------------------------------------------------------------------------
@@ -53,14 +68,29 @@ def test_the_concurrency_result_is_read_from_the_last_marker_line_among_other_lo
     logs = "Running entrypoint for job x\nbaseline: 100 MiB\n" + result_line() + "\n"
     parsed = parse_output(logs)
     # An older script's line: no shape, cold baseline, USS, service time nor limit reason.
-    assert parsed == {"axis": "concurrency", "device": "cpu", "shape": "", "baseline_bytes": 100 * MIB, "cold_baseline_bytes": None,
-                      "limit_reason": None,
-                      "points": [{"x": 1, "peak_bytes": 164 * MIB}, {"x": 2, "peak_bytes": 228 * MIB}, {"x": 4, "peak_bytes": 356 * MIB}],
-                      "monotone": True, "warnings": []}
+    assert parsed == {
+        "axis": "concurrency",
+        "device": "cpu",
+        "shape": "",
+        "baseline_bytes": 100 * MIB,
+        "cold_baseline_bytes": None,
+        "limit_reason": None,
+        "points": [
+            {"x": 1, "peak_bytes": 164 * MIB},
+            {"x": 2, "peak_bytes": 228 * MIB},
+            {"x": 4, "peak_bytes": 356 * MIB},
+        ],
+        "monotone": True,
+        "warnings": [],
+    }
 
 
 def test_the_token_sum_axis_of_the_reference_app_is_accepted_and_sorted():
-    line = result_line(axis="token_sum", device="cuda", points=[{"token_sum": 2048, "peak_bytes": 900}, {"token_sum": 512, "peak_bytes": 600}])
+    line = result_line(
+        axis="token_sum",
+        device="cuda",
+        points=[{"token_sum": 2048, "peak_bytes": 900}, {"token_sum": 512, "peak_bytes": 600}],
+    )
     parsed = parse_output(line)
     assert parsed["axis"] == "token_sum" and parsed["device"] == "cuda"
     assert [p["x"] for p in parsed["points"]] == [512, 2048]
@@ -77,12 +107,16 @@ def test_extra_keys_on_points_such_as_host_rss_are_ignored():
 
 
 def test_a_peak_that_falls_is_kept_as_measured_and_flagged_not_monotone():
-    line = result_line(points=[{"concurrency": 1, "peak_bytes": 300 * MIB}, {"concurrency": 2, "peak_bytes": 250 * MIB}])
+    line = result_line(
+        points=[{"concurrency": 1, "peak_bytes": 300 * MIB}, {"concurrency": 2, "peak_bytes": 250 * MIB}]
+    )
     parsed = parse_output(line)
     assert parsed["monotone"] is False
     assert [p["peak_bytes"] for p in parsed["points"]] == [300 * MIB, 250 * MIB]
-    assert parsed["warnings"] == ["Peak memory falls from 300.0 MiB at concurrency 1 to 250.0 MiB at concurrency 2: the measurement "
-                                  "is noisy or memory was freed in between; the curve is kept as measured."]
+    assert parsed["warnings"] == [
+        "Peak memory falls from 300.0 MiB at concurrency 1 to 250.0 MiB at concurrency 2: the measurement "
+        "is noisy or memory was freed in between; the curve is kept as measured."
+    ]
 
 
 def test_a_peak_below_the_baseline_is_flagged_too():
@@ -104,9 +138,15 @@ def test_a_peak_below_the_baseline_is_flagged_too():
         (result_line(points=[{"concurrency": 0, "peak_bytes": 1}]), "Point 0 has no positive concurrency"),
         (result_line(points=[{"token_sum": 1, "peak_bytes": 1}]), "Point 0 has no positive concurrency"),
         (result_line(points=[{"concurrency": 1, "peak_bytes": 1.5}]), "Point 0 has no non-negative integer peak_bytes"),
-        (result_line(points=[{"concurrency": 2, "peak_bytes": 1}, {"concurrency": 2, "peak_bytes": 2}]), "same concurrency"),
+        (
+            result_line(points=[{"concurrency": 2, "peak_bytes": 1}, {"concurrency": 2, "peak_bytes": 2}]),
+            "same concurrency",
+        ),
         (result_line(points=[{"concurrency": k + 1, "peak_bytes": 1} for k in range(65)]), "at most 64"),
-        ("FLEETDECK_CALIBRATION_ERROR ModuleNotFoundError: No module named 'x'", "The calibration failed: ModuleNotFoundError"),
+        (
+            "FLEETDECK_CALIBRATION_ERROR ModuleNotFoundError: No module named 'x'",
+            "The calibration failed: ModuleNotFoundError",
+        ),
     ],
 )
 def test_malformed_output_is_refused_with_a_sentence(logs, message):
@@ -215,10 +255,18 @@ def fake_app(tmp_path):
 
 
 def run_job(fake_app, import_path, *, user_config=None, call=None, levels=(1, 2, 4), axis="concurrency", timeout=60):
-    entrypoint = services.build_entrypoint(import_path, user_config=user_config, call=call, levels=list(levels), axis=axis,
-                                           python=sys.executable)
-    return subprocess.run(entrypoint, shell=True, capture_output=True, text=True, timeout=timeout,
-                          env={"PYTHONPATH": str(fake_app), "PATH": "/usr/bin:/bin"}, cwd=fake_app)
+    entrypoint = services.build_entrypoint(
+        import_path, user_config=user_config, call=call, levels=list(levels), axis=axis, python=sys.executable
+    )
+    return subprocess.run(
+        entrypoint,
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={"PYTHONPATH": str(fake_app), "PATH": "/usr/bin:/bin"},
+        cwd=fake_app,
+    )
 
 
 def test_the_job_measures_an_async_deployment_and_prints_one_result_line_last(fake_app):
@@ -244,10 +292,18 @@ def test_the_job_finds_a_deployment_by_its_serve_name_and_runs_sync_calls_in_thr
         ("no_such_module:Model", "x", "ModuleNotFoundError: No module named 'no_such_module'"),
         ("fake_app:Nope", "x", "module 'fake_app' has no deployment or class named 'Nope'"),
         ("fake_app:fn", "x", "is a function deployment"),
-        ("fake_app:Broken", "x", 'The representative request handle call __call__("x") failed at concurrency 1: RuntimeError: '
-                                 "model exploded. Nothing was measured."),
-        ("fake_app:Model", None, "The representative request handle call __call__() failed at concurrency 1: TypeError: "
-                                 "AsyncModel.__call__() missing 1 required positional argument: 'text'. Nothing was measured."),
+        (
+            "fake_app:Broken",
+            "x",
+            'The representative request handle call __call__("x") failed at concurrency 1: RuntimeError: '
+            "model exploded. Nothing was measured.",
+        ),
+        (
+            "fake_app:Model",
+            None,
+            "The representative request handle call __call__() failed at concurrency 1: TypeError: "
+            "AsyncModel.__call__() missing 1 required positional argument: 'text'. Nothing was measured.",
+        ),
     ],
 )
 def test_a_failing_job_prints_the_error_line_and_exits_1(fake_app, import_path, call, message):
@@ -302,11 +358,23 @@ def test_bad_levels_end_in_the_error_line_not_an_argparse_exit():
 
 
 def test_the_entrypoint_quotes_every_argument_for_the_shell():
-    entrypoint = services.build_entrypoint("m:Cls", user_config={"q": "it's $HOME"}, call={"t": "a b"}, levels=[1, 2], python="python")
+    entrypoint = services.build_entrypoint(
+        "m:Cls", user_config={"q": "it's $HOME"}, call={"t": "a b"}, levels=[1, 2], python="python"
+    )
     argv = shlex.split(entrypoint)
     assert argv[:2] == ["python", "-c"] and "fleetdeck_calibrate" in argv[2]
-    assert argv[3:] == ["--import-path", "m:Cls", "--user-config", '{"q": "it\'s $HOME"}', "--axis", "concurrency", "--levels", "1,2",
-                        "--call", '{"t": "a b"}']
+    assert argv[3:] == [
+        "--import-path",
+        "m:Cls",
+        "--user-config",
+        '{"q": "it\'s $HOME"}',
+        "--axis",
+        "concurrency",
+        "--levels",
+        "1,2",
+        "--call",
+        '{"t": "a b"}',
+    ]
 
 
 TOKEN_APP = """
@@ -332,19 +400,26 @@ class BadHook:
 
 def test_the_token_sum_axis_runs_one_batch_per_sum_through_the_calibration_hook(fake_app):
     (fake_app / "token_app.py").write_text(TOKEN_APP)
-    done = run_job(fake_app, "token_app:Batcher", user_config={"kib_per_token": 64}, levels=(256, 1024, 2048), axis="token_sum")
+    done = run_job(
+        fake_app, "token_app:Batcher", user_config={"kib_per_token": 64}, levels=(256, 1024, 2048), axis="token_sum"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout.splitlines()[-1].removeprefix("FLEETDECK_CALIBRATION "))
     assert result["axis"] == "token_sum" and [p["token_sum"] for p in result["points"]] == [256, 1024, 2048]
     parsed = parse_output(done.stdout)
-    assert parsed["monotone"] and parsed["points"][-1]["peak_bytes"] - parsed["baseline_bytes"] >= 0.9 * 2048 * 64 * 1024
+    assert (
+        parsed["monotone"] and parsed["points"][-1]["peak_bytes"] - parsed["baseline_bytes"] >= 0.9 * 2048 * 64 * 1024
+    )
 
 
 @pytest.mark.parametrize(
     "import_path, message",
     [
-        ("token_app:NoHook", "token_app:NoHook has no calibration_batch(token_sum) method: the token_sum axis runs one batch of each "
-                             "token sum through it. Add the hook to the deployment class, or calibrate the concurrency axis."),
+        (
+            "token_app:NoHook",
+            "token_app:NoHook has no calibration_batch(token_sum) method: the token_sum axis runs one batch of each "
+            "token sum through it. Add the hook to the deployment class, or calibrate the concurrency axis.",
+        ),
         ("token_app:BadHook", "calibration_batch(64) failed: MemoryError: 64 tokens do not fit"),
     ],
 )
@@ -359,10 +434,19 @@ def test_the_reference_generator_is_calibrated_by_token_sum_outside_serve():
     Serve metrics, its own temporaries (64 KiB per token in reference.json) in every batch."""
     from controlplane.local_ray import REFERENCE_APP_DIR
 
-    user_config = next(d for d in json.loads((REFERENCE_APP_DIR / "reference.json").read_text())["applications"][0]["deployments"]
-                       if d["name"] == "Generator")["user_config"]
-    done = run_job(REFERENCE_APP_DIR, "reference_app:Generator", user_config=user_config, levels=(64, 1024), axis="token_sum",
-                   timeout=180)
+    user_config = next(
+        d
+        for d in json.loads((REFERENCE_APP_DIR / "reference.json").read_text())["applications"][0]["deployments"]
+        if d["name"] == "Generator"
+    )["user_config"]
+    done = run_job(
+        REFERENCE_APP_DIR,
+        "reference_app:Generator",
+        user_config=user_config,
+        levels=(64, 1024),
+        axis="token_sum",
+        timeout=180,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     parsed = parse_output(done.stdout)
     (_, small), (_, large) = [(p["x"], p["peak_bytes"]) for p in parsed["points"]]
@@ -385,7 +469,9 @@ def cluster(team, use_replay):
 
 @pytest.fixture
 def model(cluster) -> Deployment:
-    return Deployment.objects.select_related("application__cluster__team").get(application__cluster=cluster, application__name="demo", name="Model")
+    return Deployment.objects.select_related("application__cluster__team").get(
+        application__cluster=cluster, application__name="demo", name="Model"
+    )
 
 
 @pytest.fixture
@@ -394,8 +480,13 @@ def operator(people):
 
 
 def job_says(replay, calibration, status, *, logs="", message="", end=True):
-    payload = {**ray_fixture("jobs_get_one.json"), "submission_id": calibration.submission_id, "status": status,
-               "message": message, "end_time": 1796044014770 if end else None}
+    payload = {
+        **ray_fixture("jobs_get_one.json"),
+        "submission_id": calibration.submission_id,
+        "status": status,
+        "message": message,
+        "end_time": 1796044014770 if end else None,
+    }
     replay.routes[f"/api/jobs/{calibration.submission_id}"] = payload
     replay.routes[f"/api/jobs/{calibration.submission_id}/logs"] = {"logs": logs}
 
@@ -419,7 +510,11 @@ def test_requesting_submits_the_inline_script_with_the_app_s_runtime_env_and_aud
     assert submitted["entrypoint_num_cpus"] == 0.2 and "entrypoint_num_gpus" not in submitted
     total, available = 25276063744, 24670765056  # nodes_view_summary.json
     stop = int(argv[argv.index("--stop-at-bytes") + 1])
-    assert stop == int(total - available + 0.8 * (0.95 * total - (total - available))) == calibration.request["stop_at_bytes"]
+    assert (
+        stop
+        == int(total - available + 0.8 * (0.95 * total - (total - available)))
+        == calibration.request["stop_at_bytes"]
+    )
     event = AuditEvent.objects.get(action="calibration.request")
     assert event.actor_name == "operator" and event.changes["levels"] == [1, 2, 4]
 
@@ -428,8 +523,10 @@ def test_a_gpu_deployment_reserves_a_gpu_for_the_job(model, operator, use_replay
     model.effective_config["ray_actor_options"]["num_gpus"] = 1
     model.save()
     status = ray_fixture("cluster_status.json")
-    for usage in [status["data"]["clusterStatus"]["loadMetricsReport"]["usage"],
-                  *status["data"]["clusterStatus"]["loadMetricsReport"]["usageByNode"].values()]:
+    for usage in [
+        status["data"]["clusterStatus"]["loadMetricsReport"]["usage"],
+        *status["data"]["clusterStatus"]["loadMetricsReport"]["usageByNode"].values(),
+    ]:
         usage["GPU"] = [0.0, 1.0]
     use_replay.routes["/api/cluster_status"] = status
     services.request_calibration(operator, model)
@@ -447,7 +544,9 @@ def test_an_unreachable_cluster_refuses_and_leaves_no_row(model, operator, use_r
     use_replay.routes["/api/jobs/"] = httpx.ConnectError("connection refused")
     with pytest.raises(ValidationError, match="Cluster vision-prod is unreachable"):
         services.request_calibration(operator, model)
-    assert not MemoryCalibration.objects.exists() and not AuditEvent.objects.filter(action="calibration.request").exists()
+    assert (
+        not MemoryCalibration.objects.exists() and not AuditEvent.objects.filter(action="calibration.request").exists()
+    )
 
 
 def test_ray_refusing_the_job_is_reported(model, operator, use_replay):
@@ -469,8 +568,16 @@ def test_an_unknown_import_path_is_refused(model, operator):
         services.request_calibration(operator, model)
 
 
-@pytest.mark.parametrize("levels, message", [([], "at least one"), ([0, 1], "between 1 and 64"), ([1, 100], "between 1 and 64"),
-                                             (list(range(1, 10)), "At most 8"), (["2"], "whole numbers")])
+@pytest.mark.parametrize(
+    "levels, message",
+    [
+        ([], "at least one"),
+        ([0, 1], "between 1 and 64"),
+        ([1, 100], "between 1 and 64"),
+        (list(range(1, 10)), "At most 8"),
+        (["2"], "whole numbers"),
+    ],
+)
 def test_bad_levels_are_refused(model, operator, levels, message):
     with pytest.raises(ValidationError, match=message):
         services.request_calibration(operator, model, levels=levels)
@@ -486,12 +593,15 @@ def test_a_token_sum_calibration_submits_the_axis_with_its_default_sums_and_reco
     assert AuditEvent.objects.get(action="calibration.request").changes["axis"] == "token_sum"
 
 
-@pytest.mark.parametrize("axis, levels, call, message", [
-    ("token_sum", [64, 65_537], None, "The token sums must be between 1 and 65,536."),
-    ("token_sum", list(range(1, 10)), None, "At most 8 token sums per calibration."),
-    ("token_sum", [1024], "hi", "leave the request empty"),
-    ("batch", [1], None, "The axis must be one of concurrency, token_sum, not 'batch'."),
-])
+@pytest.mark.parametrize(
+    "axis, levels, call, message",
+    [
+        ("token_sum", [64, 65_537], None, "The token sums must be between 1 and 65,536."),
+        ("token_sum", list(range(1, 10)), None, "At most 8 token sums per calibration."),
+        ("token_sum", [1024], "hi", "leave the request empty"),
+        ("batch", [1], None, "The axis must be one of concurrency, token_sum, not 'batch'."),
+    ],
+)
 def test_token_sums_are_validated_by_their_own_rules(model, operator, axis, levels, call, message):
     with pytest.raises(ValidationError, match=re.escape(message)):
         services.request_calibration(operator, model, axis=axis, levels=levels, call=call)
@@ -502,7 +612,10 @@ def test_a_job_that_measured_another_axis_than_requested_fails(model, operator, 
     calibration = services.request_calibration(operator, model, axis="token_sum")
     job_says(use_replay, calibration, "SUCCEEDED", logs=result_line())
     failed = services.poll(calibration.pk)
-    assert failed.state == "failed" and failed.error == "The job measured the concurrency axis, but token_sum was requested."
+    assert (
+        failed.state == "failed"
+        and failed.error == "The job measured the concurrency axis, but token_sum was requested."
+    )
 
 
 def test_a_huge_call_argument_is_refused(model, operator):
@@ -524,9 +637,15 @@ def test_polling_follows_the_job_to_a_curve_that_latest_curve_returns(model, ope
     assert done.finished_at == datetime(2026, 11, 30, 13, 6, 54, 770000, tzinfo=dt_timezone.utc)
 
     found = services.latest_curve(model)
-    assert found == Curve(axis="concurrency", device="cpu", baseline_bytes=100 * MIB,
-                          points=[(1.0, 164 * MIB), (2.0, 228 * MIB), (4.0, 356 * MIB)], measured_at=done.finished_at,
-                          calibration_id=calibration.pk, monotone=True)
+    assert found == Curve(
+        axis="concurrency",
+        device="cpu",
+        baseline_bytes=100 * MIB,
+        points=[(1.0, 164 * MIB), (2.0, 228 * MIB), (4.0, 356 * MIB)],
+        measured_at=done.finished_at,
+        calibration_id=calibration.pk,
+        monotone=True,
+    )
     assert found.per_unit_bytes == 64 * MIB and found.peak_at(8) == 612 * MIB
 
 
@@ -544,7 +663,10 @@ def test_a_failed_job_keeps_the_script_s_reason_ray_s_message_and_the_log_tail(m
     job_says(use_replay, calibration, "FAILED", logs=logs, message="Job entrypoint command failed with exit code 1")
     failed = services.poll(calibration.pk)
     assert failed.state == "failed"
-    assert failed.error == "ModuleNotFoundError: No module named 'demo_app' (Ray: Job entrypoint command failed with exit code 1)"
+    assert (
+        failed.error
+        == "ModuleNotFoundError: No module named 'demo_app' (Ray: Job entrypoint command failed with exit code 1)"
+    )
     assert failed.log_tail == logs
     assert services.latest_curve(model) is None
 
@@ -553,7 +675,10 @@ def test_a_job_that_succeeded_without_a_result_line_fails_the_calibration(model,
     calibration = services.request_calibration(operator, model)
     job_says(use_replay, calibration, "SUCCEEDED", logs="hello\n")
     failed = services.poll(calibration.pk)
-    assert failed.state == "failed" and "left no usable result: The job printed no FLEETDECK_CALIBRATION line." in failed.error
+    assert (
+        failed.state == "failed"
+        and "left no usable result: The job printed no FLEETDECK_CALIBRATION line." in failed.error
+    )
 
 
 def test_a_stopped_job_is_recorded_as_stopped(model, operator, use_replay):
@@ -565,7 +690,9 @@ def test_a_stopped_job_is_recorded_as_stopped(model, operator, use_replay):
 
 def test_a_non_monotone_result_is_stored_with_its_warning_and_still_served(model, operator, use_replay):
     calibration = services.request_calibration(operator, model)
-    line = result_line(points=[{"concurrency": 1, "peak_bytes": 300 * MIB}, {"concurrency": 2, "peak_bytes": 250 * MIB}])
+    line = result_line(
+        points=[{"concurrency": 1, "peak_bytes": 300 * MIB}, {"concurrency": 2, "peak_bytes": 250 * MIB}]
+    )
     job_says(use_replay, calibration, "SUCCEEDED", logs=line)
     done = services.poll(calibration.pk)
     assert done.state == "succeeded" and done.monotone is False and len(done.warnings) == 1
@@ -587,7 +714,9 @@ def test_an_overdue_job_is_stopped_and_failed_with_the_reason(model, operator, u
 def test_a_job_ray_does_not_know_yet_stays_pending_then_fails_after_the_grace_period(model, operator, use_replay):
     calibration = services.request_calibration(operator, model)
     assert services.poll(calibration.pk).state == "pending"  # ReplayRay answers 404 for the unknown path
-    MemoryCalibration.objects.filter(pk=calibration.pk).update(created_at=timezone.now() - timedelta(seconds=services.UNKNOWN_JOB_GRACE_S + 1))
+    MemoryCalibration.objects.filter(pk=calibration.pk).update(
+        created_at=timezone.now() - timedelta(seconds=services.UNKNOWN_JOB_GRACE_S + 1)
+    )
     failed = services.poll(calibration.pk)
     assert failed.state == "failed" and "never reached the cluster" in failed.error
 
@@ -615,7 +744,9 @@ def test_the_poll_task_follows_until_final_and_the_tick_poll_does_not(model, ope
     from workers import tasks
 
     follows = []
-    monkeypatch.setattr(tasks.poll_calibration, "apply_async", lambda args, countdown: follows.append((args, countdown)))
+    monkeypatch.setattr(
+        tasks.poll_calibration, "apply_async", lambda args, countdown: follows.append((args, countdown))
+    )
     calibration = services.request_calibration(operator, model)
     job_says(use_replay, calibration, "RUNNING", end=False)
     tasks.poll_calibration(calibration.pk)
@@ -641,7 +772,9 @@ def test_latest_curve_matches_by_names_after_the_deployment_row_was_recreated(mo
 
 
 def test_an_operator_calibrates_through_the_api_and_gets_202(api_as, model):
-    response = api_as("operator").post("/api/v1/calibrations/", {"deployment": model.pk, "levels": [1, 2], "call": "hi"}, format="json")
+    response = api_as("operator").post(
+        "/api/v1/calibrations/", {"deployment": model.pk, "levels": [1, 2], "call": "hi"}, format="json"
+    )
     assert response.status_code == 202, response.content
     body = response.json()
     assert body["state"] == "pending" and body["levels"] == [1, 2] and body["request"]["call"] == "hi"
@@ -650,13 +783,17 @@ def test_an_operator_calibrates_through_the_api_and_gets_202(api_as, model):
 
 def test_automation_calibrates_by_token_sum_through_the_api(api_as, model):
     operator = api_as("operator")
-    response = operator.post("/api/v1/calibrations/", {"deployment": model.pk, "axis": "token_sum", "levels": [512, 2048]}, format="json")
+    response = operator.post(
+        "/api/v1/calibrations/", {"deployment": model.pk, "axis": "token_sum", "levels": [512, 2048]}, format="json"
+    )
     assert response.status_code == 202, response.content
     assert response.json()["axis"] == "token_sum" and response.json()["levels"] == [512, 2048]
     MemoryCalibration.objects.all().delete()
     refused = operator.post("/api/v1/calibrations/", {"deployment": model.pk, "axis": "pixels"}, format="json")
     assert refused.status_code == 400 and "axis" in refused.json()
-    too_big = operator.post("/api/v1/calibrations/", {"deployment": model.pk, "axis": "token_sum", "levels": [100_000]}, format="json")
+    too_big = operator.post(
+        "/api/v1/calibrations/", {"deployment": model.pk, "axis": "token_sum", "levels": [100_000]}, format="json"
+    )
     assert too_big.status_code == 400 and "between 1 and 65,536" in too_big.json()["detail"][0]
 
 
@@ -670,7 +807,9 @@ def test_an_outsider_sees_no_calibration_and_cannot_request_one(api_as, model, o
     assert api_as("outsider").get("/api/v1/calibrations/").json()["count"] == 0
     response = api_as("outsider").post("/api/v1/calibrations/", {"deployment": model.pk}, format="json")
     # Exactly what naming a deployment that does not exist answers.
-    assert response.status_code == 400 and response.json() == {"deployment": [f'Invalid pk "{model.pk}" - object does not exist.']}
+    assert response.status_code == 400 and response.json() == {
+        "deployment": [f'Invalid pk "{model.pk}" - object does not exist.']
+    }
 
 
 def test_service_refusals_come_back_as_400_with_the_reason(api_as, model, operator):
@@ -679,7 +818,9 @@ def test_service_refusals_come_back_as_400_with_the_reason(api_as, model, operat
     assert response.status_code == 400 and "already running" in response.json()["detail"][0]
 
 
-def test_the_list_filters_by_deployment_and_cluster_and_shows_the_curve(api_as, model, operator, use_replay, other_team):
+def test_the_list_filters_by_deployment_and_cluster_and_shows_the_curve(
+    api_as, model, operator, use_replay, other_team
+):
     calibration = services.request_calibration(operator, model)
     job_says(use_replay, calibration, "SUCCEEDED", logs=result_line())
     services.poll(calibration.pk)
@@ -733,8 +874,9 @@ def test_the_card_explains_calibration_and_offers_the_form_to_operators_only(log
 
 
 def test_calibrating_from_the_card_swaps_in_a_card_that_polls(login, model):
-    response = login("operator").post(reverse("calibration:calibrate", args=[model.pk]), {"levels": "1, 2,4", "call": '"hi"'},
-                                      HTTP_HX_REQUEST="true")
+    response = login("operator").post(
+        reverse("calibration:calibrate", args=[model.pk]), {"levels": "1, 2,4", "call": '"hi"'}, HTTP_HX_REQUEST="true"
+    )
     card = response.content.decode()
     assert response.status_code == 200 and 'hx-trigger="every 2s"' in card and "pending" in card
     assert reverse("calibration:calibrate", args=[model.pk]) not in card  # no second form while one runs
@@ -743,7 +885,9 @@ def test_calibrating_from_the_card_swaps_in_a_card_that_polls(login, model):
 
 
 def test_the_form_shows_what_is_wrong(login, model):
-    response = login("operator").post(reverse("calibration:calibrate", args=[model.pk]), {"levels": "a,b", "call": "hi"}, HTTP_HX_REQUEST="true")
+    response = login("operator").post(
+        reverse("calibration:calibrate", args=[model.pk]), {"levels": "a,b", "call": "hi"}, HTTP_HX_REQUEST="true"
+    )
     card = response.content.decode()
     assert "whole numbers separated by commas" in card and "A string needs quotes" in card
     assert not MemoryCalibration.objects.exists()
@@ -763,16 +907,22 @@ def test_the_card_charts_the_latest_curve_and_stops_polling(login, model, operat
 
 
 def test_calibrating_by_token_sum_from_the_card_uses_the_axis_defaults_and_says_so(login, model):
-    response = login("operator").post(reverse("calibration:calibrate", args=[model.pk]), {"axis": "token_sum", "levels": "", "call": ""},
-                                      HTTP_HX_REQUEST="true")
+    response = login("operator").post(
+        reverse("calibration:calibrate", args=[model.pk]),
+        {"axis": "token_sum", "levels": "", "call": ""},
+        HTTP_HX_REQUEST="true",
+    )
     assert "measures peak memory at batch token sums 256, 1024, 4096" in response.content.decode()
     calibration = MemoryCalibration.objects.get()
     assert calibration.axis == "token_sum" and calibration.levels == [256, 1024, 4096]
 
 
 def test_the_form_judges_levels_by_their_axis(login, model):
-    response = login("operator").post(reverse("calibration:calibrate", args=[model.pk]), {"axis": "concurrency", "levels": "4096"},
-                                      HTTP_HX_REQUEST="true")
+    response = login("operator").post(
+        reverse("calibration:calibrate", args=[model.pk]),
+        {"axis": "concurrency", "levels": "4096"},
+        HTTP_HX_REQUEST="true",
+    )
     assert "The concurrency levels must be between 1 and 64." in response.content.decode()
     assert not MemoryCalibration.objects.exists()
 
@@ -788,7 +938,9 @@ def test_the_card_charts_a_token_sum_curve_against_the_token_sum(login, model, o
 
 def test_the_card_shows_a_failure_with_the_log_tail(login, model, operator, use_replay):
     calibration = services.request_calibration(operator, model)
-    job_says(use_replay, calibration, "FAILED", logs="oops\nFLEETDECK_CALIBRATION_ERROR it broke\n", message="exit code 1")
+    job_says(
+        use_replay, calibration, "FAILED", logs="oops\nFLEETDECK_CALIBRATION_ERROR it broke\n", message="exit code 1"
+    )
     services.poll(calibration.pk)
     page = page_of(login("viewer"), model)
     assert "it broke (Ray: exit code 1)" in page and "End of the job's log" in page and "oops" in page
@@ -796,14 +948,22 @@ def test_the_card_shows_a_failure_with_the_log_tail(login, model, operator, use_
 
 def test_the_card_fragment_is_only_for_htmx_and_visible_teams(login, model):
     assert login("viewer").get(reverse("calibration:card", args=[model.pk])).status_code == 302
-    assert login("outsider").get(reverse("calibration:card", args=[model.pk]), HTTP_HX_REQUEST="true").status_code == 404
+    assert (
+        login("outsider").get(reverse("calibration:card", args=[model.pk]), HTTP_HX_REQUEST="true").status_code == 404
+    )
 
 
 # --- the representative request, resources and the memory budget ---------------------------------
 
-NEW_RESULT = {"shape": "starlette", "cold_baseline_bytes": 90 * MIB, "limit_reason": "concurrency 8 would exceed the memory budget",
-              "points": [{"concurrency": 1, "peak_bytes": 164 * MIB, "uss_peak_bytes": 150 * MIB, "service_s": 0.5},
-                         {"concurrency": 2, "peak_bytes": 228 * MIB, "uss_peak_bytes": 214 * MIB, "service_s": 0.6}]}
+NEW_RESULT = {
+    "shape": "starlette",
+    "cold_baseline_bytes": 90 * MIB,
+    "limit_reason": "concurrency 8 would exceed the memory budget",
+    "points": [
+        {"concurrency": 1, "peak_bytes": 164 * MIB, "uss_peak_bytes": 150 * MIB, "service_s": 0.5},
+        {"concurrency": 2, "peak_bytes": 228 * MIB, "uss_peak_bytes": 214 * MIB, "service_s": 0.6},
+    ],
+}
 
 
 def submitted_argv(replay) -> list[str]:
@@ -815,14 +975,28 @@ def argument(argv: list[str], name: str) -> str:
 
 
 def echo_of(model) -> Deployment:
-    return Deployment.objects.select_related("application__cluster__team").get(application=model.application, name="Echo")
+    return Deployment.objects.select_related("application__cluster__team").get(
+        application=model.application, name="Echo"
+    )
 
 
-def test_without_a_request_the_ingress_gets_a_get_of_its_route_prefix_and_others_a_bare_handle_call(model, operator, use_replay):
+def test_without_a_request_the_ingress_gets_a_get_of_its_route_prefix_and_others_a_bare_handle_call(
+    model, operator, use_replay
+):
     services.request_calibration(operator, echo_of(model))
     argv = submitted_argv(use_replay)
-    assert json.loads(argument(argv, "--request")) == {"kind": "http", "method": "GET", "path": "/demo", "query": "", "headers": {}}
-    assert (argument(argv, "--route-prefix"), argument(argv, "--app-name"), argument(argv, "--deployment-name")) == ("/demo", "demo", "Echo")
+    assert json.loads(argument(argv, "--request")) == {
+        "kind": "http",
+        "method": "GET",
+        "path": "/demo",
+        "query": "",
+        "headers": {},
+    }
+    assert (argument(argv, "--route-prefix"), argument(argv, "--app-name"), argument(argv, "--deployment-name")) == (
+        "/demo",
+        "demo",
+        "Echo",
+    )
     MemoryCalibration.objects.all().delete()
     services.request_calibration(operator, model)
     assert json.loads(argument(submitted_argv(use_replay), "--request")) == {"kind": "handle", "args": []}
@@ -831,37 +1005,69 @@ def test_without_a_request_the_ingress_gets_a_get_of_its_route_prefix_and_others
 def test_a_warmup_profile_s_request_is_the_default_for_the_ingress(model, operator, use_replay):
     from apps.maintenance.models import WarmupProfile
 
-    WarmupProfile.objects.create(application=model.application, name="a-first", method="post", path="/demo/generate?n=2",
-                                 headers={"x-team": "vision"}, body={"prompt": "hi"})
+    WarmupProfile.objects.create(
+        application=model.application,
+        name="a-first",
+        method="post",
+        path="/demo/generate?n=2",
+        headers={"x-team": "vision"},
+        body={"prompt": "hi"},
+    )
     WarmupProfile.objects.create(application=model.application, name="b-second", path="/demo/other")
     calibration = services.request_calibration(operator, echo_of(model))
-    assert calibration.request["representative"] == {"kind": "http", "method": "POST", "path": "/demo/generate", "query": "n=2",
-                                                     "headers": {"x-team": "vision"}, "json": {"prompt": "hi"}}
+    assert calibration.request["representative"] == {
+        "kind": "http",
+        "method": "POST",
+        "path": "/demo/generate",
+        "query": "n=2",
+        "headers": {"x-team": "vision"},
+        "json": {"prompt": "hi"},
+    }
 
 
 def test_a_given_http_request_is_normalised_stored_and_sent(model, operator, use_replay):
-    request = {"kind": "http", "method": "post", "path": "/demo/generate", "query": "?a=1", "headers": {"X-Key": "v"}, "body": "text"}
+    request = {
+        "kind": "http",
+        "method": "post",
+        "path": "/demo/generate",
+        "query": "?a=1",
+        "headers": {"X-Key": "v"},
+        "body": "text",
+    }
     calibration = services.request_calibration(operator, echo_of(model), request=request)
-    expected = {"kind": "http", "method": "POST", "path": "/demo/generate", "query": "a=1", "headers": {"X-Key": "v"}, "body": "text"}
+    expected = {
+        "kind": "http",
+        "method": "POST",
+        "path": "/demo/generate",
+        "query": "a=1",
+        "headers": {"X-Key": "v"},
+        "body": "text",
+    }
     assert calibration.request["representative"] == expected
     assert json.loads(argument(submitted_argv(use_replay), "--request")) == expected
     assert AuditEvent.objects.get(action="calibration.request").changes["request"] == expected
 
 
-@pytest.mark.parametrize("request_, message", [
-    ("GET /", 'The representative request must be an object with "kind" "http" or "handle".'),
-    ({"kind": "grpc"}, 'kind must be "http" or "handle", not'),
-    ({"kind": "http", "url": "/x"}, "An http request has no url; it takes body, headers, json, method, path, query."),
-    ({"kind": "http", "method": "BREW"}, "The HTTP method must be one of"),
-    ({"kind": "http", "path": "/x?a=1"}, "give the query string apart"),
-    ({"kind": "http", "path": "x"}, "The path must start with /"),
-    ({"kind": "http", "headers": {"a": 1}}, "The headers must be an object of header names to text values."),
-    ({"kind": "http", "headers": {"a": "b\nc"}}, "Header names and values must be single-line ASCII."),
-    ({"kind": "http", "body": "x", "json": {}}, 'not both'),
-    ({"kind": "http", "body": {"a": 1}}, 'The body must be text; give JSON under "json".'),
-    ({"kind": "handle", "args": "x"}, "The handle call's args must be a list of JSON values."),
-    ({"kind": "handle", "args": ["x" * 20000]}, "at most 16384 fit in the job's command line"),
-])
+@pytest.mark.parametrize(
+    "request_, message",
+    [
+        ("GET /", 'The representative request must be an object with "kind" "http" or "handle".'),
+        ({"kind": "grpc"}, 'kind must be "http" or "handle", not'),
+        (
+            {"kind": "http", "url": "/x"},
+            "An http request has no url; it takes body, headers, json, method, path, query.",
+        ),
+        ({"kind": "http", "method": "BREW"}, "The HTTP method must be one of"),
+        ({"kind": "http", "path": "/x?a=1"}, "give the query string apart"),
+        ({"kind": "http", "path": "x"}, "The path must start with /"),
+        ({"kind": "http", "headers": {"a": 1}}, "The headers must be an object of header names to text values."),
+        ({"kind": "http", "headers": {"a": "b\nc"}}, "Header names and values must be single-line ASCII."),
+        ({"kind": "http", "body": "x", "json": {}}, "not both"),
+        ({"kind": "http", "body": {"a": 1}}, 'The body must be text; give JSON under "json".'),
+        ({"kind": "handle", "args": "x"}, "The handle call's args must be a list of JSON values."),
+        ({"kind": "handle", "args": ["x" * 20000]}, "at most 16384 fit in the job's command line"),
+    ],
+)
 def test_a_bad_representative_request_is_refused_with_the_reason(model, operator, request_, message):
     with pytest.raises(ValidationError, match=re.escape(message)):
         services.request_calibration(operator, model, request=request_)
@@ -875,23 +1081,33 @@ def test_a_request_and_a_call_together_are_refused(model, operator):
 
 def test_no_node_with_the_replica_s_cpus_free_refuses_before_submitting(model, operator, use_replay):
     status = ray_fixture("cluster_status.json")
-    for usage in [status["data"]["clusterStatus"]["loadMetricsReport"]["usage"],
-                  *status["data"]["clusterStatus"]["loadMetricsReport"]["usageByNode"].values()]:
+    for usage in [
+        status["data"]["clusterStatus"]["loadMetricsReport"]["usage"],
+        *status["data"]["clusterStatus"]["loadMetricsReport"]["usageByNode"].values(),
+    ]:
         usage["CPU"] = [1.9, 2.0]
     use_replay.routes["/api/cluster_status"] = status
     with pytest.raises(ValidationError) as refused:
         services.request_calibration(operator, model)
-    assert refused.value.messages == ["No node of vision-prod has 0.2 CPU free for a calibration replica (1.9 of 2 CPU in use on "
-                                      "192.0.2.2): free some, or calibrate when the cluster is quieter."]
+    assert refused.value.messages == [
+        "No node of vision-prod has 0.2 CPU free for a calibration replica (1.9 of 2 CPU in use on "
+        "192.0.2.2): free some, or calibrate when the cluster is quieter."
+    ]
     assert not MemoryCalibration.objects.exists() and not any(r.url.path == "/api/jobs/" for r in use_replay.requests)
 
 
 def test_a_node_past_ray_s_memory_threshold_refuses_before_submitting(model, operator, use_replay):
     total = 16 * 2**30
-    use_replay.routes["/nodes"] = {"result": True, "msg": "", "data": {"summary": [
-        {"ip": "192.0.2.2", "mem": [total, int(total * 0.04), 96.0, int(total * 0.96)]}]}}
-    with pytest.raises(ValidationError, match=r"Node 192\.0\.2\.2 of vision-prod already uses 15729 MiB of 16384 MiB, at or past "
-                                              r"Ray's memory threshold \(95%\)"):
+    use_replay.routes["/nodes"] = {
+        "result": True,
+        "msg": "",
+        "data": {"summary": [{"ip": "192.0.2.2", "mem": [total, int(total * 0.04), 96.0, int(total * 0.96)]}]},
+    }
+    with pytest.raises(
+        ValidationError,
+        match=r"Node 192\.0\.2\.2 of vision-prod already uses 15729 MiB of 16384 MiB, at or past "
+        r"Ray's memory threshold \(95%\)",
+    ):
         services.request_calibration(operator, model)
     assert not MemoryCalibration.objects.exists()
 
@@ -908,13 +1124,19 @@ def test_polling_a_new_result_stores_shape_cold_baseline_limit_reason_and_servic
     assert done.points[0] == {"x": 1, "peak_bytes": 164 * MIB, "uss_peak_bytes": 150 * MIB, "service_s": 0.5}
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"shape": "grpc"}, "The result's shape is 'grpc'"),
-    ({"cold_baseline_bytes": -1}, "cold_baseline_bytes is not a non-negative integer"),
-    ({"limit_reason": 5}, "limit_reason is not a sentence"),
-    ({"points": [{"concurrency": 1, "peak_bytes": 5, "service_s": -1}]}, "service_s that is not a non-negative number"),
-    ({"points": [{"concurrency": 1, "peak_bytes": 5, "uss_peak_bytes": 1.5}]}, "uss_peak_bytes that is not"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"shape": "grpc"}, "The result's shape is 'grpc'"),
+        ({"cold_baseline_bytes": -1}, "cold_baseline_bytes is not a non-negative integer"),
+        ({"limit_reason": 5}, "limit_reason is not a sentence"),
+        (
+            {"points": [{"concurrency": 1, "peak_bytes": 5, "service_s": -1}]},
+            "service_s that is not a non-negative number",
+        ),
+        ({"points": [{"concurrency": 1, "peak_bytes": 5, "uss_peak_bytes": 1.5}]}, "uss_peak_bytes that is not"),
+    ],
+)
 def test_malformed_new_fields_are_refused(overrides, message):
     with pytest.raises(CalibrationOutputError, match=re.escape(message)):
         parse_output(result_line(**overrides))
@@ -922,25 +1144,49 @@ def test_malformed_new_fields_are_refused(overrides, message):
 
 def test_an_operator_gives_the_representative_request_through_the_api(api_as, model):
     request = {"kind": "http", "method": "POST", "path": "/demo/generate", "json": {"prompt": "hi"}}
-    response = api_as("operator").post("/api/v1/calibrations/", {"deployment": echo_of(model).pk, "request": request}, format="json")
+    response = api_as("operator").post(
+        "/api/v1/calibrations/", {"deployment": echo_of(model).pk, "request": request}, format="json"
+    )
     assert response.status_code == 202, response.content
     assert response.json()["request"]["representative"] == {**request, "query": "", "headers": {}}
-    bad = api_as("operator").post("/api/v1/calibrations/", {"deployment": model.pk, "request": {"kind": "ftp"}}, format="json")
+    bad = api_as("operator").post(
+        "/api/v1/calibrations/", {"deployment": model.pk, "request": {"kind": "ftp"}}, format="json"
+    )
     assert bad.status_code == 400 and "kind must be" in bad.content.decode()
 
 
 def test_the_form_builds_the_http_request_from_its_fields(login, model):
     echo = echo_of(model)
-    response = login("operator").post(reverse("calibration:calibrate", args=[echo.pk]), {
-        "method": "POST", "path": "/demo/generate", "query": "a=1", "headers": "Content-Type: application/json\nX-Team: v",
-        "body": '{"prompt": "hi"}'}, HTTP_HX_REQUEST="true")
+    response = login("operator").post(
+        reverse("calibration:calibrate", args=[echo.pk]),
+        {
+            "method": "POST",
+            "path": "/demo/generate",
+            "query": "a=1",
+            "headers": "Content-Type: application/json\nX-Team: v",
+            "body": '{"prompt": "hi"}',
+        },
+        HTTP_HX_REQUEST="true",
+    )
     assert response.status_code == 200 and "pending" in response.content.decode()
     assert MemoryCalibration.objects.get().request["representative"] == {
-        "kind": "http", "method": "POST", "path": "/demo/generate", "query": "a=1",
-        "headers": {"Content-Type": "application/json", "X-Team": "v"}, "body": '{"prompt": "hi"}'}
+        "kind": "http",
+        "method": "POST",
+        "path": "/demo/generate",
+        "query": "a=1",
+        "headers": {"Content-Type": "application/json", "X-Team": "v"},
+        "body": '{"prompt": "hi"}',
+    }
     MemoryCalibration.objects.all().delete()
-    refused = login("operator").post(reverse("calibration:calibrate", args=[echo.pk]), {"method": "GET", "headers": "no colon"},
-                                     HTTP_HX_REQUEST="true").content.decode()
+    refused = (
+        login("operator")
+        .post(
+            reverse("calibration:calibrate", args=[echo.pk]),
+            {"method": "GET", "headers": "no colon"},
+            HTTP_HX_REQUEST="true",
+        )
+        .content.decode()
+    )
     assert "is not `Name: value`" in refused and not MemoryCalibration.objects.exists()
 
 

@@ -119,7 +119,9 @@ def test_text_exactly_at_the_limit_is_accepted():
 
 def test_every_put_invalid_fixture_about_a_deployment_option_is_covered_here():
     about_a_deployment = {
-        path.name for path in FIXTURES.glob("put_invalid_*.json") if DEPLOYMENT_PATH.search(ray_fixture(path.name)["body"])
+        path.name
+        for path in FIXTURES.glob("put_invalid_*.json")
+        if DEPLOYMENT_PATH.search(ray_fixture(path.name)["body"])
     }
     assert about_a_deployment == set(DEPLOYMENT_OPTION_FIXTURES)
 
@@ -208,7 +210,9 @@ def test_max_ongoing_requests_inside_autoscaling_config_is_refused_saying_serve_
 
 def test_an_unknown_autoscaling_option_is_refused_with_its_path():
     (message,) = refused({"autoscaling_config": {"target_latency_ms": 100}})
-    assert message == "autoscaling_config.target_latency_ms: not a Serve deployment option; Serve would drop it silently."
+    assert (
+        message == "autoscaling_config.target_latency_ms: not a Serve deployment option; Serve would drop it silently."
+    )
 
 
 def test_name_is_refused_because_targets_choose_the_deployments():
@@ -223,7 +227,9 @@ def test_an_empty_mapping_or_anything_but_a_mapping_is_refused(options):
 
 
 def test_every_problem_is_reported_not_only_the_first():
-    messages = refused({"bogus": 1, "max_ongoing_requests": 0, "autoscaling_config": {"min_replicas": 3, "max_replicas": 1}})
+    messages = refused(
+        {"bogus": 1, "max_ongoing_requests": 0, "autoscaling_config": {"min_replicas": 3, "max_replicas": 1}}
+    )
     assert any(message.startswith("bogus: ") for message in messages)
     assert any(message.startswith("max_ongoing_requests: ") for message in messages)
     assert any("min_replicas (3) is above max_replicas (1)" in message for message in messages)

@@ -20,7 +20,9 @@ MODEL = [{"application": "demo", "deployment": "Model"}]
 
 @pytest.fixture
 def cluster(team, use_replay):
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0")
+    cluster = Cluster.objects.create(
+        name="vision-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0"
+    )
     sync.sync_cluster(cluster.pk)
     return cluster
 
@@ -41,17 +43,26 @@ def test_builtin_presets_are_installed_and_read_only(api_as):
 def test_operators_create_clone_edit_and_delete_team_presets(api_as):
     client = api_as("operator")
     created = client.post(
-        "/api/v1/presets/", {"name": "Chatty", "team": "vision", "description": "d", "options": {"max_ongoing_requests": 3}}, format="json"
+        "/api/v1/presets/",
+        {"name": "Chatty", "team": "vision", "description": "d", "options": {"max_ongoing_requests": 3}},
+        format="json",
     )
     assert created.status_code == 201, created.content
     preset_id = created.json()["id"]
-    assert client.patch(f"/api/v1/presets/{preset_id}/", {"options": {"max_ongoing_requests": 4}}, format="json").status_code == 200
+    assert (
+        client.patch(
+            f"/api/v1/presets/{preset_id}/", {"options": {"max_ongoing_requests": 4}}, format="json"
+        ).status_code
+        == 200
+    )
     assert Preset.objects.get(pk=preset_id).options == {"max_ongoing_requests": 4}
     heavy = Preset.objects.get(slug="heavy-gpu-model")
     clone = client.post(f"/api/v1/presets/{heavy.pk}/clone/", {"team": "vision"}, format="json")
     assert clone.status_code == 201 and clone.json()["options"] == heavy.options and not clone.json()["builtin"]
     assert client.delete(f"/api/v1/presets/{preset_id}/").status_code == 204
-    assert {"preset.create", "preset.update", "preset.delete"} <= set(AuditEvent.objects.values_list("action", flat=True))
+    assert {"preset.create", "preset.update", "preset.delete"} <= set(
+        AuditEvent.objects.values_list("action", flat=True)
+    )
 
 
 @pytest.mark.parametrize(
@@ -67,14 +78,18 @@ def test_operators_create_clone_edit_and_delete_team_presets(api_as):
     ],
 )
 def test_presets_with_bad_or_conflicting_options_are_refused(api_as, options, message):
-    response = api_as("operator").post("/api/v1/presets/", {"name": "Bad", "team": "vision", "options": options}, format="json")
+    response = api_as("operator").post(
+        "/api/v1/presets/", {"name": "Bad", "team": "vision", "options": options}, format="json"
+    )
     assert response.status_code == 400
     assert message in str(response.json())
     assert not Preset.objects.filter(name="Bad").exists()
 
 
 def test_viewers_cannot_create_presets(api_as):
-    response = api_as("viewer").post("/api/v1/presets/", {"name": "P", "team": "vision", "options": {"max_ongoing_requests": 2}}, format="json")
+    response = api_as("viewer").post(
+        "/api/v1/presets/", {"name": "P", "team": "vision", "options": {"max_ongoing_requests": 2}}, format="json"
+    )
     assert response.status_code == 403
 
 
@@ -104,8 +119,14 @@ def test_options_as_yaml_text_are_parsed(api_as, cluster):
         ({"options_text": "- a list"}, "must be a mapping"),
         ({"options": {"max_ongoing_requests": -1}}, "greater than 0"),
         ({"options": {"max_ongoing_requests": 8}}, "nothing to change"),
-        ({"options": {"max_ongoing_requests": 2}, "targets": [{"application": "demo", "deployment": "Nope"}]}, "No deployment 'Nope'"),
-        ({"options": {"max_ongoing_requests": 2}, "targets": [{"application": "nope", "deployment": "Model"}]}, "No application 'nope'"),
+        (
+            {"options": {"max_ongoing_requests": 2}, "targets": [{"application": "demo", "deployment": "Nope"}]},
+            "No deployment 'Nope'",
+        ),
+        (
+            {"options": {"max_ongoing_requests": 2}, "targets": [{"application": "nope", "deployment": "Model"}]},
+            "No application 'nope'",
+        ),
         ({"options": {"max_ongoing_requests": 2}, "reason": " "}, "reason"),
         ({}, "Give a preset or options"),
     ],
@@ -145,7 +166,8 @@ def test_cancel_only_a_planned_change(api_as, cluster):
 
 
 def test_a_broker_that_refuses_the_message_leaves_the_change_queued_for_the_reconciler(
-        api_as, client, people, cluster, monkeypatch, settings, django_capture_on_commit_callbacks):
+    api_as, client, people, cluster, monkeypatch, settings, django_capture_on_commit_callbacks
+):
     from kombu.exceptions import OperationalError
 
     from apps.changes import protocol
@@ -173,7 +195,10 @@ def test_a_broker_that_refuses_the_message_leaves_the_change_queued_for_the_reco
     protocol.reconcile(change_id)
     change = Change.objects.get(pk=change_id)
     assert sent == [("changes.run", [change_id])] and change.state == ChangeState.QUEUED
-    assert change.steps.last().message == "Reconciler: no worker took this change up within 5 s; sent to the workers again."
+    assert (
+        change.steps.last().message
+        == "Reconciler: no worker took this change up within 5 s; sent to the workers again."
+    )
     assert "Waiting for a worker" not in client.get(reverse("changes:detail", args=[change_id])).content.decode()
 
 
@@ -186,11 +211,15 @@ def test_restore_plans_a_past_revision(api_as, cluster, use_replay):
     payload["applications"]["demo"]["deployed_app_config"]["deployments"][1]["max_ongoing_requests"] = 3
     use_replay.routes["/api/serve/applications/"] = payload
 
-    response = api_as("operator").post("/api/v1/changes/restore/", {"revision": revision.pk, "reason": "undo"}, format="json")
+    response = api_as("operator").post(
+        "/api/v1/changes/restore/", {"revision": revision.pk, "reason": "undo"}, format="json"
+    )
 
     assert response.status_code == 201, response.content
     assert response.json()["kind"] == "restore"
-    assert response.json()["json_patch"] == [{"op": "replace", "path": "/applications/0/deployments/1/max_ongoing_requests", "value": 8}]
+    assert response.json()["json_patch"] == [
+        {"op": "replace", "path": "/applications/0/deployments/1/max_ongoing_requests", "value": 8}
+    ]
 
 
 def test_the_plan_page_plans_and_the_change_page_shows_the_diff(client, people, cluster):
@@ -235,9 +264,16 @@ def test_the_presets_page_lists_builtins_with_their_reasons(client, people):
 
 
 def test_admins_mark_a_cluster_as_rayservice_owned(api_as, cluster):
-    response = api_as("admin").patch(f"/api/v1/clusters/{cluster.pk}/", {"serve_config_owner": "rayservice"}, format="json")
+    response = api_as("admin").patch(
+        f"/api/v1/clusters/{cluster.pk}/", {"serve_config_owner": "rayservice"}, format="json"
+    )
     assert response.status_code == 200 and response.json()["serve_config_owner"] == "rayservice"
-    assert api_as("admin").patch(f"/api/v1/clusters/{cluster.pk}/", {"serve_config_owner": "nonsense"}, format="json").status_code == 400
+    assert (
+        api_as("admin")
+        .patch(f"/api/v1/clusters/{cluster.pk}/", {"serve_config_owner": "nonsense"}, format="json")
+        .status_code
+        == 400
+    )
 
 
 def test_a_revision_page_offers_a_restore_that_plans_a_change(client, people, cluster, use_replay):
@@ -261,11 +297,16 @@ def test_a_revision_page_offers_a_restore_that_plans_a_change(client, people, cl
 PRESET_OR_OPTIONS = "Give a preset or options, not both."
 
 
-@pytest.mark.parametrize("choice", [
-    pytest.param({}, id="neither"),
-    pytest.param({"preset": "heavy-gpu-model", "options": {"max_ongoing_requests": 2}}, id="both"),
-])
-def test_a_change_or_rollout_takes_a_preset_or_options_everywhere_with_one_message(client, people, api_as, cluster, choice):
+@pytest.mark.parametrize(
+    "choice",
+    [
+        pytest.param({}, id="neither"),
+        pytest.param({"preset": "heavy-gpu-model", "options": {"max_ongoing_requests": 2}}, id="both"),
+    ],
+)
+def test_a_change_or_rollout_takes_a_preset_or_options_everywhere_with_one_message(
+    client, people, api_as, cluster, choice
+):
     from django.core.exceptions import ValidationError
 
     from apps.accounts.audit import Actor
@@ -274,7 +315,9 @@ def test_a_change_or_rollout_takes_a_preset_or_options_everywhere_with_one_messa
 
     api = api_as("operator")
     assert plan(api, cluster, **choice).json() == {"options": [PRESET_OR_OPTIONS]}
-    rollout = api.post("/api/v1/rollouts/", {"selection": {"deployment": "Model"}, "reason": "r", **choice}, format="json")
+    rollout = api.post(
+        "/api/v1/rollouts/", {"selection": {"deployment": "Model"}, "reason": "r", **choice}, format="json"
+    )
     assert rollout.status_code == 400 and rollout.json() == {"options": [PRESET_OR_OPTIONS]}
 
     client.force_login(people["operator"])
@@ -288,7 +331,15 @@ def test_a_change_or_rollout_takes_a_preset_or_options_everywhere_with_one_messa
     preset = Preset.objects.get(slug="heavy-gpu-model") if choice else None
     options = choice.get("options")
     with pytest.raises(ValidationError, match=PRESET_OR_OPTIONS):
-        protocol.plan_change(Actor(user=people["operator"]), cluster, targets=MODEL, reason="r", preset=preset, options=options)
+        protocol.plan_change(
+            Actor(user=people["operator"]), cluster, targets=MODEL, reason="r", preset=preset, options=options
+        )
     with pytest.raises(ValidationError, match=PRESET_OR_OPTIONS):
-        rollouts.plan_rollout(Actor(user=people["operator"]), selection={"deployment": "Model"}, reason="r", preset=preset, options=options)
+        rollouts.plan_rollout(
+            Actor(user=people["operator"]),
+            selection={"deployment": "Model"},
+            reason="r",
+            preset=preset,
+            options=options,
+        )
     assert not Change.objects.exists() and not Rollout.objects.exists()

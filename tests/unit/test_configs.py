@@ -125,7 +125,9 @@ def test_application_revision_hash_does_not_depend_on_deployment_order(demo):
     forward = {"Echo": effective(demo, "Echo"), "Model": effective(demo, "Model")}
     backward = {"Model": effective(demo, "Model"), "Echo": effective(demo, "Echo")}
     submitted = demo["deployed_app_config"]
-    assert config_hash(application_revision(submitted, forward)) == config_hash(application_revision(submitted, backward))
+    assert config_hash(application_revision(submitted, forward)) == config_hash(
+        application_revision(submitted, backward)
+    )
 
 
 # --- unified_diff ----------------------------------------------------------------------------

@@ -9,7 +9,13 @@ from apps.incidents import detectors
 
 def trace(p99s, rps=5.0, queued=None, starts=None):
     return [
-        {"t": 1000 + 30 * i, "p99": v, "rps": rps, "queued": (queued or [0] * len(p99s))[i], "starts": (starts or [0] * len(p99s))[i]}
+        {
+            "t": 1000 + 30 * i,
+            "p99": v,
+            "rps": rps,
+            "queued": (queued or [0] * len(p99s))[i],
+            "starts": (starts or [0] * len(p99s))[i],
+        }
         for i, v in enumerate(p99s)
     ]
 
@@ -61,12 +67,17 @@ def node(points):
 def test_memory_pressure_needs_sustained_readings_near_the_limit():
     assert detectors.memory_pressure(node([(0, 0.5), (30, 0.92), (60, 0.95)]))
     assert detectors.memory_pressure(node([(0, 0.5), (30, 0.95), (60, 0.6)])) is None
-    assert detectors.memory_pressure([{"t": 0, "gpu": 0.97}, {"t": 30, "gpu": 0.98}], key="gpu").summary.startswith("Node GPU memory")
+    assert detectors.memory_pressure([{"t": 0, "gpu": 0.97}, {"t": 30, "gpu": 0.98}], key="gpu").summary.startswith(
+        "Node GPU memory"
+    )
 
 
 def test_a_ratchet_is_growth_over_hours_that_never_comes_back():
     assert detectors.memory_ratchet(node([(h * 3600.0, 0.40 + 0.03 * h) for h in range(5)]))
-    assert detectors.memory_ratchet(node([(h * 3600.0, 0.40 + (0.03 if h % 2 else 0) + 0.01 * h) for h in range(5)])) is None
+    assert (
+        detectors.memory_ratchet(node([(h * 3600.0, 0.40 + (0.03 if h % 2 else 0) + 0.01 * h) for h in range(5)]))
+        is None
+    )
     assert detectors.memory_ratchet(node([(h * 600.0, 0.40 + 0.05 * h) for h in range(5)])) is None  # not over hours
     tiny_dips = [(h * 1800.0, 0.40 + 0.03 * h - (0.005 if h == 3 else 0)) for h in range(9)]
     assert detectors.memory_ratchet(node(tiny_dips))

@@ -106,8 +106,10 @@ def test_a_real_dashboard_on_loopback_is_reached_by_name_through_the_pinned_tran
 
 def test_when_the_first_address_refuses_the_next_checked_one_is_tried(monkeypatch):
     def two(host, port, *args, **kwargs):
-        return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
-                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+        return [
+            (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+        ]
 
     monkeypatch.setattr(egress.socket, "getaddrinfo", two)
     tried = []

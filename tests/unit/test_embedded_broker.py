@@ -31,8 +31,10 @@ def broker(tmp_path):
 def insert_rows(database: Path, queue: str, payloads: list[str]) -> None:
     with sqlite3.connect(database, timeout=20) as db:
         queue_id = db.execute("SELECT id FROM kombu_queue WHERE name = ?", (queue,)).fetchone()[0]
-        db.executemany("INSERT INTO kombu_message (visible, payload, version, queue_id) VALUES (1, ?, 1, ?)",
-                       [(payload, queue_id) for payload in payloads])
+        db.executemany(
+            "INSERT INTO kombu_message (visible, payload, version, queue_id) VALUES (1, ?, 1, ?)",
+            [(payload, queue_id) for payload in payloads],
+        )
 
 
 def rows(database: Path) -> int:
@@ -52,7 +54,9 @@ def test_corrupt_rows_between_two_messages_are_dropped_and_logged_and_both_messa
 
     assert (first.payload, second.payload) == ({"n": 1}, {"n": 2})
     dropped = [record.getMessage() for record in caplog.records]
-    assert len(dropped) == 4 and all(line.startswith("dropped corrupt message") and "'work'" in line for line in dropped)
+    assert len(dropped) == 4 and all(
+        line.startswith("dropped corrupt message") and "'work'" in line for line in dropped
+    )
     assert rows(database) == 0
     queue.close()
 
@@ -117,22 +121,38 @@ def test_processes_starting_together_on_a_new_file_do_not_fail_on_each_others_ta
 
 
 def settings_for(broker_url: str | None) -> list:
-    code = ("import django, json; django.setup(); from django.conf import settings as s; "
-            "print(json.dumps([s.CELERY_BROKER_URL, getattr(s, 'CELERY_BROKER_TRANSPORT', None), s.CELERY_BROKER_TRANSPORT_OPTIONS]))")
+    code = (
+        "import django, json; django.setup(); from django.conf import settings as s; "
+        "print(json.dumps([s.CELERY_BROKER_URL, getattr(s, 'CELERY_BROKER_TRANSPORT', None), s.CELERY_BROKER_TRANSPORT_OPTIONS]))"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETDECK_", "DJANGO_", "CELERY_"))}
-    env.update(DJANGO_SETTINGS_MODULE="controlplane.settings", FLEETDECK_DEBUG="1", FLEETDECK_VAR_DIR="/tmp/fleetdeck-settings-test")
+    env.update(
+        DJANGO_SETTINGS_MODULE="controlplane.settings",
+        FLEETDECK_DEBUG="1",
+        FLEETDECK_VAR_DIR="/tmp/fleetdeck-settings-test",
+    )
     if broker_url:
         env["CELERY_BROKER_URL"] = broker_url
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def test_the_embedded_default_is_a_sqlite_file_under_the_var_folder_on_this_transport():
-    assert settings_for(None) == ["sqlite:////tmp/fleetdeck-settings-test/broker.sqlite3", "controlplane.broker:Transport", {}]
+    assert settings_for(None) == [
+        "sqlite:////tmp/fleetdeck-settings-test/broker.sqlite3",
+        "controlplane.broker:Transport",
+        {},
+    ]
 
 
 def test_any_sqlalchemy_url_gets_the_same_transport_and_no_option_create_engine_would_refuse():
-    assert settings_for("sqla+postgresql://u@db/fleetdeck") == ["postgresql://u@db/fleetdeck", "controlplane.broker:Transport", {}]
+    assert settings_for("sqla+postgresql://u@db/fleetdeck") == [
+        "postgresql://u@db/fleetdeck",
+        "controlplane.broker:Transport",
+        {},
+    ]
 
 
 def test_redis_keeps_its_own_transport():

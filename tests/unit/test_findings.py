@@ -20,12 +20,23 @@ pytestmark = pytest.mark.django_db
 
 
 def subject(effective: dict, submitted: dict | None = None, **facts) -> rules.Subject:
-    return rules.Subject(cluster_name="c", ray_version="2.60.0", application="demo", deployment="Model", effective=effective,
-                         submitted=submitted or {}, **facts)
+    return rules.Subject(
+        cluster_name="c",
+        ray_version="2.60.0",
+        application="demo",
+        deployment="Model",
+        effective=effective,
+        submitted=submitted or {},
+        **facts,
+    )
 
 
 def model_effective() -> dict:
-    return copy.deepcopy(ray_fixture("serve_applications_two_apps.json")["applications"]["demo"]["deployments"]["Model"]["deployment_config"])
+    return copy.deepcopy(
+        ray_fixture("serve_applications_two_apps.json")["applications"]["demo"]["deployments"]["Model"][
+            "deployment_config"
+        ]
+    )
 
 
 def hits(s: rules.Subject) -> dict[str, rules.Hit]:
@@ -36,7 +47,10 @@ def test_a_gpu_deployment_taking_8_at_once_gets_r1_and_r2_with_patches():
     effective = model_effective()
     effective["ray_actor_options"]["num_gpus"] = 1
     found = hits(subject(effective, running_replicas=1))
-    assert found["gpu-concurrency"].patch == {"max_ongoing_requests": 2, "autoscaling_config": {"target_ongoing_requests": 1}}
+    assert found["gpu-concurrency"].patch == {
+        "max_ongoing_requests": 2,
+        "autoscaling_config": {"target_ongoing_requests": 1},
+    }
     assert found["heavy-autoscaling"].patch == {"autoscaling_config": {"target_ongoing_requests": 1}}
 
 
@@ -70,14 +84,23 @@ def test_a_short_downscale_matters_only_when_cold_starts_are_seen():
     quick = model_effective()
     quick["autoscaling_config"]["downscale_delay_s"] = 10
     assert "short-downscale" not in hits(subject(quick))
-    assert hits(subject(quick, cold_starts_observed=True))["short-downscale"].patch == {"autoscaling_config": {"downscale_delay_s": 300}}
+    assert hits(subject(quick, cold_starts_observed=True))["short-downscale"].patch == {
+        "autoscaling_config": {"downscale_delay_s": 300}
+    }
 
 
 def test_settings_serve_ignores_are_found_by_comparing_with_what_runs():
-    found = hits(subject(model_effective(), {"name": "Model", "max_concurrent_queries": 2, "autoscaling_config": {"max_ongoing_requests": 3}}))
+    found = hits(
+        subject(
+            model_effective(),
+            {"name": "Model", "max_concurrent_queries": 2, "autoscaling_config": {"max_ongoing_requests": 3}},
+        )
+    )
     hit = found["ignored-settings"]
     assert any("2.10" in problem for problem in hit.evidence["ignored"])
-    assert hit.patch["max_concurrent_queries"] is None and hit.patch["autoscaling_config"] == {"max_ongoing_requests": None}
+    assert hit.patch["max_concurrent_queries"] is None and hit.patch["autoscaling_config"] == {
+        "max_ongoing_requests": None
+    }
     assert "ignored-settings" not in hits(subject(model_effective(), {"name": "Model", "max_ongoing_requests": 8}))
 
 
@@ -91,7 +114,9 @@ def test_ratchets_and_cold_starts_point_to_schedules_and_warmups():
 
 @pytest.fixture
 def cluster(team, use_replay):
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0", auth_mode="disabled")
+    cluster = Cluster.objects.create(
+        name="vision-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0", auth_mode="disabled"
+    )
     sync.sync_cluster(cluster.pk)
     return cluster
 
@@ -128,8 +153,12 @@ def test_muting_needs_a_reason_is_audited_and_hides_the_finding(cluster, api_as)
     finding = Finding.objects.get(application_name="echo2", rule="unbounded-queue")
     operator = api_as("operator")
     assert operator.post(f"/api/v1/findings/{finding.pk}/mute/", {}, format="json").status_code == 400
-    assert api_as("viewer").post(f"/api/v1/findings/{finding.pk}/mute/", {"reason": "x"}, format="json").status_code == 403
-    muted = operator.post(f"/api/v1/findings/{finding.pk}/mute/", {"reason": "echo2 is a canary, sheds load upstream"}, format="json").json()
+    assert (
+        api_as("viewer").post(f"/api/v1/findings/{finding.pk}/mute/", {"reason": "x"}, format="json").status_code == 403
+    )
+    muted = operator.post(
+        f"/api/v1/findings/{finding.pk}/mute/", {"reason": "echo2 is a canary, sheds load upstream"}, format="json"
+    ).json()
     assert muted["muted_at"] and AuditEvent.objects.filter(action="finding.mute").exists()
     listed = api_as("viewer").get("/api/v1/findings/?muted=false&rule=unbounded-queue").json()["results"]
     assert finding.pk not in [f["id"] for f in listed]
@@ -143,9 +172,19 @@ def test_a_rule_with_many_places_shows_its_first_ones_and_pages_through_all(clus
 
     findings.recompute(cluster.pk)
     many = views.FINDINGS_PER_GROUP + 5
-    Finding.objects.bulk_create([
-        Finding(cluster=cluster, application_name=f"app{i:03}", deployment_name="Model", rule="unbounded-queue",
-                severity="minor", message="no bound") for i in range(many)])
+    Finding.objects.bulk_create(
+        [
+            Finding(
+                cluster=cluster,
+                application_name=f"app{i:03}",
+                deployment_name="Model",
+                rule="unbounded-queue",
+                severity="minor",
+                message="no bound",
+            )
+            for i in range(many)
+        ]
+    )
     total = Finding.objects.filter(rule="unbounded-queue", resolved_at__isnull=True).count()
     client.force_login(people["viewer"])
 

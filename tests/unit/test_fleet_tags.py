@@ -18,43 +18,58 @@ from apps.remediation.models import Finding
 REPR = re.compile(r"\{'|\bNone\b|\bTrue\b|\bFalse\b")
 
 
-@pytest.mark.parametrize("value, shown", [
-    (None, "not set"),
-    (False, "no"),
-    (True, "yes"),
-    (4.0, "4"),
-    (0.25, "0.25"),
-    ("GPU", "GPU"),
-    ({"num_replicas": 1, "autoscaling_config": None}, "num_replicas: 1, autoscaling_config: not set"),
-    ({"autoscaling_config": {"min_replicas": 1, "max_replicas": 4}}, "autoscaling_config: {min_replicas: 1, max_replicas: 4}"),
-    ({"levels": [1, 2, None], "user_config": {}}, "levels: [1, 2, not set], user_config: {}"),
-    ({}, "none"),
-])
+@pytest.mark.parametrize(
+    "value, shown",
+    [
+        (None, "not set"),
+        (False, "no"),
+        (True, "yes"),
+        (4.0, "4"),
+        (0.25, "0.25"),
+        ("GPU", "GPU"),
+        ({"num_replicas": 1, "autoscaling_config": None}, "num_replicas: 1, autoscaling_config: not set"),
+        (
+            {"autoscaling_config": {"min_replicas": 1, "max_replicas": 4}},
+            "autoscaling_config: {min_replicas: 1, max_replicas: 4}",
+        ),
+        ({"levels": [1, 2, None], "user_config": {}}, "levels: [1, 2, not set], user_config: {}"),
+        ({}, "none"),
+    ],
+)
 def test_values_are_shown_in_words_and_flow_yaml_never_as_python_reprs(value, shown):
     assert human(value) == shown
 
 
-@pytest.mark.parametrize("patch, shown", [
-    ({"num_replicas": 1, "autoscaling_config": None}, "{num_replicas: 1, autoscaling_config: null}"),
-    ({"autoscaling_config": {"min_replicas": 2, "upscale_delay_s": 3.5}}, "{autoscaling_config: {min_replicas: 2, upscale_delay_s: 3.5}}"),
-    (None, "null"),
-    (False, "false"),
-    (8, "8"),
-])
+@pytest.mark.parametrize(
+    "patch, shown",
+    [
+        ({"num_replicas": 1, "autoscaling_config": None}, "{num_replicas: 1, autoscaling_config: null}"),
+        (
+            {"autoscaling_config": {"min_replicas": 2, "upscale_delay_s": 3.5}},
+            "{autoscaling_config: {min_replicas: 2, upscale_delay_s: 3.5}}",
+        ),
+        (None, "null"),
+        (False, "false"),
+        (8, "8"),
+    ],
+)
 def test_patches_are_shown_as_the_flow_yaml_the_planner_takes_where_null_is_no_removal(patch, shown):
     assert human(patch, "yaml") == shown
 
 
-@pytest.mark.parametrize("size, shown", [
-    (None, "—"),
-    (512, "512 B"),
-    (1536, "1.5 KiB"),
-    (200 * 2**20, "200 MiB"),
-    (1.4 * 2**30, "1.4 GiB"),
-    (2**30, "1 GiB"),
-    (7_582_819_328, "7.1 GiB"),
-    (-3 * 2**20, "-3 MiB"),
-])
+@pytest.mark.parametrize(
+    "size, shown",
+    [
+        (None, "—"),
+        (512, "512 B"),
+        (1536, "1.5 KiB"),
+        (200 * 2**20, "200 MiB"),
+        (1.4 * 2**30, "1.4 GiB"),
+        (2**30, "1 GiB"),
+        (7_582_819_328, "7.1 GiB"),
+        (-3 * 2**20, "-3 MiB"),
+    ],
+)
 def test_sizes_are_in_the_binary_units_rays_memory_monitor_prints(size, shown):
     assert mib(size) == shown.replace(" ", "\xa0")
 
@@ -75,14 +90,23 @@ def test_no_template_uses_filesizeformat_whose_units_read_as_decimal():
 
 @pytest.fixture
 def cluster(db, team):
-    return Cluster.objects.create(name="gpu-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0")
+    return Cluster.objects.create(
+        name="gpu-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0"
+    )
 
 
 def test_the_change_page_shows_its_options_without_python_reprs(client, people, cluster):
     config = {"applications": [{"name": "demo", "deployments": [{"name": "Model", "num_replicas": 1}]}]}
-    change = Change.objects.create(cluster=cluster, targets=[{"application": "demo", "deployment": "Model"}],
-                                   patch={"num_replicas": 1, "autoscaling_config": None}, reason="pin one replica",
-                                   base_hash="a" * 64, base_config=config, new_config=config, new_hash="b" * 64)
+    change = Change.objects.create(
+        cluster=cluster,
+        targets=[{"application": "demo", "deployment": "Model"}],
+        patch={"num_replicas": 1, "autoscaling_config": None},
+        reason="pin one replica",
+        base_hash="a" * 64,
+        base_config=config,
+        new_config=config,
+        new_hash="b" * 64,
+    )
     client.force_login(people["viewer"])
     page = client.get(reverse("changes:detail", args=[change.pk])).content.decode()
     assert "{num_replicas: 1, autoscaling_config: null}" in page
@@ -90,9 +114,15 @@ def test_the_change_page_shows_its_options_without_python_reprs(client, people, 
 
 
 def test_the_findings_page_shows_fixes_and_evidence_without_python_reprs(client, people, cluster):
-    Finding.objects.create(cluster=cluster, application_name="demo", deployment_name="Model", rule="single-replica",
-                           severity="warning", evidence={"min_replicas": None, "max_surge_percent": None, "recycle_schedule": False},
-                           patch={"num_replicas": 2})
+    Finding.objects.create(
+        cluster=cluster,
+        application_name="demo",
+        deployment_name="Model",
+        rule="single-replica",
+        severity="warning",
+        evidence={"min_replicas": None, "max_surge_percent": None, "recycle_schedule": False},
+        patch={"num_replicas": 2},
+    )
     client.force_login(people["operator"])
     page = client.get(reverse("remediation:findings")).content.decode()
     assert "<code>{num_replicas: 2}</code>" in page

@@ -39,7 +39,15 @@ def test_labels_say_what_a_field_is_with_its_unit_in_words(deployment, people):
 
 def test_every_number_and_time_field_explains_what_it_takes(deployment, people):
     for form in forms_of(deployment, people)[:2]:
-        for name in ("every_hours", "timeout_s", "window_start_hour", "window_end_hour", "timezone", "requests", "concurrency"):
+        for name in (
+            "every_hours",
+            "timeout_s",
+            "window_start_hour",
+            "window_end_hour",
+            "timezone",
+            "requests",
+            "concurrency",
+        ):
             if name in form.fields:
                 assert form.fields[name].help_text, f"{type(form).__name__}.{name} has no help text"
 

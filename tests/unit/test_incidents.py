@@ -67,9 +67,12 @@ def test_latency_percentiles_come_from_bucket_deltas():
 def test_a_counter_that_goes_back_is_a_reset_with_a_warning_not_a_negative_rate():
     before = metrics("metrics_after_oom_kills_filtered.prom", at=0)
     # The same series, counted again from a small number: the replica restarted.
-    after = ray_metrics.Scrape(at=60, samples=[
-        ray_metrics.Sample(s.name, s.labels, 3.0 if s.name == signals.REQUESTS else s.value) for s in before.samples
-    ])
+    after = ray_metrics.Scrape(
+        at=60,
+        samples=[
+            ray_metrics.Sample(s.name, s.labels, 3.0 if s.name == signals.REQUESTS else s.value) for s in before.samples
+        ],
+    )
     reading = signals.read(before, after)
     assert all(d.requests >= 0 for d in reading.deployments.values())
     assert any("went backwards" in w for w in reading.warnings)
@@ -96,10 +99,17 @@ def test_an_unreachable_metrics_endpoint_is_reported_transient():
 def cluster(team, use_replay, monkeypatch):
     use_replay.routes["/api/serve/applications/"] = "serve_applications_oom_t1_modelonly_after_recovery.json"
     use_replay.routes["/api/v0/actors"] = DEAD
-    cluster = Cluster.objects.create(name="gpu-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0",
-                                     metrics_url="http://ray.test:8080/metrics")
+    cluster = Cluster.objects.create(
+        name="gpu-prod",
+        team=team,
+        dashboard_url="http://ray.test:8265",
+        ray_version="2.60.0",
+        metrics_url="http://ray.test:8080/metrics",
+    )
     sync.sync_cluster(cluster.pk)
-    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s: metrics("metrics_after_oom_kills_filtered.prom"))
+    monkeypatch.setattr(
+        services.ray_metrics, "scrape", lambda url, timeout_s: metrics("metrics_after_oom_kills_filtered.prom")
+    )
     return Cluster.objects.get(pk=cluster.pk)
 
 
@@ -109,7 +119,9 @@ def test_an_oom_kill_opens_an_incident_with_evidence_and_ranked_causes(cluster):
     incident = Incident.objects.get(pk=incident_id)
     assert incident.kind == "oom_kill" and incident.status == "open"
     assert (incident.application_name, incident.deployment_name) == ("modelonly", "Model")
-    assert incident.deployment == Deployment.objects.get(application__cluster=cluster, application__name="modelonly", name="Model")
+    assert incident.deployment == Deployment.objects.get(
+        application__cluster=cluster, application__name="modelonly", name="Model"
+    )
     assert incident.oom_kills.get().replica == "lg45rpy4"
     ids = [c["id"] for c in incident.causes]
     assert ids[0] == "OOM-2" and "max_ongoing_requests" in incident.causes[0]["reason"]
@@ -138,8 +150,17 @@ def test_the_same_kill_seen_again_changes_nothing_and_a_new_one_extends_the_inci
 
 @pytest.mark.django_db
 def test_a_kill_right_after_a_change_suspects_the_rollout_first(cluster, people):
-    Change.objects.create(cluster=cluster, targets=[{"application": "modelonly", "deployment": "Model"}], reason="bigger batches",
-                          state="succeeded", base_hash="a", base_config={}, new_config={}, new_hash="b", started_at=timezone.now() - timedelta(minutes=3))
+    Change.objects.create(
+        cluster=cluster,
+        targets=[{"application": "modelonly", "deployment": "Model"}],
+        reason="bigger batches",
+        state="succeeded",
+        base_hash="a",
+        base_config={},
+        new_config={},
+        new_hash="b",
+        started_at=timezone.now() - timedelta(minutes=3),
+    )
     [incident_id] = services.detect(cluster.pk)
     causes = Incident.objects.get(pk=incident_id).causes
     assert causes[0]["id"] == "OOM-7" and "3 min after change" in causes[0]["reason"]
@@ -179,13 +200,21 @@ def test_an_open_incident_blocks_a_recycle_of_its_deployment(cluster, people):
 def test_the_api_filters_and_handles_incidents(api_as, cluster):
     [incident_id] = services.detect(cluster.pk)
     viewer, operator = api_as("viewer"), api_as("operator")
-    assert [i["id"] for i in viewer.get("/api/v1/incidents/?status=open&kind=oom_kill&application=modelonly").json()["results"]] == [incident_id]
+    assert [
+        i["id"]
+        for i in viewer.get("/api/v1/incidents/?status=open&kind=oom_kill&application=modelonly").json()["results"]
+    ] == [incident_id]
     assert viewer.get("/api/v1/incidents/?application=demo").json()["results"] == []
     assert viewer.post(f"/api/v1/incidents/{incident_id}/acknowledge/").status_code == 403
     assert viewer.post(f"/api/v1/incidents/{incident_id}/notes/", {"text": "seen it"}, format="json").status_code == 201
     assert operator.post(f"/api/v1/incidents/{incident_id}/acknowledge/").json()["status"] == "acknowledged"
     resolved = operator.post(f"/api/v1/incidents/{incident_id}/resolve/").json()
-    assert resolved["status"] == "resolved" and [e["kind"] for e in resolved["timeline"]] == ["detected", "note", "acknowledged", "resolved"]
+    assert resolved["status"] == "resolved" and [e["kind"] for e in resolved["timeline"]] == [
+        "detected",
+        "note",
+        "acknowledged",
+        "resolved",
+    ]
     assert operator.post(f"/api/v1/incidents/{incident_id}/resolve/").status_code == 400
     assert api_as("outsider").get(f"/api/v1/incidents/{incident_id}/").status_code == 404
 
@@ -220,7 +249,10 @@ def slower(scrape: ray_metrics.Scrape, at: float, extra: int = 60, over_ms: floa
 
 
 def test_old_points_are_summarized_and_points_past_retention_dropped():
-    points = [{"t": float(t), "p99": float(t % 7), "rps": 1.0, "errors": 1, "starts": 0, "queued": 0, "ongoing": 0} for t in range(0, 7200, 30)]
+    points = [
+        {"t": float(t), "p99": float(t % 7), "rps": 1.0, "errors": 1, "starts": 0, "queued": 0, "ongoing": 0}
+        for t in range(0, 7200, 30)
+    ]
     compacted = signals.compact(points, now=7200, raw_s=1800, bucket_s=300, retention_s=5400)
     raw = [p for p in compacted if "summary" not in p]
     summaries = [p for p in compacted if "summary" in p]
@@ -241,9 +273,15 @@ def test_a_sustained_slowdown_in_the_metrics_opens_a_latency_incident(metered, m
     cluster, base = metered
     scrapes = iter([base, slower(base, 1030, over_ms=5000)])
     monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s: next(scrapes))
-    SignalWindow.objects.create(cluster=cluster, application_name="demo", deployment_name="Model", points=[
-        {"t": 800 + 30 * i, "p99": 90.0 + i, "rps": 5.0, "queued": 0, "ongoing": 1, "starts": 0} for i in range(5)
-    ] + [{"t": 990, "p99": 6000.0, "rps": 5.0, "queued": 3, "ongoing": 8, "starts": 0}])
+    SignalWindow.objects.create(
+        cluster=cluster,
+        application_name="demo",
+        deployment_name="Model",
+        points=[
+            {"t": 800 + 30 * i, "p99": 90.0 + i, "rps": 5.0, "queued": 0, "ongoing": 1, "starts": 0} for i in range(5)
+        ]
+        + [{"t": 990, "p99": 6000.0, "rps": 5.0, "queued": 3, "ongoing": 8, "starts": 0}],
+    )
 
     assert services.collect_metrics(cluster.pk) == []  # the first scrape only sets the base
     [incident_id] = services.collect_metrics(cluster.pk)
@@ -276,11 +314,27 @@ def test_an_unchanged_scrape_is_quiet_and_a_down_endpoint_is_recorded(metered, m
 def test_latency_causes_put_a_cold_start_first_when_replicas_just_started():
     from apps.incidents.causes import LatencyContext, rank_latency_causes
 
-    ctx = LatencyContext(cold_start=True, queue_building=False, ongoing=1, queued=0, max_ongoing_requests=2, running_replicas=1,
-                         at_max_replicas=False, memory_pressure=False)
+    ctx = LatencyContext(
+        cold_start=True,
+        queue_building=False,
+        ongoing=1,
+        queued=0,
+        max_ongoing_requests=2,
+        running_replicas=1,
+        at_max_replicas=False,
+        memory_pressure=False,
+    )
     assert [c["id"] for c in rank_latency_causes(ctx)][:1] == ["LAT-1"]
-    blocked = LatencyContext(cold_start=False, queue_building=False, ongoing=1, queued=0, max_ongoing_requests=8, running_replicas=2,
-                             at_max_replicas=False, memory_pressure=True)
+    blocked = LatencyContext(
+        cold_start=False,
+        queue_building=False,
+        ongoing=1,
+        queued=0,
+        max_ongoing_requests=8,
+        running_replicas=2,
+        at_max_replicas=False,
+        memory_pressure=True,
+    )
     assert [c["id"] for c in rank_latency_causes(blocked)][:2] == ["LAT-6", "LAT-3"]
 
 
@@ -290,9 +344,15 @@ def test_an_incident_with_a_series_draws_charts_with_kill_markers(client, people
     from apps.incidents.models import SignalWindow
 
     now = timezone.now().timestamp()
-    SignalWindow.objects.create(cluster=cluster, application_name="modelonly", deployment_name="Model", points=[
-        {"t": now - 30 * (5 - i), "p50": 40.0, "p99": 90.0 + i, "rps": 3.0, "ongoing": 2, "queued": 0} for i in range(6)
-    ])
+    SignalWindow.objects.create(
+        cluster=cluster,
+        application_name="modelonly",
+        deployment_name="Model",
+        points=[
+            {"t": now - 30 * (5 - i), "p50": 40.0, "p99": 90.0 + i, "rps": 3.0, "ongoing": 2, "queued": 0}
+            for i in range(6)
+        ],
+    )
     [incident_id] = services.detect(cluster.pk)
     incident = Incident.objects.get(pk=incident_id)
 
@@ -302,7 +362,11 @@ def test_an_incident_with_a_series_draws_charts_with_kill_markers(client, people
     assert chart["start"] == int((now - 150) * 1000) and chart["end"] == chart["kills"][0]["t"]
     client.force_login(people["viewer"])
     page = client.get(reverse("incidents:detail", args=[incident_id])).content.decode()
-    assert "chartjs-4.6.1/chart.umd.min.js" in page and "js/incident_charts.js" in page and 'id="incident-chart-data"' in page
+    assert (
+        "chartjs-4.6.1/chart.umd.min.js" in page
+        and "js/incident_charts.js" in page
+        and 'id="incident-chart-data"' in page
+    )
 
 
 def test_an_incident_without_a_series_has_no_chart():
@@ -317,11 +381,15 @@ def test_incidents_filter_by_time_range(api_as, cluster):
     viewer = api_as("viewer")
     later = (timezone.now() + timedelta(hours=1)).isoformat().replace("+00:00", "Z")
     earlier = (timezone.now() - timedelta(hours=1)).isoformat().replace("+00:00", "Z")
-    assert [i["id"] for i in viewer.get(f"/api/v1/incidents/?since={earlier}&until={later}").json()["results"]] == [incident_id]
+    assert [i["id"] for i in viewer.get(f"/api/v1/incidents/?since={earlier}&until={later}").json()["results"]] == [
+        incident_id
+    ]
     assert viewer.get(f"/api/v1/incidents/?since={later}").json()["results"] == []
 
 
-def with_memory(scrape: ray_metrics.Scrape, at: float, fraction: float, gpu: tuple[float, float] | None = None) -> ray_metrics.Scrape:
+def with_memory(
+    scrape: ray_metrics.Scrape, at: float, fraction: float, gpu: tuple[float, float] | None = None
+) -> ray_metrics.Scrape:
     samples = []
     for s in scrape.samples:
         value = s.value
@@ -330,8 +398,10 @@ def with_memory(scrape: ray_metrics.Scrape, at: float, fraction: float, gpu: tup
             value = total * fraction
         samples.append(ray_metrics.Sample(s.name, s.labels, value))
     if gpu:
-        samples += [ray_metrics.Sample(signals.GRAM_USED, {"ip": "192.0.2.2", "GpuIndex": "0"}, gpu[0]),
-                    ray_metrics.Sample(signals.GRAM_AVAILABLE, {"ip": "192.0.2.2", "GpuIndex": "0"}, gpu[1])]
+        samples += [
+            ray_metrics.Sample(signals.GRAM_USED, {"ip": "192.0.2.2", "GpuIndex": "0"}, gpu[0]),
+            ray_metrics.Sample(signals.GRAM_AVAILABLE, {"ip": "192.0.2.2", "GpuIndex": "0"}, gpu[1]),
+        ]
     return ray_metrics.Scrape(at=at, samples=samples)
 
 
@@ -353,7 +423,9 @@ def test_sustained_node_memory_pressure_opens_a_node_incident(metered, monkeypat
 @pytest.mark.django_db
 def test_gpu_memory_is_read_when_ray_reports_it(metered, monkeypatch):
     cluster, base = metered
-    scrapes = iter([with_memory(base, 1000 + 30 * i, 0.3, gpu=(g, 80_000 - g)) for i, g in enumerate([10_000, 77_000, 78_000])])
+    scrapes = iter(
+        [with_memory(base, 1000 + 30 * i, 0.3, gpu=(g, 80_000 - g)) for i, g in enumerate([10_000, 77_000, 78_000])]
+    )
     monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s: next(scrapes))
     touched = [services.collect_metrics(cluster.pk) for _ in range(3)]
     incident = Incident.objects.get(pk=touched[2][0])
@@ -365,7 +437,9 @@ def test_memory_that_only_grows_for_hours_opens_a_ratchet_incident_suspecting_oo
     from apps.incidents.models import NodeWindow
 
     cluster, base = metered
-    NodeWindow.objects.create(cluster=cluster, node_ip="192.0.2.2", points=[{"t": 1000 + 3600 * h, "mem": 0.40 + 0.04 * h} for h in range(4)])
+    NodeWindow.objects.create(
+        cluster=cluster, node_ip="192.0.2.2", points=[{"t": 1000 + 3600 * h, "mem": 0.40 + 0.04 * h} for h in range(4)]
+    )
     scrapes = iter([with_memory(base, 1000 + 3600 * 4, 0.58), with_memory(base, 1000 + 3600 * 4 + 30, 0.58)])
     monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s: next(scrapes))
     services.collect_metrics(cluster.pk)
@@ -380,11 +454,30 @@ def test_the_timeline_shows_the_changes_and_recycles_around_the_incident(cluster
     from apps.maintenance.models import MaintenanceRun
 
     deployment = Deployment.objects.get(application__cluster=cluster, application__name="modelonly", name="Model")
-    change = Change.objects.create(cluster=cluster, targets=[{"application": "modelonly", "deployment": "Model"}], reason="bigger batches",
-                                   state="succeeded", base_hash="a", base_config={}, new_config={}, new_hash="b", started_at=timezone.now())
-    Change.objects.create(cluster=cluster, targets=[{"application": "demo", "deployment": "Echo"}], reason="other app",
-                          state="succeeded", base_hash="a", base_config={}, new_config={}, new_hash="c")
-    run = MaintenanceRun.objects.create(kind="recycle", trigger="schedule", state="succeeded", cluster=cluster, deployment=deployment)
+    change = Change.objects.create(
+        cluster=cluster,
+        targets=[{"application": "modelonly", "deployment": "Model"}],
+        reason="bigger batches",
+        state="succeeded",
+        base_hash="a",
+        base_config={},
+        new_config={},
+        new_hash="b",
+        started_at=timezone.now(),
+    )
+    Change.objects.create(
+        cluster=cluster,
+        targets=[{"application": "demo", "deployment": "Echo"}],
+        reason="other app",
+        state="succeeded",
+        base_hash="a",
+        base_config={},
+        new_config={},
+        new_hash="c",
+    )
+    run = MaintenanceRun.objects.create(
+        kind="recycle", trigger="schedule", state="succeeded", cluster=cluster, deployment=deployment
+    )
     [incident_id] = services.detect(cluster.pk)
 
     related = api_as("viewer").get(f"/api/v1/incidents/{incident_id}/").json()["related_work"]
@@ -398,7 +491,10 @@ def test_a_deployment_deleted_mid_incident_keeps_the_incident_by_name(cluster):
     [incident_id] = services.detect(cluster.pk)
     Deployment.objects.filter(application__cluster=cluster, application__name="modelonly").delete()
     incident = Incident.objects.get(pk=incident_id)
-    assert incident.deployment is None and (incident.application_name, incident.deployment_name) == ("modelonly", "Model")
+    assert incident.deployment is None and (incident.application_name, incident.deployment_name) == (
+        "modelonly",
+        "Model",
+    )
     assert services.detect(cluster.pk) == []  # the same kill is not a new one
 
 
@@ -414,15 +510,28 @@ def test_a_growing_queue_opens_a_queue_incident_before_latency_spikes(metered, m
     from apps.incidents.models import SignalWindow
 
     cluster, base = metered
-    queued = ray_metrics.Scrape(at=1030, samples=[
-        ray_metrics.Sample(s.name, s.labels, 20.0 if s.name == signals.QUEUED and s.labels.get("deployment") == "Model" else s.value)
-        for s in base.samples
-    ])
+    queued = ray_metrics.Scrape(
+        at=1030,
+        samples=[
+            ray_metrics.Sample(
+                s.name,
+                s.labels,
+                20.0 if s.name == signals.QUEUED and s.labels.get("deployment") == "Model" else s.value,
+            )
+            for s in base.samples
+        ],
+    )
     scrapes = iter([base, queued])
     monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s: next(scrapes))
-    SignalWindow.objects.create(cluster=cluster, application_name="demo", deployment_name="Model", points=[
-        {"t": 900 + 30 * i, "p99": 90.0, "rps": 5.0, "queued": q, "ongoing": 8, "starts": 0} for i, q in enumerate([0, 0, 3, 9])
-    ])
+    SignalWindow.objects.create(
+        cluster=cluster,
+        application_name="demo",
+        deployment_name="Model",
+        points=[
+            {"t": 900 + 30 * i, "p99": 90.0, "rps": 5.0, "queued": q, "ongoing": 8, "starts": 0}
+            for i, q in enumerate([0, 0, 3, 9])
+        ],
+    )
     services.collect_metrics(cluster.pk)
     touched = services.collect_metrics(cluster.pk)
     incidents = Incident.objects.filter(pk__in=touched, kind="queue_buildup")
@@ -443,14 +552,20 @@ def test_a_change_before_a_cluster_restart_or_replaced_outside_fleetdeck_is_not_
 
     restarted, why = change_in_effect([older, change], ClusterHistory(session="session_b"))
     assert restarted is None and len(why) == 2
-    assert why[0] == ("Change #2 (bigger batches) is not counted: it ran on Ray session session_a, and the cluster has restarted "
-                      "since (now session_b).")
+    assert why[0] == (
+        "Change #2 (bigger batches) is not counted: it ran on Ray session session_a, and the cluster has restarted "
+        "since (now session_b)."
+    )
     # No sync saw the change's config run yet: a restart recorded after it is the evidence.
     unseen = RecentChange("change #2 (bigger batches)", now - timedelta(minutes=4))
     history = ClusterHistory(session="session_b", restarts=(now - timedelta(minutes=2),))
     assert change_in_effect([unseen], history)[1] == [
-        "Change #2 (bigger batches) is not counted: the cluster restarted 2 min after it; every replica started again since."]
-    assert change_in_effect([unseen], ClusterHistory(session="session_b", restarts=(now - timedelta(minutes=6),)))[0] == unseen
+        "Change #2 (bigger batches) is not counted: the cluster restarted 2 min after it; every replica started again since."
+    ]
+    assert (
+        change_in_effect([unseen], ClusterHistory(session="session_b", restarts=(now - timedelta(minutes=6),)))[0]
+        == unseen
+    )
 
     # A revision Fleetdeck did not make replaced change #2's config but not change #1's... which it also replaced.
     pushed_outside = ClusterHistory(session="session_a", foreign_revisions=(now - timedelta(minutes=3),))
@@ -474,9 +589,19 @@ def serve_with(max_ongoing_requests: int, controller_started: float | None = Non
 
 def pushed_change(cluster, minutes_ago: float) -> Change:
     at = timezone.now() - timedelta(minutes=minutes_ago)
-    return Change.objects.create(cluster=cluster, targets=[{"application": "modelonly", "deployment": "Model"}], reason="bigger batches",
-                                 state="succeeded", base_hash="a", base_config={}, new_config={}, new_hash="b", started_at=at,
-                                 pushed_at=at, finished_at=at + timedelta(seconds=20))
+    return Change.objects.create(
+        cluster=cluster,
+        targets=[{"application": "modelonly", "deployment": "Model"}],
+        reason="bigger batches",
+        state="succeeded",
+        base_hash="a",
+        base_config={},
+        new_config={},
+        new_hash="b",
+        started_at=at,
+        pushed_at=at,
+        finished_at=at + timedelta(seconds=20),
+    )
 
 
 def new_session(use_replay, cluster) -> str:
@@ -500,14 +625,16 @@ def test_a_kill_after_a_cluster_restart_does_not_blame_a_change_made_before_it(c
     assert "OOM-7" not in [c["id"] for c in incident.causes] and incident.causes[0]["id"] == "OOM-2"
     assert incident.evidence["changes_not_counted"] == [
         f"Change #{change.pk} (bigger batches) is not counted: it ran on Ray session {first}, and the cluster has restarted since "
-        f"(now {second})."]
+        f"(now {second})."
+    ]
     assert incident.evidence["session"]["name"] == second
 
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("pushed_outside", [False, True])
 def test_a_config_pushed_outside_fleetdeck_after_a_change_clears_the_change_but_the_change_s_own_revision_does_not(
-        cluster, use_replay, pushed_outside):
+    cluster, use_replay, pushed_outside
+):
     from apps.fleet.models import ConfigRevision
 
     change = pushed_change(cluster, minutes_ago=4)
@@ -532,22 +659,33 @@ def test_a_config_pushed_outside_fleetdeck_after_a_change_clears_the_change_but_
 
 @pytest.mark.django_db
 def test_a_change_that_never_reached_the_cluster_is_not_a_cause(cluster):
-    Change.objects.create(cluster=cluster, targets=[{"application": "modelonly", "deployment": "Model"}], reason="bigger batches",
-                          state="drifted", base_hash="a", base_config={}, new_config={}, new_hash="b",
-                          started_at=timezone.now() - timedelta(minutes=3))
+    Change.objects.create(
+        cluster=cluster,
+        targets=[{"application": "modelonly", "deployment": "Model"}],
+        reason="bigger batches",
+        state="drifted",
+        base_hash="a",
+        base_config={},
+        new_config={},
+        new_hash="b",
+        started_at=timezone.now() - timedelta(minutes=3),
+    )
     [incident_id] = services.detect(cluster.pk)
     assert "OOM-7" not in [c["id"] for c in Incident.objects.get(pk=incident_id).causes]
 
 
 @pytest.mark.django_db
 def test_the_timeline_shows_restarts_and_config_revisions_made_outside_fleetdeck_among_kills_and_changes(
-        cluster, use_replay, api_as, client, people):
+    cluster, use_replay, api_as, client, people
+):
     from apps.fleet.models import ConfigRevision
 
     change = pushed_change(cluster, minutes_ago=4)
     use_replay.routes["/api/serve/applications/"] = serve_with(4)
     sync.sync_cluster(cluster.pk)  # the change's own revision: not shown as one made outside Fleetdeck
-    started = ray_fixture("serve_applications_oom_t1_modelonly_after_recovery.json")["controller_health_metrics"]["controller_start_time"]
+    started = ray_fixture("serve_applications_oom_t1_modelonly_after_recovery.json")["controller_health_metrics"][
+        "controller_start_time"
+    ]
     use_replay.routes["/api/serve/applications/"] = serve_with(16, controller_started=started + 120)
     assert "controller_restarted" in sync.sync_cluster(cluster.pk).events
     outside = ConfigRevision.objects.filter(application__name="modelonly").order_by("-pk").first()
@@ -556,23 +694,34 @@ def test_the_timeline_shows_restarts_and_config_revisions_made_outside_fleetdeck
 
     related = api_as("viewer").get(f"/api/v1/incidents/{incident_id}/").json()["related_work"]
     assert [(r["kind"], r["id"]) for r in related if r["kind"] in ("change", "config_revision")] == [
-        ("change", change.pk), ("config_revision", outside.pk)]
+        ("change", change.pk),
+        ("config_revision", outside.pk),
+    ]
     # The sync that saw the controller restart saw the config pushed outside Fleetdeck too.
     assert [r["kind"] for r in related] == ["change", "controller_restart", "config_revision", "cluster_restart"]
     assert "changed outside Fleetdeck" in next(r["text"] for r in related if r["kind"] == "config_revision")
 
     client.force_login(people["viewer"])
     page = client.get(reverse("incidents:detail", args=[incident_id])).content.decode()
-    timeline = page[page.index("<h2>Timeline</h2>"):]
-    order = [timeline.index(text) for text in (f"Change #{change.pk}", "Serve controller restarted", "changed outside Fleetdeck",
-                                               "Ray cluster restarted", "killed by Ray&#x27;s memory monitor")]
+    timeline = page[page.index("<h2>Timeline</h2>") :]
+    order = [
+        timeline.index(text)
+        for text in (
+            f"Change #{change.pk}",
+            "Serve controller restarted",
+            "changed outside Fleetdeck",
+            "Ray cluster restarted",
+            "killed by Ray&#x27;s memory monitor",
+        )
+    ]
     assert order == sorted(order)
     assert reverse("fleet:revision", args=[outside.pk]) in timeline
 
 
 @pytest.mark.django_db
 def test_an_oom_incident_charts_node_memory_against_the_kill_threshold_and_memory_per_replica_within_its_session(
-        cluster, use_replay, client, people, monkeypatch):
+    cluster, use_replay, client, people, monkeypatch
+):
     from apps.clusters.models import ClusterEvent
     from apps.incidents.charts import chart_data
     from apps.incidents.models import NodeWindow, SignalWindow
@@ -582,10 +731,23 @@ def test_an_oom_incident_charts_node_memory_against_the_kill_threshold_and_memor
     ClusterEvent.objects.filter(cluster=cluster, kind=ClusterEvent.Kind.SESSION_CHANGED).update(created_at=restarted)
     now = timezone.now().timestamp()
     times = [now - 3600 + 30 * i for i in range(121)]  # an hour of readings, most from the session before
-    SignalWindow.objects.create(cluster=cluster, application_name="modelonly", deployment_name="Model", points=[
-        {"t": t, "p50": 40.0, "p99": 90.0, "rps": 3.0, "ongoing": 2, "queued": 0, "rss_mb": 1200.0, "replicas": 2} for t in times])
-    NodeWindow.objects.create(cluster=cluster, node_ip="192.0.2.2", points=[
-        {"t": t, "mem": 0.3, "mem_used": 7.0 * 2**30, "mem_total": 23.5 * 2**30, "gpu": None, "evictions": 0} for t in times])
+    SignalWindow.objects.create(
+        cluster=cluster,
+        application_name="modelonly",
+        deployment_name="Model",
+        points=[
+            {"t": t, "p50": 40.0, "p99": 90.0, "rps": 3.0, "ongoing": 2, "queued": 0, "rss_mb": 1200.0, "replicas": 2}
+            for t in times
+        ],
+    )
+    NodeWindow.objects.create(
+        cluster=cluster,
+        node_ip="192.0.2.2",
+        points=[
+            {"t": t, "mem": 0.3, "mem_used": 7.0 * 2**30, "mem_total": 23.5 * 2**30, "gpu": None, "evictions": 0}
+            for t in times
+        ],
+    )
 
     [incident_id] = services.detect(cluster.pk)
     incident = Incident.objects.get(pk=incident_id)
@@ -597,12 +759,16 @@ def test_an_oom_incident_charts_node_memory_against_the_kill_threshold_and_memor
     assert node["ip"] == "192.0.2.2" and node["used_gib"][0][1] == 7.0 and node["total_gib"] == 23.5
     assert node["threshold_gib"] == round(7582819328 / 2**30, 3)  # the threshold in Ray's kill message
     [kill] = chart["kills"]
-    assert kill["node_gib"] == round(7595319296 / 2**30, 3) and kill["replica_mib"] == round(int(5.48 * 2**30) / 2**20, 1)
+    assert kill["node_gib"] == round(7595319296 / 2**30, 3) and kill["replica_mib"] == round(
+        int(5.48 * 2**30) / 2**20, 1
+    )
     # 1,200 decimal MB over two replicas.
     assert chart["replica_mib"][0][1] == round(600e6 / 2**20, 1)
     client.force_login(people["viewer"])
     page = client.get(reverse("incidents:detail", args=[incident_id])).content.decode()
-    assert 'id="node-memory-chart"' in page and 'id="replica-memory-chart"' in page and "from its Ray session only" in page
+    assert (
+        'id="node-memory-chart"' in page and 'id="replica-memory-chart"' in page and "from its Ray session only" in page
+    )
 
     # Later readings follow into the open incident's evidence: whether memory came back down after the kill.
     later = metrics("metrics_after_oom_kills_filtered.prom", at=now + 30)
@@ -611,4 +777,6 @@ def test_an_oom_incident_charts_node_memory_against_the_kill_threshold_and_memor
     services.collect_metrics(cluster.pk)
     services.collect_metrics(cluster.pk)
     evidence = Incident.objects.get(pk=incident_id).evidence
-    assert evidence["series"][-1]["t"] == round(now + 30, 1) and evidence["node_memory"]["192.0.2.2"][-1]["t"] == round(now + 30, 1)
+    assert evidence["series"][-1]["t"] == round(now + 30, 1) and evidence["node_memory"]["192.0.2.2"][-1]["t"] == round(
+        now + 30, 1
+    )

@@ -63,10 +63,12 @@ def failure(code: int, reason: str, message: str, **details) -> KubernetesError:
 def forbidden(verb: str, plural: str, group: str, namespace: str) -> KubernetesError:
     resource = f"{plural}.{group}" if group else plural
     return failure(
-        403, "Forbidden",
+        403,
+        "Forbidden",
         f'{resource} is forbidden: User "system:serviceaccount:fleetdeck:fleetdeck" cannot {verb} resource '
         f'"{plural}" in API group "{group}" in the namespace "{namespace}"',
-        group=group, kind=plural,
+        group=group,
+        kind=plural,
     )
 
 
@@ -81,7 +83,7 @@ class FakeKube:
         self.patches: list[dict] = []
         self.services: dict[tuple[str, str], dict] = {}
         unauthenticated = kmock[lambda request: request.headers.get("Authorization") != f"Bearer {TOKEN}"]
-        (unauthenticated ** 10) << failure(401, "Unauthorized", "Unauthorized")
+        (unauthenticated**10) << failure(401, "Unauthorized", "Unauthorized")
 
     @property
     def url(self) -> str:
@@ -93,9 +95,13 @@ class FakeKube:
     def serve_list(self, path: str, kind: str, items: list[dict]) -> None:
         def page(request):
             self.list_params.append({"path": path, **request.params})
-            start = int(base64.urlsafe_b64decode(request.params["continue"]).decode().split(":")[1]) if request.params.get("continue") else 0
+            start = (
+                int(base64.urlsafe_b64decode(request.params["continue"]).decode().split(":")[1])
+                if request.params.get("continue")
+                else 0
+            )
             limit = int(request.params.get("limit") or len(items) or 1)
-            chunk = items[start:start + limit]
+            chunk = items[start : start + limit]
             meta = {"resourceVersion": "48213400"}
             if start + limit < len(items):
                 meta["continue"] = base64.urlsafe_b64encode(f"{kind}:{start + limit}".encode()).decode()
@@ -120,20 +126,28 @@ class FakeKube:
             service["metadata"]["generation"] += 1
 
     def _patch(self, key, request):
-        self.patches.append({"content_type": request.headers.get("Content-Type"), "body": request.data, "params": dict(request.params)})
+        self.patches.append(
+            {"content_type": request.headers.get("Content-Type"), "body": request.data, "params": dict(request.params)}
+        )
         if request.headers.get("Content-Type") != "application/merge-patch+json":
             raise failure(415, "UnsupportedMediaType", "the body of the request was in an unknown format")
         service = self.services[key]
         wanted = (request.data.get("metadata") or {}).get("resourceVersion")
         if wanted is not None and wanted != service["metadata"]["resourceVersion"]:
             raise failure(
-                409, "Conflict",
+                409,
+                "Conflict",
                 f'Operation cannot be fulfilled on rayservices.ray.io "{key[1]}": the object has been modified; '
                 "please apply your changes to the latest version and try again",
-                name=key[1], group="ray.io", kind="rayservices",
+                name=key[1],
+                group="ray.io",
+                kind="rayservices",
             )
         patch = {k: v for k, v in request.data.items() if k != "metadata"}
-        if patch.get("spec", {}).get("serveConfigV2", service["spec"]["serveConfigV2"]) != service["spec"]["serveConfigV2"]:
+        if (
+            patch.get("spec", {}).get("serveConfigV2", service["spec"]["serveConfigV2"])
+            != service["spec"]["serveConfigV2"]
+        ):
             service["metadata"]["generation"] += 1
         _merge(service, patch)
         service["metadata"]["resourceVersion"] = str(int(service["metadata"]["resourceVersion"]) + 1)
@@ -194,8 +208,14 @@ def test_a_kubeconfig_without_the_context_is_refused_with_a_config_error():
 def test_a_kubeconfig_with_an_exec_plugin_is_refused_before_it_can_run_unless_allowed(tmp_path):
     marker = tmp_path / "plugin-ran"
     config = kubeconfig("https://k8s.example.internal:6443")
-    config["users"][0]["user"] = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "touch",
-                                           "args": [str(marker)], "interactiveMode": "Never"}}
+    config["users"][0]["user"] = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": "touch",
+            "args": [str(marker)],
+            "interactiveMode": "Never",
+        }
+    }
     path = tmp_path / "kubeconfig"
     path.write_text(json.dumps(config))
 
@@ -264,7 +284,9 @@ async def test_a_result_exactly_at_the_cap_with_nothing_left_is_complete(kube):
 async def test_a_forbidden_namespace_is_skipped_and_named_while_the_others_are_listed(kube):
     vision = fixture("raycluster_vision.json")
     kube.serve_list(f"{ML}/rayclusters", "RayCluster", [vision])
-    kube.kmock["get /apis/ray.io/v1/namespaces/finance/rayclusters"] << forbidden("list", "rayclusters", "ray.io", "finance")
+    kube.kmock["get /apis/ray.io/v1/namespaces/finance/rayclusters"] << forbidden(
+        "list", "rayclusters", "ray.io", "finance"
+    )
 
     result = await asyncio.to_thread(kube.adapter().list_rayclusters, ["finance", "ml"])
 
@@ -281,8 +303,15 @@ async def test_an_expired_continue_token_keeps_what_was_read_and_marks_the_resul
 
     def page(request):
         if request.params.get("continue"):
-            raise failure(410, "Expired", "The provided continue parameter is too old to display a consistent list result.")
-        return {"kind": "PodList", "apiVersion": "v1", "metadata": {"continue": "c2VlbjoyCg", "resourceVersion": "1"}, "items": items[:2]}
+            raise failure(
+                410, "Expired", "The provided continue parameter is too old to display a consistent list result."
+            )
+        return {
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {"continue": "c2VlbjoyCg", "resourceVersion": "1"},
+            "items": items[:2],
+        }
 
     kube.kmock["get /api/v1/namespaces/ml/pods"] << page
 
@@ -294,7 +323,9 @@ async def test_an_expired_continue_token_keeps_what_was_read_and_marks_the_resul
 
 @pytest.mark.asyncio
 async def test_rayclusters_and_rayservices_are_parsed_from_kuberay_v1_objects(kube):
-    kube.serve_list(f"{ML}/rayclusters", "RayCluster", [fixture("raycluster_vision.json"), fixture("raycluster_batch.json")])
+    kube.serve_list(
+        f"{ML}/rayclusters", "RayCluster", [fixture("raycluster_vision.json"), fixture("raycluster_batch.json")]
+    )
     kube.serve_list(f"{ML}/rayservices", "RayService", [fixture("rayservice_vision.json")])
     adapter = kube.adapter()
 
@@ -350,28 +381,45 @@ async def test_events_narrow_by_one_reason_on_the_server_and_by_several_after_pa
 
 @pytest.mark.asyncio
 async def test_hpas_and_keda_scaled_objects_name_their_scale_targets(kube):
-    kube.serve_list("/apis/autoscaling/v2/namespaces/ml/horizontalpodautoscalers", "HorizontalPodAutoscaler", fixture("hpas_ml.json")["items"])
-    kube.serve_list("/apis/keda.sh/v1alpha1/namespaces/ml/scaledobjects", "ScaledObject", fixture("scaledobjects_ml.json")["items"])
+    kube.serve_list(
+        "/apis/autoscaling/v2/namespaces/ml/horizontalpodautoscalers",
+        "HorizontalPodAutoscaler",
+        fixture("hpas_ml.json")["items"],
+    )
+    kube.serve_list(
+        "/apis/keda.sh/v1alpha1/namespaces/ml/scaledobjects", "ScaledObject", fixture("scaledobjects_ml.json")["items"]
+    )
     adapter = kube.adapter()
 
     hpas = await asyncio.to_thread(adapter.list_hpas, "ml")
     scaled = await asyncio.to_thread(adapter.list_scaled_objects, "ml")
 
     assert [(h.target.kind, h.target.name, h.target.group) for h in hpas.items] == [
-        ("RayCluster", "vision-raycluster-7x9kq", "ray.io"), ("Deployment", "frontend", "apps")]
+        ("RayCluster", "vision-raycluster-7x9kq", "ray.io"),
+        ("Deployment", "frontend", "apps"),
+    ]
     (batch,) = scaled.items
-    assert (batch.target.kind, batch.target.name, batch.triggers, batch.paused) == ("RayCluster", "batch", ("prometheus",), False)
+    assert (batch.target.kind, batch.target.name, batch.triggers, batch.paused) == (
+        "RayCluster",
+        "batch",
+        ("prometheus",),
+        False,
+    )
     assert scaled.warnings == []
 
 
 @pytest.mark.asyncio
 async def test_a_cluster_without_keda_has_no_scaled_objects_and_says_why(kube):
-    kube.kmock["get /apis/keda.sh/v1alpha1/namespaces/ml/scaledobjects"] << failure(404, "NotFound", "the server could not find the requested resource")
+    kube.kmock["get /apis/keda.sh/v1alpha1/namespaces/ml/scaledobjects"] << failure(
+        404, "NotFound", "the server could not find the requested resource"
+    )
 
     result = await asyncio.to_thread(kube.adapter().list_scaled_objects, "ml")
 
     assert result.items == [] and result.partial is False
-    assert result.warnings == ["KEDA is not installed on this cluster (the API server does not serve scaledobjects.keda.sh/v1alpha1)."]
+    assert result.warnings == [
+        "KEDA is not installed on this cluster (the API server does not serve scaledobjects.keda.sh/v1alpha1)."
+    ]
 
 
 # --- errors ----------------------------------------------------------------------------------
@@ -396,7 +444,8 @@ async def test_a_404_page_from_something_else_is_not_mistaken_for_missing_crds(k
 @pytest.mark.asyncio
 async def test_a_missing_rayservice_is_not_mistaken_for_missing_crds(kube):
     kube.kmock[f"get {ML}/rayservices/vision"] << failure(
-        404, "NotFound", 'rayservices.ray.io "vision" not found', name="vision", group="ray.io", kind="rayservices")
+        404, "NotFound", 'rayservices.ray.io "vision" not found', name="vision", group="ray.io", kind="rayservices"
+    )
 
     with pytest.raises(KubeNotFound) as caught:
         await asyncio.to_thread(kube.adapter().get_rayservice, "ml", "vision")
@@ -480,11 +529,16 @@ async def test_patch_carries_the_resource_version_in_a_merge_patch_and_replaces_
     kube.serve_rayservice(fixture("rayservice_vision.json"))
     adapter = kube.adapter()
 
-    updated = await asyncio.to_thread(adapter.patch_rayservice_serve_config, "ml", "vision", "applications: []\n", "48213377")
+    updated = await asyncio.to_thread(
+        adapter.patch_rayservice_serve_config, "ml", "vision", "applications: []\n", "48213377"
+    )
 
     (patch,) = kube.patches
     assert patch["content_type"] == "application/merge-patch+json"
-    assert patch["body"] == {"metadata": {"resourceVersion": "48213377"}, "spec": {"serveConfigV2": "applications: []\n"}}
+    assert patch["body"] == {
+        "metadata": {"resourceVersion": "48213377"},
+        "spec": {"serveConfigV2": "applications: []\n"},
+    }
     assert patch["params"]["fieldManager"] == "fleetdeck"
     assert updated.serve_config == {"applications": []}
     assert updated.resource_version == "48213378" and updated.generation == 8
@@ -498,10 +552,15 @@ async def test_patch_with_a_stale_resource_version_is_a_conflict_and_changes_not
     kube.bump("ml", "vision")
 
     with pytest.raises(KubeConflict, match="changed since it was read") as caught:
-        await asyncio.to_thread(kube.adapter().patch_rayservice_serve_config, "ml", "vision", "applications: []\n", "48213377")
+        await asyncio.to_thread(
+            kube.adapter().patch_rayservice_serve_config, "ml", "vision", "applications: []\n", "48213377"
+        )
 
     assert caught.value.status == 409
-    assert kube.services[("ml", "vision")]["spec"]["serveConfigV2"] == fixture("rayservice_vision.json")["spec"]["serveConfigV2"]
+    assert (
+        kube.services[("ml", "vision")]["spec"]["serveConfigV2"]
+        == fixture("rayservice_vision.json")["spec"]["serveConfigV2"]
+    )
 
 
 @pytest.mark.asyncio
@@ -596,7 +655,9 @@ async def test_the_writer_stops_with_drift_when_someone_else_changed_serve_confi
         reads += 1
         served = copy.deepcopy(kube.services[("ml", "vision")])
         if reads == 1:
-            kube.bump("ml", "vision", serve_config_v2="applications:\n- name: detector\n  import_path: vision.detector:app\n")
+            kube.bump(
+                "ml", "vision", serve_config_v2="applications:\n- name: detector\n  import_path: vision.detector:app\n"
+            )
         return served
 
     (kube.kmock[f"get {ML}/rayservices/vision"] ** 1) << someone_applies_between_read_and_patch
@@ -614,7 +675,9 @@ async def test_the_writer_refuses_to_push_over_a_config_that_is_not_the_planned_
     base = _new_config()  # planned against a config the cluster does not hold
 
     with pytest.raises(RayServiceDrift, match="no longer the config this change was planned against"):
-        await asyncio.to_thread(RayServiceWriter(kube.adapter(), "ml", "vision", expected_base=base).push, {"applications": []})
+        await asyncio.to_thread(
+            RayServiceWriter(kube.adapter(), "ml", "vision", expected_base=base).push, {"applications": []}
+        )
 
     assert kube.patches == []
 
@@ -651,7 +714,10 @@ async def test_status_names_the_applications_and_deployments_not_yet_healthy(kub
     health = await asyncio.to_thread(status, kube.adapter(), "ml", "vision")
 
     assert health.waiting_for(["detector", "thumbnails", "ocr"]) == [
-        "detector: DEPLOYING", "thumbnails/Thumbnailer: UPDATING", "ocr: not reported by KubeRay"]
+        "detector: DEPLOYING",
+        "thumbnails/Thumbnailer: UPDATING",
+        "ocr: not reported by KubeRay",
+    ]
 
 
 @pytest.mark.asyncio
@@ -667,4 +733,5 @@ async def test_status_does_not_verify_while_kuberay_upgrades_to_a_new_cluster(ku
     assert health.upgrading is True and health.pending_cluster_name == "vision-raycluster-q8d4m"
     assert health.waiting_for(["detector"]) == [
         "KubeRay is upgrading ml/vision to a new RayCluster (vision-raycluster-q8d4m); "
-        "the active cluster's statuses are not the new config's"]
+        "the active cluster's statuses are not the new config's"
+    ]

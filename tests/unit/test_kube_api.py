@@ -25,7 +25,9 @@ def create(client, **overrides):
 
 
 # An outsider naming the team gets what naming an unknown team gets: its existence is not confirmed.
-@pytest.mark.parametrize("who, status", [("admin", 201), ("root", 201), ("operator", 403), ("viewer", 403), ("outsider", 400)])
+@pytest.mark.parametrize(
+    "who, status", [("admin", 201), ("root", 201), ("operator", 403), ("viewer", 403), ("outsider", 400)]
+)
 def test_only_team_admins_add_connections(api_as, who, status):
     response = create(api_as(who))
     assert response.status_code == status, response.content
@@ -61,7 +63,9 @@ def test_only_admins_allow_rayservice_writes(api_as, team, who, status):
     created.refresh_from_db()
     assert created.read_only is (status != 200)
     if status == 200:
-        assert AuditEvent.objects.get(action="kube.connection.update").changes == {"read_only": {"from": True, "to": False}}
+        assert AuditEvent.objects.get(action="kube.connection.update").changes == {
+            "read_only": {"from": True, "to": False}
+        }
 
 
 @pytest.mark.parametrize("who, status", [("viewer", 200), ("outsider", 404)])
@@ -75,7 +79,10 @@ def test_discovery_is_for_team_members(api_as, kube, team, who, status):
     assert response.status_code == status
     if status == 200:
         body = response.json()
-        assert [(r["kind"], r["name"]) for r in body["resources"]] == [("RayCluster", "batch"), ("RayService", "vision")]
+        assert [(r["kind"], r["name"]) for r in body["resources"]] == [
+            ("RayCluster", "batch"),
+            ("RayService", "vision"),
+        ]
         assert body["partial"] is False and body["error"] == ""
 
 
@@ -92,8 +99,11 @@ def test_only_admins_register_discovered_resources(api_as, kube, team, use_repla
     kube.serve_rayservice(fixture("rayservice_vision.json"))
     created = connection(kube, team)
 
-    response = api_as(who).post(f"{URL}{created.pk}/register/", {"kind": "RayService", "namespace": "ml", "name": "vision",
-                                                                 "cluster_name": "vision-prod"}, format="json")
+    response = api_as(who).post(
+        f"{URL}{created.pk}/register/",
+        {"kind": "RayService", "namespace": "ml", "name": "vision", "cluster_name": "vision-prod"},
+        format="json",
+    )
 
     assert response.status_code == status, response.content
     if status == 201:
@@ -105,7 +115,9 @@ def test_only_admins_register_discovered_resources(api_as, kube, team, use_repla
 def test_register_refuses_a_taken_cluster_name_and_a_resource_that_is_gone(api_as, kube, team, use_replay):
     from tests.unit.test_kube_adapter import failure
 
-    kube.kmock[f"get {ML}/rayservices/gone"] << failure(404, "NotFound", 'rayservices.ray.io "gone" not found', name="gone")
+    kube.kmock[f"get {ML}/rayservices/gone"] << failure(
+        404, "NotFound", 'rayservices.ray.io "gone" not found', name="gone"
+    )
     Cluster.objects.create(name="taken", team=team, dashboard_url="http://ray.test:8265")
     created = connection(kube, team)
     body = {"kind": "RayService", "namespace": "ml", "name": "gone"}
@@ -122,8 +134,11 @@ def test_register_refuses_a_token_no_header_can_carry(api_as, kube, team, use_re
     kube.serve_rayservice(fixture("rayservice_vision.json"))
     created = connection(kube, team)
 
-    response = api_as("admin").post(f"{URL}{created.pk}/register/", {"kind": "RayService", "namespace": "ml", "name": "vision",
-                                                                    "cluster_name": "vision-prod", "token": token}, format="json")
+    response = api_as("admin").post(
+        f"{URL}{created.pk}/register/",
+        {"kind": "RayService", "namespace": "ml", "name": "vision", "cluster_name": "vision-prod", "token": token},
+        format="json",
+    )
 
     assert response.status_code == 400, response.content
     assert response.json()["token"] == ["The token must be printable ASCII without spaces, as Ray issues it."]
@@ -136,8 +151,11 @@ def test_only_admins_link_clusters(api_as, kube, team, who, status):
     cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
     created = connection(kube, team)
 
-    response = api_as(who).post(f"{URL}{created.pk}/link/", {"cluster": cluster.pk, "kind": "RayService", "namespace": "ml",
-                                                             "name": "vision"}, format="json")
+    response = api_as(who).post(
+        f"{URL}{created.pk}/link/",
+        {"cluster": cluster.pk, "kind": "RayService", "namespace": "ml", "name": "vision"},
+        format="json",
+    )
 
     assert response.status_code == status, response.content
     if status == 201:
@@ -146,10 +164,16 @@ def test_only_admins_link_clusters(api_as, kube, team, who, status):
 
 def test_another_teams_cluster_cannot_be_named_for_a_link(api_as, kube, team, other_team):
     cluster = Cluster.objects.create(name="speech", team=other_team, dashboard_url="http://ray.test:8265")
-    response = api_as("admin").post(f"{URL}{connection(kube, team).pk}/link/", {"cluster": cluster.pk, "kind": "RayService",
-                                                                                 "namespace": "ml", "name": "vision"}, format="json")
-    unknown = api_as("admin").post(f"{URL}{KubeConnection.objects.get().pk}/link/", {"cluster": 987654, "kind": "RayService",
-                                                                                      "namespace": "ml", "name": "vision"}, format="json")
+    response = api_as("admin").post(
+        f"{URL}{connection(kube, team).pk}/link/",
+        {"cluster": cluster.pk, "kind": "RayService", "namespace": "ml", "name": "vision"},
+        format="json",
+    )
+    unknown = api_as("admin").post(
+        f"{URL}{KubeConnection.objects.get().pk}/link/",
+        {"cluster": 987654, "kind": "RayService", "namespace": "ml", "name": "vision"},
+        format="json",
+    )
     assert response.status_code == unknown.status_code == 400
     assert response.json()["cluster"] == [m.replace("987654", str(cluster.pk)) for m in unknown.json()["cluster"]]
 
@@ -157,8 +181,14 @@ def test_another_teams_cluster_cannot_be_named_for_a_link(api_as, kube, team, ot
 @pytest.fixture
 def linked(team, kube):
     cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
-    return KubeLink.objects.create(cluster=cluster, connection=connection(kube, team), kind="RayService", namespace="ml", name="vision",
-                                   snapshot={"pods": [{"name": "head", "memory_limit": "16Gi", "restarts": 0}]})
+    return KubeLink.objects.create(
+        cluster=cluster,
+        connection=connection(kube, team),
+        kind="RayService",
+        namespace="ml",
+        name="vision",
+        snapshot={"pods": [{"name": "head", "memory_limit": "16Gi", "restarts": 0}]},
+    )
 
 
 @pytest.mark.parametrize("who, count", [("viewer", 1), ("outsider", 0)])
@@ -174,7 +204,9 @@ def test_operators_queue_an_inspection(api_as, linked, who, status):
     assert api_as(who).post(f"{LINKS}{linked.pk}/inspect/").status_code == status
 
 
-def test_a_broker_that_refuses_the_inspection_fails_nothing(api_as, linked, monkeypatch, django_capture_on_commit_callbacks):
+def test_a_broker_that_refuses_the_inspection_fails_nothing(
+    api_as, linked, monkeypatch, django_capture_on_commit_callbacks
+):
     from kombu.exceptions import OperationalError
 
     from controlplane.celery import app
@@ -197,17 +229,32 @@ def test_findings_carry_the_subject_and_message_of_kubernetes_checks(api_as, lin
     from apps.kube.checks import Finding as KubeFinding
     from apps.remediation import findings
 
-    findings.recompute_kube(linked.cluster, [KubeFinding("K4", "warning", "ml/vision/gpu/ray-worker", {"gpus": 2.0},
-                                                         "Request at least 2 CPU.", "LAT-3")], complete=True)
+    findings.recompute_kube(
+        linked.cluster,
+        [KubeFinding("K4", "warning", "ml/vision/gpu/ray-worker", {"gpus": 2.0}, "Request at least 2 CPU.", "LAT-3")],
+        complete=True,
+    )
 
     (row,) = api_as("viewer").get("/api/v1/findings/", {"rule": "K4"}).json()["results"]
     assert (row["subject"], row["message"], row["title"], row["remedy"]) == (
-        "ml/vision/gpu/ray-worker", "Request at least 2 CPU.", "GPU pods with too little CPU", "")
+        "ml/vision/gpu/ray-worker",
+        "Request at least 2 CPU.",
+        "GPU pods with too little CPU",
+        "",
+    )
     assert row["evidence"] == {"gpus": 2.0, "cause": "LAT-3"}
 
 
 def test_the_openapi_schema_documents_the_kubernetes_endpoints(client):
     paths = client.get("/api/schema/", HTTP_ACCEPT="application/json").json()["paths"]
-    for path in (URL, f"{URL}{{id}}/", f"{URL}{{id}}/discovery/", f"{URL}{{id}}/register/", f"{URL}{{id}}/link/",
-                 LINKS, f"{LINKS}{{id}}/", f"{LINKS}{{id}}/inspect/"):
+    for path in (
+        URL,
+        f"{URL}{{id}}/",
+        f"{URL}{{id}}/discovery/",
+        f"{URL}{{id}}/register/",
+        f"{URL}{{id}}/link/",
+        LINKS,
+        f"{LINKS}{{id}}/",
+        f"{LINKS}{{id}}/inspect/",
+    ):
         assert path in paths, path

@@ -62,8 +62,20 @@ TERMINATING_WORKER = "vision-raycluster-7x9kq-gpu-workers-worker-p2w8d"
 
 @pytest.mark.parametrize(
     ("quantity", "value"),
-    [("48Gi", 48 * GIB), ("512Mi", 512 * 2**20), ("500m", 0.5), ("8", 8.0), ("1.5G", 1.5e9), ("1e3", 1000.0),
-     ("100k", 1e5), (2, 2.0), ("12GiB", None), ("lots", None), (None, None), ("", None)],
+    [
+        ("48Gi", 48 * GIB),
+        ("512Mi", 512 * 2**20),
+        ("500m", 0.5),
+        ("8", 8.0),
+        ("1.5G", 1.5e9),
+        ("1e3", 1000.0),
+        ("100k", 1e5),
+        (2, 2.0),
+        ("12GiB", None),
+        ("lots", None),
+        (None, None),
+        ("", None),
+    ],
 )
 def test_quantities_parse_like_kubernetes_does(quantity, value):
     assert parse_quantity(quantity) == value
@@ -137,8 +149,13 @@ def test_k1_flags_ray_believing_a_pod_has_more_memory_than_its_limit():
     assert {f.cause for f in findings} == {"OOM-6", "OOM-3"}
     memory = next(f for f in findings if f.cause == "OOM-6")
     assert memory.subject == f"ml/{OOM_WORKER}/ray-worker"
-    assert memory.evidence == {"memory_limit_bytes": 48 * GIB, "ray_memory_total_bytes": 256 * GIB,
-                               "ray_object_store_bytes": 76 * GIB, "node": "gpu-node-a", "pod_ip": "10.42.3.21"}
+    assert memory.evidence == {
+        "memory_limit_bytes": 48 * GIB,
+        "ray_memory_total_bytes": 256 * GIB,
+        "ray_object_store_bytes": 76 * GIB,
+        "node": "gpu-node-a",
+        "pod_ip": "10.42.3.21",
+    }
 
 
 def test_k1_accepts_ray_seeing_the_container_limit():
@@ -153,7 +170,9 @@ def test_k1_matches_ray_nodes_by_pod_name_too():
 
 def test_k1_reports_a_spec_mistake_once_not_for_the_rayservice_its_cluster_and_every_pod():
     def drop_limits(raw):
-        del raw["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"]
+        del raw["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"][
+            "limits"
+        ]["memory"]
 
     raw_cluster = fixture("raycluster_vision.json")
     del raw_cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"]
@@ -161,7 +180,8 @@ def test_k1_reports_a_spec_mistake_once_not_for_the_rayservice_its_cluster_and_e
     findings = check_k1([parse_raycluster(raw_cluster)], [vision_service(drop_limits)], vision_pods())
 
     assert [(f.subject, f.evidence["missing"]) for f in findings] == [
-        ("ml/vision-raycluster-7x9kq/gpu-workers/ray-worker", ["memory limit"])]
+        ("ml/vision-raycluster-7x9kq/gpu-workers/ray-worker", ["memory limit"])
+    ]
 
 
 def test_k1_checks_live_pods_whose_cluster_spec_was_not_given():
@@ -225,7 +245,9 @@ def test_k2_resolves_an_hpa_that_targets_the_rayservice_itself():
 def test_k2_does_not_count_fixed_replica_serve_configs_as_autoscaling():
     def fixed(raw):
         raw["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] = False
-        raw["spec"]["serveConfigV2"] = "applications:\n- name: thumbnails\n  import_path: vision.thumbs:app\n  deployments:\n  - name: Thumbnailer\n    num_replicas: 2\n"
+        raw["spec"]["serveConfigV2"] = (
+            "applications:\n- name: thumbnails\n  import_path: vision.thumbs:app\n  deployments:\n  - name: Thumbnailer\n    num_replicas: 2\n"
+        )
 
     raw = fixture("hpas_ml.json")["items"][0]
     raw["spec"]["scaleTargetRef"] = {"apiVersion": "ray.io/v1", "kind": "RayService", "name": "vision"}
@@ -310,20 +332,33 @@ def test_oomkilled_reports_the_kernel_kill_of_a_ray_worker_with_its_kuberay_iden
     assert (kill.namespace, kill.pod, kill.container, kill.node) == ("ml", OOM_WORKER, "ray-worker", "gpu-node-a")
     assert (kill.exit_code, kill.restart_count, kill.reason) == (137, 3, "OOMKilled")
     assert kill.finished_at == at("2026-03-02T09:41:07")
-    assert (kill.ray_node_type, kill.ray_cluster, kill.ray_group) == ("worker", "vision-raycluster-7x9kq", "gpu-workers")
+    assert (kill.ray_node_type, kill.ray_cluster, kill.ray_group) == (
+        "worker",
+        "vision-raycluster-7x9kq",
+        "gpu-workers",
+    )
     assert kill.kernel_oom is True and kill.suspected_cause == "OOM-6"
 
 
 def test_oomkilled_sees_a_container_killed_now_and_counts_each_kill_once():
     raw = fixture("pods_ml.json")["items"][1]
     status = raw["status"]["containerStatuses"][0]
-    status["state"] = {"terminated": {"exitCode": 137, "reason": "OOMKilled", "startedAt": "2026-03-02T09:41:09Z",
-                                      "finishedAt": "2026-03-02T10:02:44Z"}}
+    status["state"] = {
+        "terminated": {
+            "exitCode": 137,
+            "reason": "OOMKilled",
+            "startedAt": "2026-03-02T09:41:09Z",
+            "finishedAt": "2026-03-02T10:02:44Z",
+        }
+    }
     pod = parse_pod(raw)
 
     kills = oomkilled([pod, copy.deepcopy(pod)])
 
-    assert sorted(k.finished_at.isoformat() for k in kills) == ["2026-03-02T09:41:07+00:00", "2026-03-02T10:02:44+00:00"]
+    assert sorted(k.finished_at.isoformat() for k in kills) == [
+        "2026-03-02T09:41:07+00:00",
+        "2026-03-02T10:02:44+00:00",
+    ]
 
 
 def test_oomkilled_ignores_restarts_for_other_reasons():

@@ -22,9 +22,14 @@ pytestmark = pytest.mark.django_db
 
 
 def serve_kuberay(kube, *, services_=None, clusters=None):
-    kube.serve_list(f"{ML}/rayservices", "RayService", [fixture("rayservice_vision.json")] if services_ is None else services_)
-    kube.serve_list(f"{ML}/rayclusters", "RayCluster",
-                    [fixture("raycluster_vision.json"), fixture("raycluster_batch.json")] if clusters is None else clusters)
+    kube.serve_list(
+        f"{ML}/rayservices", "RayService", [fixture("rayservice_vision.json")] if services_ is None else services_
+    )
+    kube.serve_list(
+        f"{ML}/rayclusters",
+        "RayCluster",
+        [fixture("raycluster_vision.json"), fixture("raycluster_batch.json")] if clusters is None else clusters,
+    )
 
 
 def admin(people) -> Actor:
@@ -41,7 +46,11 @@ def test_discovery_offers_rayservices_and_standalone_rayclusters_with_their_dash
     assert batch.dashboard_url == "http://batch-head-svc.ml.svc:8265" and batch.state == "ready"
     # The RayService's own head service follows its active cluster across upgrades.
     assert vision.dashboard_url == "http://vision-head-svc.ml.svc:8265"
-    assert (vision.ray_cluster, vision.applications, vision.state) == ("vision-raycluster-7x9kq", ("detector", "thumbnails"), "Ready")
+    assert (vision.ray_cluster, vision.applications, vision.state) == (
+        "vision-raycluster-7x9kq",
+        ("detector", "thumbnails"),
+        "Ready",
+    )
     assert found.partial is False and found.warnings == [] and found.error == ""
     checked = KubeConnection.objects.get()
     assert checked.last_checked_at is not None and checked.last_error == ""
@@ -106,8 +115,9 @@ def test_expired_credentials_say_so(kube, team):
 def test_a_connection_stores_its_kubeconfig_encrypted_and_audits_only_that_it_was_set(kube, team, people):
     text = yaml.safe_dump(kubeconfig(kube.url))
 
-    created = services.create_connection(admin(people), team=team, name="prod", namespaces="ml, ray-serve", kubeconfig=text,
-                                         context="ml")
+    created = services.create_connection(
+        admin(people), team=team, name="prod", namespaces="ml, ray-serve", kubeconfig=text, context="ml"
+    )
 
     assert created.namespaces == ["ml", "ray-serve"] and created.read_only is True
     assert "fleetdeck-sa-token" not in created.kubeconfig_ciphertext
@@ -116,13 +126,16 @@ def test_a_connection_stores_its_kubeconfig_encrypted_and_audits_only_that_it_wa
     assert audit.changes["kubeconfig"] == "set" and "fleetdeck-sa-token" not in str(audit.changes)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"kubeconfig": "clusters: [unclosed"}, "not valid YAML"),
-    ({"kubeconfig": "just: text\n"}, "not a kubeconfig"),
-    ({"context": "missing"}, "cannot be used"),
-    ({"namespaces": "Not_A_Namespace"}, "not a namespace name"),
-    ({"namespaces": ""}, "at least one namespace"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"kubeconfig": "clusters: [unclosed"}, "not valid YAML"),
+        ({"kubeconfig": "just: text\n"}, "not a kubeconfig"),
+        ({"context": "missing"}, "cannot be used"),
+        ({"namespaces": "Not_A_Namespace"}, "not a namespace name"),
+        ({"namespaces": ""}, "at least one namespace"),
+    ],
+)
 def test_bad_connections_are_refused_with_what_is_wrong(kube, team, people, change, message):
     body = {"kubeconfig": yaml.safe_dump(kubeconfig(kube.url)), "context": "ml", "namespaces": "ml"} | change
     with pytest.raises(ValidationError) as caught:
@@ -135,15 +148,23 @@ def test_a_kubeconfig_with_a_credential_plugin_is_refused(kube, team, people):
     config = kubeconfig(kube.url)
     config["users"][0]["user"] = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "aws"}}
     with pytest.raises(ValidationError, match="exec credential plugin"):
-        services.create_connection(admin(people), team=team, name="prod", namespaces="ml", kubeconfig=yaml.safe_dump(config))
+        services.create_connection(
+            admin(people), team=team, name="prod", namespaces="ml", kubeconfig=yaml.safe_dump(config)
+        )
 
 
 def test_registering_a_discovered_rayservice_makes_a_rayservice_owned_linked_cluster(kube, team, people, use_replay):
     serve_kuberay(kube)
     kube.serve_rayservice(fixture("rayservice_vision.json"))
 
-    cluster = services.register_discovered(admin(people), connection(kube, team), kind="RayService", namespace="ml", name="vision",
-                                           cluster_name="vision-prod")
+    cluster = services.register_discovered(
+        admin(people),
+        connection(kube, team),
+        kind="RayService",
+        namespace="ml",
+        name="vision",
+        cluster_name="vision-prod",
+    )
 
     assert cluster.dashboard_url == "http://vision-head-svc.ml.svc:8265"
     assert cluster.serve_config_owner == Cluster.ConfigOwner.RAYSERVICE and cluster.team == team
@@ -159,8 +180,15 @@ def test_registering_refuses_a_token_no_header_can_carry(kube, team, people, use
     kube.serve_rayservice(fixture("rayservice_vision.json"))
 
     with pytest.raises(ValidationError, match="printable ASCII without spaces"):
-        services.register_discovered(admin(people), connection(kube, team), kind="RayService", namespace="ml", name="vision",
-                                     cluster_name="vision-prod", token=token)
+        services.register_discovered(
+            admin(people),
+            connection(kube, team),
+            kind="RayService",
+            namespace="ml",
+            name="vision",
+            cluster_name="vision-prod",
+            token=token,
+        )
     assert not Cluster.objects.exists() and not KubeLink.objects.exists()
 
 
@@ -168,33 +196,51 @@ def test_a_raycluster_owned_by_a_rayservice_is_not_linked_on_its_own(kube, team,
     serve_kuberay(kube)
 
     with pytest.raises(ValidationError, match="belongs to RayService vision"):
-        services.register_discovered(admin(people), connection(kube, team), kind="RayCluster", namespace="ml",
-                                     name="vision-raycluster-7x9kq", cluster_name="vision-prod")
+        services.register_discovered(
+            admin(people),
+            connection(kube, team),
+            kind="RayCluster",
+            namespace="ml",
+            name="vision-raycluster-7x9kq",
+            cluster_name="vision-prod",
+        )
     assert not Cluster.objects.exists()
 
 
 def test_a_namespace_outside_the_connection_is_refused(kube, team, people, use_replay):
     with pytest.raises(ValidationError, match="not one of connection prod's namespaces"):
-        services.register_discovered(admin(people), connection(kube, team), kind="RayCluster", namespace="kube-system",
-                                     name="batch", cluster_name="batch")
+        services.register_discovered(
+            admin(people),
+            connection(kube, team),
+            kind="RayCluster",
+            namespace="kube-system",
+            name="batch",
+            cluster_name="batch",
+        )
 
 
 def test_linking_an_existing_cluster_to_a_rayservice_makes_it_rayservice_owned(kube, team, people):
     kube.serve_rayservice(fixture("rayservice_vision.json"))
     cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
 
-    link = services.link_cluster(admin(people), connection(kube, team), cluster, kind="RayService", namespace="ml", name="vision")
+    link = services.link_cluster(
+        admin(people), connection(kube, team), cluster, kind="RayService", namespace="ml", name="vision"
+    )
 
     cluster.refresh_from_db()
     assert link.resource == "RayService ml/vision" and cluster.serve_config_owner == Cluster.ConfigOwner.RAYSERVICE
     with pytest.raises(ValidationError, match="already linked"):
-        services.link_cluster(admin(people), KubeConnection.objects.get(), cluster, kind="RayService", namespace="ml", name="vision")
+        services.link_cluster(
+            admin(people), KubeConnection.objects.get(), cluster, kind="RayService", namespace="ml", name="vision"
+        )
 
 
 def test_a_connection_links_only_its_own_teams_clusters(kube, team, other_team, people):
     cluster = Cluster.objects.create(name="speech", team=other_team, dashboard_url="http://ray.test:8265")
     with pytest.raises(ValidationError, match="belongs to team Vision"):
-        services.link_cluster(admin(people), connection(kube, team), cluster, kind="RayService", namespace="ml", name="vision")
+        services.link_cluster(
+            admin(people), connection(kube, team), cluster, kind="RayService", namespace="ml", name="vision"
+        )
 
 
 # --- the API server's address, vetted and pinned ---------------------------------------------
@@ -202,8 +248,9 @@ def test_a_connection_links_only_its_own_teams_clusters(kube, team, other_team, 
 
 def named_connection(kube, team, server: str) -> KubeConnection:
     text = yaml.safe_dump(kubeconfig(server))
-    return KubeConnection.objects.create(team=team, name="named", kubeconfig_ciphertext=secrets.encrypt(text), context="ml",
-                                         namespaces=["ml"])
+    return KubeConnection.objects.create(
+        team=team, name="named", kubeconfig_ciphertext=secrets.encrypt(text), context="ml", namespaces=["ml"]
+    )
 
 
 def resolving(monkeypatch, address: str) -> None:
@@ -233,8 +280,13 @@ def test_tls_to_a_pinned_api_server_is_verified_against_its_name(team, monkeypat
     from apps.kubernetes_link.client import adapter_for
 
     resolving(monkeypatch, "10.1.2.3")
-    conn = KubeConnection.objects.create(team=team, name="tls", context="ml", namespaces=["ml"],
-                                         kubeconfig_ciphertext=secrets.encrypt(yaml.safe_dump(kubeconfig("https://kube.internal:6443"))))
+    conn = KubeConnection.objects.create(
+        team=team,
+        name="tls",
+        context="ml",
+        namespaces=["ml"],
+        kubeconfig_ciphertext=secrets.encrypt(yaml.safe_dump(kubeconfig("https://kube.internal:6443"))),
+    )
     with adapter_for(conn) as adapter:
         configuration = adapter._api.configuration
     assert (configuration.host, configuration.tls_server_name) == ("https://10.1.2.3:6443", "kube.internal")

@@ -30,7 +30,9 @@ STUCK_POD = "vision-raycluster-7x9kq-gpu-workers-worker-p2w8d"
 
 @pytest.fixture
 def cluster(team, use_replay):
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0")
+    cluster = Cluster.objects.create(
+        name="vision-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0"
+    )
     sync.sync_cluster(cluster.pk)
     cluster.refresh_from_db()
     return cluster
@@ -38,7 +40,11 @@ def cluster(team, use_replay):
 
 def ray_sees(replay, ip: str, memory: int, object_store: int) -> None:
     """The dashboard's view of one node: its memory (node summary) and object store (state API)."""
-    replay.routes["/nodes"] = {"result": True, "msg": "", "data": {"summary": [{"ip": ip, "mem": [memory, memory // 2, 50.0, memory // 2]}]}}
+    replay.routes["/nodes"] = {
+        "result": True,
+        "msg": "",
+        "data": {"summary": [{"ip": ip, "mem": [memory, memory // 2, 50.0, memory // 2]}]},
+    }
     nodes = ray_fixture("state_nodes.json")
     node = nodes["data"]["result"]["result"][0]
     node["node_ip"] = ip
@@ -47,15 +53,27 @@ def ray_sees(replay, ip: str, memory: int, object_store: int) -> None:
 
 
 def link_vision(kube, cluster, **serve) -> KubeLink:
-    serve_namespace(kube, rayservices=[fixture("rayservice_vision.json")],
-                    rayclusters=[fixture("raycluster_vision.json"), fixture("raycluster_batch.json")],
-                    hpas=fixture("hpas_ml.json")["items"], **serve)
-    return KubeLink.objects.create(cluster=cluster, connection=connection(kube, cluster.team), kind=KubeLink.Kind.RAYSERVICE,
-                                   namespace="ml", name="vision")
+    serve_namespace(
+        kube,
+        rayservices=[fixture("rayservice_vision.json")],
+        rayclusters=[fixture("raycluster_vision.json"), fixture("raycluster_batch.json")],
+        hpas=fixture("hpas_ml.json")["items"],
+        **serve,
+    )
+    return KubeLink.objects.create(
+        cluster=cluster,
+        connection=connection(kube, cluster.team),
+        kind=KubeLink.Kind.RAYSERVICE,
+        namespace="ml",
+        name="vision",
+    )
 
 
 def open_kube_findings(cluster) -> dict[tuple[str, str], Finding]:
-    return {(f.rule, f.subject): f for f in Finding.objects.filter(cluster=cluster, rule__in=KUBE_IDS, resolved_at__isnull=True)}
+    return {
+        (f.rule, f.subject): f
+        for f in Finding.objects.filter(cluster=cluster, rule__in=KUBE_IDS, resolved_at__isnull=True)
+    }
 
 
 def test_k1_k2_k3_become_findings_and_config_lint_is_left_alone(kube, cluster, use_replay):
@@ -87,16 +105,30 @@ def test_k1_k2_k3_become_findings_and_config_lint_is_left_alone(kube, cluster, u
 
 
 def test_k1_k2_k4_on_a_hand_written_raycluster(kube, cluster, use_replay):
-    serve_namespace(kube, rayclusters=[fixture("raycluster_batch.json")], pods=[], events=[],
-                    scaled_objects=fixture("scaledobjects_ml.json")["items"])
-    KubeLink.objects.create(cluster=cluster, connection=connection(kube, cluster.team), kind=KubeLink.Kind.RAYCLUSTER,
-                            namespace="ml", name="batch")
+    serve_namespace(
+        kube,
+        rayclusters=[fixture("raycluster_batch.json")],
+        pods=[],
+        events=[],
+        scaled_objects=fixture("scaledobjects_ml.json")["items"],
+    )
+    KubeLink.objects.create(
+        cluster=cluster,
+        connection=connection(kube, cluster.team),
+        kind=KubeLink.Kind.RAYCLUSTER,
+        namespace="ml",
+        name="batch",
+    )
 
     inspection.inspect(cluster.pk)
 
     found = open_kube_findings(cluster)
-    assert set(found) == {("K1", "ml/batch/head/ray-head"), ("K1", "ml/batch/cpu-workers/ray-worker"),
-                          ("K4", "ml/batch/gpu-small/ray-worker"), ("K2", "ml/batch-queue")}
+    assert set(found) == {
+        ("K1", "ml/batch/head/ray-head"),
+        ("K1", "ml/batch/cpu-workers/ray-worker"),
+        ("K4", "ml/batch/gpu-small/ray-worker"),
+        ("K2", "ml/batch-queue"),
+    }
     assert "memory + object-store-memory is 10.0 GiB" in found[("K1", "ml/batch/head/ray-head")].message
     assert found[("K1", "ml/batch/cpu-workers/ray-worker")].evidence["missing"] == ["memory limit", "memory request"]
     assert found[("K4", "ml/batch/gpu-small/ray-worker")].evidence["cpu_request_cores"] == 1
@@ -105,8 +137,12 @@ def test_k1_k2_k4_on_a_hand_written_raycluster(kube, cluster, use_replay):
 
 
 def pod_list(names_to_drop=()):
-    pods = [p for p in fixture("pods_ml.json")["items"]
-            if p["metadata"]["labels"]["ray.io/cluster"] == "vision-raycluster-7x9kq" and p["metadata"]["name"] not in names_to_drop]
+    pods = [
+        p
+        for p in fixture("pods_ml.json")["items"]
+        if p["metadata"]["labels"]["ray.io/cluster"] == "vision-raycluster-7x9kq"
+        and p["metadata"]["name"] not in names_to_drop
+    ]
     return lambda: {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": copy.deepcopy(pods)}
 
 
@@ -163,8 +199,13 @@ def test_without_ray_s_view_the_oom6_reason_uses_the_ray_start_params(kube, clus
     cluster_spec = fixture("raycluster_vision.json")
     cluster_spec["spec"]["workerGroupSpecs"][0]["rayStartParams"]["memory"] = str(60 * GIB)
     serve_namespace(kube, rayservices=[service], rayclusters=[cluster_spec], hpas=[])
-    KubeLink.objects.create(cluster=cluster, connection=connection(kube, cluster.team), kind=KubeLink.Kind.RAYSERVICE,
-                            namespace="ml", name="vision")
+    KubeLink.objects.create(
+        cluster=cluster,
+        connection=connection(kube, cluster.team),
+        kind=KubeLink.Kind.RAYSERVICE,
+        namespace="ml",
+        name="vision",
+    )
 
     inspection.inspect(cluster.pk)
 
@@ -180,7 +221,11 @@ def test_the_snapshot_keeps_pods_limits_restarts_the_last_oomkilled_and_warning_
     snapshot = KubeLink.objects.get(pk=link.pk).snapshot
     pods = {p["name"]: p for p in snapshot["pods"]}
     assert len(pods) == 3 and snapshot["pods"][0]["node_type"] == "head"
-    assert (pods[OOM_POD]["memory_request"], pods[OOM_POD]["memory_limit"], pods[OOM_POD]["restarts"]) == ("48Gi", "48Gi", 3)
+    assert (pods[OOM_POD]["memory_request"], pods[OOM_POD]["memory_limit"], pods[OOM_POD]["restarts"]) == (
+        "48Gi",
+        "48Gi",
+        3,
+    )
     assert pods[OOM_POD]["last_termination"]["reason"] == "OOMKilled" and pods[STUCK_POD]["terminating"] is True
     assert snapshot["last_oomkilled"]["pod"] == OOM_POD
     assert [e["reason"] for e in snapshot["events"]] == ["BackOff"]
@@ -192,7 +237,9 @@ def test_an_api_server_that_refuses_keeps_the_last_snapshot_and_says_why(kube, c
     link = link_vision(kube, cluster)
     inspection.inspect(cluster.pk)
     before = KubeLink.objects.get(pk=link.pk).snapshot
-    link.connection.kubeconfig_ciphertext = connection(kube, cluster.team, name="expired", token="expired").kubeconfig_ciphertext
+    link.connection.kubeconfig_ciphertext = connection(
+        kube, cluster.team, name="expired", token="expired"
+    ).kubeconfig_ciphertext
     link.connection.save()
 
     inspection.inspect(cluster.pk)
@@ -202,7 +249,9 @@ def test_an_api_server_that_refuses_keeps_the_last_snapshot_and_says_why(kube, c
     assert open_kube_findings(cluster), "an unreadable cluster resolves nothing"
 
 
-def test_the_sync_task_queues_an_inspection_for_linked_clusters_even_when_the_dashboard_fails(kube, cluster, use_replay, monkeypatch):
+def test_the_sync_task_queues_an_inspection_for_linked_clusters_even_when_the_dashboard_fails(
+    kube, cluster, use_replay, monkeypatch
+):
     from workers import tasks
 
     queued = []

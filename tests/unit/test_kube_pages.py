@@ -43,16 +43,27 @@ def test_the_connections_page_has_an_empty_state_and_an_add_button_for_admins(lo
 
 def test_an_admin_adds_a_connection_and_lands_on_its_discovery(login, kube):
     kube.serve_list(f"{ML}/rayservices", "RayService", [fixture("rayservice_vision.json")])
-    kube.serve_list(f"{ML}/rayclusters", "RayCluster", [fixture("raycluster_vision.json"), fixture("raycluster_batch.json")])
+    kube.serve_list(
+        f"{ML}/rayclusters", "RayCluster", [fixture("raycluster_vision.json"), fixture("raycluster_batch.json")]
+    )
     client = login("admin")
 
-    response = client.post(reverse("kubernetes_link:connection_create"), {
-        "name": "prod", "team": KubeConnection._meta.get_field("team").related_model.objects.get().pk,
-        "kubeconfig": yaml.safe_dump(kubeconfig(kube.url)), "context": "ml", "namespaces": "ml", "read_only": "on",
-    })
+    response = client.post(
+        reverse("kubernetes_link:connection_create"),
+        {
+            "name": "prod",
+            "team": KubeConnection._meta.get_field("team").related_model.objects.get().pk,
+            "kubeconfig": yaml.safe_dump(kubeconfig(kube.url)),
+            "context": "ml",
+            "namespaces": "ml",
+            "read_only": "on",
+        },
+    )
 
     created = KubeConnection.objects.get()
-    assert response.status_code == 302 and response["Location"] == reverse("kubernetes_link:connection", args=[created.pk])
+    assert response.status_code == 302 and response["Location"] == reverse(
+        "kubernetes_link:connection", args=[created.pk]
+    )
     discovery = page(client, "kubernetes_link:connection", created.pk)
     assert "RayService</strong> ml/vision" in discovery and "RayCluster</strong> ml/batch" in discovery
     assert "http://vision-head-svc.ml.svc:8265" in discovery and ">Register</a>" in discovery
@@ -61,8 +72,10 @@ def test_an_admin_adds_a_connection_and_lands_on_its_discovery(login, kube):
 
 
 def test_a_bad_kubeconfig_is_explained_on_the_form(login, team):
-    response = login("admin").post(reverse("kubernetes_link:connection_create"), {
-        "name": "prod", "team": team.pk, "kubeconfig": "clusters: [", "namespaces": "ml"})
+    response = login("admin").post(
+        reverse("kubernetes_link:connection_create"),
+        {"name": "prod", "team": team.pk, "kubeconfig": "clusters: [", "namespaces": "ml"},
+    )
     assert response.status_code == 200 and "not valid YAML" in response.content.decode()
     assert not KubeConnection.objects.exists()
 
@@ -85,8 +98,12 @@ def test_discovery_shows_partial_results_and_errors_in_words(login, kube, team):
 def test_discovery_with_nothing_found_and_missing_crds(login, kube, team):
     kube.serve_list(f"{ML}/rayservices", "RayService", [])
     kube.serve_list(f"{ML}/rayclusters", "RayCluster", [])
-    assert "No RayCluster or RayService in ml." in page(login("viewer"), "kubernetes_link:connection", connection(kube, team).pk)
-    (kube.kmock[f"get {ML}/rayservices"] ** 1) << failure(404, "NotFound", "the server could not find the requested resource")
+    assert "No RayCluster or RayService in ml." in page(
+        login("viewer"), "kubernetes_link:connection", connection(kube, team).pk
+    )
+    (kube.kmock[f"get {ML}/rayservices"] ** 1) << failure(
+        404, "NotFound", "the server could not find the requested resource"
+    )
     missing = connection(kube, team, name="nocrds")
     assert "KubeRay CRDs are not installed" in page(login("viewer"), "kubernetes_link:connection", missing.pk)
 
@@ -99,7 +116,9 @@ def test_registering_from_discovery_creates_a_linked_cluster(login, kube, team, 
 
     form = page(client, "kubernetes_link:register", created.pk, **resource)
     assert 'value="vision"' in form and "serveConfigV2" in form
-    response = client.post(reverse("kubernetes_link:register", args=[created.pk]), resource | {"cluster_name": "vision-prod"})
+    response = client.post(
+        reverse("kubernetes_link:register", args=[created.pk]), resource | {"cluster_name": "vision-prod"}
+    )
 
     cluster = Cluster.objects.get()
     assert response.status_code == 302 and response["Location"] == reverse("fleet:cluster", args=[cluster.pk])
@@ -111,12 +130,15 @@ def test_a_token_no_header_can_carry_is_refused_on_the_register_form(login, kube
     kube.serve_rayservice(fixture("rayservice_vision.json"))
     created = connection(kube, team)
 
-    response = login("admin").post(reverse("kubernetes_link:register", args=[created.pk]),
-                                   {"kind": "RayService", "namespace": "ml", "name": "vision", "cluster_name": "vision-prod",
-                                    "token": token})
+    response = login("admin").post(
+        reverse("kubernetes_link:register", args=[created.pk]),
+        {"kind": "RayService", "namespace": "ml", "name": "vision", "cluster_name": "vision-prod", "token": token},
+    )
 
     assert response.status_code == 200
-    assert response.context["form"].errors["token"] == ["The token must be printable ASCII without spaces, as Ray issues it."]
+    assert response.context["form"].errors["token"] == [
+        "The token must be printable ASCII without spaces, as Ray issues it."
+    ]
     assert not Cluster.objects.exists() and not KubeLink.objects.exists()
 
 
@@ -127,8 +149,10 @@ def test_a_dashboard_that_does_not_answer_is_explained_on_the_register_form(logi
     use_replay.routes["/api/version"] = httpx.ConnectError("connection refused")
     created = connection(kube, team)
 
-    response = login("admin").post(reverse("kubernetes_link:register", args=[created.pk]),
-                                   {"kind": "RayService", "namespace": "ml", "name": "vision", "cluster_name": "vision-prod"})
+    response = login("admin").post(
+        reverse("kubernetes_link:register", args=[created.pk]),
+        {"kind": "RayService", "namespace": "ml", "name": "vision", "cluster_name": "vision-prod"},
+    )
 
     assert response.status_code == 200 and "Connection test failed" in response.content.decode()
     assert not Cluster.objects.exists() and not KubeLink.objects.exists()
@@ -139,15 +163,19 @@ def test_linking_from_discovery_links_an_existing_cluster(login, kube, team):
     cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
     created = connection(kube, team)
 
-    response = login("admin").post(reverse("kubernetes_link:link", args=[created.pk]),
-                                   {"cluster": cluster.pk, "kind": "RayService", "namespace": "ml", "name": "vision"})
+    response = login("admin").post(
+        reverse("kubernetes_link:link", args=[created.pk]),
+        {"cluster": cluster.pk, "kind": "RayService", "namespace": "ml", "name": "vision"},
+    )
 
     assert response.status_code == 302 and KubeLink.objects.get().cluster == cluster
     assert login("operator").post(reverse("kubernetes_link:link", args=[created.pk]), {}).status_code == 403
 
 
 def test_the_cluster_page_card_without_a_link_says_how_to_get_one(login, team):
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265", serve_config_owner="rayservice")
+    cluster = Cluster.objects.create(
+        name="vision-prod", team=team, dashboard_url="http://ray.test:8265", serve_config_owner="rayservice"
+    )
     shown = page(login("viewer"), "fleet:cluster", cluster.pk)
     assert "Not linked to a KubeRay resource." in shown and "changes are refused until it is linked" in shown
 
@@ -155,20 +183,53 @@ def test_the_cluster_page_card_without_a_link_says_how_to_get_one(login, team):
 def test_the_cluster_page_card_shows_pods_limits_restarts_and_the_last_oomkilled(login, kube, team):
     cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
     KubeLink.objects.create(
-        cluster=cluster, connection=connection(kube, team), kind="RayService", namespace="ml", name="vision",
-        inspected_at=timezone.now(), partial=True, warnings=["Forbidden to list events in namespace ml (HTTP 403)"],
+        cluster=cluster,
+        connection=connection(kube, team),
+        kind="RayService",
+        namespace="ml",
+        name="vision",
+        inspected_at=timezone.now(),
+        partial=True,
+        warnings=["Forbidden to list events in namespace ml (HTTP 403)"],
         snapshot={
             "resource": {"kind": "RayService", "ready": True, "active_cluster": "vision-raycluster-7x9kq"},
-            "pods": [{"name": "vision-worker-m4zq7", "node_type": "worker", "group": "gpu-workers", "phase": "Running",
-                      "node": "gpu-node-a", "memory_request": "48Gi", "memory_limit": "48Gi", "cpu_request": "8", "gpus": 1.0,
-                      "restarts": 3, "last_termination": {"reason": "OOMKilled", "exit_code": 137}, "terminating": False,
-                      "ray_memory_bytes": 64 * 2**30}],
+            "pods": [
+                {
+                    "name": "vision-worker-m4zq7",
+                    "node_type": "worker",
+                    "group": "gpu-workers",
+                    "phase": "Running",
+                    "node": "gpu-node-a",
+                    "memory_request": "48Gi",
+                    "memory_limit": "48Gi",
+                    "cpu_request": "8",
+                    "gpus": 1.0,
+                    "restarts": 3,
+                    "last_termination": {"reason": "OOMKilled", "exit_code": 137},
+                    "terminating": False,
+                    "ray_memory_bytes": 64 * 2**30,
+                }
+            ],
             "pod_count": 1,
-            "last_oomkilled": {"pod": "vision-worker-m4zq7", "container": "ray-worker", "node": "gpu-node-a", "exit_code": 137,
-                               "finished_at": "2026-03-02T09:41:07+00:00", "restart_count": 3},
-            "events": [{"reason": "BackOff", "message": "Back-off restarting failed container", "object": "vision-worker-m4zq7",
-                        "count": 4, "last_seen": "2026-03-02T09:41:08+00:00"}],
-        })
+            "last_oomkilled": {
+                "pod": "vision-worker-m4zq7",
+                "container": "ray-worker",
+                "node": "gpu-node-a",
+                "exit_code": 137,
+                "finished_at": "2026-03-02T09:41:07+00:00",
+                "restart_count": 3,
+            },
+            "events": [
+                {
+                    "reason": "BackOff",
+                    "message": "Back-off restarting failed container",
+                    "object": "vision-worker-m4zq7",
+                    "count": 4,
+                    "last_seen": "2026-03-02T09:41:08+00:00",
+                }
+            ],
+        },
+    )
 
     shown = page(login("operator"), "fleet:cluster", cluster.pk)
 
@@ -180,17 +241,39 @@ def test_the_cluster_page_card_shows_pods_limits_restarts_and_the_last_oomkilled
 
 def test_a_failed_inspection_is_on_the_card(login, kube, team):
     cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
-    KubeLink.objects.create(cluster=cluster, connection=connection(kube, team), kind="RayCluster", namespace="ml", name="batch",
-                            inspected_at=timezone.now(), last_error="KubeRay CRDs are not installed on this cluster")
+    KubeLink.objects.create(
+        cluster=cluster,
+        connection=connection(kube, team),
+        kind="RayCluster",
+        namespace="ml",
+        name="batch",
+        inspected_at=timezone.now(),
+        last_error="KubeRay CRDs are not installed on this cluster",
+    )
     shown = page(login("viewer"), "fleet:cluster", cluster.pk)
-    assert "The last inspection failed" in shown and "KubeRay CRDs are not installed" in shown and "Not inspected yet" in shown
+    assert (
+        "The last inspection failed" in shown
+        and "KubeRay CRDs are not installed" in shown
+        and "Not inspected yet" in shown
+    )
 
 
 def test_kubernetes_findings_are_on_the_findings_page_with_their_subject(login, kube, team):
     cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
-    findings.recompute_kube(cluster, [KubeFinding("K3", "warning", "ml/worker-p2w8d", {"overdue_s": 900},
-                                                  "Pod worker-p2w8d has been Terminating 900 s past its deadline.", "OOM-7")],
-                            complete=True)
+    findings.recompute_kube(
+        cluster,
+        [
+            KubeFinding(
+                "K3",
+                "warning",
+                "ml/worker-p2w8d",
+                {"overdue_s": 900},
+                "Pod worker-p2w8d has been Terminating 900 s past its deadline.",
+                "OOM-7",
+            )
+        ],
+        complete=True,
+    )
 
     shown = page(login("operator"), "remediation:findings")
 
@@ -202,12 +285,31 @@ def test_kubernetes_findings_are_on_the_findings_page_with_their_subject(login, 
 def test_the_incident_page_lists_kernel_oom_kills(login, team):
     cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
     now = timezone.now()
-    incident = Incident.objects.create(kind="oom_kill", cluster=cluster, application_name="", deployment_name="", node_ip="10.42.3.21",
-                                       title="OOM kill of node 10.42.3.21 on vision-prod", started_at=now, last_signal_at=now)
-    PodKillRecord.objects.create(incident=incident, kill_key="uid/ray-worker/t", namespace="ml", pod="vision-worker-m4zq7",
-                                 container="ray-worker", node="gpu-node-a", exit_code=137, restart_count=3,
-                                 memory_limit_bytes=48 * 2**30, ray_memory_bytes=64 * 2**30)
+    incident = Incident.objects.create(
+        kind="oom_kill",
+        cluster=cluster,
+        application_name="",
+        deployment_name="",
+        node_ip="10.42.3.21",
+        title="OOM kill of node 10.42.3.21 on vision-prod",
+        started_at=now,
+        last_signal_at=now,
+    )
+    PodKillRecord.objects.create(
+        incident=incident,
+        kill_key="uid/ray-worker/t",
+        namespace="ml",
+        pod="vision-worker-m4zq7",
+        container="ray-worker",
+        node="gpu-node-a",
+        exit_code=137,
+        restart_count=3,
+        memory_limit_bytes=48 * 2**30,
+        ray_memory_bytes=64 * 2**30,
+    )
 
     shown = page(login("viewer"), "incidents:detail", incident.pk)
 
-    assert "the kernel, not Ray's memory monitor" in shown and "ml/vision-worker-m4zq7" in shown and "48\xa0GiB" in shown
+    assert (
+        "the kernel, not Ray's memory monitor" in shown and "ml/vision-worker-m4zq7" in shown and "48\xa0GiB" in shown
+    )

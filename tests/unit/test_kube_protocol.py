@@ -33,8 +33,13 @@ def quick_verification(settings):
 
 @pytest.fixture
 def cluster(team, use_replay):
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0",
-                                     serve_config_owner=Cluster.ConfigOwner.RAYSERVICE)
+    cluster = Cluster.objects.create(
+        name="vision-prod",
+        team=team,
+        dashboard_url="http://ray.test:8265",
+        ray_version="2.60.0",
+        serve_config_owner=Cluster.ConfigOwner.RAYSERVICE,
+    )
     sync.sync_cluster(cluster.pk)
     return cluster
 
@@ -43,7 +48,10 @@ def served_config() -> dict:
     """serveConfigV2 of the RayService behind the replayed dashboard: its applications in another
     order than the dashboard's, and http_options, which the dashboard's config does not carry."""
     apps = ray_fixture("serve_applications_two_apps.json")["applications"]
-    return {"http_options": {"port": 8000}, "applications": [apps["echo2"]["deployed_app_config"], apps["demo"]["deployed_app_config"]]}
+    return {
+        "http_options": {"port": 8000},
+        "applications": [apps["echo2"]["deployed_app_config"], apps["demo"]["deployed_app_config"]],
+    }
 
 
 @pytest.fixture
@@ -51,7 +59,10 @@ def rayservice(kube):
     service = fixture("rayservice_vision.json")
     service["spec"]["serveConfigV2"] = yaml.safe_dump(served_config(), sort_keys=False)
     service["status"]["activeServiceStatus"]["applicationStatuses"] = {
-        "demo": {"status": "RUNNING", "serveDeploymentStatuses": {"Echo": {"status": "HEALTHY"}, "Model": {"status": "HEALTHY"}}},
+        "demo": {
+            "status": "RUNNING",
+            "serveDeploymentStatuses": {"Echo": {"status": "HEALTHY"}, "Model": {"status": "HEALTHY"}},
+        },
         "echo2": {"status": "RUNNING", "serveDeploymentStatuses": {"Echo": {"status": "HEALTHY"}}},
     }
     kube.serve_rayservice(service)
@@ -59,8 +70,13 @@ def rayservice(kube):
 
 
 def link(kube, cluster, *, read_only=False) -> KubeLink:
-    return KubeLink.objects.create(cluster=cluster, connection=connection(kube, cluster.team, read_only=read_only),
-                                   kind=KubeLink.Kind.RAYSERVICE, namespace="ml", name="vision")
+    return KubeLink.objects.create(
+        cluster=cluster,
+        connection=connection(kube, cluster.team, read_only=read_only),
+        kind=KubeLink.Kind.RAYSERVICE,
+        namespace="ml",
+        name="vision",
+    )
 
 
 def kuberay_applies(kube, replay) -> None:
@@ -93,7 +109,9 @@ def _merge(target: dict, values: dict) -> None:
 
 def apply(cluster, people) -> Change:
     actor = Actor(user=people["operator"])
-    change = protocol.plan_change(actor, cluster, targets=MODEL, reason="bound the queue", options={"max_queued_requests": 10})
+    change = protocol.plan_change(
+        actor, cluster, targets=MODEL, reason="bound the queue", options={"max_queued_requests": 10}
+    )
     protocol.request_apply(actor, change)
     protocol.run(change.pk)
     change.refresh_from_db()
@@ -118,7 +136,9 @@ def test_a_rayservice_owned_change_patches_serve_config_v2_and_verifies(kube, cl
     assert all(request.method == "GET" for request in use_replay.requests), "never pushed through the dashboard"
 
 
-def test_verification_waits_for_kuberay_to_reconcile_the_new_generation(kube, cluster, rayservice, people, use_replay, settings):
+def test_verification_waits_for_kuberay_to_reconcile_the_new_generation(
+    kube, cluster, rayservice, people, use_replay, settings
+):
     settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S = 1
     link(kube, cluster)
     kuberay_applies(kube, use_replay)
@@ -149,7 +169,9 @@ def test_a_409_conflict_from_someone_elses_edit_ends_the_change_drifted(kube, cl
         reads += 1
         served = copy.deepcopy(kube.services[("ml", "vision")])
         if reads == 2:  # the writer's own read, right before its patch
-            kube.bump("ml", "vision", serve_config_v2=yaml.safe_dump({"applications": served_config()["applications"][:1]}))
+            kube.bump(
+                "ml", "vision", serve_config_v2=yaml.safe_dump({"applications": served_config()["applications"][:1]})
+            )
         return served
 
     (kube.kmock[f"get {SERVICE}"] ** 1) << someone_applies_between_our_read_and_patch
@@ -162,7 +184,9 @@ def test_a_409_conflict_from_someone_elses_edit_ends_the_change_drifted(kube, cl
     assert [app["name"] for app in yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]] == ["echo2"]
 
 
-def test_an_edit_kuberay_has_not_applied_yet_is_drift_and_nothing_is_written(kube, cluster, rayservice, people, use_replay):
+def test_an_edit_kuberay_has_not_applied_yet_is_drift_and_nothing_is_written(
+    kube, cluster, rayservice, people, use_replay
+):
     link(kube, cluster)
     # Someone applied the RayService; the dashboard (replayed) still runs the old config.
     kube.bump("ml", "vision", serve_config_v2=yaml.safe_dump({"applications": served_config()["applications"][:1]}))
@@ -186,7 +210,9 @@ def test_a_forbidden_patch_fails_the_change_with_the_rbac_message(kube, cluster,
     assert yaml.safe_load(rayservice["spec"]["serveConfigV2"]) == served_config()
 
 
-def test_an_unavailable_api_server_that_wrote_nothing_fails_the_change_as_unchanged(kube, cluster, rayservice, people, use_replay):
+def test_an_unavailable_api_server_that_wrote_nothing_fails_the_change_as_unchanged(
+    kube, cluster, rayservice, people, use_replay
+):
     link(kube, cluster)
     (kube.kmock[f"patch {SERVICE}"] ** 1) << failure(503, "ServiceUnavailable", "etcdserver: leader changed")
 
@@ -207,8 +233,13 @@ def test_a_read_only_connection_refuses_the_change_with_the_reason(kube, cluster
 
 
 def test_a_cluster_linked_to_a_raycluster_is_not_pushed_through_the_dashboard_either(kube, cluster, people, use_replay):
-    KubeLink.objects.create(cluster=cluster, connection=connection(kube, cluster.team, read_only=False),
-                            kind=KubeLink.Kind.RAYCLUSTER, namespace="ml", name="batch")
+    KubeLink.objects.create(
+        cluster=cluster,
+        connection=connection(kube, cluster.team, read_only=False),
+        kind=KubeLink.Kind.RAYCLUSTER,
+        namespace="ml",
+        name="batch",
+    )
 
     change = apply(cluster, people)
 
@@ -216,8 +247,9 @@ def test_a_cluster_linked_to_a_raycluster_is_not_pushed_through_the_dashboard_ei
     assert all(request.method == "GET" for request in use_replay.requests)
 
 
-def test_discovery_inspection_and_a_change_call_exactly_what_the_rbac_roles_grant(kube, cluster, rayservice, people, use_replay,
-                                                                                  monkeypatch):
+def test_discovery_inspection_and_a_change_call_exactly_what_the_rbac_roles_grant(
+    kube, cluster, rayservice, people, use_replay, monkeypatch
+):
     from apps.kube.adapter import READS, WRITES, KubeAdapter
     from apps.kubernetes_link import discovery, inspection
     from tests.kubeapi import serve_namespace
@@ -238,5 +270,10 @@ def test_discovery_inspection_and_a_change_call_exactly_what_the_rbac_roles_gran
     inspection.inspect(cluster.pk)
     assert apply(cluster, people).state == ChangeState.SUCCEEDED
 
-    granted = {(group, plural, verb) for access in (READS, WRITES) for (group, plural), verbs in access.items() for verb in verbs}
+    granted = {
+        (group, plural, verb)
+        for access in (READS, WRITES)
+        for (group, plural), verbs in access.items()
+        for verb in verbs
+    }
     assert called == granted

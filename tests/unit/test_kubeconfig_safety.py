@@ -89,14 +89,27 @@ def test_environment_proxies_are_not_used_for_the_api_server(monkeypatch, variab
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("config, message", [
-    (with_proxy("https://127.0.0.1:6443"), "remove proxy-url"),
-    *[(with_file(section, key, "/var/run/secrets/kubernetes.io/serviceaccount/token", "https://127.0.0.1:6443"),
-       f"in {inline} instead") for section, key, inline in FILES],
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (with_proxy("https://127.0.0.1:6443"), "remove proxy-url"),
+        *[
+            (
+                with_file(
+                    section, key, "/var/run/secrets/kubernetes.io/serviceaccount/token", "https://127.0.0.1:6443"
+                ),
+                f"in {inline} instead",
+            )
+            for section, key, inline in FILES
+        ],
+    ],
+)
 def test_the_api_refuses_a_kubeconfig_with_a_proxy_or_a_local_file(api_as, config, message):
-    response = api_as("admin").post(URL, {"name": "prod", "team": "vision", "kubeconfig": yaml.safe_dump(config),
-                                          "context": "ml", "namespaces": ["ml"]}, format="json")
+    response = api_as("admin").post(
+        URL,
+        {"name": "prod", "team": "vision", "kubeconfig": yaml.safe_dump(config), "context": "ml", "namespaces": ["ml"]},
+        format="json",
+    )
     assert response.status_code == 400 and message in str(response.json())
     assert not KubeConnection.objects.exists()
 
@@ -105,15 +118,25 @@ def test_the_api_refuses_a_kubeconfig_with_a_proxy_or_a_local_file(api_as, confi
 def test_the_service_refuses_a_token_file_with_what_to_do_instead(team, people):
     text = yaml.safe_dump(with_file("user", "tokenFile", "/var/run/secrets/kubernetes.io/serviceaccount/token"))
     with pytest.raises(ValidationError, match="put the token itself in token instead"):
-        services.create_connection(Actor(user=people["admin"]), team=team, name="prod", namespaces="ml", kubeconfig=text)
+        services.create_connection(
+            Actor(user=people["admin"]), team=team, name="prod", namespaces="ml", kubeconfig=text
+        )
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("config", [with_proxy(), with_file("user", "tokenFile", "/var/run/secrets/kubernetes.io/serviceaccount/token")],
-                         ids=["proxy-url", "tokenFile"])
+@pytest.mark.parametrize(
+    "config",
+    [with_proxy(), with_file("user", "tokenFile", "/var/run/secrets/kubernetes.io/serviceaccount/token")],
+    ids=["proxy-url", "tokenFile"],
+)
 def test_a_kubeconfig_stored_before_the_checks_is_never_used(team, config):
-    stored = KubeConnection.objects.create(team=team, name="old", context="ml", namespaces=["ml"],
-                                           kubeconfig_ciphertext=secrets.encrypt(yaml.safe_dump(config)))
+    stored = KubeConnection.objects.create(
+        team=team,
+        name="old",
+        context="ml",
+        namespaces=["ml"],
+        kubeconfig_ciphertext=secrets.encrypt(yaml.safe_dump(config)),
+    )
     with pytest.raises(KubeConfigInvalid):
         adapter_for(stored)
     found = discovery.discover(stored)
@@ -126,7 +149,9 @@ def test_a_kubeconfig_stored_before_the_checks_is_never_used(team, config):
 @pytest.mark.django_db
 @pytest.mark.parametrize("who, status", [("admin", 403), ("root", 201)])
 def test_only_superusers_create_in_cluster_connections_through_the_api(api_as, who, status):
-    response = api_as(who).post(URL, {"name": "prod", "team": "vision", "in_cluster": True, "namespaces": ["ml"]}, format="json")
+    response = api_as(who).post(
+        URL, {"name": "prod", "team": "vision", "in_cluster": True, "namespaces": ["ml"]}, format="json"
+    )
     assert response.status_code == status, response.content
     if status == 403:
         assert "Only a Fleetdeck superuser" in response.json()["detail"]
@@ -134,7 +159,9 @@ def test_only_superusers_create_in_cluster_connections_through_the_api(api_as, w
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("actor", [lambda people: Actor(user=people["admin"]), lambda people: Actor.system()], ids=["admin", "system"])
+@pytest.mark.parametrize(
+    "actor", [lambda people: Actor(user=people["admin"]), lambda people: Actor.system()], ids=["admin", "system"]
+)
 def test_the_service_refuses_in_cluster_credentials_to_anyone_but_a_superuser(team, people, actor):
     with pytest.raises(PermissionDenied, match="Only a Fleetdeck superuser"):
         services.create_connection(actor(people), team=team, name="prod", namespaces="ml", in_cluster=True)
@@ -158,15 +185,19 @@ def test_the_form_offers_in_cluster_credentials_to_superusers_only(client, peopl
     label = "Use Fleetdeck&#x27;s own service account"
     client.force_login(people["admin"])
     assert label not in client.get(reverse("kubernetes_link:connection_create")).content.decode()
-    response = client.post(reverse("kubernetes_link:connection_create"),
-                           {"name": "prod", "team": team.pk, "in_cluster": "on", "namespaces": "ml"})
+    response = client.post(
+        reverse("kubernetes_link:connection_create"),
+        {"name": "prod", "team": team.pk, "in_cluster": "on", "namespaces": "ml"},
+    )
     assert response.status_code == 200 and "Paste the kubeconfig" in response.content.decode()
     assert not KubeConnection.objects.exists()
 
     client.force_login(people["root"])
     assert label in client.get(reverse("kubernetes_link:connection_create")).content.decode()
-    response = client.post(reverse("kubernetes_link:connection_create"),
-                           {"name": "prod", "team": team.pk, "in_cluster": "on", "namespaces": "ml"})
+    response = client.post(
+        reverse("kubernetes_link:connection_create"),
+        {"name": "prod", "team": team.pk, "in_cluster": "on", "namespaces": "ml"},
+    )
     assert response.status_code == 302 and KubeConnection.objects.get().in_cluster is True
 
 
@@ -176,11 +207,17 @@ def test_an_in_cluster_connection_a_team_admin_added_before_the_rule_is_never_us
     from apps.kubernetes_link.client import adapter_for
 
     built = []
-    monkeypatch.setattr(KubeAdapter, "in_cluster", classmethod(lambda cls, **options: built.append(options) or "adapter"))
-    legacy = KubeConnection.objects.create(team=team, name="legacy", in_cluster=True, namespaces=["ml"], created_by=people["admin"])
+    monkeypatch.setattr(
+        KubeAdapter, "in_cluster", classmethod(lambda cls, **options: built.append(options) or "adapter")
+    )
+    legacy = KubeConnection.objects.create(
+        team=team, name="legacy", in_cluster=True, namespaces=["ml"], created_by=people["admin"]
+    )
     with pytest.raises(KubeConfigInvalid, match="not added by a superuser"):
         adapter_for(legacy)
     assert built == []
 
-    granted = KubeConnection.objects.create(team=team, name="granted", in_cluster=True, namespaces=["ml"], created_by=people["root"])
+    granted = KubeConnection.objects.create(
+        team=team, name="granted", in_cluster=True, namespaces=["ml"], created_by=people["root"]
+    )
     assert adapter_for(granted) == "adapter" and len(built) == 1

@@ -20,8 +20,12 @@ INTERVAL = timedelta(seconds=10)
 
 
 def liveness(worker_ago: timedelta | None, beat_ago: timedelta | None) -> services.Liveness:
-    return services.Liveness(worker_at=None if worker_ago is None else NOW - worker_ago,
-                             beat_at=None if beat_ago is None else NOW - beat_ago, now=NOW, stale_after=3 * INTERVAL)
+    return services.Liveness(
+        worker_at=None if worker_ago is None else NOW - worker_ago,
+        beat_at=None if beat_ago is None else NOW - beat_ago,
+        now=NOW,
+        stale_after=3 * INTERVAL,
+    )
 
 
 def test_ticks_within_three_intervals_are_not_stale_and_name_nobody():
@@ -50,7 +54,9 @@ def test_a_beat_that_never_recorded_a_heartbeat_is_not_blamed():
 def test_before_any_tick_the_worker_is_stale_with_no_time_at_all():
     beats = liveness(None, None)
 
-    assert beats.worker_stale and beats.stalled == "worker" and beats.stalled_since is None and beats.since_label is None
+    assert (
+        beats.worker_stale and beats.stalled == "worker" and beats.stalled_since is None and beats.since_label is None
+    )
 
 
 def test_the_time_is_given_in_the_pages_timezone_with_the_date_when_it_is_not_today():

@@ -27,8 +27,13 @@ def test_the_threshold_lies_the_headroom_above_what_the_machine_uses():
     usage = (6 * GIB, 24 * GIB)
     threshold = threshold_for_headroom(3, usage)
     assert threshold == 0.375  # (6 + 3) / 24
-    assert memory_monitor_env(threshold) == {"RAY_memory_usage_threshold": "0.375", "RAY_memory_monitor_refresh_ms": "250"}
-    assert memory_monitor_line(threshold, usage, 3) == "Ray memory monitor: kills above 9.0 GiB used (3.0 GiB above now)"
+    assert memory_monitor_env(threshold) == {
+        "RAY_memory_usage_threshold": "0.375",
+        "RAY_memory_monitor_refresh_ms": "250",
+    }
+    assert (
+        memory_monitor_line(threshold, usage, 3) == "Ray memory monitor: kills above 9.0 GiB used (3.0 GiB above now)"
+    )
 
 
 def test_a_headroom_past_rays_default_is_capped_and_says_so():
@@ -52,25 +57,32 @@ def test_the_helper_refuses_a_headroom_that_is_not_positive(bad):
 
 def test_this_machines_usage_is_read_from_meminfo(tmp_path):
     meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:   18000000 kB\nHugePages_Total:       0\n")
+    meminfo.write_text(
+        "MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:   18000000 kB\nHugePages_Total:       0\n"
+    )
     assert memory_usage(meminfo) == (6000000 * 1024, 24000000 * 1024)
     used, total = memory_usage()
     assert 0 < used < total
 
 
-@pytest.mark.parametrize("value, gib", [(None, None), ("", None), ("  ", None), ("3", 3.0), ("0.5", 0.5), (" 2.5 ", 2.5)])
+@pytest.mark.parametrize(
+    "value, gib", [(None, None), ("", None), ("  ", None), ("3", 3.0), ("0.5", 0.5), (" 2.5 ", 2.5)]
+)
 def test_the_environment_variable_is_read_as_gib(value, gib):
     assert oom_headroom_gib(value) == gib
 
 
-@pytest.mark.parametrize("value, message", [
-    ("three", "must be a number of GiB, e.g. FLEETDECK_OOM_HEADROOM_GIB=3; got 'three'"),
-    ("3GiB", "must be a number of GiB"),
-    ("0", "must be more than 0 GiB"),
-    ("-2", "must be more than 0 GiB"),
-    ("nan", "must be more than 0 GiB"),
-    ("inf", "must be more than 0 GiB"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("three", "must be a number of GiB, e.g. FLEETDECK_OOM_HEADROOM_GIB=3; got 'three'"),
+        ("3GiB", "must be a number of GiB"),
+        ("0", "must be more than 0 GiB"),
+        ("-2", "must be more than 0 GiB"),
+        ("nan", "must be more than 0 GiB"),
+        ("inf", "must be more than 0 GiB"),
+    ],
+)
 def test_a_bad_environment_variable_is_a_clear_error(value, message):
     with pytest.raises(CommandError, match=message.replace("(", r"\(")):
         oom_headroom_gib(value)
@@ -100,8 +112,15 @@ class ReferenceRay:
         self.serve = ray_fixture("serve_applications_two_apps.json")
         template = self.serve["applications"]["demo"]
         self.deployment_template = template["deployments"]["Model"]
-        self.serve["applications"] = {"reference": {**copy.deepcopy(template), "name": "reference", "route_prefix": "/reference",
-                                                    "deployment_topology": None, "deployments": {}}}
+        self.serve["applications"] = {
+            "reference": {
+                **copy.deepcopy(template),
+                "name": "reference",
+                "route_prefix": "/reference",
+                "deployment_topology": None,
+                "deployments": {},
+            }
+        }
         self.puts: list[dict] = []
         self.apply(config)
 
@@ -110,8 +129,14 @@ class ReferenceRay:
         served["deployed_app_config"] = copy.deepcopy(app)
         served["last_deployed_time_s"] = time.time()
         served["deployments"] = {
-            entry["name"]: {**copy.deepcopy(self.deployment_template), "name": entry["name"],
-                            "deployment_config": {**copy.deepcopy(self.deployment_template["deployment_config"]), **copy.deepcopy(entry)}}
+            entry["name"]: {
+                **copy.deepcopy(self.deployment_template),
+                "name": entry["name"],
+                "deployment_config": {
+                    **copy.deepcopy(self.deployment_template["deployment_config"]),
+                    **copy.deepcopy(entry),
+                },
+            }
             for entry in app["deployments"]
         }
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -32,12 +33,16 @@ def at(*args) -> datetime:
 
 
 def test_every_six_hours_inside_an_all_day_window():
-    assert timing.next_slot(after=at(2026, 12, 1, 3), every_hours=6, cron="", days=[], start_hour=0, end_hour=24, tz="UTC") == at(2026, 12, 1, 9)
+    assert timing.next_slot(
+        after=at(2026, 12, 1, 3), every_hours=6, cron="", days=[], start_hour=0, end_hour=24, tz="UTC"
+    ) == at(2026, 12, 1, 9)
 
 
 def test_a_slot_outside_the_window_moves_to_the_next_opening():
     # 02:00 + 6 h = 08:00, outside 22–04; the window next opens at 22:00.
-    assert timing.next_slot(after=at(2026, 12, 1, 2), every_hours=6, cron="", days=[], start_hour=22, end_hour=4, tz="UTC") == at(2026, 12, 1, 22)
+    assert timing.next_slot(
+        after=at(2026, 12, 1, 2), every_hours=6, cron="", days=[], start_hour=22, end_hour=4, tz="UTC"
+    ) == at(2026, 12, 1, 22)
 
 
 def test_windows_wrap_past_midnight_and_count_the_early_hours_for_the_previous_day():
@@ -54,12 +59,20 @@ def test_windows_follow_the_time_zone():
 
 def test_cron_slots_skip_to_one_inside_the_window():
     # Hourly cron, window Saturday only: from Tuesday the next slot is Saturday 00:00.
-    assert timing.next_slot(after=at(2026, 12, 1, 3), every_hours=None, cron="0 * * * *", days=[5], start_hour=0, end_hour=24, tz="UTC") == at(2026, 12, 5, 0)
+    assert timing.next_slot(
+        after=at(2026, 12, 1, 3), every_hours=None, cron="0 * * * *", days=[5], start_hour=0, end_hour=24, tz="UTC"
+    ) == at(2026, 12, 5, 0)
 
 
 @pytest.mark.parametrize(
     "every, cron, message",
-    [(None, "", "exactly one"), (6, "0 * * * *", "exactly one"), (0, "", "exactly one"), (1000, "", "between 1 and 720"), (None, "61 * * * *", "not a valid")],
+    [
+        (None, "", "exactly one"),
+        (6, "0 * * * *", "exactly one"),
+        (0, "", "exactly one"),
+        (1000, "", "between 1 and 720"),
+        (None, "61 * * * *", "not a valid"),
+    ],
 )
 def test_bad_timings_are_refused(every, cron, message):
     with pytest.raises(ValidationError, match=message):
@@ -68,7 +81,13 @@ def test_bad_timings_are_refused(every, cron, message):
 
 @pytest.mark.parametrize(
     "days, start, end, tz, message",
-    [([7], 0, 24, "UTC", "0–6"), ([1, 1], 0, 24, "UTC", "twice"), ([], 5, 5, "UTC", "empty"), ([], 0, 24, "Mars/Olympus", "Unknown time zone"), ([], 25, 3, "UTC", "start 0–23")],
+    [
+        ([7], 0, 24, "UTC", "0–6"),
+        ([1, 1], 0, 24, "UTC", "twice"),
+        ([], 5, 5, "UTC", "empty"),
+        ([], 0, 24, "Mars/Olympus", "Unknown time zone"),
+        ([], 25, 3, "UTC", "start 0–23"),
+    ],
 )
 def test_bad_windows_are_refused(days, start, end, tz, message):
     with pytest.raises(ValidationError, match=message):
@@ -79,8 +98,12 @@ def test_warmup_results_separate_the_first_request_from_the_steady_state():
     samples = [Sample(0, 200, 900.0)] + [Sample(i, 200, 10.0 + i) for i in range(1, 21)]
     result = services.summarize(samples, p95_threshold_ms=50)
     assert result["first_ms"] == 900.0 and result["steady_p50_ms"] == 20.5 and result["passed"]
-    failing = services.summarize(samples[:5] + [Sample(5, 500, 12.0), Sample(6, None, 3000.0, "timeout")], p95_threshold_ms=50)
-    assert not failing["passed"] and "2 of 7 responses were not 2xx" in failing["verdict"] and "p95" in failing["verdict"]
+    failing = services.summarize(
+        samples[:5] + [Sample(5, 500, 12.0), Sample(6, None, 3000.0, "timeout")], p95_threshold_ms=50
+    )
+    assert (
+        not failing["passed"] and "2 of 7 responses were not 2xx" in failing["verdict"] and "p95" in failing["verdict"]
+    )
 
 
 # --- with the database ---------------------------------------------------------------------
@@ -88,7 +111,9 @@ def test_warmup_results_separate_the_first_request_from_the_steady_state():
 
 @pytest.fixture
 def deployment(team, use_replay):
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0")
+    cluster = Cluster.objects.create(
+        name="vision-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0"
+    )
     sync.sync_cluster(cluster.pk)
     return Deployment.objects.get(application__cluster=cluster, name="Model")
 
@@ -101,13 +126,19 @@ def operator(people):
 @pytest.mark.django_db
 def test_a_schedule_shows_its_next_run(deployment, operator):
     schedule = services.save_schedule(operator, deployment, {"every_hours": 6, "cron": ""})
-    assert timezone.now() + timedelta(hours=5, minutes=59) < schedule.next_run_at <= timezone.now() + timedelta(hours=6, seconds=5)
+    assert (
+        timezone.now() + timedelta(hours=5, minutes=59)
+        < schedule.next_run_at
+        <= timezone.now() + timedelta(hours=6, seconds=5)
+    )
 
 
 @pytest.mark.django_db
 def test_a_timing_that_never_meets_its_window_is_refused(deployment, operator):
     with pytest.raises(ValidationError, match="never falls inside the maintenance window"):
-        services.save_schedule(operator, deployment, {"cron": "0 */6 * * *", "window_start_hour": 1, "window_end_hour": 5})
+        services.save_schedule(
+            operator, deployment, {"cron": "0 */6 * * *", "window_start_hour": 1, "window_end_hour": 5}
+        )
 
 
 @pytest.mark.django_db
@@ -169,7 +200,9 @@ def test_a_recycle_of_a_vanished_deployment_fails_with_the_reason(deployment, op
 
 @pytest.mark.django_db
 def test_an_unreachable_cluster_skips_the_recycle(deployment, operator):
-    Cluster.objects.filter(pk=deployment.application.cluster_id).update(reachability="unreachable", last_error="refused")
+    Cluster.objects.filter(pk=deployment.application.cluster_id).update(
+        reachability="unreachable", last_error="refused"
+    )
     run = services.request_recycle(operator, deployment)
     services.execute(run.pk)
     run.refresh_from_db()
@@ -179,15 +212,32 @@ def test_an_unreachable_cluster_skips_the_recycle(deployment, operator):
 @pytest.mark.django_db
 def test_the_api_manages_schedules_and_answers_202_for_recycle_now(api_as, deployment):
     client = api_as("operator")
-    created = client.post("/api/v1/maintenance/schedules/", {"deployment": deployment.pk, "cron": "0 */6 * * *", "window_start_hour": 0, "window_end_hour": 5}, format="json")
+    created = client.post(
+        "/api/v1/maintenance/schedules/",
+        {"deployment": deployment.pk, "cron": "0 */6 * * *", "window_start_hour": 0, "window_end_hour": 5},
+        format="json",
+    )
     assert created.status_code == 201, created.content
     assert created.json()["next_run_at"]
-    bad = client.post("/api/v1/maintenance/schedules/", {"deployment": deployment.pk, "cron": "nonsense"}, format="json")
+    bad = client.post(
+        "/api/v1/maintenance/schedules/", {"deployment": deployment.pk, "cron": "nonsense"}, format="json"
+    )
     assert bad.status_code == 400 and "not a valid" in str(bad.json())
-    recycle = client.post("/api/v1/maintenance/runs/recycle/", {"deployment": deployment.pk, "override_reason": "rush"}, format="json")
+    recycle = client.post(
+        "/api/v1/maintenance/runs/recycle/", {"deployment": deployment.pk, "override_reason": "rush"}, format="json"
+    )
     assert recycle.status_code == 202 and recycle.json()["override_guards"] is True
-    assert api_as("viewer").post("/api/v1/maintenance/runs/recycle/", {"deployment": deployment.pk}, format="json").status_code == 403
-    profile = client.post("/api/v1/maintenance/warmup-profiles/", {"application": deployment.application_id, "name": "w", "path": "/demo", "body": {"text": "hi"}}, format="json")
+    assert (
+        api_as("viewer")
+        .post("/api/v1/maintenance/runs/recycle/", {"deployment": deployment.pk}, format="json")
+        .status_code
+        == 403
+    )
+    profile = client.post(
+        "/api/v1/maintenance/warmup-profiles/",
+        {"application": deployment.application_id, "name": "w", "path": "/demo", "body": {"text": "hi"}},
+        format="json",
+    )
     assert profile.status_code == 201, profile.content
     assert client.post(f"/api/v1/maintenance/warmup-profiles/{profile.json()['id']}/run/").status_code == 202
     assert len(api_as("viewer").get("/api/v1/maintenance/runs/").json()["results"]) == 2
@@ -224,8 +274,17 @@ def test_the_deployment_page_offers_scheduling_and_recycle_now(client, people, d
     client.force_login(people["operator"])
     page = client.get(reverse("fleet:deployment", args=[deployment.pk])).content.decode()
     assert "Add a recycle schedule" in page and "Recycle now" in page
-    response = client.post(reverse("maintenance:schedule", args=[deployment.pk]),
-                           {"enabled": "on", "every_hours": "6", "cron": "", "window_start_hour": "0", "window_end_hour": "24", "timezone": "UTC"})
+    response = client.post(
+        reverse("maintenance:schedule", args=[deployment.pk]),
+        {
+            "enabled": "on",
+            "every_hours": "6",
+            "cron": "",
+            "window_start_hour": "0",
+            "window_end_hour": "24",
+            "timezone": "UTC",
+        },
+    )
     assert response.status_code == 302
     assert "Next run" in client.get(reverse("fleet:deployment", args=[deployment.pk])).content.decode()
     run_page = client.post(reverse("maintenance:recycle", args=[deployment.pk]), follow=True).content.decode()
@@ -235,9 +294,22 @@ def test_the_deployment_page_offers_scheduling_and_recycle_now(client, people, d
 @pytest.mark.django_db
 def test_the_warmup_page_explains_a_body_that_is_not_json(client, people, deployment):
     client.force_login(people["operator"])
-    page = client.post(reverse("maintenance:warmups", args=[deployment.application_id]),
-                       {"name": "w", "method": "POST", "path": "/demo", "requests": "5", "concurrency": "1", "timeout_s": "5",
-                        "window_start_hour": "0", "window_end_hour": "24", "timezone": "UTC", "enabled": "on", "body_text": "{oops"}).content.decode()
+    page = client.post(
+        reverse("maintenance:warmups", args=[deployment.application_id]),
+        {
+            "name": "w",
+            "method": "POST",
+            "path": "/demo",
+            "requests": "5",
+            "concurrency": "1",
+            "timeout_s": "5",
+            "window_start_hour": "0",
+            "window_end_hour": "24",
+            "timezone": "UTC",
+            "enabled": "on",
+            "body_text": "{oops",
+        },
+    ).content.decode()
     assert "Not valid JSON" in page
 
 
@@ -247,10 +319,20 @@ def test_a_change_that_replaces_replicas_queues_the_applications_warmups(deploym
     from apps.changes.models import ChangeState
 
     profile = services.save_profile(operator, deployment.application, {"name": "w", "path": "/demo"})
-    replaces = protocol.plan_change(operator, deployment.application.cluster, targets=[{"application": "demo", "deployment": "Model"}],
-                                    options={"ray_actor_options": {"num_cpus": 0.3}}, reason="more cpu")
-    in_place = protocol.plan_change(operator, deployment.application.cluster, targets=[{"application": "demo", "deployment": "Model"}],
-                                    options={"max_queued_requests": 10}, reason="queue")
+    replaces = protocol.plan_change(
+        operator,
+        deployment.application.cluster,
+        targets=[{"application": "demo", "deployment": "Model"}],
+        options={"ray_actor_options": {"num_cpus": 0.3}},
+        reason="more cpu",
+    )
+    in_place = protocol.plan_change(
+        operator,
+        deployment.application.cluster,
+        targets=[{"application": "demo", "deployment": "Model"}],
+        options={"max_queued_requests": 10},
+        reason="queue",
+    )
 
     protocol._finish(replaces, ChangeState.SUCCEEDED, "Verified.")
     protocol._finish(in_place, ChangeState.SUCCEEDED, "Verified.")
@@ -312,8 +394,9 @@ def test_a_run_delivered_twice_at_once_runs_once(deployment, operator, monkeypat
 
 
 @pytest.mark.django_db
-def test_a_broker_that_refuses_the_message_delays_a_recycle_and_fails_nothing(api_as, deployment, monkeypatch,
-                                                                                django_capture_on_commit_callbacks):
+def test_a_broker_that_refuses_the_message_delays_a_recycle_and_fails_nothing(
+    api_as, deployment, monkeypatch, django_capture_on_commit_callbacks
+):
     from kombu.exceptions import OperationalError
 
     from controlplane.celery import app
@@ -323,7 +406,9 @@ def test_a_broker_that_refuses_the_message_delays_a_recycle_and_fails_nothing(ap
 
     monkeypatch.setattr(app, "send_task", refused)
     with django_capture_on_commit_callbacks(execute=True):
-        response = api_as("operator").post("/api/v1/maintenance/runs/recycle/", {"deployment": deployment.pk}, format="json")
+        response = api_as("operator").post(
+            "/api/v1/maintenance/runs/recycle/", {"deployment": deployment.pk}, format="json"
+        )
     assert response.status_code == 202, response.content
     run = MaintenanceRun.objects.get(pk=response.json()["id"])
     assert run.state == MaintenanceRun.State.QUEUED
@@ -351,7 +436,9 @@ def test_the_run_page_says_when_no_worker_has_taken_the_run_up(client, people, d
 
 
 @pytest.mark.django_db
-def test_a_recycle_whose_worker_died_is_failed_once_with_how_far_it_got_and_frees_the_cluster(deployment, operator, settings, monkeypatch):
+def test_a_recycle_whose_worker_died_is_failed_once_with_how_far_it_got_and_frees_the_cluster(
+    deployment, operator, settings, monkeypatch
+):
     from apps.changes import protocol
     from apps.changes.models import ChangeState
 
@@ -360,8 +447,13 @@ def test_a_recycle_whose_worker_died_is_failed_once_with_how_far_it_got_and_free
     run = services.request_recycle(operator, deployment)
     services.execute(run.pk)
     live, _ = services._replicas(deployment.application.cluster, deployment)
-    change = protocol.plan_change(operator, deployment.application.cluster, targets=[{"application": "demo", "deployment": "Model"}],
-                                  options={"ray_actor_options": {"num_cpus": 0.3}}, reason="recycle")
+    change = protocol.plan_change(
+        operator,
+        deployment.application.cluster,
+        targets=[{"application": "demo", "deployment": "Model"}],
+        options={"ray_actor_options": {"num_cpus": 0.3}},
+        reason="recycle",
+    )
     protocol._finish(change, ChangeState.SUCCEEDED, "Verified.")
     MaintenanceRun.objects.filter(pk=run.pk).update(change=change, replicas_before=[*live, "replaced-1"])
     beat = MaintenanceRun.objects.get(pk=run.pk).heartbeat_at
@@ -387,7 +479,9 @@ def test_a_recycle_whose_worker_died_is_failed_once_with_how_far_it_got_and_free
 
 
 @pytest.mark.django_db
-def test_a_running_run_with_a_fresh_heartbeat_or_an_active_change_is_left_alone(deployment, operator, settings, monkeypatch):
+def test_a_running_run_with_a_fresh_heartbeat_or_an_active_change_is_left_alone(
+    deployment, operator, settings, monkeypatch
+):
     from apps.changes import protocol
 
     settings.FLEETDECK_CHANGE_STALE_S = 60
@@ -397,8 +491,13 @@ def test_a_running_run_with_a_fresh_heartbeat_or_an_active_change_is_left_alone(
     beat = MaintenanceRun.objects.get(pk=run.pk).heartbeat_at
     assert services.abandon_stale(now=beat + timedelta(seconds=59)) == []
     # Stale, but its change is still on its way: the change's reconciler finishes that first.
-    change = protocol.plan_change(operator, deployment.application.cluster, targets=[{"application": "demo", "deployment": "Model"}],
-                                  options={"ray_actor_options": {"num_cpus": 0.3}}, reason="recycle")
+    change = protocol.plan_change(
+        operator,
+        deployment.application.cluster,
+        targets=[{"application": "demo", "deployment": "Model"}],
+        options={"ray_actor_options": {"num_cpus": 0.3}},
+        reason="recycle",
+    )
     protocol.request_apply(operator, change)
     MaintenanceRun.objects.filter(pk=run.pk).update(change=change)
     assert services.abandon_stale(now=beat + timedelta(hours=1)) == []
@@ -407,12 +506,19 @@ def test_a_running_run_with_a_fresh_heartbeat_or_an_active_change_is_left_alone(
 
 
 @pytest.mark.django_db
-def test_a_recycle_touches_its_heartbeat_at_the_claim_each_log_line_and_each_poll_of_its_change(deployment, operator, monkeypatch):
+def test_a_recycle_touches_its_heartbeat_at_the_claim_each_log_line_and_each_poll_of_its_change(
+    deployment, operator, monkeypatch
+):
     from apps.changes import protocol
     from apps.changes.models import Change, ChangeState
 
-    change = protocol.plan_change(operator, deployment.application.cluster, targets=[{"application": "demo", "deployment": "Model"}],
-                                  options={"ray_actor_options": {"num_cpus": 0.3}}, reason="recycle")
+    change = protocol.plan_change(
+        operator,
+        deployment.application.cluster,
+        targets=[{"application": "demo", "deployment": "Model"}],
+        options={"ray_actor_options": {"num_cpus": 0.3}},
+        reason="recycle",
+    )
     run = services.request_recycle(operator, deployment)
     beats = []
 
@@ -462,19 +568,31 @@ def test_the_warmup_after_a_recycle_runs_once_however_long_it_takes(deployment, 
 
     settings.FLEETDECK_CHANGE_STALE_S = 60
     profile = services.save_profile(operator, deployment.application, {"name": "w", "path": "/demo"})
-    schedule = RecycleSchedule.objects.create(deployment=deployment, every_hours=6, warmup=profile, created_by=operator.user)
+    schedule = RecycleSchedule.objects.create(
+        deployment=deployment, every_hours=6, warmup=profile, created_by=operator.user
+    )
     run = services.request_recycle(operator, deployment)
     MaintenanceRun.objects.filter(pk=run.pk).update(schedule=schedule)
     replicas = iter([(["r1", "r2"], {}), (["r3", "r4"], {})])
     monkeypatch.setattr(services, "_replicas", lambda cluster, dep: next(replicas))
     monkeypatch.setattr(services, "recycle_guards", lambda *args: [])
-    monkeypatch.setattr(protocol, "run", lambda pk: Change.objects.filter(pk=pk).update(
-        state=ChangeState.SUCCEEDED, pushed_at=timezone.now(), finished_at=timezone.now()))
+    monkeypatch.setattr(
+        protocol,
+        "run",
+        lambda pk: Change.objects.filter(pk=pk).update(
+            state=ChangeState.SUCCEEDED, pushed_at=timezone.now(), finished_at=timezone.now()
+        ),
+    )
     seen = []
 
     def slow_warmup(follow):
         # An hour later, as far as the tick can tell: a queued follow-up would look lost and be sent again.
-        seen.append((MaintenanceRun.objects.get(pk=follow.pk).state, services.requeue_lost(now=timezone.now() + timedelta(hours=1))))
+        seen.append(
+            (
+                MaintenanceRun.objects.get(pk=follow.pk).state,
+                services.requeue_lost(now=timezone.now() + timedelta(hours=1)),
+            )
+        )
         services._end(follow, MaintenanceRun.State.SUCCEEDED, "warm")
 
     monkeypatch.setattr(services, "_warmup", slow_warmup)
@@ -487,7 +605,9 @@ def test_the_warmup_after_a_recycle_runs_once_however_long_it_takes(deployment, 
 
 
 @pytest.mark.django_db
-def test_a_worker_that_wakes_after_the_reaper_failed_its_run_overwrites_nothing(deployment, operator, settings, monkeypatch):
+def test_a_worker_that_wakes_after_the_reaper_failed_its_run_overwrites_nothing(
+    deployment, operator, settings, monkeypatch
+):
     settings.FLEETDECK_CHANGE_STALE_S = 60
     monkeypatch.setattr(services, "_recycle", lambda claimed: None)
     run = services.request_recycle(operator, deployment)
@@ -533,7 +653,9 @@ class WorkerDied(BaseException):
 
 
 @pytest.mark.django_db
-def test_a_worker_killed_as_it_applies_the_recycle_change_leaves_a_run_that_names_it(deployment, operator, settings, monkeypatch):
+def test_a_worker_killed_as_it_applies_the_recycle_change_leaves_a_run_that_names_it(
+    deployment, operator, settings, monkeypatch
+):
     from apps.changes import protocol
 
     settings.FLEETDECK_CHANGE_STALE_S = 60

@@ -14,7 +14,11 @@ REPO = Path(__file__).resolve().parents[2]
 def shell(*args: str, var_dir: Path, **env: str) -> subprocess.CompletedProcess:
     # As make run on a fresh machine: the embedded defaults under var_dir, never the database or
     # broker the suite itself was pointed at (CI's PostgreSQL `test` kept the user between runs).
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETDECK_", "DJANGO_", "MAKE", "DATABASE_URL", "CELERY_"))}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("FLEETDECK_", "DJANGO_", "MAKE", "DATABASE_URL", "CELERY_"))
+    }
     clean.update(env, DJANGO_SETTINGS_MODULE="controlplane.settings", FLEETDECK_VAR_DIR=str(var_dir))
     return subprocess.run(list(args), cwd=REPO, env=clean, capture_output=True, text=True, timeout=300)
 
@@ -22,9 +26,15 @@ def shell(*args: str, var_dir: Path, **env: str) -> subprocess.CompletedProcess:
 def test_make_token_prints_a_working_token_where_manage_py_alone_refuses(tmp_path):
     dev = {"FLEETDECK_DEBUG": "1"}
     assert shell(sys.executable, "manage.py", "migrate", "--noinput", var_dir=tmp_path, **dev).returncode == 0
-    created = shell(sys.executable, "manage.py", "shell", "-c",
-                    "from django.contrib.auth.models import User; User.objects.create_user('alice', password='pw')",
-                    var_dir=tmp_path, **dev)
+    created = shell(
+        sys.executable,
+        "manage.py",
+        "shell",
+        "-c",
+        "from django.contrib.auth.models import User; User.objects.create_user('alice', password='pw')",
+        var_dir=tmp_path,
+        **dev,
+    )
     assert created.returncode == 0, created.stderr
 
     bare = shell(sys.executable, "manage.py", "create_api_token", "alice", var_dir=tmp_path)
@@ -34,9 +44,15 @@ def test_make_token_prints_a_working_token_where_manage_py_alone_refuses(tmp_pat
     assert made.returncode == 0, made.stderr
     token = made.stdout.strip()
     assert len(token.split()) == 1 and len(token) >= 20
-    check = shell(sys.executable, "manage.py", "shell", "-c",
-                  f"from rest_framework.authtoken.models import Token; print(Token.objects.get(key='{token}').user.username)",
-                  var_dir=tmp_path, **dev)
+    check = shell(
+        sys.executable,
+        "manage.py",
+        "shell",
+        "-c",
+        f"from rest_framework.authtoken.models import Token; print(Token.objects.get(key='{token}').user.username)",
+        var_dir=tmp_path,
+        **dev,
+    )
     assert check.stdout.strip().splitlines()[-1] == "alice", check.stderr
 
 

@@ -85,7 +85,9 @@ def settings_env_vars() -> set[str]:
             continue
         func = node.func
         called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-        from_environ = isinstance(func, ast.Attribute) and func.attr == "get" and getattr(func.value, "attr", "") == "environ"
+        from_environ = (
+            isinstance(func, ast.Attribute) and func.attr == "get" and getattr(func.value, "attr", "") == "environ"
+        )
         first = node.args[0]
         if (called in helpers or from_environ) and isinstance(first, ast.Constant) and isinstance(first.value, str):
             names.add(first.value)
@@ -150,9 +152,7 @@ def test_the_manifests_exist_where_the_readme_says():
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-@pytest.mark.parametrize(
-    "doc", [doc for doc in DOCS if doc.data.get("kind") not in NO_SCHEMA], ids=lambda doc: doc.id
-)
+@pytest.mark.parametrize("doc", [doc for doc in DOCS if doc.data.get("kind") not in NO_SCHEMA], ids=lambda doc: doc.id)
 def test_every_kubernetes_object_validates_against_the_strict_schema(doc, version):
     # Strict schemas refuse unknown fields, so a misspelled key fails here instead of being
     # dropped by the API server.
@@ -166,11 +166,18 @@ def test_the_rayservice_pod_templates_validate_as_kubernetes_pod_templates(versi
         cluster = doc.data["spec"]["rayClusterConfig"]
         groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
         for group in groups:
-            wrapped = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "check"}, "template": group["template"]}
+            wrapped = {
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "metadata": {"name": "check"},
+                "template": group["template"],
+            }
             kubernetes_validate.validate(wrapped, version, strict=True)
         resources = cluster["autoscalerOptions"]["resources"]
         wrapped = {
-            "apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "check"},
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": "check"},
             "template": {"spec": {"containers": [{"name": "autoscaler", "image": "ray", "resources": resources}]}},
         }
         kubernetes_validate.validate(wrapped, version, strict=True)
@@ -224,7 +231,9 @@ def test_each_kustomization_applies_every_manifest_in_its_folder_and_nothing_mis
 def test_a_manifest_left_out_of_the_kustomization_is_caught(tmp_path):
     for path in K8S.glob("*.yaml"):
         (tmp_path / path.name).write_text(path.read_text())
-    (tmp_path / "forgotten.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x, namespace: fleetdeck}\n")
+    (tmp_path / "forgotten.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x, namespace: fleetdeck}\n"
+    )
     assert any("forgotten.yaml" in problem for problem in kustomization_problems(tmp_path))
 
 
@@ -252,15 +261,21 @@ def env_problems(docs: list[Doc]) -> list[str]:
                     problems.append(f"{where} {container['name']}: envFrom {ref.get('name')!r} is not defined here")
             for var in container.get("env", []):
                 if var["name"] not in SETTINGS_VARS:
-                    problems.append(f"{where} {container['name']}: {var['name']} is not read by controlplane/settings.py")
+                    problems.append(
+                        f"{where} {container['name']}: {var['name']} is not read by controlplane/settings.py"
+                    )
                 ref = (var.get("valueFrom") or {}).get("secretKeyRef")
                 if ref:
                     secret = secrets.get(ref["name"])
                     keys = {**secret.get("stringData", {}), **secret.get("data", {})} if secret else {}
                     if ref["key"] not in keys:
-                        problems.append(f"{where} {container['name']}: secret key {ref['name']}/{ref['key']} is not in the template")
+                        problems.append(
+                            f"{where} {container['name']}: secret key {ref['name']}/{ref['key']} is not in the template"
+                        )
                     if ref.get("optional"):
-                        problems.append(f"{where} {container['name']}: {var['name']} is optional; a missing value must stop the pod")
+                        problems.append(
+                            f"{where} {container['name']}: {var['name']} is optional; a missing value must stop the pod"
+                        )
     return problems
 
 
@@ -291,11 +306,14 @@ def test_every_fleetdeck_container_gets_every_secret_key_from_the_secret():
     for where, spec in pod_specs(docs):
         for container in containers(spec):
             from_secret = {
-                var["name"] for var in container.get("env", [])
+                var["name"]
+                for var in container.get("env", [])
                 if (var.get("valueFrom") or {}).get("secretKeyRef", {}).get("name") == "fleetdeck-secrets"
             }
             assert from_secret == keys, f"{where} {container['name']}"
-            assert {"configMapRef": {"name": "fleetdeck-config"}} in container["envFrom"], f"{where} {container['name']}"
+            assert {"configMapRef": {"name": "fleetdeck-config"}} in container["envFrom"], (
+                f"{where} {container['name']}"
+            )
 
 
 def test_the_configmap_is_a_production_configuration():
@@ -414,7 +432,9 @@ def web_probe_problems(docs: list[Doc]) -> list[str]:
     allowed_hosts = [host.strip() for host in config.get("FLEETDECK_ALLOWED_HOSTS", "").split(",")]
     spec = one(docs, "Deployment", "fleetdeck-web")["spec"]["template"]["spec"]
     web = next(container for container in spec["containers"] if container["name"] == "web")
-    ports = {port.get("name") for port in web.get("ports", [])} | {port["containerPort"] for port in web.get("ports", [])}
+    ports = {port.get("name") for port in web.get("ports", [])} | {
+        port["containerPort"] for port in web.get("ports", [])
+    }
     for probe_name in ("readinessProbe", "livenessProbe"):
         http = (web.get(probe_name) or {}).get("httpGet")
         if not http:
@@ -446,7 +466,10 @@ def test_a_probe_on_a_missing_path_or_a_disallowed_host_is_caught():
     docs = fleetdeck_docs()
     web = one(docs, "Deployment", "fleetdeck-web")["spec"]["template"]["spec"]["containers"][0]
     web["readinessProbe"]["httpGet"] = {**web["readinessProbe"]["httpGet"], "path": "/health"}
-    web["livenessProbe"]["httpGet"] = {**web["livenessProbe"]["httpGet"], "httpHeaders": [{"name": "Host", "value": "10.0.0.7"}]}
+    web["livenessProbe"]["httpGet"] = {
+        **web["livenessProbe"]["httpGet"],
+        "httpHeaders": [{"name": "Host", "value": "10.0.0.7"}],
+    }
     problems = web_probe_problems(docs)
     assert any("/health " in problem for problem in problems)
     assert any("10.0.0.7" in problem for problem in problems)
@@ -526,12 +549,20 @@ def reader_problems(rules: list[dict]) -> list[str]:
         if "secrets" in rule["resources"]:
             problems.append("reads secrets")
     # Exactly what the adapter calls: a missing grant breaks a feature, an extra one is unused access.
-    granted = {(group, resource, verb) for rule in rules for group in rule["apiGroups"] for resource in rule["resources"]
-               for verb in rule["verbs"] if verb in READ_VERBS}
+    granted = {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+        if verb in READ_VERBS
+    }
     needed = {(group, resource, verb) for (group, resource), verbs in READS.items() for verb in verbs}
     problems += [f"cannot {verb} {group or 'core'}/{resource}" for group, resource, verb in sorted(needed - granted)]
-    problems += [f"grants {verb} on {group or 'core'}/{resource}, which Fleetdeck never calls"
-                 for group, resource, verb in sorted(granted - needed)]
+    problems += [
+        f"grants {verb} on {group or 'core'}/{resource}, which Fleetdeck never calls"
+        for group, resource, verb in sorted(granted - needed)
+    ]
     return problems
 
 
@@ -549,14 +580,20 @@ def test_a_missing_or_unused_read_in_the_reader_role_is_caught():
     rules = copy.deepcopy(rules_of(fleetdeck_docs(), "ClusterRole", "fleetdeck-reader"))
     rules[0]["verbs"] = ["list", "watch"]
     rules[-1]["verbs"] = []
-    assert reader_problems(rules) == ["cannot list keda.sh/scaledobjects", "grants watch on core/events, which Fleetdeck never calls",
-                                      "grants watch on core/pods, which Fleetdeck never calls"]
+    assert reader_problems(rules) == [
+        "cannot list keda.sh/scaledobjects",
+        "grants watch on core/events, which Fleetdeck never calls",
+        "grants watch on core/pods, which Fleetdeck never calls",
+    ]
 
 
 def test_the_optional_writer_may_only_patch_rayservices():
     docs = load_docs(DEPLOY / "k8s" / "optional")
     rules = rules_of(docs, "ClusterRole", "fleetdeck-rayservice-writer")
-    assert rules == [{"apiGroups": [group], "resources": [resource], "verbs": list(verbs)} for (group, resource), verbs in WRITES.items()]
+    assert rules == [
+        {"apiGroups": [group], "resources": [resource], "verbs": list(verbs)}
+        for (group, resource), verbs in WRITES.items()
+    ]
     assert rules == [{"apiGroups": ["ray.io"], "resources": ["rayservices"], "verbs": ["patch"]}]
     # The writer is opt-in: the base kustomization must not grant it.
     assert not [doc for doc in fleetdeck_docs() if doc.name == "fleetdeck-rayservice-writer" and doc.path.parent == K8S]
@@ -572,7 +609,11 @@ def test_every_binding_grants_an_existing_role_to_the_fleetdeck_service_account(
         ref = doc.data["roleRef"]
         assert (ref["kind"], ref["name"]) in roles, doc.id
         assert doc.data["subjects"] == [
-            {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": account["metadata"]["namespace"]}
+            {
+                "kind": "ServiceAccount",
+                "name": account["metadata"]["name"],
+                "namespace": account["metadata"]["namespace"],
+            }
         ], doc.id
 
 
@@ -714,7 +755,10 @@ def test_every_ray_container_fits_rays_memory_inside_its_limit():
     [
         (lambda group: group["rayStartParams"].pop("object-store-memory"), "object-store-memory"),
         (lambda group: group["rayStartParams"].update({"memory": str(16 * 2**30)}), "exceed"),
-        (lambda group: group["template"]["spec"]["containers"][0]["resources"]["requests"].update({"memory": "8Gi"}), "!= limit"),
+        (
+            lambda group: group["template"]["spec"]["containers"][0]["resources"]["requests"].update({"memory": "8Gi"}),
+            "!= limit",
+        ),
         (lambda group: group["rayStartParams"].update({"memory": 10737418240}), "not a byte count"),
     ],
     ids=["object-store-unsized", "heap-fills-the-limit", "request-below-limit", "number-not-string"],
@@ -734,7 +778,10 @@ def test_the_minimum_replicas_fit_in_the_minimum_worker_pods():
     fit = sum((int(group["rayStartParams"]["memory"]) // per_replica) * group["minReplicas"] for group in workers)
     assert fit >= deployment["autoscaling_config"]["min_replicas"]
     cpus_needed = deployment["ray_actor_options"]["num_cpus"]
-    assert all(quantity(group["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"]) >= cpus_needed for group in workers)
+    assert all(
+        quantity(group["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"]) >= cpus_needed
+        for group in workers
+    )
 
 
 def test_the_head_runs_no_replicas():

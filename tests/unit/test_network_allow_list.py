@@ -38,26 +38,32 @@ def refused(url: str) -> str:
 # --- what an entry may be ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("kind", "raw", "stored"), [
-    ("network", "10.20.1.5/16", "10.20.0.0/16"),
-    ("network", "10.0.0.7", "10.0.0.7/32"),
-    ("network", "FD12:3456::/48", "fd12:3456::/48"),
-    ("host", "Ray-Head.Prod.Example.", "ray-head.prod.example"),
-    ("host", "*.prod.example", "*.prod.example"),
-])
+@pytest.mark.parametrize(
+    ("kind", "raw", "stored"),
+    [
+        ("network", "10.20.1.5/16", "10.20.0.0/16"),
+        ("network", "10.0.0.7", "10.0.0.7/32"),
+        ("network", "FD12:3456::/48", "fd12:3456::/48"),
+        ("host", "Ray-Head.Prod.Example.", "ray-head.prod.example"),
+        ("host", "*.prod.example", "*.prod.example"),
+    ],
+)
 def test_entries_are_stored_in_canonical_form(kind, raw, stored):
     assert normalize_rule(kind, raw) == stored
 
 
-@pytest.mark.parametrize(("kind", "raw", "message"), [
-    ("network", "10.0.0.0/33", "is not a network"),
-    ("network", "ray.example", "is not a network"),
-    ("network", "0.0.0.0/0", "allows everything"),
-    ("host", "10.0.0.7", "That is an address"),
-    ("host", "ray_head.example", "is not a host name"),
-    ("host", "*.*.example", "is not a host name"),
-    ("host", "", "is not a host name"),
-])
+@pytest.mark.parametrize(
+    ("kind", "raw", "message"),
+    [
+        ("network", "10.0.0.0/33", "is not a network"),
+        ("network", "ray.example", "is not a network"),
+        ("network", "0.0.0.0/0", "allows everything"),
+        ("host", "10.0.0.7", "That is an address"),
+        ("host", "ray_head.example", "is not a host name"),
+        ("host", "*.*.example", "is not a host name"),
+        ("host", "", "is not a host name"),
+    ],
+)
 def test_a_bad_entry_says_what_is_wrong(kind, raw, message):
     with pytest.raises(ValidationError) as caught:
         normalize_rule(kind, raw)
@@ -72,13 +78,16 @@ def test_an_empty_list_allows_anything_but_the_addresses_always_refused():
     assert "never calls" in NetworkPolicy().refusal("ray.example", "169.254.169.254")
 
 
-@pytest.mark.parametrize(("host", "allowed"), [
-    ("ray.prod.example", True),
-    ("a.b.prod.example", True),
-    ("prod.example", False),  # the domain itself is not under it
-    ("evilprod.example", False),
-    ("ray.staging.example", False),
-])
+@pytest.mark.parametrize(
+    ("host", "allowed"),
+    [
+        ("ray.prod.example", True),
+        ("a.b.prod.example", True),
+        ("prod.example", False),  # the domain itself is not under it
+        ("evilprod.example", False),
+        ("ray.staging.example", False),
+    ],
+)
 def test_a_host_rule_allows_names_under_its_domain_wherever_they_resolve(host, allowed):
     policy = NetworkPolicy(hosts=("*.prod.example",))
     assert (policy.refusal(host, "192.168.1.5") is None) is allowed
@@ -135,8 +144,11 @@ def test_connections_are_refused_by_the_list_and_read_it_once_per_client(monkeyp
 def test_registering_a_cluster_outside_the_list_is_refused_and_nothing_is_created(api_as, monkeypatch):
     EgressRule.objects.create(kind="network", value="10.0.0.0/8")
     resolving_to(monkeypatch, "192.168.1.5")
-    response = api_as("admin").post("/api/v1/clusters/", {"name": "outside", "team": "vision",
-                                                           "dashboard_url": "http://ray.internal:8265"}, format="json")
+    response = api_as("admin").post(
+        "/api/v1/clusters/",
+        {"name": "outside", "team": "vision", "dashboard_url": "http://ray.internal:8265"},
+        format="json",
+    )
     assert response.status_code == 400 and "network allow-list" in str(response.json())
     assert not api_as("admin").get("/api/v1/clusters/").json()["results"]
 
@@ -152,7 +164,9 @@ def admin_client(user) -> Client:
 
 def test_an_administrator_adds_an_entry_normalized_and_audited(people):
     root = admin_client(people["root"])
-    response = root.post("/admin/clusters/egressrule/add/", {"kind": "network", "value": "10.20.1.5/16", "note": "prod GPU VPC"})
+    response = root.post(
+        "/admin/clusters/egressrule/add/", {"kind": "network", "value": "10.20.1.5/16", "note": "prod GPU VPC"}
+    )
     assert response.status_code == 302, response.content.decode()[-2000:]
     rule = EgressRule.objects.get()
     assert (rule.value, rule.created_by) == ("10.20.0.0/16", people["root"])
@@ -161,18 +175,25 @@ def test_an_administrator_adds_an_entry_normalized_and_audited(people):
 
 
 def test_a_bad_entry_in_the_admin_is_shown_and_nothing_is_saved(people):
-    response = admin_client(people["root"]).post("/admin/clusters/egressrule/add/", {"kind": "host", "value": "10.0.0.7"})
+    response = admin_client(people["root"]).post(
+        "/admin/clusters/egressrule/add/", {"kind": "host", "value": "10.0.0.7"}
+    )
     assert response.status_code == 200 and "That is an address" in response.content.decode()
     assert not EgressRule.objects.exists() and not AuditEvent.objects.filter(action__startswith="egress_rule").exists()
 
 
 def test_deleting_entries_is_audited_one_by_one(people):
     rules = [EgressRule.objects.create(kind="network", value=v) for v in ("10.0.0.0/8", "192.168.0.0/16")]
-    response = admin_client(people["root"]).post("/admin/clusters/egressrule/", {
-        "action": "delete_selected", "_selected_action": [r.pk for r in rules], "post": "yes"})
+    response = admin_client(people["root"]).post(
+        "/admin/clusters/egressrule/",
+        {"action": "delete_selected", "_selected_action": [r.pk for r in rules], "post": "yes"},
+    )
     assert response.status_code == 302
     assert not EgressRule.objects.exists()
-    assert sorted(e.changes["value"] for e in AuditEvent.objects.filter(action="egress_rule.delete")) == ["10.0.0.0/8", "192.168.0.0/16"]
+    assert sorted(e.changes["value"] for e in AuditEvent.objects.filter(action="egress_rule.delete")) == [
+        "10.0.0.0/8",
+        "192.168.0.0/16",
+    ]
 
 
 def test_the_empty_list_warns_the_administrator_that_everything_is_open(people, settings):
@@ -184,7 +205,9 @@ def test_the_empty_list_warns_the_administrator_that_everything_is_open(people, 
 def test_staff_without_superuser_and_team_admins_cannot_touch_it(people, django_user_model):
     staff = django_user_model.objects.create_user(username="staff", password="pw", is_staff=True)
     for user in (staff, people["admin"]):
-        response = admin_client(user).post("/admin/clusters/egressrule/add/", {"kind": "network", "value": "0.0.0.1/32"})
+        response = admin_client(user).post(
+            "/admin/clusters/egressrule/add/", {"kind": "network", "value": "0.0.0.1/32"}
+        )
         assert response.status_code in (302, 403), response.status_code
         if response.status_code == 302:
             assert response["Location"].startswith("/admin/login/")

@@ -33,7 +33,9 @@ def model_entry(config: dict) -> dict:
 
 @pytest.fixture
 def replayed_cluster(db, team, use_replay):
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0")
+    cluster = Cluster.objects.create(
+        name="vision-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0"
+    )
     sync.sync_cluster(cluster.pk)
     return cluster
 
@@ -48,7 +50,9 @@ def plan_on_page(client, cluster, options_text: str):
 # --- the planner page ------------------------------------------------------------------------
 
 
-def test_autoscaling_config_null_in_the_planner_turns_autoscaling_off_and_the_diff_says_null(client, people, replayed_cluster):
+def test_autoscaling_config_null_in_the_planner_turns_autoscaling_off_and_the_diff_says_null(
+    client, people, replayed_cluster
+):
     client.force_login(people["operator"])
     response = plan_on_page(client, replayed_cluster, "autoscaling_config: null\nnum_replicas: 2\n")
 
@@ -76,7 +80,9 @@ def test_a_user_config_key_set_to_null_in_the_planner_is_sent_as_null(client, pe
 
     change = Change.objects.get()
     assert model_entry(change.new_config)["user_config"] == {"alloc_mb": 0, "hold_s": 0.05, "max_prompt_tokens": None}
-    assert change.json_patch == [{"op": "add", "path": "/applications/0/deployments/1/user_config/max_prompt_tokens", "value": None}]
+    assert change.json_patch == [
+        {"op": "add", "path": "/applications/0/deployments/1/user_config/max_prompt_tokens", "value": None}
+    ]
     assert change.warnings == ["demo/Model: user_config.max_prompt_tokens set to null (sent as null, not removed)."]
 
 
@@ -91,14 +97,16 @@ def test_the_planner_page_says_what_null_does(client, people, replayed_cluster):
 
 def test_a_preset_with_a_null_plans_the_null(api_as, replayed_cluster):
     created = api_as("operator").post(
-        "/api/v1/presets/", {"name": "No prompt cap", "team": "vision", "options": {"user_config": {"max_prompt_tokens": None}}},
+        "/api/v1/presets/",
+        {"name": "No prompt cap", "team": "vision", "options": {"user_config": {"max_prompt_tokens": None}}},
         format="json",
     )
     assert created.status_code == 201, created.content
     assert created.json()["options"] == {"user_config": {"max_prompt_tokens": None}}
 
     planned = api_as("operator").post(
-        "/api/v1/changes/", {"cluster": replayed_cluster.pk, "targets": MODEL, "preset": created.json()["slug"], "reason": "uncap"},
+        "/api/v1/changes/",
+        {"cluster": replayed_cluster.pk, "targets": MODEL, "preset": created.json()["slug"], "reason": "uncap"},
         format="json",
     )
     assert planned.status_code == 201, planned.content
@@ -112,11 +120,16 @@ def test_a_preset_with_a_null_plans_the_null(api_as, replayed_cluster):
         ({"num_replicas": None}, "num_replicas: Serve runs its default replica count in place of a null"),
         ({"ray_actor_options": {"num_cpus": None}}, "ray_actor_options.num_cpus: Serve runs 1 CPU in place of a null"),
         ({"autoscaling_config": {"min_replicas": None}}, "autoscaling_config.min_replicas: Serve refuses null here"),
-        ({"ray_actor_options": {"runtime_env": {"env_vars": {"A": None}}}}, "ray_actor_options.runtime_env: Serve takes no null"),
+        (
+            {"ray_actor_options": {"runtime_env": {"env_vars": {"A": None}}}},
+            "ray_actor_options.runtime_env: Serve takes no null",
+        ),
     ],
 )
 def test_a_preset_with_a_null_serve_would_not_keep_is_refused_naming_the_option(api_as, options, message):
-    response = api_as("operator").post("/api/v1/presets/", {"name": "Bad null", "team": "vision", "options": options}, format="json")
+    response = api_as("operator").post(
+        "/api/v1/presets/", {"name": "Bad null", "team": "vision", "options": options}, format="json"
+    )
     assert response.status_code == 400
     assert message in str(response.json())
     # Explained once, in words about null, not again as pydantic's type error.
@@ -183,17 +196,27 @@ def test_the_wizards_view_of_a_patch_with_a_null_is_what_ray_runs_after_it(patch
 
 
 def test_a_null_is_not_taken_for_a_key_ray_does_not_report():
-    assert not_taken({"user_config": {"max_prompt_tokens": None}}, {"user_config": {}}) == ["user_config.max_prompt_tokens"]
+    assert not_taken({"user_config": {"max_prompt_tokens": None}}, {"user_config": {}}) == [
+        "user_config.max_prompt_tokens"
+    ]
     assert not_taken({"user_config": {"max_prompt_tokens": None}}, {"user_config": {"max_prompt_tokens": None}}) == []
     # Ray leaves autoscaling_config out of the effective config while autoscaling is off.
     assert not_taken({"autoscaling_config": None, "num_replicas": 2}, {"num_replicas": 2}) == []
-    assert not_taken({"autoscaling_config": None}, {"autoscaling_config": {"min_replicas": 1}}) == ["autoscaling_config"]
+    assert not_taken({"autoscaling_config": None}, {"autoscaling_config": {"min_replicas": 1}}) == [
+        "autoscaling_config"
+    ]
 
 
 def test_user_config_is_held_only_key_for_key_since_serve_hands_it_over_verbatim():
     assert not_taken({"user_config": {"a": 1}}, {"user_config": {"a": 1, "stale": 2}}) == ["user_config.stale"]
     # Elsewhere Serve fills in what was not sent.
-    assert not_taken({"autoscaling_config": {"min_replicas": 1}}, {"autoscaling_config": {"min_replicas": 1, "upscale_delay_s": 30.0}}) == []
+    assert (
+        not_taken(
+            {"autoscaling_config": {"min_replicas": 1}},
+            {"autoscaling_config": {"min_replicas": 1, "upscale_delay_s": 30.0}},
+        )
+        == []
+    )
 
 
 class ServeLikeRay(FakeRay):
@@ -215,9 +238,13 @@ class ServeLikeRay(FakeRay):
         with self.lock:
             for app in config["applications"]:
                 for entry in app.get("deployments", []):
-                    effective = self.serve["applications"][app["name"]]["deployments"][entry["name"]]["deployment_config"]
+                    effective = self.serve["applications"][app["name"]]["deployments"][entry["name"]][
+                        "deployment_config"
+                    ]
                     if isinstance(entry.get("user_config"), dict):
-                        effective["user_config"] = {k: v for k, v in entry["user_config"].items() if self.honours_nulls or v is not None}
+                        effective["user_config"] = {
+                            k: v for k, v in entry["user_config"].items() if self.honours_nulls or v is not None
+                        }
                     if isinstance(entry.get("autoscaling_config"), dict):
                         effective.pop("num_replicas", None)
                     elif "autoscaling_config" in entry and self.honours_nulls:
@@ -274,7 +301,9 @@ def test_autoscaling_off_that_ray_holds_is_verified(team, quick_verification):
         ({"autoscaling_config": None, "num_replicas": 2}, "autoscaling_config"),
     ],
 )
-def test_a_null_ray_did_not_honour_is_never_verified_and_rolls_back_naming_the_key(team, quick_verification, options, key):
+def test_a_null_ray_did_not_honour_is_never_verified_and_rolls_back_naming_the_key(
+    team, quick_verification, options, key
+):
     with serving(ServeLikeRay(honours_nulls=False)) as fake:
         change = change_on(fake, team, options)
     assert change.state == ChangeState.ROLLED_BACK, change.error

@@ -89,22 +89,37 @@ def test_summaries_and_readings_without_memory_are_not_used():
 
 
 def test_without_a_reading_at_rest_the_least_a_replica_used_stands_for_its_baseline():
-    seen = observed.from_points([{"t": 0, "replicas": 1, "rss_mb": 600.0, "ongoing": 1.0},
-                                 {"t": 5, "replicas": 1, "rss_mb": 1000.0, "ongoing": 2.0}])
+    seen = observed.from_points(
+        [
+            {"t": 0, "replicas": 1, "rss_mb": 600.0, "ongoing": 1.0},
+            {"t": 5, "replicas": 1, "rss_mb": 1000.0, "ongoing": 2.0},
+        ]
+    )
     assert seen.baseline_bytes == 600 * MB and seen.idle_readings == 0
     assert seen.per_request_bytes == 200 * MB  # (1000 - 600) / 2: below the truth, never above
 
 
 def curve(baseline_mib: int, per_request_mib: int) -> sizing.Memory:
-    found = Curve(axis="concurrency", device="cpu", baseline_bytes=baseline_mib * MIB,
-                  points=[(k, (baseline_mib + k * per_request_mib) * MIB) for k in (1, 2, 4)],
-                  measured_at=datetime(2026, 12, 1, tzinfo=UTC), calibration_id=4, service_s={1.0: 1.0, 2.0: 1.0, 4.0: 1.0})
+    found = Curve(
+        axis="concurrency",
+        device="cpu",
+        baseline_bytes=baseline_mib * MIB,
+        points=[(k, (baseline_mib + k * per_request_mib) * MIB) for k in (1, 2, 4)],
+        measured_at=datetime(2026, 12, 1, tzinfo=UTC),
+        calibration_id=4,
+        service_s={1.0: 1.0, 2.0: 1.0, 4.0: 1.0},
+    )
     return sizing.memory_from_curve(found)
 
 
 def current() -> sizing.Current:
-    return sizing.Current(max_ongoing_requests=8, max_queued_requests=-1, num_replicas=None, ray_version="2.60.0",
-                          autoscaling={"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 4})
+    return sizing.Current(
+        max_ongoing_requests=8,
+        max_queued_requests=-1,
+        num_replicas=None,
+        ray_version="2.60.0",
+        autoscaling={"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 4},
+    )
 
 
 def test_traffic_heavier_than_the_calibration_lowers_the_values_and_never_raises_them():
@@ -124,7 +139,9 @@ def test_traffic_alone_is_a_lower_bound_and_the_wizard_still_calibrates_first():
     seen = observed.Observed(300 * MIB, 120 * MIB, 4, 6, "Ray's per-process memory: ...")
     memory = sizing.memory_from_traffic(seen)
     assert memory.lower_bound and memory.source == "metrics"
-    out = sizing.compute(current(), memory, sizing.Budget(4000 * MIB, 1, "b"), sizing.Load(), latency_objective_ms=10_000)
+    out = sizing.compute(
+        current(), memory, sizing.Budget(4000 * MIB, 1, "b"), sizing.Load(), latency_objective_ms=10_000
+    )
     assert out.needs_calibration and all(out.patch(r) is None for r in ("R1", "R2", "R10"))
     assert sizing.memory_from_traffic(observed.Observed(300 * MIB, None, 4, 0, "")) is None
 
@@ -143,9 +160,14 @@ def test_prometheus_gives_the_same_memory_reading():
     def answer(request: httpx.Request) -> httpx.Response:
         promql = request.url.params["query"]
         if "ray_component_rss_mb" in promql:
-            result = [{"metric": {"Component": "ray::ServeReplica:reference:Generator"}, "value": [0, "1200.5"]},
-                      {"metric": {"Component": "ray::ServeReplica:reference:Generator.handle_request_with_rejection"}, "value": [0, "0"]},
-                      {"metric": {"Component": "ray::ServeController"}, "value": [0, "150"]}]
+            result = [
+                {"metric": {"Component": "ray::ServeReplica:reference:Generator"}, "value": [0, "1200.5"]},
+                {
+                    "metric": {"Component": "ray::ServeReplica:reference:Generator.handle_request_with_rejection"},
+                    "value": [0, "0"],
+                },
+                {"metric": {"Component": "ray::ServeController"}, "value": [0, "150"]},
+            ]
         elif promql.startswith("count by") and "ray_serve_replica_processing_queries" in promql:
             result = [{"metric": {"application": "reference", "deployment": "Generator"}, "value": [0, "2"]}]
         elif "ray_serve_replica_processing_queries" in promql:

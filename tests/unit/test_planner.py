@@ -222,18 +222,30 @@ def test_an_autoscaling_patch_keeps_the_submitted_bounds_and_target_without_addi
 def test_an_autoscaling_patch_from_the_effective_config_drops_serves_defaults_and_keeps_the_rest():
     raw = payload()
     del submitted_entry(raw, "demo", "Model")["autoscaling_config"]
-    plan = plan_patch(parse_serve_status(raw), target("demo", "Model"), {"autoscaling_config": {"min_replicas": 2}}, CURRENT)
+    plan = plan_patch(
+        parse_serve_status(raw), target("demo", "Model"), {"autoscaling_config": {"min_replicas": 2}}, CURRENT
+    )
     autoscaling = planned_entry(plan.new_config, "demo", "Model")["autoscaling_config"]
     assert autoscaling == {"min_replicas": 2, "max_replicas": 2, "target_ongoing_requests": 4.0}
-    for default_key in ("policy", "metrics_interval_s", "look_back_period_s", "downscale_delay_s", "upscale_delay_s",
-                        "aggregation_function", "smoothing_factor", "initial_replicas"):
+    for default_key in (
+        "policy",
+        "metrics_interval_s",
+        "look_back_period_s",
+        "downscale_delay_s",
+        "upscale_delay_s",
+        "aggregation_function",
+        "smoothing_factor",
+        "initial_replicas",
+    ):
         assert default_key not in autoscaling
 
 
 def test_an_effective_min_replicas_equal_to_serves_default_is_not_copied_down():
     raw = payload()
     del submitted_entry(raw, "demo", "Model")["autoscaling_config"]
-    plan = plan_patch(parse_serve_status(raw), target("demo", "Model"), {"autoscaling_config": {"max_replicas": 3}}, CURRENT)
+    plan = plan_patch(
+        parse_serve_status(raw), target("demo", "Model"), {"autoscaling_config": {"max_replicas": 3}}, CURRENT
+    )
     autoscaling = planned_entry(plan.new_config, "demo", "Model")["autoscaling_config"]
     assert autoscaling == {"max_replicas": 3, "target_ongoing_requests": 4.0}
 
@@ -246,7 +258,9 @@ def test_a_user_config_patch_merges_keys_into_the_submitted_user_config():
 def test_a_null_inside_a_dict_option_is_sent_as_null_and_said_so():
     plan = plan_patch(live(), target("demo", "Model"), {"user_config": {"hold_s": None}}, CURRENT)
     assert planned_entry(plan.new_config, "demo", "Model")["user_config"] == {"alloc_mb": 0, "hold_s": None}
-    assert plan.json_patch == [{"op": "replace", "path": "/applications/0/deployments/1/user_config/hold_s", "value": None}]
+    assert plan.json_patch == [
+        {"op": "replace", "path": "/applications/0/deployments/1/user_config/hold_s", "value": None}
+    ]
     assert plan.warnings == ["demo/Model: user_config.hold_s set to null (sent as null, not removed)."]
 
 
@@ -260,7 +274,9 @@ def test_a_null_for_a_top_level_option_is_sent_as_null_never_as_a_removal():
 
 
 def test_turning_on_autoscaling_removes_num_replicas_with_a_warning():
-    plan = plan_patch(live(), target("demo", "Echo"), {"autoscaling_config": {"min_replicas": 1, "max_replicas": 3}}, CURRENT)
+    plan = plan_patch(
+        live(), target("demo", "Echo"), {"autoscaling_config": {"min_replicas": 1, "max_replicas": 3}}, CURRENT
+    )
     entry = planned_entry(plan.new_config, "demo", "Echo")
     assert "num_replicas" not in entry
     assert entry["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 3}
@@ -300,7 +316,12 @@ def test_max_ongoing_requests_below_a_target_the_code_set_is_refused_too():
     # deployment runs with (set by its decorator), so this plan goes through.
     raw = payload()
     del submitted_entry(raw, "demo", "Model")["autoscaling_config"]
-    assert raw["applications"]["demo"]["deployments"]["Model"]["deployment_config"]["autoscaling_config"]["target_ongoing_requests"] == 4.0
+    assert (
+        raw["applications"]["demo"]["deployments"]["Model"]["deployment_config"]["autoscaling_config"][
+            "target_ongoing_requests"
+        ]
+        == 4.0
+    )
     with pytest.raises(PlanError, match="target_ongoing_requests"):
         plan_patch(parse_serve_status(raw), target("demo", "Model"), {"max_ongoing_requests": 2}, CURRENT)
 
@@ -359,7 +380,15 @@ def test_a_plan_for_current_ray_keeps_the_new_option_names():
 
 @pytest.mark.parametrize(
     "version, expected",
-    [("2.60.0", (2, 60)), ("2.9.3", (2, 9)), ("2.10", (2, 10)), ("3.0.0rc1", (3, 0)), ("nightly", (99, 0)), ("", (99, 0)), (None, (99, 0))],
+    [
+        ("2.60.0", (2, 60)),
+        ("2.9.3", (2, 9)),
+        ("2.10", (2, 10)),
+        ("3.0.0rc1", (3, 0)),
+        ("nightly", (99, 0)),
+        ("", (99, 0)),
+        (None, (99, 0)),
+    ],
 )
 def test_parse_version_reads_major_and_minor_and_treats_unknown_as_current(version, expected):
     assert fields.parse_version(version) == expected
@@ -369,7 +398,10 @@ def test_for_version_renames_both_fields_before_2_10_and_leaves_the_input_alone(
     options = {"max_ongoing_requests": 3, "autoscaling_config": {"target_ongoing_requests": 1, "max_replicas": 4}}
     original = copy.deepcopy(options)
     mapped = fields.for_version(options, "2.9.3")
-    assert mapped == {"max_concurrent_queries": 3, "autoscaling_config": {"target_num_ongoing_requests_per_replica": 1, "max_replicas": 4}}
+    assert mapped == {
+        "max_concurrent_queries": 3,
+        "autoscaling_config": {"target_num_ongoing_requests_per_replica": 1, "max_replicas": 4},
+    }
     assert options == original
 
 
@@ -413,7 +445,12 @@ def test_the_fix_of_a_legacy_field_removes_it_and_sets_its_new_name():
 
 
 def test_a_null_for_an_ignored_name_inside_autoscaling_removes_it_there():
-    plan = plan_patch(live(), target("demo", "Model"), {"autoscaling_config": {"max_ongoing_requests": None, "max_replicas": 3}}, CURRENT)
+    plan = plan_patch(
+        live(),
+        target("demo", "Model"),
+        {"autoscaling_config": {"max_ongoing_requests": None, "max_replicas": 3}},
+        CURRENT,
+    )
     auto = planned_entry(plan.new_config, "demo", "Model")["autoscaling_config"]
     assert "max_ongoing_requests" not in auto and auto["max_replicas"] == 3
 
@@ -424,7 +461,10 @@ def test_a_legacy_field_left_in_place_is_not_expected_back_so_the_change_can_ver
     serve = parse_serve_status(raw)
     plan = plan_patch(serve, target("echo2", "Echo"), {"max_ongoing_requests": 3}, CURRENT)
     expected = expected_deployments(plan.new_config, target("echo2", "Echo"), "patch")
-    assert "max_concurrent_queries" not in expected[("echo2", "Echo")] and expected[("echo2", "Echo")]["max_ongoing_requests"] == 3
+    assert (
+        "max_concurrent_queries" not in expected[("echo2", "Echo")]
+        and expected[("echo2", "Echo")]["max_ongoing_requests"] == 3
+    )
     # Ray then reports what it runs, without the legacy name: that holds what was asked.
     running = {**serve.applications["echo2"].deployments["Echo"].deployment_config, "max_ongoing_requests": 3}
     assert not_taken(expected[("echo2", "Echo")], running) == []
@@ -490,7 +530,11 @@ def test_a_restore_expects_every_deployment_of_the_named_applications():
     config = live_config(live())
     expected = expected_deployments(config, ["demo"], "restore")
     assert sorted(expected) == [("demo", "Echo"), ("demo", "Model")]
-    assert expected[("demo", "Echo")] == {"num_replicas": 1, "max_ongoing_requests": 50, "ray_actor_options": {"num_cpus": 0.1}}
+    assert expected[("demo", "Echo")] == {
+        "num_replicas": 1,
+        "max_ongoing_requests": 50,
+        "ray_actor_options": {"num_cpus": 0.1},
+    }
 
 
 def test_a_restore_of_every_application_expects_every_deployment():
@@ -592,17 +636,32 @@ def test_verify_is_not_done_for_a_null_the_cluster_has_not_redeployed():
 
 
 def test_not_taken_treats_equal_numbers_of_different_types_as_taken():
-    assert not_taken({"target_ongoing_requests": 1, "max_ongoing_requests": 4}, {"target_ongoing_requests": 1.0, "max_ongoing_requests": 4}) == []
+    assert (
+        not_taken(
+            {"target_ongoing_requests": 1, "max_ongoing_requests": 4},
+            {"target_ongoing_requests": 1.0, "max_ongoing_requests": 4},
+        )
+        == []
+    )
 
 
 def test_not_taken_looks_inside_nested_dicts_and_ignores_extra_effective_keys():
     wanted = {"ray_actor_options": {"num_cpus": 0.2, "runtime_env": {"env_vars": {"RECYCLE_GENERATION": "1"}}}}
-    effective = {"ray_actor_options": {"num_cpus": 0.2, "runtime_env": {"env_vars": {"PYTHONPATH": "/opt", "RECYCLE_GENERATION": "1"}}}}
+    effective = {
+        "ray_actor_options": {
+            "num_cpus": 0.2,
+            "runtime_env": {"env_vars": {"PYTHONPATH": "/opt", "RECYCLE_GENERATION": "1"}},
+        }
+    }
     assert not_taken(wanted, effective) == []
 
 
 def test_not_taken_names_the_dotted_path_of_each_missing_or_different_value():
-    wanted = {"autoscaling_config": {"min_replicas": 2, "max_replicas": 2}, "user_config": {"a": {"b": 1}}, "max_queued_requests": 10}
+    wanted = {
+        "autoscaling_config": {"min_replicas": 2, "max_replicas": 2},
+        "user_config": {"a": {"b": 1}},
+        "max_queued_requests": 10,
+    }
     effective = {"autoscaling_config": {"min_replicas": 1, "max_replicas": 2.0}, "user_config": {"a": {"b": 2}}}
     assert not_taken(wanted, effective) == ["autoscaling_config.min_replicas", "user_config.a.b", "max_queued_requests"]
 

@@ -28,8 +28,12 @@ def replay(request: httpx.Request) -> httpx.Response:
     promql = request.url.params["query"]
     if "ray_serve_http_" in promql or "ray_serve_num_http_" in promql:
         return httpx.Response(200, json=EMPTY)  # the capture has no proxy series
-    for marker, name in (("histogram_quantile(0.99", "latency_p99"), ("ray_serve_deployment_request_counter_total", "requests_rate"),
-                         ("ray_serve_replica_processing_queries", "ongoing"), ("ray_node_mem_used", "node_memory")):
+    for marker, name in (
+        ("histogram_quantile(0.99", "latency_p99"),
+        ("ray_serve_deployment_request_counter_total", "requests_rate"),
+        ("ray_serve_replica_processing_queries", "ongoing"),
+        ("ray_node_mem_used", "node_memory"),
+    ):
         if marker in promql:
             fixture = captured(name)
             return httpx.Response(fixture["status"], json=fixture["body"])
@@ -66,7 +70,11 @@ def test_every_query_carries_the_clusters_selector():
 def test_prometheus_refusing_a_query_says_why():
     fixture = captured("bad_query")
     with pytest.raises(ray_metrics.MetricsUnavailable, match="unclosed left parenthesis") as caught:
-        prometheus.query("http://prom.test:9090", "sum by (", transport=httpx.MockTransport(lambda r: httpx.Response(fixture["status"], json=fixture["body"])))
+        prometheus.query(
+            "http://prom.test:9090",
+            "sum by (",
+            transport=httpx.MockTransport(lambda r: httpx.Response(fixture["status"], json=fixture["body"])),
+        )
     assert not caught.value.transient
 
 
@@ -78,20 +86,35 @@ def test_prometheus_down_or_not_prometheus():
         prometheus.query("http://prom.test:9090", "up", transport=httpx.MockTransport(refuse))
     assert caught.value.transient
     with pytest.raises(ray_metrics.MetricsUnavailable, match="did not answer Prometheus JSON"):
-        prometheus.query("http://prom.test:9090", "up", transport=httpx.MockTransport(lambda r: httpx.Response(200, text="<html>")))
+        prometheus.query(
+            "http://prom.test:9090", "up", transport=httpx.MockTransport(lambda r: httpx.Response(200, text="<html>"))
+        )
 
 
 def test_a_selector_that_matches_nothing_is_a_visible_warning():
-    reading = prometheus.read("http://prom.test:9090", 'cluster="typo"', transport=httpx.MockTransport(lambda r: httpx.Response(200, json=EMPTY)))
+    reading = prometheus.read(
+        "http://prom.test:9090",
+        'cluster="typo"',
+        transport=httpx.MockTransport(lambda r: httpx.Response(200, json=EMPTY)),
+    )
     assert reading.deployments == {} and "check it matches" in reading.warnings[0]
 
 
 @pytest.mark.django_db
 def test_a_cluster_with_prometheus_reads_it_instead_of_scraping(team, monkeypatch):
-    cluster = Cluster.objects.create(name="p", team=team, dashboard_url="http://ray.test:8265", prometheus_url="http://prom.test:9090",
-                                     prometheus_selector='cluster="local-demo"')
+    cluster = Cluster.objects.create(
+        name="p",
+        team=team,
+        dashboard_url="http://ray.test:8265",
+        prometheus_url="http://prom.test:9090",
+        prometheus_selector='cluster="local-demo"',
+    )
     real_read = prometheus.read
-    monkeypatch.setattr(services.prometheus, "read", lambda url, selector, timeout_s: real_read(url, selector, transport=httpx.MockTransport(replay)))
+    monkeypatch.setattr(
+        services.prometheus,
+        "read",
+        lambda url, selector, timeout_s: real_read(url, selector, transport=httpx.MockTransport(replay)),
+    )
     monkeypatch.setattr(services.ray_metrics, "scrape", lambda *a, **k: pytest.fail("must not scrape"))
 
     assert services.collect_metrics(cluster.pk) == []

@@ -37,37 +37,93 @@ def add_rows(team, user, count: int) -> None:
         app = Application.objects.create(cluster=cluster, name="demo", status="RUNNING")
         dep = Deployment.objects.create(application=app, name="Model", status="HEALTHY", max_ongoing_requests=8)
         ConfigRevision.objects.create(application=app, cluster=cluster, config_hash=f"h{n}", config={})
-        preset = Preset.objects.create(slug=f"preset-{n}", name=f"Preset {n}", options={"max_ongoing_requests": 2}, team=team,
-                                       created_by=user)
+        preset = Preset.objects.create(
+            slug=f"preset-{n}", name=f"Preset {n}", options={"max_ongoing_requests": 2}, team=team, created_by=user
+        )
         rollout = Rollout.objects.create(reason="bench", preset=preset, created_by=user)
-        change = Change.objects.create(cluster=cluster, targets=[{"application": "demo", "deployment": "Model"}], reason="tune",
-                                       preset=preset, rollout=rollout, wave=0, state="succeeded", base_hash="a", base_config={},
-                                       new_config={}, new_hash="b", created_by=user, applied_by=user, started_at=now)
+        change = Change.objects.create(
+            cluster=cluster,
+            targets=[{"application": "demo", "deployment": "Model"}],
+            reason="tune",
+            preset=preset,
+            rollout=rollout,
+            wave=0,
+            state="succeeded",
+            base_hash="a",
+            base_config={},
+            new_config={},
+            new_hash="b",
+            created_by=user,
+            applied_by=user,
+            started_at=now,
+        )
         ChangeStep.objects.create(change=change, state="succeeded", message="verified")
         profile = WarmupProfile.objects.create(application=app, name="warm", path="/demo")
         schedule = RecycleSchedule.objects.create(deployment=dep, every_hours=6, warmup=profile, created_by=user)
-        MaintenanceRun.objects.create(kind="recycle", trigger="schedule", state="succeeded", cluster=cluster, deployment=dep,
-                                      schedule=schedule, change=change, requested_by=user)
-        incident = Incident.objects.create(kind="oom_kill", cluster=cluster, application_name="demo", deployment_name="Model",
-                                           deployment=dep, title=f"OOM kill {n}", started_at=now, last_signal_at=now,
-                                           causes=[{"id": "OOM-2", "title": "Too many requests at once"}])
+        MaintenanceRun.objects.create(
+            kind="recycle",
+            trigger="schedule",
+            state="succeeded",
+            cluster=cluster,
+            deployment=dep,
+            schedule=schedule,
+            change=change,
+            requested_by=user,
+        )
+        incident = Incident.objects.create(
+            kind="oom_kill",
+            cluster=cluster,
+            application_name="demo",
+            deployment_name="Model",
+            deployment=dep,
+            title=f"OOM kill {n}",
+            started_at=now,
+            last_signal_at=now,
+            causes=[{"id": "OOM-2", "title": "Too many requests at once"}],
+        )
         OomKillRecord.objects.create(incident=incident, actor_id=f"actor-{n}", replica="r1")
         IncidentEvent.objects.create(incident=incident, kind="note", message="looking", author=user)
         webhook = Webhook.objects.create(team=team, url=f"https://hooks.example.com/{n}")
         WebhookDelivery.objects.create(webhook=webhook, incident=incident)
-        finding = Finding.objects.create(cluster=cluster, deployment=dep, application_name="demo", deployment_name="Model",
-                                         rule="gpu-concurrency", severity="major", evidence={"max_ongoing_requests": 8},
-                                         patch={"max_ongoing_requests": 2})
-        MemoryCalibration.objects.create(cluster=cluster, deployment=dep, application_name="demo", deployment_name="Model",
-                                         submission_id=f"cal-{n}", state="succeeded")
-        wizard = Wizard.objects.create(cluster=cluster, deployment=dep, application_name="demo", deployment_name="Model",
-                                       incident=incident, finding=finding, created_by=user,
-                                       state=Wizard.State.OPEN if n % 2 else Wizard.State.RESOLVED)
+        finding = Finding.objects.create(
+            cluster=cluster,
+            deployment=dep,
+            application_name="demo",
+            deployment_name="Model",
+            rule="gpu-concurrency",
+            severity="major",
+            evidence={"max_ongoing_requests": 8},
+            patch={"max_ongoing_requests": 2},
+        )
+        MemoryCalibration.objects.create(
+            cluster=cluster,
+            deployment=dep,
+            application_name="demo",
+            deployment_name="Model",
+            submission_id=f"cal-{n}",
+            state="succeeded",
+        )
+        wizard = Wizard.objects.create(
+            cluster=cluster,
+            deployment=dep,
+            application_name="demo",
+            deployment_name="Model",
+            incident=incident,
+            finding=finding,
+            created_by=user,
+            state=Wizard.State.OPEN if n % 2 else Wizard.State.RESOLVED,
+        )
         WizardStep.objects.create(wizard=wizard, position=1, kind="config", title="Cap concurrency", change=change)
         AuditEvent.objects.create(actor=user, actor_name=user.username, action="cluster.create", team=team)
         kube = KubeConnection.objects.create(team=team, name=f"kube-{n}", namespaces=["ray"], created_by=user)
-        KubeLink.objects.create(cluster=cluster, connection=kube, kind=KubeLink.Kind.RAYCLUSTER, namespace="ray", name=f"ray-{n}",
-                                created_by=user)
+        KubeLink.objects.create(
+            cluster=cluster,
+            connection=kube,
+            kind=KubeLink.Kind.RAYCLUSTER,
+            namespace="ray",
+            name=f"ray-{n}",
+            created_by=user,
+        )
 
 
 def add_to_cluster(cluster, user, count: int) -> None:
@@ -78,8 +134,16 @@ def add_to_cluster(cluster, user, count: int) -> None:
         app = Application.objects.create(cluster=cluster, name=f"app-{n}", status="RUNNING")
         dep = Deployment.objects.create(application=app, name="Model", status="HEALTHY")
         ClusterEvent.objects.create(cluster=cluster, kind=ClusterEvent.Kind.RECOVERED)
-        Incident.objects.create(kind="oom_kill", cluster=cluster, application_name=app.name, deployment_name="Model", deployment=dep,
-                                title=f"OOM kill {n}", started_at=now, last_signal_at=now)
+        Incident.objects.create(
+            kind="oom_kill",
+            cluster=cluster,
+            application_name=app.name,
+            deployment_name="Model",
+            deployment=dep,
+            title=f"OOM kill {n}",
+            started_at=now,
+            last_signal_at=now,
+        )
 
 
 def queries(client, url: str) -> int:
@@ -110,7 +174,11 @@ def test_a_list_page_issues_the_same_queries_for_2_and_20_rows(client, people, t
 def test_the_cluster_page_issues_the_same_queries_for_2_and_20_applications(client, people, team):
     client.force_login(people["admin"])
     cluster = ClusterFactory(team=team)
-    assert_constant(client, reverse("fleet:cluster", args=[cluster.pk]), lambda count: add_to_cluster(cluster, people["admin"], count))
+    assert_constant(
+        client,
+        reverse("fleet:cluster", args=[cluster.pk]),
+        lambda count: add_to_cluster(cluster, people["admin"], count),
+    )
 
 
 LIST_ENDPOINTS = sorted(basename for _, _, basename in router.registry)
@@ -140,7 +208,9 @@ def test_the_webhook_list_shows_the_ten_newest_deliveries_of_each_webhook(api_as
     incident = Incident.objects.first()
     for attempts in range(12):
         WebhookDelivery.objects.create(webhook=busy, incident=incident, attempts=attempts)
-    rows = {row["id"]: row["recent_deliveries"] for row in api_as("admin").get(reverse("webhook-list")).json()["results"]}
+    rows = {
+        row["id"]: row["recent_deliveries"] for row in api_as("admin").get(reverse("webhook-list")).json()["results"]
+    }
     assert [d["attempts"] for d in rows[busy.pk]] == list(range(11, 1, -1))
     assert all(len(deliveries) == 1 for pk, deliveries in rows.items() if pk != busy.pk)
 
@@ -152,12 +222,18 @@ def test_cluster_lists_count_only_live_applications_and_deployments(api_as, peop
     add_to_cluster(busy, people["admin"], 3)
     gone = Application.objects.filter(cluster=busy).first()
     Application.objects.filter(pk=gone.pk).update(removed_at=timezone.now())
-    Deployment.objects.create(application=Application.objects.filter(cluster=busy).last(), name="Old", status="REMOVED",
-                              removed_at=timezone.now())
+    Deployment.objects.create(
+        application=Application.objects.filter(cluster=busy).last(),
+        name="Old",
+        status="REMOVED",
+        removed_at=timezone.now(),
+    )
     rows = {row["name"]: row for row in api_as("admin").get(reverse("cluster-list")).json()["results"]}
     assert (rows["busy"]["application_count"], rows["busy"]["deployment_count"]) == (2, 2)
     assert (rows["idle"]["application_count"], rows["idle"]["deployment_count"]) == (0, 0)
-    assert {(row["application_count"], row["deployment_count"]) for name, row in rows.items() if name.startswith("row-")} == {(1, 1)}
+    assert {
+        (row["application_count"], row["deployment_count"]) for name, row in rows.items() if name.startswith("row-")
+    } == {(1, 1)}
 
 
 def test_the_rollout_list_answers_for_a_rollout_across_more_than_a_thousand_clusters(api_as, people, team):
@@ -168,9 +244,23 @@ def test_the_rollout_list_answers_for_a_rollout_across_more_than_a_thousand_clus
     clusters = Cluster.objects.bulk_create(
         [Cluster(name=f"wide-{i:04d}", team=team, dashboard_url=f"http://wide-{i}.test:8265") for i in range(1001)]
     )
-    Change.objects.bulk_create([
-        Change(cluster=cluster, rollout=rollout, wave=1, targets=[{"application": "demo", "deployment": "Model"}], reason="cap",
-               base_hash="a", base_config={}, new_config={}, new_hash="b") for cluster in clusters
-    ])
+    Change.objects.bulk_create(
+        [
+            Change(
+                cluster=cluster,
+                rollout=rollout,
+                wave=1,
+                targets=[{"application": "demo", "deployment": "Model"}],
+                reason="cap",
+                base_hash="a",
+                base_config={},
+                new_config={},
+                new_hash="b",
+            )
+            for cluster in clusters
+        ]
+    )
     [listed] = api_as("admin").get(reverse("rollout-list")).json()["results"]
-    assert len(listed["changes"]) == 1001 and {c["cluster_name"] for c in listed["changes"]} == {c.name for c in clusters}
+    assert len(listed["changes"]) == 1001 and {c["cluster_name"] for c in listed["changes"]} == {
+        c.name for c in clusters
+    }

@@ -31,11 +31,7 @@ def dashboard(routes: dict | None = None, token: str = "") -> tuple[RayDashboard
 
 def is_sentence(message: str) -> bool:
     """A message a person can read: one line, starts with a capital or a path, ends like a sentence."""
-    return (
-        "\n" not in message
-        and (message[:1].isupper() or message.startswith("/"))
-        and message.endswith((".", "?"))
-    )
+    return "\n" not in message and (message[:1].isupper() or message.startswith("/")) and message.endswith((".", "?"))
 
 
 def envelope_response(name: str, *, status: int | None = None) -> httpx.Response:
@@ -125,7 +121,12 @@ def test_serve_status_counts_replicas_by_state_and_keeps_the_target(two_apps):
     assert echo.replica_states == {"RUNNING": 1}
     assert echo.target_num_replicas == 1
     replica = echo.replicas[0]
-    assert (replica.replica_id, replica.state, replica.node_ip, replica.pid) == ("d9y4u6u9", "RUNNING", "192.0.2.2", 7335)
+    assert (replica.replica_id, replica.state, replica.node_ip, replica.pid) == (
+        "d9y4u6u9",
+        "RUNNING",
+        "192.0.2.2",
+        7335,
+    )
     assert replica.actor_name == "SERVE_REPLICA::demo#Echo#d9y4u6u9"
     assert replica.start_time_s == pytest.approx(1796043781.9024274)
 
@@ -389,7 +390,9 @@ def test_a_500_with_a_traceback_is_a_transient_bad_response_with_an_excerpt():
     message = caught.value.message
     assert caught.value.transient is True
     assert caught.value.status == 500
-    assert message.startswith(f"The Ray dashboard failed on {SERVE} with HTTP 500: Traceback (most recent call last): File ")
+    assert message.startswith(
+        f"The Ray dashboard failed on {SERVE} with HTTP 500: Traceback (most recent call last): File "
+    )
     assert "\n" not in message
     assert message.endswith("…")
     assert len(message) < 400

@@ -32,8 +32,15 @@ def test_a_report_without_per_node_figures_falls_back_to_the_cluster_totals():
     status = ray_fixture("cluster_status.json")
     del status["data"]["clusterStatus"]["loadMetricsReport"]["usageByNode"]
     ray, _ = dashboard({"/api/cluster_status": status})
-    assert ray.resource_usage() == {"": {"objectStoreMemory": (0.0, 7431175372.0), "node:192.0.2.2": (0.0, 1.0),
-                                         "memory": (0.0, 17339409204.0), "CPU": (0.0, 2.0), "node:InternalHead": (0.0, 1.0)}}
+    assert ray.resource_usage() == {
+        "": {
+            "objectStoreMemory": (0.0, 7431175372.0),
+            "node:192.0.2.2": (0.0, 1.0),
+            "memory": (0.0, 17339409204.0),
+            "CPU": (0.0, 2.0),
+            "node:InternalHead": (0.0, 1.0),
+        }
+    }
 
 
 def test_a_cluster_status_that_is_not_json_is_a_bad_response():

@@ -40,7 +40,10 @@ def envelope_response(name: str) -> httpx.Response:
 def test_submit_posts_the_entrypoint_and_options_and_returns_the_submission_id():
     ray, replay = dashboard({JOBS: "jobs_submit_response.json"})
     accepted = ray.submit_job(
-        "python -c 'print(1)'", runtime_env={"env_vars": {"A": "1"}}, metadata={"owner": "fleetdeck"}, submission_id=JOB_ID
+        "python -c 'print(1)'",
+        runtime_env={"env_vars": {"A": "1"}},
+        metadata={"owner": "fleetdeck"},
+        submission_id=JOB_ID,
     )
     assert accepted == JOB_ID
     request = replay.requests[-1]
@@ -106,7 +109,9 @@ def test_job_parses_status_message_times_and_entrypoint():
     assert info.is_final and replay.requests[-1].method == "GET"
 
 
-@pytest.mark.parametrize("status, final", [("PENDING", False), ("RUNNING", False), ("SUCCEEDED", True), ("FAILED", True), ("STOPPED", True)])
+@pytest.mark.parametrize(
+    "status, final", [("PENDING", False), ("RUNNING", False), ("SUCCEEDED", True), ("FAILED", True), ("STOPPED", True)]
+)
 def test_only_succeeded_failed_and_stopped_are_final(status, final):
     running = {**ray_fixture("jobs_get_one.json"), "status": status, "end_time": None}
     ray, _ = dashboard({f"{JOBS}{JOB_ID}": running})

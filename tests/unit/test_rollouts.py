@@ -18,7 +18,9 @@ pytestmark = pytest.mark.django_db
 def clusters(team, use_replay):
     made = []
     for name, labels in (("eu-prod", {"env": "prod"}), ("us-prod", {"env": "prod"}), ("dev", {"env": "dev"})):
-        cluster = Cluster.objects.create(name=name, team=team, dashboard_url=f"http://{name}.test:8265", ray_version="2.60.0", labels=labels)
+        cluster = Cluster.objects.create(
+            name=name, team=team, dashboard_url=f"http://{name}.test:8265", ray_version="2.60.0", labels=labels
+        )
         sync.sync_cluster(cluster.pk)
         made.append(cluster)
     return made
@@ -34,21 +36,30 @@ def heavy():
 
 
 def test_a_rollout_plans_one_change_per_matching_cluster_with_a_canary_wave(clusters, operator):
-    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="fleet OOMs", preset=heavy())
+    rollout = rollouts.plan_rollout(
+        operator, selection={"label": "env=prod", "deployment": "Model"}, reason="fleet OOMs", preset=heavy()
+    )
 
     changes = list(rollout.changes.order_by("wave", "cluster__name"))
     assert [(c.cluster.name, c.wave) for c in changes] == [("eu-prod", 0), ("us-prod", 1)]
-    assert all(c.targets == [{"application": "demo", "deployment": "Model"}] and c.state == ChangeState.PLANNED for c in changes)
+    assert all(
+        c.targets == [{"application": "demo", "deployment": "Model"}] and c.state == ChangeState.PLANNED
+        for c in changes
+    )
     assert [len(wave) for wave in rollout.waves] == [1, 1]
 
 
 def test_the_canary_can_be_chosen(clusters, operator):
-    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy(), canary="us-prod")
+    rollout = rollouts.plan_rollout(
+        operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy(), canary="us-prod"
+    )
     assert rollout.changes.get(wave=0).cluster.name == "us-prod"
 
 
 def test_the_next_wave_starts_only_after_the_canary_succeeded(clusters, operator):
-    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy())
+    rollout = rollouts.plan_rollout(
+        operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy()
+    )
     rollouts.start(operator, rollout)
     canary, rest = rollout.changes.get(wave=0), rollout.changes.get(wave=1)
     assert Change.objects.get(pk=canary.pk).state == ChangeState.QUEUED
@@ -65,7 +76,9 @@ def test_the_next_wave_starts_only_after_the_canary_succeeded(clusters, operator
 
 
 def test_a_worker_killed_between_starting_and_applying_the_canary_never_skips_it(clusters, operator):
-    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy())
+    rollout = rollouts.plan_rollout(
+        operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy()
+    )
     # What `start` commits before it applies wave 0; the kill lands between the two.
     Rollout.objects.filter(pk=rollout.pk).update(state=Rollout.State.RUNNING)
 
@@ -77,7 +90,9 @@ def test_a_worker_killed_between_starting_and_applying_the_canary_never_skips_it
 
 
 def test_a_worker_killed_between_moving_on_and_applying_a_wave_applies_it_on_the_next_tick(clusters, operator):
-    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy())
+    rollout = rollouts.plan_rollout(
+        operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy()
+    )
     rollouts.start(operator, rollout)
     Change.objects.filter(rollout=rollout, wave=0).update(state=ChangeState.SUCCEEDED)
     # What `advance` commits before it applies wave 1; the kill lands between the two.
@@ -92,7 +107,9 @@ def test_a_worker_killed_between_moving_on_and_applying_a_wave_applies_it_on_the
 def test_a_change_another_tick_applied_first_does_not_stop_the_rollout(clusters, operator, monkeypatch):
     from apps.changes import protocol
 
-    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy())
+    rollout = rollouts.plan_rollout(
+        operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy()
+    )
     real_apply = protocol.request_apply
 
     def raced(actor, change):
@@ -107,7 +124,9 @@ def test_a_change_another_tick_applied_first_does_not_stop_the_rollout(clusters,
 
 
 def test_a_failed_canary_stops_the_rollout_and_cancels_the_rest(clusters, operator):
-    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy())
+    rollout = rollouts.plan_rollout(
+        operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy()
+    )
     rollouts.start(operator, rollout)
     Change.objects.filter(rollout=rollout, wave=0).update(state=ChangeState.ROLLED_BACK)
 
@@ -130,7 +149,9 @@ def test_unknown_filters_are_refused(clusters, operator):
 
 def test_a_rollout_plan_that_fails_on_one_cluster_saves_nothing(clusters, operator):
     with pytest.raises(Exception, match="cannot be planned") as caught:
-        rollouts.plan_rollout(operator, selection={"deployment": "Model"}, reason="r", options={"max_ongoing_requests": 8})
+        rollouts.plan_rollout(
+            operator, selection={"deployment": "Model"}, reason="r", options={"max_ongoing_requests": 8}
+        )
     assert "nothing to change" in str(caught.value)
     assert not Rollout.objects.exists() and not Change.objects.exists()
 
@@ -144,7 +165,11 @@ def test_the_rollout_api_plans_and_starts(api_as, clusters):
     client = api_as("operator")
     created = client.post(
         "/api/v1/rollouts/",
-        {"selection": {"label": "env=prod", "deployment": "Model"}, "preset": "heavy-gpu-model", "reason": "fleet OOMs"},
+        {
+            "selection": {"label": "env=prod", "deployment": "Model"},
+            "preset": "heavy-gpu-model",
+            "reason": "fleet OOMs",
+        },
         format="json",
     )
     assert created.status_code == 201, created.content
@@ -157,23 +182,42 @@ def test_the_rollout_api_plans_and_starts(api_as, clusters):
 
 
 def test_the_rollout_page_shows_waves(client, people, clusters, operator):
-    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy())
+    rollout = rollouts.plan_rollout(
+        operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy()
+    )
     client.force_login(people["operator"])
     page = client.get(reverse("changes:rollout", args=[rollout.pk])).content.decode()
-    assert "Wave 1: canary" in page and "Wave 2: the rest" in page and "eu-prod" in page and "Start with the canary" in page
-    form = client.post(reverse("changes:rollout_create"), {"preset": heavy().pk, "label": "env=dev", "deployment": "Model", "reason": "dev too"})
+    assert (
+        "Wave 1: canary" in page
+        and "Wave 2: the rest" in page
+        and "eu-prod" in page
+        and "Start with the canary" in page
+    )
+    form = client.post(
+        reverse("changes:rollout_create"),
+        {"preset": heavy().pk, "label": "env=dev", "deployment": "Model", "reason": "dev too"},
+    )
     assert form.status_code == 302
 
 
-def test_a_rollout_across_teams_shows_each_viewer_only_their_teams_changes(clusters, people, other_team, api_as, client, use_replay):
+def test_a_rollout_across_teams_shows_each_viewer_only_their_teams_changes(
+    clusters, people, other_team, api_as, client, use_replay
+):
     from apps.accounts.models import Membership
 
-    speech = Cluster.objects.create(name="speech-prod", team=other_team, dashboard_url="http://speech-prod.test:8265",
-                                    ray_version="2.60.0", labels={"env": "prod"})
+    speech = Cluster.objects.create(
+        name="speech-prod",
+        team=other_team,
+        dashboard_url="http://speech-prod.test:8265",
+        ray_version="2.60.0",
+        labels={"env": "prod"},
+    )
     sync.sync_cluster(speech.pk)
     Membership.objects.create(user=people["admin"], team=other_team, role="operator")
     both = Actor(user=people["admin"])
-    rollout = rollouts.plan_rollout(both, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy(), canary="speech-prod")
+    rollout = rollouts.plan_rollout(
+        both, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy(), canary="speech-prod"
+    )
     rollouts.start(both, rollout)
     canary = rollout.changes.get(wave=0)
     Change.objects.filter(pk=canary.pk).update(state=ChangeState.ROLLED_BACK)
@@ -182,7 +226,10 @@ def test_a_rollout_across_teams_shows_each_viewer_only_their_teams_changes(clust
 
     seen = api_as("viewer").get(f"/api/v1/rollouts/{rollout.pk}/").json()
     assert sorted(c["cluster_name"] for c in seen["changes"]) == ["eu-prod", "us-prod"]
-    assert "speech" not in seen["error"] and seen["error"] == "The rollout stopped at a change on a cluster of another team."
+    assert (
+        "speech" not in seen["error"]
+        and seen["error"] == "The rollout stopped at a change on a cluster of another team."
+    )
     assert [c["cluster_name"] for c in api_as("viewer").get("/api/v1/rollouts/").json()["results"][0]["changes"]] != []
     assert "speech-prod" not in str(api_as("viewer").get("/api/v1/rollouts/").json())
 
@@ -199,16 +246,28 @@ def across_two_teams(people, other_team) -> Rollout:
     """A rollout over the prod clusters of two teams, planned by an admin who operates the second."""
     from apps.accounts.models import Membership
 
-    speech = Cluster.objects.create(name="speech-prod", team=other_team, dashboard_url="http://speech-prod.test:8265",
-                                    ray_version="2.60.0", labels={"env": "prod"})
+    speech = Cluster.objects.create(
+        name="speech-prod",
+        team=other_team,
+        dashboard_url="http://speech-prod.test:8265",
+        ray_version="2.60.0",
+        labels={"env": "prod"},
+    )
     sync.sync_cluster(speech.pk)
     Membership.objects.create(user=people["admin"], team=other_team, role="operator")
-    return rollouts.plan_rollout(Actor(user=people["admin"]), selection={"label": "env=prod", "deployment": "Model"}, reason="r",
-                                 preset=heavy(), canary="speech-prod")
+    return rollouts.plan_rollout(
+        Actor(user=people["admin"]),
+        selection={"label": "env=prod", "deployment": "Model"},
+        reason="r",
+        preset=heavy(),
+        canary="speech-prod",
+    )
 
 
 @pytest.mark.parametrize("action", ["start", "cancel"])
-def test_a_rollout_is_run_only_by_who_operates_every_cluster_it_changes(clusters, people, other_team, api_as, use_replay, action):
+def test_a_rollout_is_run_only_by_who_operates_every_cluster_it_changes(
+    clusters, people, other_team, api_as, use_replay, action
+):
     rollout = across_two_teams(people, other_team)
 
     # The operator of one team sees the rollout, but not all of it, and may not run it.
@@ -225,7 +284,9 @@ def test_a_rollout_is_run_only_by_who_operates_every_cluster_it_changes(clusters
 
 
 @pytest.mark.parametrize("action", ["start", "cancel"])
-def test_the_rollout_page_and_the_api_let_the_same_people_run_a_rollout(clusters, people, other_team, api_as, client, use_replay, action):
+def test_the_rollout_page_and_the_api_let_the_same_people_run_a_rollout(
+    clusters, people, other_team, api_as, client, use_replay, action
+):
     rollout = across_two_teams(people, other_team)
 
     def page(who):
@@ -250,16 +311,24 @@ def test_the_rollout_form_and_the_api_let_the_same_people_plan(clusters, people,
     body = {"selection": {"label": "env=dev"}, "preset": "heavy-gpu-model", "reason": "r"}
     for who in ("viewer", "outsider"):
         client.force_login(people[who])
-        ui, api = client.get(reverse("changes:rollout_create")), api_as(who).post("/api/v1/rollouts/", body, format="json")
+        ui, api = (
+            client.get(reverse("changes:rollout_create")),
+            api_as(who).post("/api/v1/rollouts/", body, format="json"),
+        )
         assert (ui.status_code, api.status_code) == (403, 403), who
-        assert "Only operators and admins run rollouts." in ui.content.decode() and api.json()["detail"] == "Only operators and admins run rollouts."
+        assert (
+            "Only operators and admins run rollouts." in ui.content.decode()
+            and api.json()["detail"] == "Only operators and admins run rollouts."
+        )
     client.force_login(people["operator"])
     assert client.get(reverse("changes:rollout_create")).status_code == 200
     assert api_as("operator").post("/api/v1/rollouts/", body, format="json").status_code == 201
 
 
 def test_a_tick_never_queues_a_change_of_a_rollout_cancelled_meanwhile(clusters, operator):
-    rollout = rollouts.plan_rollout(operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy())
+    rollout = rollouts.plan_rollout(
+        operator, selection={"label": "env=prod", "deployment": "Model"}, reason="r", preset=heavy()
+    )
     # The tick read the rollout running; `cancel` has marked it cancelled and not yet cancelled its changes.
     Rollout.objects.filter(pk=rollout.pk).update(state=Rollout.State.CANCELLED)
 

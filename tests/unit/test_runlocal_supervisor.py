@@ -97,9 +97,13 @@ def test_a_process_that_ran_a_while_before_it_exited_is_restarted_quickly_again(
 def test_a_killed_worker_is_named_as_killed_and_what_it_left_running_is_ended(supervised, tmp_path):
     pidfile = tmp_path / "orphan.pid"
     # A prefork worker's pool child outlives its parent: this one starts one that sleeps.
-    leaves_a_child = [sys.executable, "-c", "import subprocess, sys, time; "
-                      f"child = subprocess.Popen(['sleep', '60']); open({str(pidfile)!r}, 'w').write(str(child.pid)); "
-                      "time.sleep(60)"]
+    leaves_a_child = [
+        sys.executable,
+        "-c",
+        "import subprocess, sys, time; "
+        f"child = subprocess.Popen(['sleep', '60']); open({str(pidfile)!r}, 'w').write(str(child.pid)); "
+        "time.sleep(60)",
+    ]
     supervisor, lines, clock = supervised({"worker": leaves_a_child})
     deadline = time.monotonic() + 30
     while not pidfile.exists() or not pidfile.read_text():

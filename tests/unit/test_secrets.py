@@ -22,7 +22,9 @@ def test_a_secret_is_stored_encrypted_and_reads_back(settings):
 
 def test_rotation_re_encrypts_every_stored_secret_under_the_new_key(settings, team, capsys):
     settings.FLEETDECK_ENCRYPTION_KEYS = ["old-key"]
-    cluster = Cluster.objects.create(name="c", team=team, dashboard_url="http://ray.test:8265", token_ciphertext=secrets.encrypt("tok"))
+    cluster = Cluster.objects.create(
+        name="c", team=team, dashboard_url="http://ray.test:8265", token_ciphertext=secrets.encrypt("tok")
+    )
     hook = Webhook.objects.create(team=team, url="https://hooks.test/x", secret_ciphertext=secrets.encrypt("hmac"))
 
     settings.FLEETDECK_ENCRYPTION_KEYS = ["new-key", "old-key"]
@@ -39,7 +41,9 @@ def test_rotation_re_encrypts_every_stored_secret_under_the_new_key(settings, te
 
 def test_without_the_old_key_nothing_is_lost_and_the_operator_is_told(settings, team):
     settings.FLEETDECK_ENCRYPTION_KEYS = ["lost-key"]
-    cluster = Cluster.objects.create(name="c", team=team, dashboard_url="http://ray.test:8265", token_ciphertext=secrets.encrypt("tok"))
+    cluster = Cluster.objects.create(
+        name="c", team=team, dashboard_url="http://ray.test:8265", token_ciphertext=secrets.encrypt("tok")
+    )
     settings.FLEETDECK_ENCRYPTION_KEYS = ["new-key"]
     with pytest.raises(CommandError, match="1 stored secret"):
         call_command("rotate_secrets")

@@ -34,9 +34,16 @@ def test_every_inline_script_of_a_chart_page_has_the_nonce(client, people, team)
 
     cluster = Cluster.objects.create(name="c", team=team, dashboard_url="http://ray.test:8265")
     now = timezone.now()
-    incident = Incident.objects.create(kind="latency_spike", cluster=cluster, application_name="a", deployment_name="d", title="slow",
-                                       started_at=now, last_signal_at=now,
-                                       evidence={"series": [{"t": 1, "p50": 10, "p99": 50, "ongoing": 1, "queued": 0, "rps": 1}]})
+    incident = Incident.objects.create(
+        kind="latency_spike",
+        cluster=cluster,
+        application_name="a",
+        deployment_name="d",
+        title="slow",
+        started_at=now,
+        last_signal_at=now,
+        evidence={"series": [{"t": 1, "p50": 10, "p99": 50, "ongoing": 1, "queued": 0, "rps": 1}]},
+    )
     client.force_login(people["viewer"])
     response = client.get(reverse("incidents:detail", args=[incident.pk]))
     nonce = re.search(r"'nonce-([^']+)'", response["Content-Security-Policy"]).group(1)
@@ -69,27 +76,49 @@ def test_repeated_wrong_passwords_lock_the_login_for_that_user_and_address(clien
     assert other.status_code == 302
 
 
-def test_a_forged_forwarded_for_header_moves_neither_the_audit_nor_the_lockout(client, people, settings, api_as, use_replay):
+def test_a_forged_forwarded_for_header_moves_neither_the_audit_nor_the_lockout(
+    client, people, settings, api_as, use_replay
+):
     settings.AXES_FAILURE_LIMIT = 2
     # Not behind a proxy: X-Forwarded-For is the client's own claim.
-    api_as("admin").post("/api/v1/clusters/", {"name": "a", "team": "vision", "dashboard_url": "http://ray.test:8265"},
-                         format="json", HTTP_X_FORWARDED_FOR="203.0.113.9")
+    api_as("admin").post(
+        "/api/v1/clusters/",
+        {"name": "a", "team": "vision", "dashboard_url": "http://ray.test:8265"},
+        format="json",
+        HTTP_X_FORWARDED_FOR="203.0.113.9",
+    )
     assert AuditEvent.objects.get(action="cluster.register").source_ip == "127.0.0.1"
     for forged in ("203.0.113.1", "203.0.113.2", "203.0.113.3"):
         client.post(reverse("login"), {"username": "operator", "password": "wrong"}, HTTP_X_FORWARDED_FOR=forged)
-    assert client.post(reverse("login"), {"username": "operator", "password": "pw"}, HTTP_X_FORWARDED_FOR="203.0.113.4").status_code == 429
+    assert (
+        client.post(
+            reverse("login"), {"username": "operator", "password": "pw"}, HTTP_X_FORWARDED_FOR="203.0.113.4"
+        ).status_code
+        == 429
+    )
 
 
 def test_behind_the_proxy_the_address_is_the_one_it_appended(client, people, settings):
     settings.FLEETDECK_PROXY_COUNT = 1
     settings.AXES_FAILURE_LIMIT = 2
     for forged in ("203.0.113.1", "203.0.113.2"):
-        client.post(reverse("login"), {"username": "operator", "password": "wrong"}, HTTP_X_FORWARDED_FOR=f"{forged}, 198.51.100.7")
-    attacker = client.post(reverse("login"), {"username": "operator", "password": "pw"}, HTTP_X_FORWARDED_FOR="203.0.113.3, 198.51.100.7")
+        client.post(
+            reverse("login"),
+            {"username": "operator", "password": "wrong"},
+            HTTP_X_FORWARDED_FOR=f"{forged}, 198.51.100.7",
+        )
+    attacker = client.post(
+        reverse("login"), {"username": "operator", "password": "pw"}, HTTP_X_FORWARDED_FOR="203.0.113.3, 198.51.100.7"
+    )
     assert attacker.status_code == 429
     assert AuditEvent.objects.filter(action="auth.login_failed").first().source_ip == "198.51.100.7"
     # Everyone comes through the proxy's one address; the user's own login elsewhere still works.
-    assert Client().post(reverse("login"), {"username": "operator", "password": "pw"}, HTTP_X_FORWARDED_FOR="198.51.100.8").status_code == 302
+    assert (
+        Client()
+        .post(reverse("login"), {"username": "operator", "password": "pw"}, HTTP_X_FORWARDED_FOR="198.51.100.8")
+        .status_code
+        == 302
+    )
 
 
 def test_an_htmx_post_without_the_csrf_token_is_refused(people, team, use_replay):

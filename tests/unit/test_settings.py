@@ -12,8 +12,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 def manage(*args: str, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETDECK_", "DJANGO_"))}
-    clean.update(env, DJANGO_SETTINGS_MODULE="controlplane.settings", FLEETDECK_VAR_DIR=env.get("FLEETDECK_VAR_DIR", "/tmp/fleetdeck-settings-test"))
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=clean, capture_output=True, text=True, timeout=120)
+    clean.update(
+        env,
+        DJANGO_SETTINGS_MODULE="controlplane.settings",
+        FLEETDECK_VAR_DIR=env.get("FLEETDECK_VAR_DIR", "/tmp/fleetdeck-settings-test"),
+    )
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=REPO, env=clean, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_production_refuses_to_start_without_a_secret_key():

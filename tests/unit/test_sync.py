@@ -251,7 +251,10 @@ def test_one_broken_cluster_does_not_stop_the_others(monkeypatch, team, replay_r
 def test_two_syncs_that_write_at_the_same_time_wait_for_each_other(monkeypatch, team):
     # Both read their cluster row, then both write: on SQLite a deferred transaction failed at once
     # with "database is locked" here, so a worker pool of two lost syncs.
-    clusters = [Cluster.objects.create(name=f"twin-{i}", team=team, dashboard_url=f"http://twin-{i}.test:8265") for i in range(2)]
+    clusters = [
+        Cluster.objects.create(name=f"twin-{i}", team=team, dashboard_url=f"http://twin-{i}.test:8265")
+        for i in range(2)
+    ]
     both_read = threading.Barrier(2)
     upsert = sync._upsert_applications
 

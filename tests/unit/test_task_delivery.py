@@ -28,14 +28,22 @@ def test_only_tasks_that_may_run_twice_are_acknowledged_late():
 
 @pytest.mark.parametrize("verify_s", [None, "2400"])
 def test_redis_redelivers_only_after_the_longest_task_could_have_finished(verify_s):
-    code = ("import django, json; django.setup(); from django.conf import settings as s; "
-            "print(json.dumps([s.CELERY_BROKER_TRANSPORT_OPTIONS.get('visibility_timeout'), s.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S]))")
+    code = (
+        "import django, json; django.setup(); from django.conf import settings as s; "
+        "print(json.dumps([s.CELERY_BROKER_TRANSPORT_OPTIONS.get('visibility_timeout'), s.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S]))"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETDECK_", "DJANGO_", "CELERY_"))}
-    env.update(DJANGO_SETTINGS_MODULE="controlplane.settings", FLEETDECK_DEBUG="1", CELERY_BROKER_URL="redis://127.0.0.1:6379/0",
-               FLEETDECK_VAR_DIR="/tmp/fleetdeck-settings-test")
+    env.update(
+        DJANGO_SETTINGS_MODULE="controlplane.settings",
+        FLEETDECK_DEBUG="1",
+        CELERY_BROKER_URL="redis://127.0.0.1:6379/0",
+        FLEETDECK_VAR_DIR="/tmp/fleetdeck-settings-test",
+    )
     if verify_s:
         env["FLEETDECK_CHANGE_VERIFY_TIMEOUT_S"] = verify_s
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     timeout, verify = json.loads(result.stdout.strip().splitlines()[-1])
     # A change verifies, may roll back and verify again: redelivery must wait longer than both.
     assert timeout > 2 * verify and verify == int(verify_s or 180)

@@ -57,14 +57,18 @@ def test_an_empty_url_asks_for_one():
     assert message_of(caught).startswith("Enter the Ray dashboard URL")
 
 
-@pytest.mark.parametrize("url", ["ftp://ray-head:8265", "ray-head.example:8265", "file:///etc/passwd", "//ray-head:8265"])
+@pytest.mark.parametrize(
+    "url", ["ftp://ray-head:8265", "ray-head.example:8265", "file:///etc/passwd", "//ray-head:8265"]
+)
 def test_a_url_that_is_not_http_or_https_is_refused(url):
     with pytest.raises(ValidationError) as caught:
         normalize_dashboard_url(url)
     assert message_of(caught) == "The dashboard URL must start with http:// or https://."
 
 
-@pytest.mark.parametrize("url", ["http://admin:secret@ray-head:8265", "http://admin@ray-head:8265", "http://:tok@ray-head"])
+@pytest.mark.parametrize(
+    "url", ["http://admin:secret@ray-head:8265", "http://admin@ray-head:8265", "http://:tok@ray-head"]
+)
 def test_credentials_in_the_url_are_refused_pointing_to_the_token_field(url):
     with pytest.raises(ValidationError) as caught:
         normalize_dashboard_url(url)
@@ -85,7 +89,9 @@ def test_a_url_without_a_host_is_refused():
     assert message_of(caught) == "The dashboard URL has no host name."
 
 
-@pytest.mark.parametrize("url", ["http://ray-head:8265/?token=abc", "http://ray-head:8265/#/overview", "http://ray-head:8265?x"])
+@pytest.mark.parametrize(
+    "url", ["http://ray-head:8265/?token=abc", "http://ray-head:8265/#/overview", "http://ray-head:8265?x"]
+)
 def test_a_query_string_or_fragment_is_refused(url):
     with pytest.raises(ValidationError) as caught:
         normalize_dashboard_url(url)

@@ -27,7 +27,9 @@ def metrics(name: str, at: float = 100.0) -> ray_metrics.Scrape:
     return ray_metrics.parse((FIXTURES / name).read_text(), at=at)
 
 
-def proxy_answers(scrape: ray_metrics.Scrape, at: float, by_code: dict[str, int], bucket_ms: float, app: str = "demo") -> ray_metrics.Scrape:
+def proxy_answers(
+    scrape: ray_metrics.Scrape, at: float, by_code: dict[str, int], bucket_ms: float, app: str = "demo"
+) -> ray_metrics.Scrape:
     """`scrape` plus answers of the proxy for /demo, `by_code` status -> count, all in the latency
     bucket ending at `bucket_ms`, the way Ray labels them (status_code on the requests counter and
     the histogram, error_code on the error counter)."""
@@ -48,7 +50,9 @@ def proxy_answers(scrape: ray_metrics.Scrape, at: float, by_code: dict[str, int]
             add(signals.HTTP_ERRORS, base | {"error_code": code}, n)
         for bound in bounds:
             le = "+Inf" if bound == float("inf") else str(bound)
-            add(f"{signals.HTTP_LATENCY}_bucket", base | {"status_code": code, "le": le}, n if bound >= bucket_ms else 0)
+            add(
+                f"{signals.HTTP_LATENCY}_bucket", base | {"status_code": code, "le": le}, n if bound >= bucket_ms else 0
+            )
     return ray_metrics.Scrape(at=at, samples=samples)
 
 
@@ -85,7 +89,10 @@ def test_the_compact_scrape_keeps_the_proxy_series():
     kept = signals.relevant(scrape)
     for name in (signals.HTTP_REQUESTS, signals.HTTP_ERRORS, f"{signals.HTTP_LATENCY}_bucket"):
         assert len(kept.named(name)) == len(scrape.named(name)) > 0
-    assert signals.read(ray_metrics.Scrape(at=0), kept).applications == signals.read(ray_metrics.Scrape(at=0), scrape).applications
+    assert (
+        signals.read(ray_metrics.Scrape(at=0), kept).applications
+        == signals.read(ray_metrics.Scrape(at=0), scrape).applications
+    )
 
 
 def test_points_carry_the_applications_client_figures_and_keep_their_own_keys():
@@ -100,11 +107,26 @@ def test_points_carry_the_applications_client_figures_and_keep_their_own_keys():
 
 
 def test_compact_sums_client_counts_per_code_and_keeps_the_worst_latency():
-    points = [{"t": float(t), "rps": 1.0, "errors": 0, "seconds": 30, "http": 10, "http_errors": {"503": 2} if t % 60 else {"500": 1},
-               "http_p50": 10.0, "http_p99": float(t % 7)} for t in range(0, 600, 30)]
-    [summary] = [p for p in signals.compact(points, now=900, raw_s=300, bucket_s=600, retention_s=1200) if "summary" in p]
+    points = [
+        {
+            "t": float(t),
+            "rps": 1.0,
+            "errors": 0,
+            "seconds": 30,
+            "http": 10,
+            "http_errors": {"503": 2} if t % 60 else {"500": 1},
+            "http_p50": 10.0,
+            "http_p99": float(t % 7),
+        }
+        for t in range(0, 600, 30)
+    ]
+    [summary] = [
+        p for p in signals.compact(points, now=900, raw_s=300, bucket_s=600, retention_s=1200) if "summary" in p
+    ]
     assert summary["summary"] == 20 and summary["http"] == 200 and summary["seconds"] == 600
-    assert summary["http_errors"] == {"500": 10, "503": 20} and summary["http_p99"] == 6.0 and summary["http_p50"] == 10.0
+    assert (
+        summary["http_errors"] == {"500": 10, "503": 20} and summary["http_p99"] == 6.0 and summary["http_p50"] == 10.0
+    )
 
 
 def test_prometheus_gives_the_same_client_figures():
@@ -112,10 +134,15 @@ def test_prometheus_gives_the_same_client_figures():
         promql = request.url.params["query"]
         result = []
         if "ray_serve_num_http_requests_total" in promql:
-            result = [{"metric": {"application": "demo"}, "value": [0, "12.3"]}, {"metric": {"application": ""}, "value": [0, "0.1"]}]
+            result = [
+                {"metric": {"application": "demo"}, "value": [0, "12.3"]},
+                {"metric": {"application": ""}, "value": [0, "0.1"]},
+            ]
         elif "ray_serve_num_http_error_requests_total" in promql:
             result = [{"metric": {"application": "demo", "error_code": "503"}, "value": [0, "11.5"]}]
-        elif "histogram_quantile(0.99, sum by (application, le) (rate(ray_serve_http_request_latency_ms_bucket" in promql:
+        elif (
+            "histogram_quantile(0.99, sum by (application, le) (rate(ray_serve_http_request_latency_ms_bucket" in promql
+        ):
             result = [{"metric": {"application": "demo"}, "value": [0, "8125"]}]
         elif "ray_serve_http_request_latency_ms_bucket" in promql:
             result = [{"metric": {"application": "demo"}, "value": [0, "NaN"]}]
@@ -124,14 +151,21 @@ def test_prometheus_gives_the_same_client_figures():
     reading = prometheus.read("http://prom.test:9090", 'cluster="c"', transport=httpx.MockTransport(answer))
     demo = reading.applications["demo"]
     assert set(reading.applications) == {"demo"}
-    assert demo.requests == pytest.approx(12.3 * reading.seconds) and demo.errors_by_code == {"503": pytest.approx(11.5 * reading.seconds)}
+    assert demo.requests == pytest.approx(12.3 * reading.seconds) and demo.errors_by_code == {
+        "503": pytest.approx(11.5 * reading.seconds)
+    }
     assert demo.p99_ms == 8125 and demo.p50_ms is None
 
 
 @pytest.fixture
 def cluster(team):
-    return Cluster.objects.create(name="gpu-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0",
-                                  metrics_url="http://ray.test:8080/metrics")
+    return Cluster.objects.create(
+        name="gpu-prod",
+        team=team,
+        dashboard_url="http://ray.test:8265",
+        ray_version="2.60.0",
+        metrics_url="http://ray.test:8080/metrics",
+    )
 
 
 @pytest.mark.django_db
@@ -153,9 +187,23 @@ def window(*, http=None, codes=None, p99=400.0, http_p99=900.0, rps=4.0, ongoing
     """`n` readings 30 s apart; `http`/`codes` are the totals over the window, spread evenly."""
     points = []
     for i in range(n):
-        p = {"t": t0 + 30 * (i + 1), "seconds": 30, "p50": 120.0, "p99": p99, "rps": rps, "errors": 0, "ongoing": ongoing, "queued": 0}
+        p = {
+            "t": t0 + 30 * (i + 1),
+            "seconds": 30,
+            "p50": 120.0,
+            "p99": p99,
+            "rps": rps,
+            "errors": 0,
+            "ongoing": ongoing,
+            "queued": 0,
+        }
         if http is not None:
-            p |= {"http": http / n, "http_errors": {c: k / n for c, k in (codes or {}).items()}, "http_p50": 200.0, "http_p99": http_p99}
+            p |= {
+                "http": http / n,
+                "http_errors": {c: k / n for c, k in (codes or {}).items()},
+                "http_p50": 200.0,
+                "http_p99": http_p99,
+            }
         points.append(p)
     return points
 
@@ -188,8 +236,9 @@ def test_a_p99_interpolated_below_the_objective_in_a_bucket_that_spans_it_does_n
     # Ray's proxy buckets jump from 10 s to 60 s: every answer took 10-60 s, interpolation says 15 s.
     slow = [p | {"http_p99": 15_000.0, "http_p99_between": [10_000.0, 60_000.0]} for p in window(http=600)]
     after = summary(slow)
-    result, why = verification.verdict("oom_kill", summary(window(http=600), kills=2), after, window_over=True,
-                                       latency_objective_ms=20_000)
+    result, why = verification.verdict(
+        "oom_kill", summary(window(http=600), kills=2), after, window_over=True, latency_objective_ms=20_000
+    )
     assert result == "failed"
     assert "p99 15000 ms interpolated, between 10000 and 60000 ms (the proxy's histogram bucket) end to end" in why
     assert "cannot be shown to be met" in why and "RAY_SERVE_REQUEST_LATENCY_BUCKETS_MS" in why
@@ -199,7 +248,9 @@ def test_a_p99_interpolated_below_the_objective_in_a_bucket_that_spans_it_does_n
     bounded = summary([p | {"http_p99": 9_000.0, "http_p99_between": [5_000.0, 10_000.0]} for p in window(http=600)])
     assert verification.verdict("oom_kill", {}, bounded, window_over=True, latency_objective_ms=10_000)[0] == "passed"
     beyond = summary([p | {"http_p99": 600_000.0, "http_p99_between": [600_000.0, None]} for p in window(http=600)])
-    assert "above 600000 ms (the proxy's last bucket)" in verification.verdict("oom_kill", {}, beyond, window_over=True)[1]
+    assert (
+        "above 600000 ms (the proxy's last bucket)" in verification.verdict("oom_kill", {}, beyond, window_over=True)[1]
+    )
 
 
 def test_a_clean_client_side_passes_and_says_both_sides_with_units():
@@ -208,8 +259,10 @@ def test_a_clean_client_side_passes_and_says_both_sides_with_units():
     assert after["client_failed"] == 0  # a 404 is the client's own mistake
     result, why = verification.verdict("oom_kill", before, after, window_over=True)
     assert result == "passed"
-    assert ("Clients: 600 requests, none failed; goodput 4.00 req/s; p50 200 ms, p99 900 ms end to end "
-            "(before the fix: 600 requests, 300 failed (50.0 %; 500 ×300);") in why
+    assert (
+        "Clients: 600 requests, none failed; goodput 4.00 req/s; p50 200 ms, p99 900 ms end to end "
+        "(before the fix: 600 requests, 300 failed (50.0 %; 500 ×300);"
+    ) in why
     assert "Replicas: 600 requests, 0 errors; processing p99 400 ms; queue peak 0 (before the fix:" in why
 
 
@@ -232,8 +285,15 @@ def test_requests_admitted_but_never_answered_fail():
 @pytest.fixture
 def wizard(cluster):
     now = timezone.now()
-    incident = Incident.objects.create(kind="oom_kill", cluster=cluster, application_name="demo", deployment_name="Model",
-                                       title="OOM", started_at=now - timedelta(minutes=5), last_signal_at=now)
+    incident = Incident.objects.create(
+        kind="oom_kill",
+        cluster=cluster,
+        application_name="demo",
+        deployment_name="Model",
+        title="OOM",
+        started_at=now - timedelta(minutes=5),
+        last_signal_at=now,
+    )
     wizard = Wizard.objects.create(cluster=cluster, application_name="demo", deployment_name="Model", incident=incident)
     for position, kind in enumerate(("verification", "outcome"), start=1):
         WizardStep.objects.create(wizard=wizard, position=position, kind=kind, title=kind)
@@ -244,33 +304,65 @@ def wizard(cluster):
 def test_the_before_window_with_kills_and_500s_is_reported_failing_with_its_failed_share(wizard, cluster):
     now = timezone.now()
     OomKillRecord.objects.create(incident=wizard.incident, actor_id="a1", replica="r1", message="killed")
-    SignalWindow.objects.create(cluster=cluster, application_name="demo", deployment_name="Model",
-                                points=window(http=500, codes={"500": 400}, t0=now.timestamp() - 300))
+    SignalWindow.objects.create(
+        cluster=cluster,
+        application_name="demo",
+        deployment_name="Model",
+        points=window(http=500, codes={"500": 400}, t0=now.timestamp() - 300),
+    )
     before = verification.measure(wizard, now - timedelta(minutes=10), now + timedelta(seconds=1))
     assert before["healthy"] is False and before["errors"] == 0 and before["client_failed_share"] == 0.8
-    assert before["why"] == "1 OOM kill(s). Clients: 400 of 500 requests failed (80.0 %; 500 ×400), above the 5 % objective."
+    assert (
+        before["why"]
+        == "1 OOM kill(s). Clients: 400 of 500 requests failed (80.0 %; 500 ×400), above the 5 % objective."
+    )
     rows = {row[0]: row[1] for section in presentation.comparison(before, {}) for row in section["rows"]}
-    assert rows["Failed share"] == "80.0 %" and rows["Failed by code"] == "500 ×400" and rows["Window"].startswith("failing: 1 OOM kill(s).")
+    assert (
+        rows["Failed share"] == "80.0 %"
+        and rows["Failed by code"] == "500 ×400"
+        and rows["Window"].startswith("failing: 1 OOM kill(s).")
+    )
 
 
 @pytest.mark.django_db
 def test_the_failure_objective_is_the_wizards(wizard, cluster, client, people):
     now = timezone.now()
     start = now - timedelta(minutes=5)
-    SignalWindow.objects.create(cluster=cluster, application_name="demo", deployment_name="Model",
-                                points=window(http=1000, codes={"503": 100}, t0=start.timestamp()))
-    Wizard.objects.filter(pk=wizard.pk).update(state="verifying", verify_started_at=start, verify_ends_at=now, failure_objective=0.05)
+    SignalWindow.objects.create(
+        cluster=cluster,
+        application_name="demo",
+        deployment_name="Model",
+        points=window(http=1000, codes={"503": 100}, t0=start.timestamp()),
+    )
+    Wizard.objects.filter(pk=wizard.pk).update(
+        state="verifying", verify_started_at=start, verify_ends_at=now, failure_objective=0.05
+    )
     assert verification.evaluate(wizard.pk, now=now) == "failed"
     wizard.refresh_from_db()
-    assert wizard.state == "not_resolved" and "100 of 1000 requests failed (10.0 %; 503 ×100), above the 5 % objective" in wizard.outcome
+    assert (
+        wizard.state == "not_resolved"
+        and "100 of 1000 requests failed (10.0 %; 503 ×100), above the 5 % objective" in wizard.outcome
+    )
 
-    tolerant = Wizard.objects.create(cluster=cluster, application_name="demo", deployment_name="Model", incident=wizard.incident,
-                                     state="verifying", verify_started_at=start, verify_ends_at=now, failure_objective=0.15)
+    tolerant = Wizard.objects.create(
+        cluster=cluster,
+        application_name="demo",
+        deployment_name="Model",
+        incident=wizard.incident,
+        state="verifying",
+        verify_started_at=start,
+        verify_ends_at=now,
+        failure_objective=0.15,
+    )
     for position, kind in enumerate(("verification", "outcome"), start=1):
         WizardStep.objects.create(wizard=tolerant, position=position, kind=kind, title=kind)
     assert verification.evaluate(tolerant.pk, now=now) == "passed"
     tolerant.refresh_from_db()
-    assert tolerant.state == "resolved" and tolerant.after["client_failed_share"] == 0.1 and tolerant.after["healthy"] is True
+    assert (
+        tolerant.state == "resolved"
+        and tolerant.after["client_failed_share"] == 0.1
+        and tolerant.after["healthy"] is True
+    )
 
     client.force_login(people["viewer"])
     page = client.get(reverse("remediation:wizard", args=[wizard.pk]), {"step": 1}).content.decode()

@@ -25,7 +25,9 @@ def login(client, people):
 
 @pytest.fixture
 def synced(team, use_replay):
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265", labels={"env": "prod"})
+    cluster = Cluster.objects.create(
+        name="vision-prod", team=team, dashboard_url="http://ray.test:8265", labels={"env": "prod"}
+    )
     sync.sync_cluster(cluster.pk)
     cluster.refresh_from_db()
     return cluster
@@ -99,7 +101,9 @@ def test_the_cluster_status_fragment_polls_itself(login, synced):
 
 
 def test_an_unreachable_cluster_shows_the_reason(login, synced):
-    Cluster.objects.filter(pk=synced.pk).update(reachability=Reachability.UNREACHABLE, last_error="Cannot reach the Ray dashboard: refused.")
+    Cluster.objects.filter(pk=synced.pk).update(
+        reachability=Reachability.UNREACHABLE, last_error="Cannot reach the Ray dashboard: refused."
+    )
     page = login("viewer").get(reverse("fleet:cluster", args=[synced.pk])).content.decode()
     assert "The last sync failed" in page and "Cannot reach the Ray dashboard" in page
 
@@ -135,7 +139,12 @@ def test_config_history_lists_revisions_and_shows_a_diff(login, synced, use_repl
 def test_registering_through_the_form_saves_and_redirects(login, use_replay, team):
     response = login("admin").post(
         reverse("clusters:create"),
-        {"name": "vision-prod", "team": str(team.pk), "dashboard_url": "http://ray.test:8265", "labels": "env=prod, region=eu"},
+        {
+            "name": "vision-prod",
+            "team": str(team.pk),
+            "dashboard_url": "http://ray.test:8265",
+            "labels": "env=prod, region=eu",
+        },
     )
     cluster = Cluster.objects.get()
     assert response.status_code == 302 and response["Location"] == reverse("fleet:cluster", args=[cluster.pk])
@@ -156,10 +165,14 @@ def test_a_failed_connection_test_keeps_the_form_with_the_reason(login, use_repl
 
 
 def test_the_form_explains_bad_input(login, use_replay, team):
-    page = login("admin").post(
-        reverse("clusters:create"),
-        {"name": "Bad Name", "team": str(team.pk), "dashboard_url": "http://u:p@ray.test", "labels": "oops"},
-    ).content.decode()
+    page = (
+        login("admin")
+        .post(
+            reverse("clusters:create"),
+            {"name": "Bad Name", "team": str(team.pk), "dashboard_url": "http://u:p@ray.test", "labels": "oops"},
+        )
+        .content.decode()
+    )
     assert "lowercase letters" in page
     assert "Do not put credentials in the URL" in page
     assert "needs the form key=value" in page
@@ -188,18 +201,28 @@ def test_the_form_shows_and_saves_the_prometheus_source(login, synced):
     page = client.get(reverse("clusters:edit", args=[synced.pk])).content.decode()
     assert 'name="prometheus_url"' in page and 'name="prometheus_selector"' in page
     assert "PromQL label matcher" in page
-    form = {"team": str(synced.team.pk), "dashboard_url": synced.dashboard_url, "labels": "env=prod",
-            "prometheus_url": "http://prom.test:9090/", "prometheus_selector": 'cluster="vision-prod"'}
+    form = {
+        "team": str(synced.team.pk),
+        "dashboard_url": synced.dashboard_url,
+        "labels": "env=prod",
+        "prometheus_url": "http://prom.test:9090/",
+        "prometheus_selector": 'cluster="vision-prod"',
+    }
     assert client.post(reverse("clusters:edit", args=[synced.pk]), form).status_code == 302
     synced.refresh_from_db()
     assert (synced.prometheus_url, synced.prometheus_selector) == ("http://prom.test:9090", 'cluster="vision-prod"')
-    assert 'value="cluster=&quot;vision-prod&quot;"' in client.get(reverse("clusters:edit", args=[synced.pk])).content.decode()
+    assert (
+        'value="cluster=&quot;vision-prod&quot;"'
+        in client.get(reverse("clusters:edit", args=[synced.pk])).content.decode()
+    )
 
 
 def test_the_form_refuses_a_selector_the_api_refuses(login, api_as, synced):
     form = {"team": str(synced.team.pk), "dashboard_url": synced.dashboard_url, "prometheus_selector": '{cluster="x"}'}
     page = login("admin").post(reverse("clusters:edit", args=[synced.pk]), form).content.decode()
-    api = api_as("admin").patch(f"/api/v1/clusters/{synced.pk}/", {"prometheus_selector": '{cluster="x"}'}, format="json")
+    api = api_as("admin").patch(
+        f"/api/v1/clusters/{synced.pk}/", {"prometheus_selector": '{cluster="x"}'}, format="json"
+    )
     assert api.status_code == 400
     assert "without braces" in page and "without braces" in str(api.json()["prometheus_selector"])
 

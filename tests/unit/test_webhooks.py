@@ -64,7 +64,9 @@ def endpoint():
 def oom_cluster(team, use_replay, monkeypatch):
     use_replay.routes["/api/serve/applications/"] = "serve_applications_oom_t1_modelonly_after_recovery.json"
     use_replay.routes["/api/v0/actors"] = "state_actors_dead_oom_t1_modelonly_detail.json"
-    cluster = Cluster.objects.create(name="gpu-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0")
+    cluster = Cluster.objects.create(
+        name="gpu-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0"
+    )
     sync.sync_cluster(cluster.pk)
     return cluster
 
@@ -111,8 +113,7 @@ def test_delivery_gives_up_after_the_last_attempt(oom_cluster, team, people, end
     assert delivery.state == "failed" and delivery.attempts == webhooks.MAX_ATTEMPTS
 
 
-def test_a_delivery_whose_message_was_lost_is_sent_again_once(
-        oom_cluster, team, people, endpoint, settings):
+def test_a_delivery_whose_message_was_lost_is_sent_again_once(oom_cluster, team, people, endpoint, settings):
     from datetime import timedelta
 
     settings.FLEETDECK_CHANGE_STALE_S = 60
@@ -142,10 +143,14 @@ def test_webhook_urls_follow_the_network_policy(team, people):
 
 def test_team_admins_manage_webhooks_and_the_secret_never_comes_back(api_as, endpoint):
     url = endpoint().url
-    created = api_as("admin").post("/api/v1/webhooks/", {"team": "vision", "url": url, "secret": "s3cret"}, format="json")
+    created = api_as("admin").post(
+        "/api/v1/webhooks/", {"team": "vision", "url": url, "secret": "s3cret"}, format="json"
+    )
     assert created.status_code == 201, created.content
     assert created.json()["has_secret"] is True and "s3cret" not in created.content.decode()
-    assert api_as("operator").post("/api/v1/webhooks/", {"team": "vision", "url": url}, format="json").status_code == 403
+    assert (
+        api_as("operator").post("/api/v1/webhooks/", {"team": "vision", "url": url}, format="json").status_code == 403
+    )
     assert api_as("operator").get("/api/v1/webhooks/").json()["results"] == []
     bad = api_as("admin").post("/api/v1/webhooks/", {"team": "vision", "url": "http://169.254.169.254/"}, format="json")
     assert bad.status_code == 400 and "never calls" in str(bad.json())
@@ -172,7 +177,13 @@ def test_no_secret_reaches_a_log_line(oom_cluster, team, people, endpoint, api_a
     webhooks.deliver(delivery.pk)
 
     logged = "\n".join(f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in caplog.records)
-    assert "HTTP Request: POST" in logged and "send_request_headers" in logged, "the HTTP clients logged nothing to check"
+    assert "HTTP Request: POST" in logged and "send_request_headers" in logged, (
+        "the HTTP clients logged nothing to check"
+    )
     # What a worker would log for a failed task, and what the pages show.
-    shown = [str(failed.value), *ClusterEvent.objects.values_list("message", flat=True), WebhookDelivery.objects.get().last_error]
+    shown = [
+        str(failed.value),
+        *ClusterEvent.objects.values_list("message", flat=True),
+        WebhookDelivery.objects.get().last_error,
+    ]
     assert "s3cret" not in logged + "\n".join(shown)

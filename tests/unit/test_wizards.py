@@ -58,7 +58,9 @@ def live(use_replay):
 
 @pytest.fixture
 def cluster(team, live):
-    cluster = Cluster.objects.create(name="gpu-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0")
+    cluster = Cluster.objects.create(
+        name="gpu-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0"
+    )
     assert sync.sync_cluster(cluster.pk).ok
     return Cluster.objects.get(pk=cluster.pk)
 
@@ -72,14 +74,30 @@ def incident(cluster):
 MIB = 2**20
 
 
-def calibrate(cluster, *, baseline_mib=200, per_request_mib=800, levels=(1, 2, 4), service_s=(1.0, 1.0, 1.02)) -> MemoryCalibration:
+def calibrate(
+    cluster, *, baseline_mib=200, per_request_mib=800, levels=(1, 2, 4), service_s=(1.0, 1.0, 1.02)
+) -> MemoryCalibration:
     """A finished calibration of demo/Model, as the job reports one."""
     deployment = incidents_deployment(cluster)
     return MemoryCalibration.objects.create(
-        deployment=deployment, cluster=cluster, application_name="demo", deployment_name="Model", submission_id=f"cal-{levels}",
-        state="succeeded", axis="concurrency", device="cpu", shape="handle", baseline_bytes=baseline_mib * MIB, levels=list(levels),
-        points=[{"x": k, "peak_bytes": (baseline_mib + k * per_request_mib) * MIB, "service_s": t} for k, t in zip(levels, service_s)],
-        monotone=True, finished_at=timezone.now())
+        deployment=deployment,
+        cluster=cluster,
+        application_name="demo",
+        deployment_name="Model",
+        submission_id=f"cal-{levels}",
+        state="succeeded",
+        axis="concurrency",
+        device="cpu",
+        shape="handle",
+        baseline_bytes=baseline_mib * MIB,
+        levels=list(levels),
+        points=[
+            {"x": k, "peak_bytes": (baseline_mib + k * per_request_mib) * MIB, "service_s": t}
+            for k, t in zip(levels, service_s)
+        ],
+        monotone=True,
+        finished_at=timezone.now(),
+    )
 
 
 def incidents_deployment(cluster):
@@ -111,7 +129,12 @@ def test_an_oom_incident_without_a_calibration_opens_a_wizard_that_measures_befo
     wizard, created = wizards.start(actor(people), incident=incident)
     assert created and wizard.state == "open"
     steps = list(wizard.steps.all())
-    assert [s.kind for s in (steps[0], steps[1], steps[-2], steps[-1])] == ["diagnosis", "calibration", "verification", "outcome"]
+    assert [s.kind for s in (steps[0], steps[1], steps[-2], steps[-1])] == [
+        "diagnosis",
+        "calibration",
+        "verification",
+        "outcome",
+    ]
     # OOM-2 (R1, R2), OOM-4 (two kills on one node: R7), OOM-1 (R3, R4, R5), OOM-5 (R8); the queue is
     # already bounded (100), so no R10.
     assert [s.remedy for s in steps if s.remedy] == ["R1", "R2", "R3", "R4", "R5", "R7", "R8"]
@@ -131,7 +154,9 @@ def test_an_oom_incident_without_a_calibration_opens_a_wizard_that_measures_befo
     assert incident.timeline.filter(message__contains=f"wizard #{wizard.pk}").exists()
 
 
-def test_a_calibrated_deployment_gets_values_that_fill_the_budget_with_the_binding_constraint_named(people, incident, calibrated):
+def test_a_calibrated_deployment_gets_values_that_fill_the_budget_with_the_binding_constraint_named(
+    people, incident, calibrated
+):
     wizard, _ = wizards.start(actor(people), incident=incident)
     assert "calibration" not in [s.kind for s in wizard.steps.all()] and not wizard.diagnosis["needs_calibration"]
     plan, budget = wizard.diagnosis["plan"], wizard.diagnosis["budget"]["bytes_per_node"]
@@ -152,8 +177,16 @@ def test_a_second_operator_joins_the_open_wizard_instead_of_starting_another(peo
 
 
 def test_node_incidents_and_vanished_deployments_cannot_start_a_wizard(people, cluster, incident):
-    node = Incident.objects.create(kind="memory_pressure", cluster=cluster, application_name="", deployment_name="", node_ip="10.0.0.1",
-                                   title="pressure", started_at=timezone.now(), last_signal_at=timezone.now())
+    node = Incident.objects.create(
+        kind="memory_pressure",
+        cluster=cluster,
+        application_name="",
+        deployment_name="",
+        node_ip="10.0.0.1",
+        title="pressure",
+        started_at=timezone.now(),
+        last_signal_at=timezone.now(),
+    )
     with pytest.raises(wizards.WizardError, match="not one deployment"):
         wizards.start(actor(people), incident=node)
     incident.deployment.removed_at = timezone.now()
@@ -165,7 +198,9 @@ def test_node_incidents_and_vanished_deployments_cannot_start_a_wizard(people, c
 def test_applying_r1_and_r2_together_makes_one_change_and_its_success_marks_both_applied(people, incident, calibrated):
     wizard, _ = wizards.start(actor(people), incident=incident)
     steps = by_remedy(wizard)
-    change = wizards.apply(actor(people), wizard, [steps["R1"].position, steps["R2"].position], revision=wizard.revision)
+    change = wizards.apply(
+        actor(people), wizard, [steps["R1"].position, steps["R2"].position], revision=wizard.revision
+    )
     assert change.state == "queued" and change.targets == [{"application": "demo", "deployment": "Model"}]
     assert change.patch["max_ongoing_requests"] == steps["R1"].patch["max_ongoing_requests"]
     assert change.patch["autoscaling_config"] == steps["R2"].patch["autoscaling_config"]
@@ -195,7 +230,9 @@ def test_a_failed_change_leaves_the_steps_failed_and_applicable_again(people, in
 def test_an_operator_acting_on_an_old_page_gets_a_conflict_naming_who_moved_it(people, incident):
     wizard, _ = wizards.start(actor(people), incident=incident)
     seen = wizard.revision
-    wizards.skip(actor(people, "admin"), wizard, by_remedy(wizard)["R5"].position, reason="no blobs here", revision=seen)
+    wizards.skip(
+        actor(people, "admin"), wizard, by_remedy(wizard)["R5"].position, reason="no blobs here", revision=seen
+    )
     with pytest.raises(wizards.WizardConflict, match=r"revision .* last by admin"):
         wizards.apply(actor(people), wizard, [by_remedy(wizard)["R1"].position], revision=seen)
     assert not Change.objects.exists()
@@ -228,7 +265,9 @@ def test_a_deployment_deleted_mid_wizard_is_reported_and_nothing_is_applied(peop
     assert r1.status == "pending" and not Change.objects.exists()
 
 
-def test_a_calibration_of_a_deployment_deleted_mid_wizard_is_refused_and_nothing_is_submitted(people, incident, live, use_replay):
+def test_a_calibration_of_a_deployment_deleted_mid_wizard_is_refused_and_nothing_is_submitted(
+    people, incident, live, use_replay
+):
     wizard, _ = wizards.start(actor(people), incident=incident)
     del live.payload["applications"]["demo"]["deployments"]["Model"]
     with pytest.raises(wizards.WizardError, match="no longer exists on gpu-prod"):
@@ -237,7 +276,9 @@ def test_a_calibration_of_a_deployment_deleted_mid_wizard_is_refused_and_nothing
     assert wizard.steps.get(kind="calibration").status == "pending"
 
 
-def test_a_cluster_with_no_cpu_free_for_a_calibration_replica_says_so_and_nothing_is_submitted(people, incident, use_replay):
+def test_a_cluster_with_no_cpu_free_for_a_calibration_replica_says_so_and_nothing_is_submitted(
+    people, incident, use_replay
+):
     busy = ray_fixture("cluster_status.json")
     report = busy["data"]["clusterStatus"]["loadMetricsReport"]
     for usage in [report["usage"], *report["usageByNode"].values()]:
@@ -256,7 +297,10 @@ def test_a_failed_calibration_leaves_the_values_uncomputed_and_says_why(people, 
     wizard, _ = wizards.start(actor(people), incident=incident)
     step = wizards.calibrate(actor(people), wizard, revision=None)
     MemoryCalibration.objects.filter(pk=step.calibration_id).update(
-        state="failed", finished_at=timezone.now(), error="The representative request GET /demo answered 404 at concurrency 1")
+        state="failed",
+        finished_at=timezone.now(),
+        error="The representative request GET /demo answered 404 at concurrency 1",
+    )
     assert wizards.settle_calibration(wizard.pk)
     step.refresh_from_db()
     assert step.status == "failed" and "answered 404" in step.note
@@ -271,7 +315,12 @@ def test_code_level_steps_are_confirmed_or_skipped_with_a_reason_not_applied(peo
         wizards.apply(actor(people), wizard, [steps["R4"].position], revision=None)
     with pytest.raises(wizards.WizardError, match="Say why"):
         wizards.skip(actor(people), wizard, steps["R4"].position, reason=" ", revision=None)
-    assert wizards.confirm(actor(people), wizard, steps["R4"].position, note="batches by token sum since v2", revision=None).status == "done"
+    assert (
+        wizards.confirm(
+            actor(people), wizard, steps["R4"].position, note="batches by token sum since v2", revision=None
+        ).status
+        == "done"
+    )
 
 
 def test_verification_needs_something_done_then_an_oom_kill_fails_it_at_once(people, incident, cluster, calibrated):
@@ -293,15 +342,24 @@ def test_verification_needs_something_done_then_an_oom_kill_fails_it_at_once(peo
     assert incident.status == "open" and incident.timeline.filter(message__contains="did not fix it").exists()
 
 
-def test_a_quiet_window_under_traffic_resolves_the_incident_with_the_changes_linked(people, incident, cluster, calibrated):
+def test_a_quiet_window_under_traffic_resolves_the_incident_with_the_changes_linked(
+    people, incident, cluster, calibrated
+):
     wizard, _ = wizards.start(actor(people), incident=incident)
     steps = by_remedy(wizard)
     change = wizards.apply(actor(people), wizard, [steps["R1"].position, steps["R2"].position], revision=None)
     finish(change)
     wizard = verification.start(actor(people), wizard, window_s=60, revision=None)
     start = wizard.verify_started_at.timestamp()
-    SignalWindow.objects.create(cluster=cluster, application_name="demo", deployment_name="Model", points=[
-        {"t": start + 10 * i, "p50": 120, "p99": 400, "rps": 4.0, "errors": 0, "ongoing": 2, "queued": 0} for i in range(1, 6)])
+    SignalWindow.objects.create(
+        cluster=cluster,
+        application_name="demo",
+        deployment_name="Model",
+        points=[
+            {"t": start + 10 * i, "p50": 120, "p99": 400, "rps": 4.0, "errors": 0, "ongoing": 2, "queued": 0}
+            for i in range(1, 6)
+        ],
+    )
     assert verification.evaluate(wizard.pk, now=wizard.verify_ends_at + timedelta(seconds=1)) == "passed"
     wizard.refresh_from_db()
     assert wizard.state == "resolved" and wizard.after["oom_kills"] == 0 and wizard.after["rps_mean"] == 4.0
@@ -317,8 +375,12 @@ def test_a_window_without_traffic_is_inconclusive_and_can_be_run_again(people, i
     wizards.confirm(actor(people), wizard, by_remedy(wizard)["R4"].position, revision=None)
     wizard = verification.start(actor(people), wizard, window_s=60, revision=None)
     start = wizard.verify_started_at.timestamp()
-    SignalWindow.objects.create(cluster=cluster, application_name="demo", deployment_name="Model",
-                                points=[{"t": start + 5, "rps": 0, "errors": 0}])
+    SignalWindow.objects.create(
+        cluster=cluster,
+        application_name="demo",
+        deployment_name="Model",
+        points=[{"t": start + 5, "rps": 0, "errors": 0}],
+    )
     assert verification.evaluate(wizard.pk, now=wizard.verify_ends_at) == "inconclusive"
     wizard.refresh_from_db()
     assert wizard.state == "open"
@@ -331,8 +393,17 @@ def test_a_latency_fix_must_bring_p99_down_by_a_fifth():
     assert verification.verdict("latency_spike", before, after, window_over=True)[0] == "failed"
     # Replica processing time alone cannot pass a latency fix: clients' end-to-end p99 must be seen.
     assert verification.verdict("latency_spike", before, after | {"p99_ms": 700}, window_over=True)[0] == "inconclusive"
-    clients = {"client_requests": 600, "client_failed": 0, "client_failed_share": 0.0, "client_p50_ms": 300, "client_p99_ms": 800}
-    assert verification.verdict("latency_spike", before, after | {"p99_ms": 700} | clients, window_over=True)[0] == "passed"
+    clients = {
+        "client_requests": 600,
+        "client_failed": 0,
+        "client_failed_share": 0.0,
+        "client_p50_ms": 300,
+        "client_p99_ms": 800,
+    }
+    assert (
+        verification.verdict("latency_spike", before, after | {"p99_ms": 700} | clients, window_over=True)[0]
+        == "passed"
+    )
     assert verification.verdict("oom_kill", before, after | {"p99_ms": 1100}, window_over=True)[0] == "passed"
 
 
@@ -375,7 +446,9 @@ def test_the_input_cap_check_sends_an_oversized_request_and_wants_a_4xx(people, 
     assert step.status == "passed" and step.check_result["status"] == 413
     ProbeTarget.limit = 10**9
     try:
-        step = remedy_checks.run(actor(people), Wizard.objects.get(pk=wizard.pk), r3.position, params={"size": 5000}, revision=None)
+        step = remedy_checks.run(
+            actor(people), Wizard.objects.get(pk=wizard.pk), r3.position, params={"size": 5000}, revision=None
+        )
     finally:
         ProbeTarget.limit = 1000
     assert step.status == "check_failed" and "nothing caps input size" in step.check_result["why"]
@@ -387,7 +460,9 @@ def test_the_recycle_check_passes_once_a_schedule_exists(people, incident):
     wizard, _ = wizards.start(actor(people), incident=incident)
     r8 = by_remedy(wizard)["R8"]
     assert remedy_checks.run(actor(people), wizard, r8.position, revision=None).status == "check_failed"
-    RecycleSchedule.objects.create(deployment=wizard.deployment, every_hours=6, next_run_at=timezone.now() + timedelta(hours=6))
+    RecycleSchedule.objects.create(
+        deployment=wizard.deployment, every_hours=6, next_run_at=timezone.now() + timedelta(hours=6)
+    )
     assert remedy_checks.run(actor(people), wizard, r8.position, revision=None).status == "passed"
     with pytest.raises(wizards.WizardError, match="no automatic check"):
         remedy_checks.run(actor(people), wizard, by_remedy(wizard)["R4"].position, revision=None)
@@ -398,8 +473,11 @@ def test_the_recycle_check_passes_once_a_schedule_exists(people, incident):
 
 def test_automation_drives_a_wizard_through_the_api(api_as, incident, use_replay):
     operator = api_as("operator")
-    response = operator.post("/api/v1/wizards/", {"incident": incident.pk, "verification_window_s": 60, "failure_objective": 0.02},
-                             format="json")
+    response = operator.post(
+        "/api/v1/wizards/",
+        {"incident": incident.pk, "verification_window_s": 60, "failure_objective": 0.02},
+        format="json",
+    )
     assert response.status_code == 201, response.content
     body = response.json()
     assert body["failure_objective"] == 0.02 and body["steps"][1]["kind"] == "calibration"
@@ -415,21 +493,35 @@ def test_automation_drives_a_wizard_through_the_api(api_as, incident, use_replay
     assert run.deployment_name == "Model" and run.state == "pending"
     # The job reports its curve (what polling stores); the wizard computes its values from it.
     MemoryCalibration.objects.filter(pk=run.pk).update(
-        state="succeeded", axis="concurrency", device="cpu", baseline_bytes=200 * MIB, finished_at=timezone.now(),
-        points=[{"x": k, "peak_bytes": (200 + 800 * k) * MIB, "service_s": 1.0} for k in (1, 2, 4)])
+        state="succeeded",
+        axis="concurrency",
+        device="cpu",
+        baseline_bytes=200 * MIB,
+        finished_at=timezone.now(),
+        points=[{"x": k, "peak_bytes": (200 + 800 * k) * MIB, "service_s": 1.0} for k in (1, 2, 4)],
+    )
     body = operator.post(f"/api/v1/wizards/{body['id']}/replan/", {}, format="json").json()
     assert body["steps"][1]["status"] == "done" and not body["diagnosis"]["needs_calibration"]
     steps = {s["remedy"]: s for s in body["steps"] if s["remedy"]}
-    assert steps["R1"]["patch"]["max_ongoing_requests"] >= 1 and steps["R2"]["patch"]["autoscaling_config"]["max_replicas"] >= 1
+    assert (
+        steps["R1"]["patch"]["max_ongoing_requests"] >= 1
+        and steps["R2"]["patch"]["autoscaling_config"]["max_replicas"] >= 1
+    )
     # A measurement is not a fix: there is nothing to verify yet.
     early = operator.post(f"/api/v1/wizards/{body['id']}/verify/", {"window_s": 60}, format="json")
     assert early.status_code == 400 and "nothing to verify" in early.json()["detail"][0]
-    applied = operator.post(f"/api/v1/wizards/{body['id']}/apply/",
-                            {"steps": [steps["R1"]["position"], steps["R2"]["position"]], "revision": body["revision"]}, format="json")
+    applied = operator.post(
+        f"/api/v1/wizards/{body['id']}/apply/",
+        {"steps": [steps["R1"]["position"], steps["R2"]["position"]], "revision": body["revision"]},
+        format="json",
+    )
     assert applied.status_code == 202, applied.content
     assert {s["status"] for s in applied.json()["steps"] if s["remedy"] in ("R1", "R2")} == {"applying"}
-    stale = operator.post(f"/api/v1/wizards/{body['id']}/skip/", {"step": steps["R5"]["position"], "note": "x", "revision": body["revision"]},
-                          format="json")
+    stale = operator.post(
+        f"/api/v1/wizards/{body['id']}/skip/",
+        {"step": steps["R5"]["position"], "note": "x", "revision": body["revision"]},
+        format="json",
+    )
     assert stale.status_code == 409 and "moved on" in stale.json()["detail"][0]
     refused = operator.post(f"/api/v1/wizards/{body['id']}/verify/", {"window_s": 60}, format="json")
     assert refused.status_code == 400 and "still being applied" in refused.json()["detail"][0]
@@ -439,18 +531,28 @@ def test_automation_drives_a_wizard_through_the_api(api_as, incident, use_replay
 def test_wizard_roles_viewers_read_operators_act_outsiders_see_nothing(api_as, incident):
     wizard_id = api_as("operator").post("/api/v1/wizards/", {"incident": incident.pk}, format="json").json()["id"]
     assert api_as("viewer").get(f"/api/v1/wizards/{wizard_id}/").status_code == 200
-    assert api_as("viewer").post(f"/api/v1/wizards/{wizard_id}/abandon/", {"reason": "x"}, format="json").status_code == 403
+    assert (
+        api_as("viewer").post(f"/api/v1/wizards/{wizard_id}/abandon/", {"reason": "x"}, format="json").status_code
+        == 403
+    )
     assert api_as("outsider").get(f"/api/v1/wizards/{wizard_id}/").status_code == 404
     assert api_as("outsider").post("/api/v1/wizards/", {"incident": incident.pk}, format="json").status_code == 400
     assert api_as("viewer").post("/api/v1/wizards/", {"incident": incident.pk}, format="json").status_code == 403
-    abandoned = api_as("admin").post(f"/api/v1/wizards/{wizard_id}/abandon/", {"reason": "handled by hand"}, format="json")
+    abandoned = api_as("admin").post(
+        f"/api/v1/wizards/{wizard_id}/abandon/", {"reason": "handled by hand"}, format="json"
+    )
     assert abandoned.json()["state"] == "abandoned" and "handled by hand" in abandoned.json()["outcome"]
 
 
 def test_the_schema_documents_the_wizard_actions(api_as):
     schema = api_as("viewer").get(reverse("schema"), {"format": "json"}).json()
     paths = schema["paths"]
-    assert {"/api/v1/wizards/", "/api/v1/wizards/{id}/apply/", "/api/v1/wizards/{id}/verify/", "/api/v1/wizards/{id}/check/"} <= set(paths)
+    assert {
+        "/api/v1/wizards/",
+        "/api/v1/wizards/{id}/apply/",
+        "/api/v1/wizards/{id}/verify/",
+        "/api/v1/wizards/{id}/check/",
+    } <= set(paths)
 
 
 # --- UI -------------------------------------------------------------------------------------
@@ -465,12 +567,19 @@ def test_an_operator_walks_the_wizard_in_the_ui_step_by_step(client, people, inc
     assert response.status_code == 302 and response["Location"] == reverse("remediation:wizard", args=[wizard.pk])
     page = client.get(response["Location"]).content.decode()
     # The first unsettled step opens: the calibration, with a form for the representative request.
-    assert "Measure memory per request (calibration)" in page and "Representative request" in page and ">Calibrate<" in page
+    assert (
+        "Measure memory per request (calibration)" in page
+        and "Representative request" in page
+        and ">Calibrate<" in page
+    )
     assert "Apply R1" not in page
     # Measured meanwhile (from the deployment page): recomputing settles the step and gives R1 its values.
     calibrate(incident.cluster)
-    replanned = client.post(reverse("remediation:wizard_action", args=[wizard.pk, "replan"]),
-                            {"revision": Wizard.objects.get().revision, "step": 0}, HTTP_HX_REQUEST="true")
+    replanned = client.post(
+        reverse("remediation:wizard_action", args=[wizard.pk, "replan"]),
+        {"revision": Wizard.objects.get().revision, "step": 0},
+        HTTP_HX_REQUEST="true",
+    )
     assert b'role="alert"' not in replanned.content, replanned.content.decode()[:2000]
     wizard.refresh_from_db()
     assert wizard.steps.get(kind="calibration").status == "done"
@@ -480,15 +589,26 @@ def test_an_operator_walks_the_wizard_in_the_ui_step_by_step(client, people, inc
     assert "R1: Cap per-replica concurrency" in page and "Why this value" in page
     assert f"+  &quot;max_ongoing_requests&quot;: {r1}" in page and "Apply R1 + R2 as one change" in page
     steps = by_remedy(wizard)
-    partial = client.get(reverse("remediation:wizard", args=[wizard.pk]), {"step": steps["R3"].position}, HTTP_HX_REQUEST="true")
+    partial = client.get(
+        reverse("remediation:wizard", args=[wizard.pk]), {"step": steps["R3"].position}, HTTP_HX_REQUEST="true"
+    )
     assert b"<html" not in partial.content and b"Run the automatic check" in partial.content
-    applied = client.post(reverse("remediation:wizard_action", args=[wizard.pk, "apply"]),
-                          {"steps": [steps["R1"].position, steps["R2"].position], "revision": wizard.revision, "step": steps["R1"].position},
-                          HTTP_HX_REQUEST="true")
+    applied = client.post(
+        reverse("remediation:wizard_action", args=[wizard.pk, "apply"]),
+        {
+            "steps": [steps["R1"].position, steps["R2"].position],
+            "revision": wizard.revision,
+            "step": steps["R1"].position,
+        },
+        HTTP_HX_REQUEST="true",
+    )
     assert applied.status_code == 200 and b"Applying" in applied.content and b'hx-trigger="every 2s"' in applied.content
     # The same click from a page loaded before: the conflict is shown, nothing is applied twice.
-    again = client.post(reverse("remediation:wizard_action", args=[wizard.pk, "skip"]),
-                        {"step": steps["R5"].position, "reason": "x", "revision": wizard.revision}, HTTP_HX_REQUEST="true")
+    again = client.post(
+        reverse("remediation:wizard_action", args=[wizard.pk, "skip"]),
+        {"step": steps["R5"].position, "reason": "x", "revision": wizard.revision},
+        HTTP_HX_REQUEST="true",
+    )
     assert b"moved on since you loaded it" in again.content and Change.objects.count() == 1
     assert by_remedy(wizard)["R5"].status == "pending"
 
@@ -502,12 +622,19 @@ def test_viewers_see_the_wizard_without_its_buttons_and_outsiders_not_at_all(cli
     assert client.post(reverse("remediation:wizard_start"), {"incident": incident.pk}).status_code == 403
     client.force_login(people["outsider"])
     assert client.get(reverse("remediation:wizard", args=[wizard.pk])).status_code == 404
-    assert reverse("remediation:wizard", args=[wizard.pk]) not in client.get(reverse("remediation:wizards")).content.decode()
+    assert (
+        reverse("remediation:wizard", args=[wizard.pk])
+        not in client.get(reverse("remediation:wizards")).content.decode()
+    )
 
 
 def test_in_flight_readings_near_the_kill_give_only_a_lower_bound_that_sizes_nothing(people, incident, cluster):
-    SignalWindow.objects.create(cluster=cluster, application_name="demo", deployment_name="Model",
-                                points=[{"t": 1, "ongoing": 2, "queued": 0}, {"t": 2, "ongoing": 4, "queued": 3}])
+    SignalWindow.objects.create(
+        cluster=cluster,
+        application_name="demo",
+        deployment_name="Model",
+        points=[{"t": 1, "ongoing": 2, "queued": 0}, {"t": 2, "ongoing": 4, "queued": 3}],
+    )
     replicas = incident.evidence["settings_at_detection"]["running_replicas"]
     wizard, _ = wizards.start(actor(people), incident=incident)
     memory = wizard.diagnosis["memory"]
@@ -519,19 +646,33 @@ def test_in_flight_readings_near_the_kill_give_only_a_lower_bound_that_sizes_not
     assert wizard.diagnosis["load"]["peak_in_flight"] == 7
 
 
-def test_traffic_heavier_than_the_calibration_lowers_the_values_and_the_page_says_why(client, people, incident, cluster, calibrated):
+def test_traffic_heavier_than_the_calibration_lowers_the_values_and_the_page_says_why(
+    client, people, incident, cluster, calibrated
+):
     baseline = wizards.start(actor(people), incident=incident)[0]
-    before = by_remedy(baseline)["R1"].patch["max_ongoing_requests"], by_remedy(baseline)["R2"].patch["autoscaling_config"]["max_replicas"]
+    before = (
+        by_remedy(baseline)["R1"].patch["max_ongoing_requests"],
+        by_remedy(baseline)["R2"].patch["autoscaling_config"]["max_replicas"],
+    )
     wizards.abandon(actor(people), baseline, reason="measure again with traffic", revision=None)
     # Ray's per-process memory: 300 MB per replica at rest, then 2 replicas holding 3 GB over 2 requests.
-    SignalWindow.objects.create(cluster=cluster, application_name="demo", deployment_name="Model", points=[
-        {"t": 1, "ongoing": 0.0, "queued": 0, "replicas": 2, "rss_mb": 600.0},
-        {"t": 6, "ongoing": 2.0, "queued": 0, "replicas": 2, "rss_mb": 3600.0}])
+    SignalWindow.objects.create(
+        cluster=cluster,
+        application_name="demo",
+        deployment_name="Model",
+        points=[
+            {"t": 1, "ongoing": 0.0, "queued": 0, "replicas": 2, "rss_mb": 600.0},
+            {"t": 6, "ongoing": 2.0, "queued": 0, "replicas": 2, "rss_mb": 3600.0},
+        ],
+    )
     wizard, _ = wizards.start(actor(people), incident=incident)
     seen = wizard.diagnosis["observed"]
     assert seen["lower_bound"] and seen["per_request_bytes"] == 1500 * 10**6 and seen["baseline_bytes"] == 300 * 10**6
     assert "Traffic since showed at least" in wizard.diagnosis["memory"]["reason"]
-    after = by_remedy(wizard)["R1"].patch["max_ongoing_requests"], by_remedy(wizard)["R2"].patch["autoscaling_config"]["max_replicas"]
+    after = (
+        by_remedy(wizard)["R1"].patch["max_ongoing_requests"],
+        by_remedy(wizard)["R2"].patch["autoscaling_config"]["max_replicas"],
+    )
     assert after[0] * after[1] < before[0] * before[1]
     client.force_login(people["viewer"])
     diagnosis = wizard.steps.get(kind="diagnosis").position
@@ -548,7 +689,9 @@ TOKEN_CAPS = {"max_prompt_tokens": 512, "max_tokens_cap": 128}
 def run_with_user_config(live, cluster, user_config: dict) -> None:
     """The Model deployment now runs `user_config` (submitted and effective), and Fleetdeck has synced it."""
     live.model()["user_config"] = user_config
-    entry = next(d for d in live.payload["applications"]["demo"]["deployed_app_config"]["deployments"] if d["name"] == "Model")
+    entry = next(
+        d for d in live.payload["applications"]["demo"]["deployed_app_config"]["deployments"] if d["name"] == "Model"
+    )
     entry["user_config"] = dict(user_config)
     assert sync.sync_cluster(cluster.pk).ok
 
@@ -557,9 +700,20 @@ def token_calibration(deployment, mib_per_token: int = 1, baseline_mib: int = 30
     """A finished token-sum calibration: `mib_per_token` per token of a batch, on top of the replica at rest."""
     points = [{"x": n, "peak_bytes": (baseline_mib + n * mib_per_token) * MIB} for n in (256, 1024, 4096)]
     row = MemoryCalibration.objects.create(
-        deployment=deployment, cluster=deployment.application.cluster, application_name="demo", deployment_name="Model",
-        submission_id=f"token-{MemoryCalibration.objects.count()}", state="succeeded", axis="token_sum", device="cpu",
-        baseline_bytes=baseline_mib * MIB, points=points, monotone=True, levels=[256, 1024, 4096], finished_at=timezone.now())
+        deployment=deployment,
+        cluster=deployment.application.cluster,
+        application_name="demo",
+        deployment_name="Model",
+        submission_id=f"token-{MemoryCalibration.objects.count()}",
+        state="succeeded",
+        axis="token_sum",
+        device="cpu",
+        baseline_bytes=baseline_mib * MIB,
+        points=points,
+        monotone=True,
+        levels=[256, 1024, 4096],
+        finished_at=timezone.now(),
+    )
     return calibration.curve_of(row)
 
 
@@ -568,8 +722,9 @@ def share_of(wizard: Wizard) -> int:
     return wizard.diagnosis["budget"]["bytes_per_node"] // by_remedy(wizard)["R1"].values["replicas_per_node"]
 
 
-def test_a_token_sum_calibration_gives_r4_the_largest_fitting_batch_limit_applied_as_a_user_config_change(people, incident, live,
-                                                                                                         cluster):
+def test_a_token_sum_calibration_gives_r4_the_largest_fitting_batch_limit_applied_as_a_user_config_change(
+    people, incident, live, cluster
+):
     run_with_user_config(live, cluster, {"alloc_mb": 0, "hold_s": 0.05, **TOKEN_CAPS, "max_batch_tokens": 65536})
     curve = token_calibration(incident.deployment)
     wizard, _ = wizards.start(actor(people), incident=incident)
@@ -593,11 +748,15 @@ def test_a_batch_limit_already_lower_than_computed_leaves_r4_not_applicable(peop
     run_with_user_config(live, cluster, {**TOKEN_CAPS, "max_batch_tokens": 700})
     token_calibration(incident.deployment)
     r4 = by_remedy(wizards.start(actor(people), incident=incident)[0])["R4"]
-    assert r4.kind == "config" and r4.status == "not_applicable" and r4.patch == {"user_config": {"max_batch_tokens": 700}}
+    assert (
+        r4.kind == "config" and r4.status == "not_applicable" and r4.patch == {"user_config": {"max_batch_tokens": 700}}
+    )
     assert "It is already 700, lower than computed: kept." in r4.values["reasons"]["max_batch_tokens"]
 
 
-def test_without_a_max_batch_tokens_key_r4_stays_a_checklist_that_shows_the_computed_limit(client, people, incident, live, cluster):
+def test_without_a_max_batch_tokens_key_r4_stays_a_checklist_that_shows_the_computed_limit(
+    client, people, incident, live, cluster
+):
     run_with_user_config(live, cluster, {"alloc_mb": 0, "hold_s": 0.05})
     curve = token_calibration(incident.deployment)
     wizard, _ = wizards.start(actor(people), incident=incident)
@@ -606,13 +765,19 @@ def test_without_a_max_batch_tokens_key_r4_stays_a_checklist_that_shows_the_comp
     [row] = r4.values["computed"]
     # No caps: a request is taken to be as large as the largest calibrated batch (conservative).
     assert "as large as the largest calibrated batch, 4096 tokens" in wizard.diagnosis["memory"]["reason"]
-    assert row["option"] == "max_batch_tokens" and curve.peak_at(row["value"]) <= share_of(wizard) < curve.peak_at(row["value"] + 1)
+    assert row["option"] == "max_batch_tokens" and curve.peak_at(row["value"]) <= share_of(wizard) < curve.peak_at(
+        row["value"] + 1
+    )
     client.force_login(people["viewer"])
     page = client.get(reverse("remediation:wizard", args=[wizard.pk]), {"step": r4.position}).content.decode()
-    assert "Computed value" in page and f"<strong>{row['value']}</strong>" in page and row["reason"].split(";")[0] in page
+    assert (
+        "Computed value" in page and f"<strong>{row['value']}</strong>" in page and row["reason"].split(";")[0] in page
+    )
 
 
-def test_a_token_calibration_made_after_the_start_turns_r4_into_a_config_step_on_replan(people, incident, live, cluster):
+def test_a_token_calibration_made_after_the_start_turns_r4_into_a_config_step_on_replan(
+    people, incident, live, cluster
+):
     run_with_user_config(live, cluster, {**TOKEN_CAPS, "max_batch_tokens": 65536})
     wizard, _ = wizards.start(actor(people), incident=incident)
     assert by_remedy(wizard)["R4"].kind == "checklist" and "computed" not in by_remedy(wizard)["R4"].values
@@ -638,9 +803,13 @@ def test_changed_token_caps_make_the_wizard_replan_instead_of_apply(people, inci
 # --- R3 where the deployment reads its input caps from user_config ------------------------------
 
 
-def test_input_caps_read_from_user_config_make_r3_a_config_step_sized_from_a_token_calibration(people, incident, live, cluster):
+def test_input_caps_read_from_user_config_make_r3_a_config_step_sized_from_a_token_calibration(
+    people, incident, live, cluster
+):
     # 10,240 tokens at 1 MiB each: not even one such request fits the node's budget.
-    run_with_user_config(live, cluster, {"alloc_mb": 0, "max_prompt_tokens": 8192, "max_tokens_cap": 2048, "max_batch_tokens": 65536})
+    run_with_user_config(
+        live, cluster, {"alloc_mb": 0, "max_prompt_tokens": 8192, "max_tokens_cap": 2048, "max_batch_tokens": 65536}
+    )
     token_calibration(incident.deployment)
     wizard, _ = wizards.start(actor(people), incident=incident)
     r3 = by_remedy(wizard)["R3"]
@@ -677,7 +846,9 @@ def test_caps_below_the_batch_limit_are_lowered_to_it_and_caps_that_fit_are_kept
     assert r3.values["reasons"]["max_prompt_tokens"].startswith("64, kept: a request brings at most 80 tokens")
 
 
-def test_without_a_per_token_measurement_r3_is_a_config_step_that_says_why_it_has_no_values(people, incident, live, cluster):
+def test_without_a_per_token_measurement_r3_is_a_config_step_that_says_why_it_has_no_values(
+    people, incident, live, cluster
+):
     run_with_user_config(live, cluster, {"alloc_mb": 0, **TOKEN_CAPS})
     wizard, _ = wizards.start(actor(people), incident=incident)
     r3 = by_remedy(wizard)["R3"]
@@ -695,7 +866,9 @@ def test_without_a_per_token_measurement_r3_is_a_config_step_that_says_why_it_ha
     assert not Change.objects.exists()
 
 
-def test_a_deployment_reading_only_one_cap_from_user_config_keeps_r3_a_checklist_that_says_so(people, incident, live, cluster):
+def test_a_deployment_reading_only_one_cap_from_user_config_keeps_r3_a_checklist_that_says_so(
+    people, incident, live, cluster
+):
     run_with_user_config(live, cluster, {"alloc_mb": 0, "max_tokens_cap": 128})
     token_calibration(incident.deployment)
     r3 = by_remedy(wizards.start(actor(people), incident=incident)[0])["R3"]

@@ -30,8 +30,14 @@ class Command(BaseCommand):
     help = __doc__
 
     def add_arguments(self, parser):
-        parser.add_argument("config", choices=CONFIGS, help="misbehaving: reproduces OOM kills under bursts; reference: as shipped.")
-        parser.add_argument("--cluster", default=DEMO_CLUSTER, help=f"The registered cluster (default {DEMO_CLUSTER}, as `make run` registers it).")
+        parser.add_argument(
+            "config", choices=CONFIGS, help="misbehaving: reproduces OOM kills under bursts; reference: as shipped."
+        )
+        parser.add_argument(
+            "--cluster",
+            default=DEMO_CLUSTER,
+            help=f"The registered cluster (default {DEMO_CLUSTER}, as `make run` registers it).",
+        )
 
     def handle(self, *args, config: str, cluster: str, **options):
         target = Cluster.objects.filter(name=cluster).first()
@@ -41,8 +47,12 @@ class Command(BaseCommand):
         app_config = next(app for app in json.loads(path.read_text())["applications"] if app["name"] == APPLICATION)
         actor = Actor.system(via="cli")
         try:
-            change = protocol.plan_restore(actor, target, app_configs={APPLICATION: app_config},
-                                           reason=f"Demo: switch {APPLICATION} to {path.relative_to(settings.BASE_DIR)}")
+            change = protocol.plan_restore(
+                actor,
+                target,
+                app_configs={APPLICATION: app_config},
+                reason=f"Demo: switch {APPLICATION} to {path.relative_to(settings.BASE_DIR)}",
+            )
             protocol.request_apply(actor, change)
         except ValidationError as exc:
             raise CommandError(" ".join(exc.messages)) from exc
@@ -55,8 +65,12 @@ class Command(BaseCommand):
         protocol.run(change.pk)
         change = _wait_final(change, timeout_s=settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S * 2 + 60)
         if change.state != ChangeState.SUCCEEDED:
-            raise CommandError(f"Change #{change.pk} {change.get_state_display().lower()}: {change.error or 'see its step log'}")
-        self.stdout.write(self.style.SUCCESS(f"{APPLICATION} on {target.name} runs {path.name}: change #{change.pk} verified."))
+            raise CommandError(
+                f"Change #{change.pk} {change.get_state_display().lower()}: {change.error or 'see its step log'}"
+            )
+        self.stdout.write(
+            self.style.SUCCESS(f"{APPLICATION} on {target.name} runs {path.name}: change #{change.pk} verified.")
+        )
 
 
 def _wait_final(change: Change, *, timeout_s: float) -> Change:
@@ -64,8 +78,10 @@ def _wait_final(change: Change, *, timeout_s: float) -> Change:
     change.refresh_from_db()
     while change.state not in FINAL_STATES:
         if time.monotonic() > deadline:
-            raise CommandError(f"Change #{change.pk} is still {change.get_state_display().lower()} after {timeout_s:.0f} s; "
-                               f"follow it at /changes/{change.pk}/.")
+            raise CommandError(
+                f"Change #{change.pk} is still {change.get_state_display().lower()} after {timeout_s:.0f} s; "
+                f"follow it at /changes/{change.pk}/."
+            )
         time.sleep(1)
         change.refresh_from_db()
     return change

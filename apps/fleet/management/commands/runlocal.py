@@ -89,7 +89,11 @@ class Command(BaseCommand):
                     f"  URL:      http://127.0.0.1:{port}/\n"
                     f"  Login:    {username} / {password}\n"
                     f"  API docs: http://127.0.0.1:{port}/api/docs/\n"
-                    + (f"  Ray:      {head.dashboard_url} (reference app at {head.serve_url}/reference)\n" if head else "")
+                    + (
+                        f"  Ray:      {head.dashboard_url} (reference app at {head.serve_url}/reference)\n"
+                        if head
+                        else ""
+                    )
                     + "Press Ctrl-C to stop everything.\n"
                 )
             )
@@ -178,8 +182,12 @@ class Supervisor:
     the restart is printed. Each process runs in a session of its own, so what it leaves behind
     (a prefork pool child still running a task) is ended with it before the new one starts."""
 
-    def __init__(self, commands: dict[str, list[str]], write: Callable[[str], object],
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        commands: dict[str, list[str]],
+        write: Callable[[str], object],
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._write, self._clock = write, clock
         self._children = {name: _Child(command) for name, command in commands.items()}
         for child in self._children.values():
@@ -239,7 +247,9 @@ def oom_headroom_gib(value: str | None) -> float | None:
     except ValueError:
         raise CommandError(f"{HEADROOM_VAR} must be a number of GiB, e.g. {HEADROOM_VAR}=3; got {value!r}.") from None
     if not 0 < gib < math.inf:
-        raise CommandError(f"{HEADROOM_VAR} must be more than 0 GiB (the memory Ray may use above the machine's use now); got {value!r}.")
+        raise CommandError(
+            f"{HEADROOM_VAR} must be more than 0 GiB (the memory Ray may use above the machine's use now); got {value!r}."
+        )
     return gib
 
 
@@ -248,8 +258,10 @@ def memory_monitor_line(threshold: float, usage: tuple[int, int], headroom_gib: 
     limit = threshold * total
     line = f"Ray memory monitor: kills above {limit / GIB:.1f} GiB used ({(limit - used) / GIB:.1f} GiB above now)"
     if threshold >= MAX_MEMORY_THRESHOLD:
-        line += (f"; capped at Ray's default, {MAX_MEMORY_THRESHOLD:.0%} of {total / GIB:.1f} GiB, short of the "
-                 f"{headroom_gib:g} GiB asked: above it the kernel's OOM killer may act first")
+        line += (
+            f"; capped at Ray's default, {MAX_MEMORY_THRESHOLD:.0%} of {total / GIB:.1f} GiB, short of the "
+            f"{headroom_gib:g} GiB asked: above it the kernel's OOM killer may act first"
+        )
     return line
 
 
