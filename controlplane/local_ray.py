@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from apps.clusters.network_policy import NetworkPolicy
-from apps.clusters.ray_dashboard import RayDashboard, RayError
+from integrations.ray.dashboard import RayDashboard
+from integrations.ray.errors import RayError
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_APP_DIR = REPO / "deploy" / "demo_app"

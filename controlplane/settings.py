@@ -59,7 +59,7 @@ INSTALLED_APPS = [
     "apps.incidents",
     "apps.remediation",
     "apps.calibration",
-    "apps.kubernetes_link",
+    "apps.kubernetes",
     "apps.liveness",
 ]
 
@@ -225,7 +225,7 @@ SPECTACULAR_SETTINGS = {
         "RolloutStateEnum": "apps.changes.models.Rollout.State",
         "MaintenanceRunStateEnum": "apps.maintenance.models.MaintenanceRun.State",
         "IncidentStatusEnum": "apps.incidents.models.Incident.Status",
-        "KubeResourceKindEnum": "apps.kubernetes_link.models.KubeLink.Kind",
+        "KubeResourceKindEnum": "apps.kubernetes.models.KubeLink.Kind",
     },
 }
 

@@ -12,7 +12,7 @@ from apps.changes.api import ChangeViewSet, PresetViewSet, RolloutViewSet
 from apps.clusters.api import ClusterViewSet
 from apps.fleet.api import ApplicationViewSet, ConfigRevisionViewSet, DeploymentViewSet
 from apps.incidents.api import IncidentViewSet, WebhookViewSet
-from apps.kubernetes_link.api import KubeConnectionViewSet, KubeLinkViewSet
+from apps.kubernetes.api import KubeConnectionViewSet, KubeLinkViewSet
 from apps.liveness import services as liveness
 from apps.maintenance.api import ProfileViewSet, RunViewSet, ScheduleViewSet
 from apps.remediation.api import FindingViewSet, WizardViewSet
@@ -68,7 +68,7 @@ urlpatterns = [
     path("", include("apps.incidents.urls")),
     path("", include("apps.remediation.urls")),
     path("", include("apps.calibration.urls")),
-    path("", include("apps.kubernetes_link.urls")),
+    path("", include("apps.kubernetes.urls")),
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include(router.urls)),

@@ -9,7 +9,7 @@ from rest_framework.test import APIClient
 
 from apps.accounts.models import Membership, Role, Team
 from apps.clusters import network_policy
-from apps.clusters.ray_dashboard import RayDashboard
+from integrations.ray.dashboard import RayDashboard
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ray"
 

@@ -20,7 +20,7 @@ import yaml
 from kmock import KubernetesScaffold, Server
 
 from apps.clusters import secrets
-from apps.kubernetes_link.models import KubeConnection
+from apps.kubernetes.models import KubeConnection
 from tests.unit.test_kube_adapter import TOKEN, FakeKube, fixture, kubeconfig
 
 ML = "/apis/ray.io/v1/namespaces/ml"

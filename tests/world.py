@@ -23,8 +23,8 @@ from apps.fleet import sync
 from apps.fleet.models import Application, ConfigRevision, Deployment
 from apps.incidents import services as incidents
 from apps.incidents.models import Incident, Webhook
-from apps.kubernetes_link import services as kube
-from apps.kubernetes_link.models import KubeLink
+from apps.kubernetes import services as kube
+from apps.kubernetes.models import KubeLink
 from apps.maintenance import services as maintenance
 from apps.remediation import findings, wizards
 from apps.remediation.models import Finding

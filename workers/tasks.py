@@ -8,8 +8,8 @@ from celery import shared_task
 from django.conf import settings
 
 from apps.fleet import sync
-from apps.incidents.webhook_client import DeliveryError
 from apps.incidents.webhooks import RETRY_BACKOFF_MAX_S
+from integrations.webhook_client import DeliveryError
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 @shared_task(name="fleet.sync_cluster", ignore_result=True, acks_late=True)
 def sync_cluster(cluster_id: int) -> None:
     from apps.incidents import services as incidents
-    from apps.kubernetes_link.services import is_linked
+    from apps.kubernetes.services import is_linked
     from apps.remediation import findings
 
     outcome = sync.sync_cluster(cluster_id)
@@ -38,7 +38,7 @@ def sync_cluster(cluster_id: int) -> None:
 @shared_task(name="kube.inspect_cluster", ignore_result=True, acks_late=True)
 def inspect_kubernetes(cluster_id: int) -> None:
     """K1-K4 findings, kernel OOM kills and the pods snapshot of a cluster linked to Kubernetes."""
-    from apps.kubernetes_link import inspection
+    from apps.kubernetes import inspection
 
     inspection.inspect(cluster_id)
 

@@ -19,10 +19,11 @@ from django.utils import timezone
 from apps.accounts.audit import Actor, record
 from apps.calibration.curve import AXES, MIB, CalibrationOutputError, Curve, parse_output, reported_error
 from apps.calibration.models import MemoryCalibration
-from apps.clusters.ray_dashboard import JobInfo, NodeMemory, RayError, RayJobNotFound, RayTimeout, RayUnreachable
 from apps.clusters.services import dashboard_for
 from apps.fleet.models import Deployment
 from apps.maintenance.models import WarmupProfile
+from integrations.ray.errors import RayError, RayJobNotFound, RayTimeout, RayUnreachable
+from integrations.ray.payloads import JobInfo, NodeMemory
 
 __all__ = ["Curve", "latest_curve", "parse_output", "poll", "request_calibration"]
 

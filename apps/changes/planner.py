@@ -21,8 +21,8 @@ from apps.changes.fields import (
     without_unknown,
 )
 from apps.changes.validation import conflicts
-from apps.clusters.ray_dashboard import ServeStatus
 from apps.fleet.configs import config_hash, unified_diff
+from integrations.ray.payloads import ServeStatus
 
 
 class PlanError(ValueError):

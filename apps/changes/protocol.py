@@ -16,16 +16,16 @@ from django.utils import timezone
 
 from apps.accounts.audit import Actor, record
 from apps.changes import planner
+from apps.changes.config_writers import WriterUnavailable, owner_waiting_for, writer_for
 from apps.changes.models import ACTIVE_STATES, Change, ChangeState, ChangeStep, Preset
 from apps.changes.signals import change_finished
 from apps.changes.validation import preset_or_options, validate_options
-from apps.changes.writers import WriterUnavailable, owner_waiting_for, writer_for
 from apps.clusters.models import Cluster
-from apps.clusters.ray_dashboard import RayError, RayValidationError, ServeStatus
 from apps.clusters.services import dashboard_for
 from apps.fleet.configs import config_hash, unified_diff
-from apps.kube.adapter import KubeConflict, KubeError
-from apps.kube.objects import ServeConfigError
+from integrations.errors import AdapterConflict, AdapterError
+from integrations.ray.errors import RayError, RayValidationError
+from integrations.ray.payloads import ServeStatus
 
 log = logging.getLogger(__name__)
 
@@ -224,12 +224,12 @@ def _push_and_verify(change: Change) -> None:
             return _finish(change, ChangeState.FAILED, f"The push did not reach Ray ({exc.message}); nothing changed.")
         _step(change, f"The push answered with an error ({exc.message}); verifying what the cluster runs.")
     # Only the RayService writer raises these (a cluster whose config a KubeRay RayService owns).
-    except KubeConflict as exc:
+    except AdapterConflict as exc:
         # serveConfigV2 changed since the plan, or kept changing under the writer: nothing was written.
         return _finish(
             change, ChangeState.DRIFTED, f"{exc.message} The RayService changed outside this change: re-plan."
         )
-    except (KubeError, ServeConfigError) as exc:
+    except AdapterError as exc:
         # As with a Ray timeout, a patch whose answer was lost may have landed: only a read-back
         # without the new config lets the change end as "nothing changed".
         if not getattr(exc, "transient", False) or not writer.may_hold(change.new_config):
@@ -271,7 +271,7 @@ def roll_back(change: Change, why: str) -> None:
         times = {}
     try:
         writer_for(change.cluster).push(change.base_config)
-    except (RayError, KubeError, ServeConfigError, WriterUnavailable) as exc:
+    except (AdapterError, WriterUnavailable) as exc:
         return _finish(
             change, ChangeState.ROLLBACK_FAILED, f"{why}\nThe rollback push failed too: {_message(exc)}", error=True
         )

@@ -9,6 +9,10 @@ class ClustersConfig(AppConfig):
     def ready(self) -> None:
         from apps.clusters import network_policy
         from apps.clusters.models import EgressRule
+        from integrations import egress
+
+        # The outbound clients vet every address against the allow-list this app keeps.
+        egress.use_policy(network_policy.current)
 
         # This process sees an allow-list edit at once; others within network_policy.CACHE_S.
         for signal in (post_save, post_delete):

@@ -7,6 +7,7 @@ from django.db.models import OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
 from apps.accounts.models import Team
+from apps.clusters.egress_rules import normalize_rule
 
 
 class Reachability(models.TextChoices):
@@ -226,6 +227,4 @@ class EgressRule(models.Model):
         return self.value
 
     def clean(self) -> None:
-        from apps.clusters.network_policy import normalize_rule
-
         self.value = normalize_rule(self.kind, self.value)

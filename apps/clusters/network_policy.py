@@ -2,25 +2,24 @@
 the networks of FLEETDECK_CLUSTER_NETWORKS, and the addresses that are always refused.
 
 Registration forms check a URL against it once; every connection checks each resolved address
-again (apps/clusters/egress.py). A policy is read once per client, never per connection, so an
-HTTP client used from worker threads never touches the database."""
+again (integrations/egress.py, which this app points at `current`). A policy is read once per
+client, never per connection, so an HTTP client used from worker threads never touches the database."""
 
 from __future__ import annotations
 
 import ipaddress
-import re
 import threading
 import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
+
+from apps.clusters.models import EgressRule
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # Cloud metadata services that are not link-local (AWS over IPv6, Alibaba Cloud).
 METADATA_ADDRESSES = {ipaddress.ip_address("fd00:ec2::254"), ipaddress.ip_address("100.100.100.200")}
-HOST_RULE = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
 # Rules change rarely; worker processes see an edit within this many seconds.
 CACHE_S = 5.0
 
@@ -60,48 +59,12 @@ def _never(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return never or (mapped is not None and (mapped.is_link_local or mapped in METADATA_ADDRESSES))
 
 
-def normalize_rule(kind: str, raw: str) -> str:
-    """The canonical form of an allow-list entry, or ValidationError saying what is wrong."""
-    value = (raw or "").strip().lower().rstrip(".")
-    if kind == "network":
-        try:
-            network = ipaddress.ip_network(value, strict=False)
-        except ValueError as exc:
-            raise ValidationError(
-                {"value": f"{raw!r} is not a network: write it as an address or CIDR, e.g. 10.20.0.0/16."}
-            ) from exc
-        if network.prefixlen == 0:
-            # Allowing everything is what an empty list already does, and hides the list's purpose.
-            raise ValidationError(
-                {"value": "A network of every address allows everything: delete the entries instead."}
-            )
-        return str(network)
-    if kind == "host":
-        try:
-            ipaddress.ip_address(value.strip("[]"))
-        except ValueError:
-            pass
-        else:
-            raise ValidationError({"value": "That is an address: add it as a network (e.g. 10.0.0.7/32)."})
-        if not HOST_RULE.match(value) or len(value) > 253:
-            raise ValidationError(
-                {
-                    "value": f"{raw!r} is not a host name: letters, digits, dashes and dots, "
-                    "optionally starting with '*.' for every name under a domain."
-                }
-            )
-        return value
-    raise ValidationError({"kind": "Choose network or host."})
-
-
 _lock = threading.Lock()
 _cached: dict[tuple, NetworkPolicy] = {}
 
 
 def current() -> NetworkPolicy:
     """The policy in force: the environment's networks and the administrators' rules."""
-    from apps.clusters.models import EgressRule
-
     key = tuple(settings.FLEETDECK_CLUSTER_NETWORKS)
     with _lock:
         policy = _cached.get(key)

@@ -13,8 +13,10 @@ from apps.accounts.audit import Actor, record
 from apps.accounts.models import Team
 from apps.clusters import secrets
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
-from apps.clusters.ray_dashboard import RayDashboard, RayError, RayTimeout, RayUnreachable, ServeStatus, VersionInfo
 from apps.clusters.validation import checked_url, validate_labels
+from integrations.ray.dashboard import RayDashboard
+from integrations.ray.errors import RayError, RayTimeout, RayUnreachable
+from integrations.ray.payloads import ServeStatus, VersionInfo
 
 
 class ConnectionRefused(ValidationError):

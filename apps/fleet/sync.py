@@ -17,11 +17,12 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
-from apps.clusters.ray_dashboard import ApplicationStatus, DeploymentStatus, RayError, ServeStatus, VersionInfo
 from apps.clusters.secrets import SecretUnreadable
 from apps.clusters.services import dashboard_for, mark_unreachable
 from apps.fleet.configs import application_revision, config_hash, key_settings, submitted_deployment
 from apps.fleet.models import Application, ConfigRevision, Deployment
+from integrations.ray.errors import RayError
+from integrations.ray.payloads import ApplicationStatus, DeploymentStatus, ServeStatus, VersionInfo
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from apps.clusters.filters import ClusterFilter
 from apps.clusters.models import Cluster
 from apps.fleet.history import previous_revision, revision_diff
 from apps.fleet.models import Application, ConfigRevision, Deployment
-from apps.kubernetes_link.views import card_context as kube_card
+from apps.kubernetes.views import card_context as kube_card
 
 PAGE_SIZE = 50
 

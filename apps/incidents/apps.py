@@ -4,3 +4,9 @@ from django.apps import AppConfig
 class IncidentsConfig(AppConfig):
     name = "apps.incidents"
     label = "incidents"
+
+    def ready(self) -> None:
+        from apps.clusters.pod_kill_events import ray_pods_oom_killed
+        from apps.incidents.pod_kills import on_ray_pods_oom_killed
+
+        ray_pods_oom_killed.connect(on_ray_pods_oom_killed, dispatch_uid="incidents.on_ray_pods_oom_killed")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from apps.clusters.ray_dashboard import Actor
+from integrations.ray.payloads import Actor
 
 USAGE = re.compile(r"Memory usage (\d+)B exceeded threshold of (\d+)B")
 NODE = re.compile(r"\(IP: ([^,]+),")

@@ -6,38 +6,15 @@ pod's IP), and each kill is recorded once however often the pod is read again.""
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
 
 from apps.clusters.models import Cluster
+from apps.clusters.pod_kill_events import PodKill
 from apps.incidents.causes import KernelOomContext, rank_kernel_oom_causes, severity
 from apps.incidents.models import Incident, PodKillRecord
 from apps.incidents.services import _open_or_extend
-
-
-@dataclass(frozen=True)
-class PodKill:
-    key: str
-    namespace: str
-    pod: str
-    pod_ip: str
-    container: str
-    node: str
-    ray_node_type: str
-    ray_group: str
-    exit_code: int | None
-    finished_at: datetime | None
-    restart_count: int
-    memory_limit_bytes: float | None
-    ray_memory_bytes: int | None
-    ray_memory_source: str
-
-    @property
-    def node_key(self) -> str:
-        # A restarted container keeps its pod and IP; a pod without an IP still names a node.
-        return self.pod_ip or self.pod[:64]
 
 
 def record_pod_kills(cluster: Cluster, kills: list[PodKill], *, restarts: list[dict]) -> list[int]:
@@ -56,6 +33,10 @@ def record_pod_kills(cluster: Cluster, kills: list[PodKill], *, restarts: list[d
         if kill.key not in known:
             by_pod[kill.node_key].append(kill)
     return [_record(cluster, node_key, pod_kills, restarts) for node_key, pod_kills in sorted(by_pod.items())]
+
+
+def on_ray_pods_oom_killed(sender, *, cluster: Cluster, kills: list[PodKill], restarts: list[dict], **kwargs) -> None:
+    record_pod_kills(cluster, kills, restarts=restarts)
 
 
 def _record(cluster: Cluster, node_key: str, kills: list[PodKill], restarts: list[dict]) -> int:

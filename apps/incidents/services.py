@@ -13,10 +13,9 @@ from django.utils import timezone
 
 from apps.accounts.audit import Actor, record
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
-from apps.clusters.ray_dashboard import RayError
 from apps.clusters.services import dashboard_for
 from apps.fleet.models import Deployment
-from apps.incidents import cluster_history, detectors, prometheus, ray_metrics, signals, webhooks
+from apps.incidents import cluster_history, detectors, prometheus_readings, signals, webhooks
 from apps.incidents.causes import (
     LatencyContext,
     OomContext,
@@ -29,6 +28,8 @@ from apps.incidents.causes import (
 )
 from apps.incidents.models import Incident, IncidentEvent, NodeWindow, OomKillRecord, ScrapeState, SignalWindow
 from apps.incidents.oom import OomKill, oom_kills
+from integrations import ray_metrics
+from integrations.ray.errors import RayError
 
 RECENT = timedelta(minutes=15)
 # Readings an OOM incident keeps from before it began: the build-up to the kill.
@@ -287,7 +288,7 @@ def collect_metrics(cluster_id: int) -> list[int]:
 
 def _prometheus_reading(cluster: Cluster):
     try:
-        reading = prometheus.read(
+        reading = prometheus_readings.read(
             cluster.prometheus_url, cluster.prometheus_selector, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S
         )
     except ray_metrics.MetricsUnavailable as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from apps.incidents.ray_metrics import Scrape
+from integrations.ray_metrics import Scrape
 
 LATENCY = "ray_serve_deployment_processing_latency_ms"
 REQUESTS = "ray_serve_deployment_request_counter_total"

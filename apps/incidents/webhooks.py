@@ -11,8 +11,8 @@ from django.utils import timezone
 from apps.accounts.audit import Actor, record
 from apps.clusters import secrets
 from apps.clusters.validation import checked_url
-from apps.incidents import webhook_client
 from apps.incidents.models import Incident, Webhook, WebhookDelivery
+from integrations import webhook_client
 
 MAX_ATTEMPTS = 6
 # The longest wait between two attempts (the task's retry backoff cap).

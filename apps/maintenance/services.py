@@ -20,12 +20,12 @@ from apps.accounts.audit import Actor, record
 from apps.changes import protocol
 from apps.changes.models import ACTIVE_STATES, Change, ChangeState
 from apps.clusters.models import Reachability
-from apps.clusters.ray_dashboard import RayError
 from apps.clusters.services import dashboard_for
 from apps.fleet.models import Deployment
 from apps.maintenance import schedule as timing
-from apps.maintenance import serve_http
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
+from integrations import serve_http
+from integrations.ray.errors import RayError
 
 GENERATION_VAR = "FLEETDECK_RECYCLE_GENERATION"
 METHODS = {"GET", "POST", "PUT", "HEAD"}

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 from django.core.exceptions import ValidationError
 
-from apps.clusters.ray_dashboard import NodeMemory, RayError
 from apps.clusters.services import dashboard_for
+from integrations.ray.errors import RayError
+from integrations.ray.payloads import NodeMemory
 
 
 @dataclass(frozen=True)

@@ -90,8 +90,12 @@ def recompute(cluster_id: int) -> dict:
     return _reconcile(cluster, wanted, owned=~Q(rule__in=rules.KUBE_IDS))
 
 
+def on_kube_findings_checked(sender, *, cluster: Cluster, findings: list, complete: bool, **kwargs) -> None:
+    recompute_kube(cluster, findings, complete=complete)
+
+
 def recompute_kube(cluster: Cluster, kube_findings: list, *, complete: bool) -> dict:
-    """Store the K1-K4 findings of a Kubernetes inspection (`apps.kube.checks.Finding`). Several
+    """Store the K1-K4 findings of a Kubernetes inspection (`apps.kubernetes.checks.Finding`). Several
     findings of one rule on one subject become one row. When the inspection saw only part of
     the cluster (`complete` false), findings it did not see again stay open rather than resolve."""
     wanted: dict[tuple[str, str, str, str], _Row] = {}

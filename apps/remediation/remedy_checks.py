@@ -11,11 +11,11 @@ from django.db import transaction
 
 from apps.accounts.audit import Actor, record
 from apps.incidents.models import Incident, SignalWindow
-from apps.maintenance import serve_http
 from apps.maintenance.models import RecycleSchedule
 from apps.remediation.findings import cold_start_ratio
 from apps.remediation.models import Wizard, WizardStep
 from apps.remediation.wizards import WizardError, _bump, _locked, _step
+from integrations import serve_http
 
 Status = WizardStep.Status
 COLD_START_FACTOR = 3.0

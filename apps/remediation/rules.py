@@ -276,7 +276,7 @@ CLUSTER_RULES = [
 ]
 
 # The playbook's Kubernetes checks. They judge KubeRay resources and pods, not a Serve config, so
-# `apps.kube.checks` computes them from what the Kubernetes API reports; these entries give them a
+# `apps.kubernetes.checks` computes them from what the Kubernetes API reports; these entries give them a
 # title and a reason on the findings page, in the API and for muting. None is an R-remedy.
 KUBE_RULES = [
     Rule(

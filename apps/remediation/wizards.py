@@ -18,12 +18,12 @@ from apps.accounts.audit import Actor, record
 from apps.calibration import services as calibrations
 from apps.changes import protocol
 from apps.changes.models import Change, ChangeState
-from apps.clusters.ray_dashboard import RayError
 from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, IncidentEvent
 from apps.remediation import diagnosis
 from apps.remediation.catalogue import CONFIG_REMEDIES, GUIDANCE, REMEDIES
 from apps.remediation.models import Finding, Wizard, WizardStep
+from integrations.ray.errors import RayError
 
 Status = WizardStep.Status
 

@@ -8,9 +8,9 @@ import httpx
 import pytest
 
 from apps.clusters.models import Cluster
-from apps.clusters.ray_dashboard import RayDashboard
 from apps.fleet import sync
 from apps.fleet.models import Application, ConfigRevision, Deployment
+from integrations.ray.dashboard import RayDashboard
 from tests.conftest import two_app_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.django_db]

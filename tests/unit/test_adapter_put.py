@@ -8,14 +8,8 @@ import json
 import httpx
 import pytest
 
-from apps.clusters.ray_dashboard import (
-    USER_AGENT,
-    RayBadResponse,
-    RayDashboard,
-    RayTimeout,
-    RayUnreachable,
-    RayValidationError,
-)
+from integrations.ray.dashboard import USER_AGENT, RayDashboard
+from integrations.ray.errors import RayBadResponse, RayTimeout, RayUnreachable, RayValidationError
 from tests.conftest import FIXTURES, ReplayRay, ray_fixture
 
 SERVE = "/api/serve/applications/"

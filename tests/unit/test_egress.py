@@ -10,9 +10,9 @@ import threading
 import httpx
 import pytest
 
-from apps.clusters import egress
-from apps.clusters.ray_dashboard import RayDashboard, RayUnreachable
-from apps.incidents import webhook_client
+from integrations import egress, webhook_client
+from integrations.ray.dashboard import RayDashboard
+from integrations.ray.errors import RayUnreachable
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from django.urls import reverse
 from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.fleet.models import Deployment
-from apps.kubernetes_link.forms import ConnectionForm
+from apps.kubernetes.forms import ConnectionForm
 from apps.maintenance.forms import ProfileForm, ScheduleForm
 
 pytestmark = pytest.mark.django_db
@@ -68,5 +68,5 @@ def test_the_recycle_and_warmup_forms_put_each_checkbox_inside_its_label(client,
 
 def test_the_kubernetes_connection_form_puts_each_checkbox_inside_its_label(client, people):
     client.force_login(people["root"])
-    html = client.get(reverse("kubernetes_link:connection_create")).content.decode()
+    html = client.get(reverse("kubernetes:connection_create")).content.decode()
     assert checkbox_labels(html) == ["in_cluster", "read_only"]

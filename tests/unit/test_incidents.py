@@ -12,12 +12,13 @@ from django.utils import timezone
 
 from apps.changes.models import Change
 from apps.clusters.models import Cluster
-from apps.clusters.ray_dashboard import _parse_actor
 from apps.fleet import sync
 from apps.fleet.models import Deployment
-from apps.incidents import ray_metrics, services, signals
+from apps.incidents import services, signals
 from apps.incidents.models import Incident
 from apps.incidents.oom import oom_kills, replica_of
+from integrations import ray_metrics
+from integrations.ray.parsing import parse_actor
 from tests.conftest import FIXTURES, ray_fixture
 
 DEAD = "state_actors_dead_oom_t1_modelonly_detail.json"
@@ -31,7 +32,7 @@ def metrics(name: str, at: float = 100.0) -> ray_metrics.Scrape:
 
 
 def test_an_oom_killed_replica_is_read_from_its_death_cause():
-    actors = [_parse_actor(a) for a in ray_fixture(DEAD)["data"]["result"]["result"]]
+    actors = [parse_actor(a) for a in ray_fixture(DEAD)["data"]["result"]["result"]]
     kills = oom_kills(actors)
     assert len(kills) == 1
     kill = kills[0]

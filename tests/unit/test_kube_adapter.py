@@ -19,8 +19,9 @@ import pytest
 from kmock import KubernetesError, KubernetesScaffold
 from kubernetes import client
 
-from apps.kube.adapter import (
-    KubeAdapter,
+from apps.kubernetes.rayservice import RayServiceDrift, RayServiceWriter, dump_serve_config, read_serve_config, status
+from integrations.kubernetes.adapter import KubeAdapter
+from integrations.kubernetes.errors import (
     KubeBadResponse,
     KubeConfigInvalid,
     KubeConflict,
@@ -30,8 +31,7 @@ from apps.kube.adapter import (
     KubeUnauthorized,
     KubeUnavailable,
 )
-from apps.kube.objects import ServeConfigError, parse_serve_config_v2
-from apps.kube.rayservice import RayServiceDrift, RayServiceWriter, dump_serve_config, read_serve_config, status
+from integrations.kubernetes.kuberay import ServeConfigError, parse_serve_config_v2
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "kube"
 TOKEN = "fleetdeck-sa-token"

@@ -8,7 +8,7 @@ import yaml
 
 from apps.accounts.models import AuditEvent
 from apps.clusters.models import Cluster
-from apps.kubernetes_link.models import KubeConnection, KubeLink
+from apps.kubernetes.models import KubeConnection, KubeLink
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)
 from tests.unit.test_kube_adapter import TOKEN, fixture, kubeconfig
 
@@ -226,7 +226,7 @@ def test_only_admins_unlink(api_as, linked, who, status):
 
 
 def test_findings_carry_the_subject_and_message_of_kubernetes_checks(api_as, linked):
-    from apps.kube.checks import Finding as KubeFinding
+    from apps.kubernetes.checks import Finding as KubeFinding
     from apps.remediation import findings
 
     findings.recompute_kube(

@@ -10,16 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from apps.kube.checks import check_k1, check_k2, check_k3, check_k4
-from apps.kube.objects import (
-    parse_hpa,
-    parse_pod,
-    parse_quantity,
-    parse_raycluster,
-    parse_rayservice,
-    parse_scaled_object,
-)
-from apps.kube.oomkilled import oomkilled, ray_restarts
+from apps.kubernetes.checks import check_k1, check_k2, check_k3, check_k4
+from apps.kubernetes.oomkilled import oomkilled, ray_restarts
+from integrations.kubernetes.autoscalers import parse_hpa, parse_scaled_object
+from integrations.kubernetes.fields import parse_quantity
+from integrations.kubernetes.kuberay import parse_raycluster, parse_rayservice
+from integrations.kubernetes.pods import parse_pod
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "kube"
 GIB = 2**30

@@ -13,8 +13,8 @@ from apps.accounts.audit import Actor
 from apps.accounts.models import AuditEvent
 from apps.clusters import secrets
 from apps.clusters.models import Cluster
-from apps.kubernetes_link import discovery, services
-from apps.kubernetes_link.models import KubeConnection, KubeLink
+from apps.kubernetes import discovery, services
+from apps.kubernetes.models import KubeConnection, KubeLink
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)
 from tests.unit.test_kube_adapter import failure, fixture, forbidden, kubeconfig
 
@@ -256,7 +256,7 @@ def named_connection(kube, team, server: str) -> KubeConnection:
 def resolving(monkeypatch, address: str) -> None:
     import socket
 
-    from apps.clusters import egress
+    from integrations import egress
 
     def fake(host, port, *args, **kwargs):
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
@@ -265,7 +265,7 @@ def resolving(monkeypatch, address: str) -> None:
 
 
 def test_the_api_server_is_reached_at_the_address_the_allow_list_vetted(kube, team, monkeypatch):
-    from apps.kubernetes_link.client import adapter_for
+    from apps.kubernetes.adapters import adapter_for
 
     serve_kuberay(kube)
     port = kube.url.rsplit(":", 1)[1]
@@ -277,7 +277,7 @@ def test_the_api_server_is_reached_at_the_address_the_allow_list_vetted(kube, te
 
 
 def test_tls_to_a_pinned_api_server_is_verified_against_its_name(team, monkeypatch):
-    from apps.kubernetes_link.client import adapter_for
+    from apps.kubernetes.adapters import adapter_for
 
     resolving(monkeypatch, "10.1.2.3")
     conn = KubeConnection.objects.create(

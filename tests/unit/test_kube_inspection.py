@@ -13,8 +13,8 @@ from apps.accounts.audit import Actor
 from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.incidents.models import Incident, PodKillRecord
-from apps.kubernetes_link import inspection, services
-from apps.kubernetes_link.models import KubeLink
+from apps.kubernetes import inspection, services
+from apps.kubernetes.models import KubeLink
 from apps.remediation import findings
 from apps.remediation.models import Finding
 from apps.remediation.rules import KUBE_IDS

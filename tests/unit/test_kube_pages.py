@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from apps.clusters.models import Cluster
 from apps.incidents.models import Incident, PodKillRecord
-from apps.kube.checks import Finding as KubeFinding
-from apps.kubernetes_link.models import KubeConnection, KubeLink
+from apps.kubernetes.checks import Finding as KubeFinding
+from apps.kubernetes.models import KubeConnection, KubeLink
 from apps.remediation import findings
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)
 from tests.unit.test_kube_adapter import failure, fixture, forbidden, kubeconfig
@@ -35,10 +35,10 @@ def page(client, url_name, *args, **query) -> str:
 
 
 def test_the_connections_page_has_an_empty_state_and_an_add_button_for_admins(login):
-    viewer = page(login("viewer"), "kubernetes_link:connections")
+    viewer = page(login("viewer"), "kubernetes:connections")
     assert "No Kubernetes connections yet." in viewer and "Add a connection" not in viewer
-    assert "Add a connection" in page(login("admin"), "kubernetes_link:connections")
-    assert login("operator").get(reverse("kubernetes_link:connection_create")).status_code == 403
+    assert "Add a connection" in page(login("admin"), "kubernetes:connections")
+    assert login("operator").get(reverse("kubernetes:connection_create")).status_code == 403
 
 
 def test_an_admin_adds_a_connection_and_lands_on_its_discovery(login, kube):
@@ -49,7 +49,7 @@ def test_an_admin_adds_a_connection_and_lands_on_its_discovery(login, kube):
     client = login("admin")
 
     response = client.post(
-        reverse("kubernetes_link:connection_create"),
+        reverse("kubernetes:connection_create"),
         {
             "name": "prod",
             "team": KubeConnection._meta.get_field("team").related_model.objects.get().pk,
@@ -61,10 +61,8 @@ def test_an_admin_adds_a_connection_and_lands_on_its_discovery(login, kube):
     )
 
     created = KubeConnection.objects.get()
-    assert response.status_code == 302 and response["Location"] == reverse(
-        "kubernetes_link:connection", args=[created.pk]
-    )
-    discovery = page(client, "kubernetes_link:connection", created.pk)
+    assert response.status_code == 302 and response["Location"] == reverse("kubernetes:connection", args=[created.pk])
+    discovery = page(client, "kubernetes:connection", created.pk)
     assert "RayService</strong> ml/vision" in discovery and "RayCluster</strong> ml/batch" in discovery
     assert "http://vision-head-svc.ml.svc:8265" in discovery and ">Register</a>" in discovery
     assert "vision-raycluster-7x9kq" in discovery  # the RayService's active cluster, not offered on its own
@@ -73,7 +71,7 @@ def test_an_admin_adds_a_connection_and_lands_on_its_discovery(login, kube):
 
 def test_a_bad_kubeconfig_is_explained_on_the_form(login, team):
     response = login("admin").post(
-        reverse("kubernetes_link:connection_create"),
+        reverse("kubernetes:connection_create"),
         {"name": "prod", "team": team.pk, "kubeconfig": "clusters: [", "namespaces": "ml"},
     )
     assert response.status_code == 200 and "not valid YAML" in response.content.decode()
@@ -88,10 +86,10 @@ def test_discovery_shows_partial_results_and_errors_in_words(login, kube, team):
     partial = connection(kube, team, namespaces=("finance", "ml"))
     expired = connection(kube, team, name="expired", token="expired")
 
-    shown = page(login("viewer"), "kubernetes_link:connection", partial.pk)
+    shown = page(login("viewer"), "kubernetes:connection", partial.pk)
     assert "Partial result" in shown and "Forbidden to list rayclusters.ray.io in namespace finance" in shown
     assert ">Register</a>" not in shown  # viewers look, admins register
-    refused = page(login("viewer"), "kubernetes_link:connection", expired.pk)
+    refused = page(login("viewer"), "kubernetes:connection", expired.pk)
     assert "Nothing could be listed." in refused and "missing, expired or revoked" in refused
 
 
@@ -99,13 +97,13 @@ def test_discovery_with_nothing_found_and_missing_crds(login, kube, team):
     kube.serve_list(f"{ML}/rayservices", "RayService", [])
     kube.serve_list(f"{ML}/rayclusters", "RayCluster", [])
     assert "No RayCluster or RayService in ml." in page(
-        login("viewer"), "kubernetes_link:connection", connection(kube, team).pk
+        login("viewer"), "kubernetes:connection", connection(kube, team).pk
     )
     (kube.kmock[f"get {ML}/rayservices"] ** 1) << failure(
         404, "NotFound", "the server could not find the requested resource"
     )
     missing = connection(kube, team, name="nocrds")
-    assert "KubeRay CRDs are not installed" in page(login("viewer"), "kubernetes_link:connection", missing.pk)
+    assert "KubeRay CRDs are not installed" in page(login("viewer"), "kubernetes:connection", missing.pk)
 
 
 def test_registering_from_discovery_creates_a_linked_cluster(login, kube, team, use_replay):
@@ -114,10 +112,10 @@ def test_registering_from_discovery_creates_a_linked_cluster(login, kube, team, 
     client = login("admin")
     resource = {"kind": "RayService", "namespace": "ml", "name": "vision"}
 
-    form = page(client, "kubernetes_link:register", created.pk, **resource)
+    form = page(client, "kubernetes:register", created.pk, **resource)
     assert 'value="vision"' in form and "serveConfigV2" in form
     response = client.post(
-        reverse("kubernetes_link:register", args=[created.pk]), resource | {"cluster_name": "vision-prod"}
+        reverse("kubernetes:register", args=[created.pk]), resource | {"cluster_name": "vision-prod"}
     )
 
     cluster = Cluster.objects.get()
@@ -131,7 +129,7 @@ def test_a_token_no_header_can_carry_is_refused_on_the_register_form(login, kube
     created = connection(kube, team)
 
     response = login("admin").post(
-        reverse("kubernetes_link:register", args=[created.pk]),
+        reverse("kubernetes:register", args=[created.pk]),
         {"kind": "RayService", "namespace": "ml", "name": "vision", "cluster_name": "vision-prod", "token": token},
     )
 
@@ -150,7 +148,7 @@ def test_a_dashboard_that_does_not_answer_is_explained_on_the_register_form(logi
     created = connection(kube, team)
 
     response = login("admin").post(
-        reverse("kubernetes_link:register", args=[created.pk]),
+        reverse("kubernetes:register", args=[created.pk]),
         {"kind": "RayService", "namespace": "ml", "name": "vision", "cluster_name": "vision-prod"},
     )
 
@@ -164,12 +162,12 @@ def test_linking_from_discovery_links_an_existing_cluster(login, kube, team):
     created = connection(kube, team)
 
     response = login("admin").post(
-        reverse("kubernetes_link:link", args=[created.pk]),
+        reverse("kubernetes:link", args=[created.pk]),
         {"cluster": cluster.pk, "kind": "RayService", "namespace": "ml", "name": "vision"},
     )
 
     assert response.status_code == 302 and KubeLink.objects.get().cluster == cluster
-    assert login("operator").post(reverse("kubernetes_link:link", args=[created.pk]), {}).status_code == 403
+    assert login("operator").post(reverse("kubernetes:link", args=[created.pk]), {}).status_code == 403
 
 
 def test_the_cluster_page_card_without_a_link_says_how_to_get_one(login, team):

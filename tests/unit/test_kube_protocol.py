@@ -15,7 +15,7 @@ from apps.changes import protocol
 from apps.changes.models import Change, ChangeState
 from apps.clusters.models import Cluster
 from apps.fleet import sync
-from apps.kubernetes_link.models import KubeLink
+from apps.kubernetes.models import KubeLink
 from tests.conftest import ray_fixture
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)
 from tests.unit.test_kube_adapter import failure, fixture, forbidden
@@ -250,8 +250,9 @@ def test_a_cluster_linked_to_a_raycluster_is_not_pushed_through_the_dashboard_ei
 def test_discovery_inspection_and_a_change_call_exactly_what_the_rbac_roles_grant(
     kube, cluster, rayservice, people, use_replay, monkeypatch
 ):
-    from apps.kube.adapter import READS, WRITES, KubeAdapter
-    from apps.kubernetes_link import discovery, inspection
+    from apps.kubernetes import discovery, inspection
+    from integrations.kubernetes.adapter import KubeAdapter
+    from integrations.kubernetes.kinds import READS, WRITES
     from tests.kubeapi import serve_namespace
 
     called = set()

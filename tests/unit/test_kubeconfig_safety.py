@@ -13,10 +13,11 @@ from django.urls import reverse
 
 from apps.accounts.audit import Actor
 from apps.clusters import secrets
-from apps.kube.adapter import KubeAdapter, KubeConfigInvalid
-from apps.kubernetes_link import discovery, services
-from apps.kubernetes_link.client import adapter_for
-from apps.kubernetes_link.models import KubeConnection
+from apps.kubernetes import discovery, services
+from apps.kubernetes.adapters import adapter_for
+from apps.kubernetes.models import KubeConnection
+from integrations.kubernetes.adapter import KubeAdapter
+from integrations.kubernetes.errors import KubeConfigInvalid
 from tests.unit.test_kube_adapter import kubeconfig
 
 URL = "/api/v1/kube/connections/"
@@ -184,18 +185,18 @@ def test_only_superusers_move_an_in_cluster_connection_to_other_namespaces(api_a
 def test_the_form_offers_in_cluster_credentials_to_superusers_only(client, people, team):
     label = "Use Fleetdeck&#x27;s own service account"
     client.force_login(people["admin"])
-    assert label not in client.get(reverse("kubernetes_link:connection_create")).content.decode()
+    assert label not in client.get(reverse("kubernetes:connection_create")).content.decode()
     response = client.post(
-        reverse("kubernetes_link:connection_create"),
+        reverse("kubernetes:connection_create"),
         {"name": "prod", "team": team.pk, "in_cluster": "on", "namespaces": "ml"},
     )
     assert response.status_code == 200 and "Paste the kubeconfig" in response.content.decode()
     assert not KubeConnection.objects.exists()
 
     client.force_login(people["root"])
-    assert label in client.get(reverse("kubernetes_link:connection_create")).content.decode()
+    assert label in client.get(reverse("kubernetes:connection_create")).content.decode()
     response = client.post(
-        reverse("kubernetes_link:connection_create"),
+        reverse("kubernetes:connection_create"),
         {"name": "prod", "team": team.pk, "in_cluster": "on", "namespaces": "ml"},
     )
     assert response.status_code == 302 and KubeConnection.objects.get().in_cluster is True
@@ -203,8 +204,9 @@ def test_the_form_offers_in_cluster_credentials_to_superusers_only(client, peopl
 
 @pytest.mark.django_db
 def test_an_in_cluster_connection_a_team_admin_added_before_the_rule_is_never_used(people, team, monkeypatch):
-    from apps.kube.adapter import KubeAdapter, KubeConfigInvalid
-    from apps.kubernetes_link.client import adapter_for
+    from apps.kubernetes.adapters import adapter_for
+    from integrations.kubernetes.adapter import KubeAdapter
+    from integrations.kubernetes.errors import KubeConfigInvalid
 
     built = []
     monkeypatch.setattr(

@@ -20,7 +20,7 @@ from apps.fleet.models import Deployment
 from apps.maintenance import schedule as timing
 from apps.maintenance import services
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
-from apps.maintenance.serve_http import Sample
+from integrations.serve_http import Sample
 
 UTC = dt_timezone.utc
 

@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from apps.kube.adapter import READS, WRITES
+from integrations.kubernetes.kinds import READS, WRITES
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -12,10 +12,11 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 
 from apps.accounts.models import AuditEvent
-from apps.clusters import egress
+from apps.clusters.egress_rules import normalize_rule
 from apps.clusters.models import EgressRule
-from apps.clusters.network_policy import NetworkPolicy, normalize_rule
+from apps.clusters.network_policy import NetworkPolicy
 from apps.clusters.validation import check_network_policy
+from integrations import egress
 
 pytestmark = pytest.mark.django_db
 

@@ -17,9 +17,9 @@ from apps.changes.models import Change, ChangeState
 from apps.changes.planner import not_taken, plan_patch
 from apps.changes.validation import validate_options
 from apps.clusters.models import Cluster
-from apps.clusters.ray_dashboard import parse_serve_status
 from apps.fleet import sync
 from apps.remediation import diagnosis
+from integrations.ray.parsing import parse_serve_status
 from tests.conftest import ray_fixture
 from tests.fake_ray import FakeRay, serving
 

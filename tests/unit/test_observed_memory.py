@@ -8,9 +8,10 @@ from datetime import UTC, datetime
 import httpx
 
 from apps.calibration.curve import Curve
-from apps.incidents import prometheus, ray_metrics, signals
+from apps.incidents import prometheus_readings, signals
 from apps.incidents.oom import ReplicaMemory
 from apps.remediation import observed, sizing
+from integrations import ray_metrics
 from tests.conftest import FIXTURES
 
 MIB = 2**20
@@ -176,6 +177,6 @@ def test_prometheus_gives_the_same_memory_reading():
             result = []
         return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": result}})
 
-    reading = prometheus.read("http://prom.test:9090", 'cluster="c"', transport=httpx.MockTransport(answer))
+    reading = prometheus_readings.read("http://prom.test:9090", 'cluster="c"', transport=httpx.MockTransport(answer))
     dep = reading.deployments[KEY]
     assert (dep.rss_mb, dep.replicas, dep.ongoing) == (1200.5, 2, 3.0)

@@ -21,8 +21,8 @@ from apps.changes.planner import (
     plan_restore,
     verify,
 )
-from apps.clusters.ray_dashboard import parse_serve_status
 from apps.fleet.configs import config_hash
+from integrations.ray.parsing import parse_serve_status
 from tests.conftest import ray_fixture
 
 CURRENT = "2.60.0"

@@ -9,8 +9,9 @@ import httpx
 import pytest
 
 from apps.clusters.models import Cluster
-from apps.incidents import prometheus, ray_metrics, services
+from apps.incidents import prometheus_readings, services
 from apps.incidents.models import SignalWindow
+from integrations import prometheus, ray_metrics
 
 CAPTURED = Path(__file__).resolve().parents[1] / "fixtures" / "prometheus"
 
@@ -46,7 +47,9 @@ def replay(request: httpx.Request) -> httpx.Response:
 
 
 def test_a_reading_from_prometheus_has_latency_rates_and_nodes():
-    reading = prometheus.read("http://prom.test:9090", 'cluster="local-demo"', transport=httpx.MockTransport(replay))
+    reading = prometheus_readings.read(
+        "http://prom.test:9090", 'cluster="local-demo"', transport=httpx.MockTransport(replay)
+    )
     model = reading.deployments[("demo", "Model")]
     assert round(model.p99_ms, 1) == 99.6 and model.p50_ms is None
     assert round(model.requests / reading.seconds, 2) == 29.28
@@ -63,7 +66,7 @@ def test_every_query_carries_the_clusters_selector():
         seen.append(request.url.params["query"])
         return replay(request)
 
-    prometheus.read("http://prom.test:9090", 'cluster="local-demo"', transport=httpx.MockTransport(record))
+    prometheus_readings.read("http://prom.test:9090", 'cluster="local-demo"', transport=httpx.MockTransport(record))
     assert seen and all('{cluster="local-demo"}' in q for q in seen)
 
 
@@ -92,7 +95,7 @@ def test_prometheus_down_or_not_prometheus():
 
 
 def test_a_selector_that_matches_nothing_is_a_visible_warning():
-    reading = prometheus.read(
+    reading = prometheus_readings.read(
         "http://prom.test:9090",
         'cluster="typo"',
         transport=httpx.MockTransport(lambda r: httpx.Response(200, json=EMPTY)),
@@ -109,9 +112,9 @@ def test_a_cluster_with_prometheus_reads_it_instead_of_scraping(team, monkeypatc
         prometheus_url="http://prom.test:9090",
         prometheus_selector='cluster="local-demo"',
     )
-    real_read = prometheus.read
+    real_read = prometheus_readings.read
     monkeypatch.setattr(
-        services.prometheus,
+        services.prometheus_readings,
         "read",
         lambda url, selector, timeout_s: real_read(url, selector, transport=httpx.MockTransport(replay)),
     )

@@ -17,7 +17,7 @@ from apps.changes.models import Change, ChangeStep, Preset, Rollout
 from apps.clusters.models import ClusterEvent
 from apps.fleet.models import Application, ConfigRevision, Deployment
 from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, Webhook, WebhookDelivery
-from apps.kubernetes_link.models import KubeConnection, KubeLink
+from apps.kubernetes.models import KubeConnection, KubeLink
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
 from apps.remediation.models import Finding, Wizard, WizardStep
 from controlplane.urls import router

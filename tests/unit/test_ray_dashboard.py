@@ -8,15 +8,8 @@ import ssl
 import httpx
 import pytest
 
-from apps.clusters.ray_dashboard import (
-    STATE_API_MAX_LIMIT,
-    USER_AGENT,
-    RayAuthRefused,
-    RayBadResponse,
-    RayDashboard,
-    RayTimeout,
-    RayUnreachable,
-)
+from integrations.ray.dashboard import STATE_API_MAX_LIMIT, USER_AGENT, RayDashboard
+from integrations.ray.errors import RayAuthRefused, RayBadResponse, RayTimeout, RayUnreachable
 from tests.conftest import ReplayRay, ray_fixture
 
 SERVE = "/api/serve/applications/"

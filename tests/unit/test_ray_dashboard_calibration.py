@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from apps.clusters.ray_dashboard import RayBadResponse
+from integrations.ray.errors import RayBadResponse
 from tests.conftest import ReplayRay, ray_fixture
 
 

@@ -7,10 +7,8 @@ import json
 import httpx
 import pytest
 
-from apps.clusters.ray_dashboard import (
-    MAX_JOB_LOG_CHARS,
-    USER_AGENT,
-    JobInfo,
+from integrations.ray.dashboard import MAX_JOB_LOG_CHARS, USER_AGENT
+from integrations.ray.errors import (
     RayBadResponse,
     RayError,
     RayJobNotFound,
@@ -18,6 +16,7 @@ from apps.clusters.ray_dashboard import (
     RayUnreachable,
     RayValidationError,
 )
+from integrations.ray.payloads import JobInfo
 from tests.conftest import ReplayRay, ray_fixture
 
 JOB_ID = "raysubmit_SjDLX2M9YPftGk6J"

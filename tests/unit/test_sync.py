@@ -10,9 +10,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
-from apps.clusters.ray_dashboard import VersionInfo, parse_serve_status
 from apps.fleet import sync
 from apps.fleet.models import Application, ConfigRevision, Deployment
+from integrations.ray.parsing import parse_serve_status
+from integrations.ray.payloads import VersionInfo
 from tests.conftest import ray_fixture
 
 pytestmark = pytest.mark.django_db
@@ -236,7 +237,7 @@ def test_one_broken_cluster_does_not_stop_the_others(monkeypatch, team, replay_r
             return httpx.Response(502, text="<html>Bad Gateway</html>")
         return replay_ray(request)
 
-    from apps.clusters.ray_dashboard import RayDashboard
+    from integrations.ray.dashboard import RayDashboard
 
     monkeypatch.setattr(
         sync, "dashboard_for", lambda c: RayDashboard(c.dashboard_url, transport=httpx.MockTransport(route))

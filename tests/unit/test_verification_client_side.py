@@ -13,10 +13,11 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.clusters.models import Cluster
-from apps.incidents import prometheus, ray_metrics, services, signals
+from apps.incidents import prometheus_readings, services, signals
 from apps.incidents.models import Incident, OomKillRecord, SignalWindow
 from apps.remediation import presentation, verification
 from apps.remediation.models import Wizard, WizardStep
+from integrations import ray_metrics
 from tests.conftest import FIXTURES
 
 OOM = "metrics_after_oom_kills_filtered.prom"
@@ -148,7 +149,7 @@ def test_prometheus_gives_the_same_client_figures():
             result = [{"metric": {"application": "demo"}, "value": [0, "NaN"]}]
         return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": result}})
 
-    reading = prometheus.read("http://prom.test:9090", 'cluster="c"', transport=httpx.MockTransport(answer))
+    reading = prometheus_readings.read("http://prom.test:9090", 'cluster="c"', transport=httpx.MockTransport(answer))
     demo = reading.applications["demo"]
     assert set(reading.applications) == {"demo"}
     assert demo.requests == pytest.approx(12.3 * reading.seconds) and demo.errors_by_code == {

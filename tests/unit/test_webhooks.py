@@ -15,8 +15,9 @@ from django.core.exceptions import ValidationError
 from apps.accounts.audit import Actor
 from apps.clusters.models import Cluster, ClusterEvent
 from apps.fleet import sync
-from apps.incidents import services, webhook_client, webhooks
+from apps.incidents import services, webhooks
 from apps.incidents.models import WebhookDelivery
+from integrations import webhook_client
 
 pytestmark = pytest.mark.django_db
 

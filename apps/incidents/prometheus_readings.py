@@ -1,0 +1,109 @@
+"""The readings of `signals.py` computed by PromQL on a Prometheus server instead of by
+differencing two scrapes; `integrations.prometheus` sends the queries."""
+
+from __future__ import annotations
+
+from apps.incidents.signals import (
+    COMPONENT_RSS,
+    ONGOING,
+    ApplicationSignals,
+    DeploymentSignals,
+    NodeSignals,
+    Reading,
+    add_replica_memory,
+)
+from integrations.prometheus import query
+
+WINDOW = "2m"
+
+
+def read(base_url: str, selector: str = "", *, timeout_s: float = 5.0, transport=None) -> Reading:
+    """`transport` replaces the client's own (tests replay captured answers through it)."""
+    sel = "{" + selector + "}" if selector else ""
+    by = "application, deployment"
+
+    def q(promql: str) -> list[tuple[dict, float]]:
+        return query(base_url, promql, timeout_s=timeout_s, transport=transport)
+
+    seconds = 60.0  # rates are per second; a reading stands for a minute of traffic
+    deployments: dict[tuple[str, str], DeploymentSignals] = {}
+
+    def dep(labels: dict) -> DeploymentSignals | None:
+        key = (labels.get("application"), labels.get("deployment"))
+        return deployments.setdefault(key, DeploymentSignals()) if all(key) else None
+
+    for q_value, attr in ((0.5, "p50_ms"), (0.95, "p95_ms"), (0.99, "p99_ms")):
+        for labels, value in q(
+            f"histogram_quantile({q_value}, sum by ({by}, le) (rate(ray_serve_deployment_processing_latency_ms_bucket{sel}[{WINDOW}])))"
+        ):
+            if (d := dep(labels)) is not None and value == value:  # NaN when there was no traffic
+                setattr(d, attr, value)
+    for labels, value in q(f"sum by ({by}) (rate(ray_serve_deployment_request_counter_total{sel}[{WINDOW}]))"):
+        if (d := dep(labels)) is not None:
+            d.requests = value * seconds
+    for labels, value in q(
+        f"sum by ({by}, exception_type) (increase(ray_serve_deployment_error_counter_total{sel}[{WINDOW}]))"
+    ):
+        if (d := dep(labels)) is not None and value:
+            d.errors += value
+            d.errors_by_type[labels.get("exception_type", "unknown")] = value
+    for metric, attr in (
+        ("ray_serve_replica_processing_queries", "ongoing"),
+        ("ray_serve_deployment_queued_queries", "queued"),
+    ):
+        for labels, value in q(f"sum by ({by}) ({metric}{sel})"):
+            if (d := dep(labels)) is not None:
+                setattr(d, attr, value)
+    for labels, value in q(f"sum by ({by}) (increase(ray_serve_replica_startup_latency_ms_count{sel}[{WINDOW}]))"):
+        if (d := dep(labels)) is not None:
+            d.replica_starts = value
+    for labels, value in q(f"count by ({by}) ({ONGOING}{sel})"):
+        if (d := dep(labels)) is not None:
+            d.replicas = int(value)
+    add_replica_memory(
+        deployments,
+        [(labels.get("Component", ""), value) for labels, value in q(f"sum by (Component) ({COMPONENT_RSS}{sel})")],
+    )
+    applications = _applications(q, sel, seconds)
+    nodes: dict[str, NodeSignals] = {}
+    total = {labels.get("ip", ""): value for labels, value in q(f"sum by (ip) (ray_node_mem_total{sel})")}
+    for labels, value in q(f"sum by (ip) (ray_node_mem_used{sel})"):
+        ip = labels.get("ip", "")
+        nodes[ip] = NodeSignals(ip=ip, mem_used=value, mem_total=total.get(ip, 0.0))
+    gram_used = {labels.get("ip", ""): value for labels, value in q(f"sum by (ip) (ray_node_gram_used{sel})")}
+    for labels, value in q(f"sum by (ip) (ray_node_gram_available{sel})"):
+        ip = labels.get("ip", "")
+        if ip in nodes:
+            nodes[ip].gpu_used_mb, nodes[ip].gpu_total_mb = gram_used.get(ip, 0.0), gram_used.get(ip, 0.0) + value
+    warnings = (
+        []
+        if deployments
+        else ["Prometheus has no Serve series for this selector: check it matches the cluster's labels."]
+    )
+    return Reading(seconds=seconds, deployments=deployments, nodes=nodes, warnings=warnings, applications=applications)
+
+
+def _applications(q, sel: str, seconds: float) -> dict[str, ApplicationSignals]:
+    """What clients saw at the Serve proxies, per application. Counts are rates times `seconds`,
+    like the deployments' requests, so that failed / answered is a ratio of the same window."""
+    apps: dict[str, ApplicationSignals] = {}
+
+    def app(labels: dict) -> ApplicationSignals | None:
+        name = labels.get("application")
+        return apps.setdefault(name, ApplicationSignals()) if name else None  # "" is the proxy's own routes
+
+    for labels, value in q(f"sum by (application) (rate(ray_serve_num_http_requests_total{sel}[{WINDOW}]))"):
+        if (a := app(labels)) is not None:
+            a.requests = value * seconds
+    for labels, value in q(
+        f"sum by (application, error_code) (rate(ray_serve_num_http_error_requests_total{sel}[{WINDOW}]))"
+    ):
+        if (a := app(labels)) is not None and value:
+            a.errors_by_code[labels.get("error_code", "unknown")] = value * seconds
+    for q_value, attr in ((0.5, "p50_ms"), (0.95, "p95_ms"), (0.99, "p99_ms")):
+        for labels, value in q(
+            f"histogram_quantile({q_value}, sum by (application, le) (rate(ray_serve_http_request_latency_ms_bucket{sel}[{WINDOW}])))"
+        ):
+            if (a := app(labels)) is not None and value == value:  # NaN when there was no traffic
+                setattr(a, attr, value)
+    return apps

@@ -1,0 +1,50 @@
+"""Client of a Prometheus server's HTTP API (`/api/v1/query`): the only code that queries
+Prometheus. It answers an instant vector as (labels, value) pairs."""
+
+from __future__ import annotations
+
+import httpx
+
+from integrations.egress import PinnedTransport
+from integrations.ray_metrics import MetricsUnavailable
+
+
+def query(
+    base_url: str, promql: str, *, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None
+) -> list[tuple[dict, float]]:
+    try:
+        with httpx.Client(
+            timeout=timeout_s,
+            follow_redirects=False,
+            trust_env=False,
+            transport=transport or PinnedTransport(),
+            headers={"User-Agent": "fleetdeck-prometheus/1"},
+        ) as client:
+            response = client.get(f"{base_url.rstrip('/')}/api/v1/query", params={"query": promql})
+    except httpx.TimeoutException as exc:
+        raise MetricsUnavailable(f"Prometheus at {base_url} did not answer in time.", transient=True) from exc
+    except httpx.TransportError as exc:
+        raise MetricsUnavailable(
+            f"Cannot reach Prometheus at {base_url}: {str(exc) or exc.__class__.__name__}.", transient=True
+        ) from exc
+    try:
+        body = response.json()
+    except ValueError as exc:
+        raise MetricsUnavailable(
+            f"{base_url} did not answer Prometheus JSON (HTTP {response.status_code}).", transient=False
+        ) from exc
+    if body.get("status") != "success":
+        raise MetricsUnavailable(
+            f"Prometheus refused the query: {body.get('error') or response.status_code}.",
+            transient=response.status_code >= 500,
+        )
+    data = body.get("data") or {}
+    if data.get("resultType") != "vector":
+        raise MetricsUnavailable(f"Prometheus answered a {data.get('resultType')!r}, not a vector.", transient=False)
+    out = []
+    for item in data.get("result") or []:
+        try:
+            out.append((item.get("metric") or {}, float(item["value"][1])))
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+    return out

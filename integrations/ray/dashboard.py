@@ -1,0 +1,360 @@
+"""The Ray dashboard client: the only code in Fleetdeck that speaks to a Ray cluster's dashboard
+(metrics, Prometheus, Serve routes, webhooks and Kubernetes each have a client of their own).
+
+It returns the dataclasses of `payloads` and raises the errors of `errors`.
+
+It sends its own minimal headers: Ray treats browser-looking requests (Mozilla user agent,
+Origin, Referer, Sec-Fetch-*) differently (PUT is refused, env_vars are redacted).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import ssl
+import time
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+
+from integrations.egress import PinnedTransport, Policy
+from integrations.ray.errors import (
+    RayAuthRefused,
+    RayBadResponse,
+    RayError,
+    RayJobNotFound,
+    RayTimeout,
+    RayUnreachable,
+    RayValidationError,
+)
+from integrations.ray.parsing import parse_actor, parse_job, parse_node, parse_serve_status, to_float, to_int
+from integrations.ray.payloads import JobInfo, NodeMemory, ServeStatus, StatePage, VersionInfo
+
+USER_AGENT = "fleetdeck-ray-adapter/1"
+# Ray's state API refuses a larger limit unless the server was configured otherwise.
+STATE_API_MAX_LIMIT = 10_000
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+# A job's whole log comes back in one JSON string; only its end matters to Fleetdeck (results and
+# errors are printed last), so at most this many characters of the tail are kept.
+MAX_JOB_LOG_CHARS = 256 * 1024
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """httpx's default verification, built once: httpx loads the whole CA bundle for every client
+    (~20 ms of CPU), and every sync builds two clients per cluster."""
+    return httpx.create_ssl_context()
+
+
+class RayDashboard:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str = "",
+        timeout_s: float = 5.0,
+        transport: httpx.BaseTransport | None = None,
+        policy: Policy | None = None,
+    ):
+        headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._client = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s),
+            follow_redirects=False,
+            trust_env=False,
+            transport=transport or PinnedTransport(verify=_tls_context(), policy=policy),
+        )
+        # Timeouts apply per read; this bounds a whole answer, which a server could trickle forever.
+        self._deadline_s = max(3 * timeout_s, 10.0)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> "RayDashboard":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- low level -------------------------------------------------------------------------
+
+    def _send(self, method: str, path: str, *, label: str = "", **kwargs) -> httpx.Response:
+        """One request with its body read under a byte cap and a total deadline: reading first and
+        measuring after would hold an enormous answer in memory."""
+        deadline = time.monotonic() + self._deadline_s
+        try:
+            with self._client.stream(method, path, **kwargs) as response:
+                body = bytearray()
+                for chunk in response.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_RESPONSE_BYTES:
+                        raise RayBadResponse(
+                            f"{path} answered more than {MAX_RESPONSE_BYTES // 2**20} MiB, more than Fleetdeck accepts."
+                        )
+                    if time.monotonic() > deadline:
+                        raise RayTimeout(
+                            f"Ray dashboard sent its answer to {label or path} too slowly (over {self._deadline_s:.0f} s)."
+                        )
+        except httpx.TimeoutException as exc:
+            raise RayTimeout(
+                f"Ray dashboard did not answer {label or path} in time ({exc.__class__.__name__})."
+            ) from exc
+        except httpx.TransportError as exc:
+            raise RayUnreachable(f"Cannot reach the Ray dashboard: {str(exc) or exc.__class__.__name__}.") from exc
+        # The body is already decoded: the copy must not claim an encoding or a length.
+        headers = [
+            (k, v) for k, v in response.headers.multi_items() if k.lower() not in ("content-encoding", "content-length")
+        ]
+        return httpx.Response(response.status_code, headers=headers, content=bytes(body), request=response.request)
+
+    def _get(self, path: str, params: list[tuple[str, str]] | None = None) -> Any:
+        return self._decode(path, self._send("GET", path, params=params))
+
+    def _decode(self, path: str, response: httpx.Response) -> Any:
+        status = response.status_code
+        if status in (401, 403):
+            raise RayAuthRefused(
+                f"The Ray dashboard refused {path} with HTTP {status}: the cluster has token "
+                "authentication enabled and the token is missing or wrong.",
+                status=status,
+            )
+        if 300 <= status < 400:
+            raise RayBadResponse(
+                f"{path} answered a redirect (HTTP {status} to {response.headers.get('location', '?')}); "
+                "give the dashboard's own URL, Fleetdeck does not follow redirects.",
+                status=status,
+            )
+        if status == 404:
+            raise RayBadResponse(f"{path} is not found (HTTP 404): is this a Ray dashboard URL?", status=status)
+        if status >= 500:
+            raise RayBadResponse(
+                f"The Ray dashboard failed on {path} with HTTP {status}: {_excerpt(response.text)}",
+                status=status,
+                transient=True,
+            )
+        if status >= 400:
+            raise RayBadResponse(f"{path} answered HTTP {status}: {_excerpt(response.text)}", status=status)
+        if len(response.content) > MAX_RESPONSE_BYTES:
+            raise RayBadResponse(f"{path} answered {len(response.content)} bytes, more than Fleetdeck accepts.")
+        try:
+            return response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RayBadResponse(
+                f"{path} did not answer JSON (content-type {response.headers.get('content-type', 'none')}): "
+                f"{_excerpt(response.text)}",
+                status=status,
+            ) from exc
+
+    # --- endpoints -------------------------------------------------------------------------
+
+    def version(self) -> VersionInfo:
+        body = _expect_dict(self._get("/api/version"), "/api/version")
+        ray_version = body.get("ray_version")
+        if not isinstance(ray_version, str) or not ray_version:
+            raise RayBadResponse("/api/version has no ray_version: this does not look like a Ray dashboard.")
+        return VersionInfo(
+            ray_version=ray_version,
+            ray_commit=str(body.get("ray_commit") or ""),
+            session_name=str(body.get("session_name") or ""),
+        )
+
+    def authentication_mode(self) -> str:
+        """'disabled', 'token', …; Ray versions that predate token auth have no such endpoint."""
+        try:
+            body = self._get("/api/authentication_mode")
+        except RayBadResponse as exc:
+            if exc.status == 404:
+                return "unsupported"
+            raise
+        return str(_expect_dict(body, "/api/authentication_mode").get("authentication_mode") or "unknown")
+
+    def serve_applications(self) -> ServeStatus:
+        body = _expect_dict(self._get("/api/serve/applications/"), "/api/serve/applications/")
+        if not isinstance(body.get("applications"), dict):
+            raise RayBadResponse("/api/serve/applications/ has no 'applications' object.")
+        return parse_serve_status(body)
+
+    def put_serve_applications(self, config: dict[str, Any]) -> None:
+        """Replace the cluster's whole Serve config. 200 means accepted, not healthy: poll after.
+        Ray answers a config it refuses with 400 and a plain-text pydantic message."""
+        path = "/api/serve/applications/"
+        # On a timeout the PUT may or may not have been applied: the caller must re-read before deciding.
+        response = self._send("PUT", path, label="the PUT", json=config, headers={"Content-Type": "application/json"})
+        if response.status_code == 400:
+            raise RayValidationError(response.text.strip() or "Ray refused the config (HTTP 400).", status=400)
+        if response.status_code >= 300:
+            self._decode(path, response)  # raises the mapped error
+            raise RayBadResponse(f"{path} answered HTTP {response.status_code}.", status=response.status_code)
+
+    def list_actors(
+        self, *, filters: list[tuple[str, str, str]] = (), detail: bool = True, limit: int = 1000
+    ) -> StatePage:
+        page = self._state("/api/v0/actors", filters=filters, detail=detail, limit=limit)
+        return StatePage(page.total, page.truncated, [parse_actor(item) for item in page.items])
+
+    def list_nodes(self, *, limit: int = 1000) -> StatePage:
+        page = self._state("/api/v0/nodes", filters=(), detail=False, limit=limit)
+        return StatePage(page.total, page.truncated, [parse_node(item) for item in page.items])
+
+    def node_memory(self) -> list[NodeMemory]:
+        """Memory per node from the dashboard's node summary (`mem` is [total, available, percent, used])."""
+        body = _expect_dict(self._get("/nodes", [("view", "summary")]), "/nodes")
+        summary = ((body.get("data") or {}).get("summary")) or []
+        nodes = []
+        for node in summary:
+            mem = node.get("mem") or []
+            if len(mem) >= 2:
+                nodes.append(NodeMemory(str(node.get("ip") or ""), to_int(mem[0], 0), to_int(mem[1], 0)))
+        return nodes
+
+    def resource_usage(self) -> dict[str, dict[str, tuple[float, float]]]:
+        """Logical resources per node from `/api/cluster_status`: {node IP: {resource: (used,
+        total)}}. The node IP comes from the node's own `node:<ip>` resource; a report without
+        per-node figures gives the cluster's totals under the key ""."""
+        body = _expect_dict(self._get("/api/cluster_status"), "/api/cluster_status")
+        report = ((((body.get("data") or {}).get("clusterStatus")) or {}).get("loadMetricsReport")) or {}
+
+        def pairs(usage) -> dict[str, tuple[float, float]]:
+            clean = {}
+            for resource, figures in (usage or {}).items() if isinstance(usage, dict) else ():
+                if isinstance(figures, list) and len(figures) == 2:
+                    used, total = to_float(figures[0]), to_float(figures[1])
+                    if used is not None and total is not None:
+                        clean[str(resource)] = (used, total)
+            return clean
+
+        by_node = {}
+        for usage in (report.get("usageByNode") or {}).values():
+            figures = pairs(usage)
+            ip = next(
+                (
+                    name.removeprefix("node:")
+                    for name in figures
+                    if name.startswith("node:") and not name.startswith("node:__") and name != "node:InternalHead"
+                ),
+                "",
+            )
+            by_node[ip] = figures
+        return by_node or {"": pairs(report.get("usage"))}
+
+    def serve_ingresses(self) -> dict[str, str]:
+        """{application: its ingress deployment}, from the Serve status's deployment topology."""
+        body = _expect_dict(self._get("/api/serve/applications/"), "/api/serve/applications/")
+        ingresses = {}
+        for name, app in (body.get("applications") or {}).items():
+            topology = (app or {}).get("deployment_topology") or {}
+            if isinstance(topology, dict) and topology.get("ingress_deployment"):
+                ingresses[str(name)] = str(topology["ingress_deployment"])
+        return ingresses
+
+    # --- jobs API ----------------------------------------------------------------------------
+
+    def submit_job(
+        self,
+        entrypoint: str,
+        *,
+        runtime_env: dict[str, Any] | None = None,
+        metadata: dict[str, str] | None = None,
+        submission_id: str | None = None,
+        entrypoint_num_cpus: float | None = None,
+        entrypoint_num_gpus: float | None = None,
+    ) -> str:
+        """Start `entrypoint` as a job on the cluster and return its submission id. A timeout
+        leaves it unknown whether Ray took the job: choose `submission_id` and look it up."""
+        body: dict[str, Any] = {"entrypoint": entrypoint}
+        optional = {
+            "runtime_env": runtime_env,
+            "metadata": metadata,
+            "submission_id": submission_id,
+            "entrypoint_num_cpus": entrypoint_num_cpus,
+            "entrypoint_num_gpus": entrypoint_num_gpus,
+        }
+        body.update({key: value for key, value in optional.items() if value is not None})
+        answer = _expect_dict(self._post("/api/jobs/", body), "/api/jobs/")
+        accepted = answer.get("submission_id") or answer.get("job_id")
+        if not isinstance(accepted, str) or not accepted:
+            raise RayBadResponse("/api/jobs/ accepted the job but answered no submission_id.")
+        return accepted
+
+    def job(self, submission_id: str) -> JobInfo:
+        path = f"/api/jobs/{_job_segment(submission_id)}"
+        with _job_lookup(submission_id):
+            return parse_job(_expect_dict(self._get(path), path))
+
+    def job_logs(self, submission_id: str) -> str:
+        """The job's stdout and stderr so far; only the last MAX_JOB_LOG_CHARS characters."""
+        path = f"/api/jobs/{_job_segment(submission_id)}/logs"
+        with _job_lookup(submission_id):
+            body = _expect_dict(self._get(path), path)
+        logs = body.get("logs")
+        if not isinstance(logs, str):
+            raise RayBadResponse(f"{path} has no 'logs' string.")
+        return logs[-MAX_JOB_LOG_CHARS:]
+
+    def stop_job(self, submission_id: str) -> bool:
+        """Ask Ray to stop the job; False when it had already ended."""
+        path = f"/api/jobs/{_job_segment(submission_id)}/stop"
+        with _job_lookup(submission_id):
+            body = _expect_dict(self._post(path, None), path)
+        return bool(body.get("stopped"))
+
+    def _post(self, path: str, body: dict[str, Any] | None) -> Any:
+        response = self._send("POST", path, json=body, headers={"Content-Type": "application/json"})
+        if response.status_code == 400:
+            # The jobs API answers a refused request with a Python traceback; its last line says why.
+            lines = [line.strip() for line in response.text.splitlines() if line.strip()]
+            raise RayValidationError(_excerpt(lines[-1]) if lines else f"Ray refused {path} (HTTP 400).", status=400)
+        return self._decode(path, response)
+
+    def _state(self, path: str, *, filters, detail: bool, limit: int) -> StatePage:
+        params: list[tuple[str, str]] = [("limit", str(min(max(limit, 1), STATE_API_MAX_LIMIT)))]
+        if detail:
+            params.append(("detail", "1"))
+        for key, predicate, value in filters:
+            params += [("filter_keys", key), ("filter_predicates", predicate), ("filter_values", value)]
+        body = _expect_dict(self._get(path, params), path)
+        if body.get("result") is False:
+            raise RayBadResponse(f"{path} failed: {body.get('msg') or 'no message'}")
+        data = ((body.get("data") or {}).get("result")) or {}
+        items = data.get("result")
+        if not isinstance(items, list):
+            raise RayBadResponse(f"{path} has no result list.")
+        # `total` counts every entity before filters; the limit cuts before filtering too, so the
+        # page is short only when fewer than `total` survived truncation.
+        total = to_int(data.get("total"), len(items))
+        after_truncation = to_int(data.get("num_after_truncation"), total)
+        matching = to_int(data.get("num_filtered"), len(items))
+        return StatePage(total=matching, truncated=after_truncation < total, items=items)
+
+
+@contextmanager
+def _job_lookup(submission_id: str):
+    """A 404 from a job's own path means the job is unknown, not that the URL is wrong."""
+    try:
+        yield
+    except RayBadResponse as exc:
+        if exc.status == 404 and not isinstance(exc, RayJobNotFound):
+            raise RayJobNotFound(submission_id) from exc
+        raise
+
+
+def _job_segment(submission_id: str) -> str:
+    # Ids are ours or Ray's (letters, digits, - and _); anything else would change the path.
+    if not submission_id or not all(c.isalnum() or c in "-_" for c in submission_id):
+        raise RayError(f"{submission_id!r} is not a job submission id.")
+    return submission_id
+
+
+def _expect_dict(body: Any, path: str) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise RayBadResponse(f"{path} answered JSON that is not an object: {_excerpt(json.dumps(body))}")
+    return body
+
+
+def _excerpt(text: str, limit: int = 300) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[:limit] + "…"

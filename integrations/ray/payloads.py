@@ -1,0 +1,122 @@
+"""What the Ray dashboard reports, as plain frozen dataclasses (the Serve REST API, the state API,
+the node summary and the Jobs API)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+JOB_FINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    ray_version: str
+    ray_commit: str
+    session_name: str
+
+
+@dataclass(frozen=True)
+class Replica:
+    replica_id: str
+    state: str
+    actor_name: str
+    node_ip: str
+    pid: int | None
+    start_time_s: float | None
+
+
+@dataclass(frozen=True)
+class DeploymentStatus:
+    name: str
+    status: str
+    status_trigger: str
+    message: str
+    deployment_config: dict[str, Any]
+    target_num_replicas: int | None
+    replicas: list[Replica]
+    recent_dead_replicas: list[Replica]
+
+    @property
+    def replica_states(self) -> dict[str, int]:
+        return dict(sorted(Counter(replica.state for replica in self.replicas).items()))
+
+
+@dataclass(frozen=True)
+class ApplicationStatus:
+    name: str
+    status: str
+    message: str
+    route_prefix: str | None
+    last_deployed_time_s: float | None
+    deployed_app_config: dict[str, Any] | None
+    source: str
+    deployments: dict[str, DeploymentStatus]
+
+
+@dataclass(frozen=True)
+class ServeStatus:
+    """What `GET /api/serve/applications/` reports. `running` is False when Serve is not started."""
+
+    running: bool
+    controller_actor_id: str
+    controller_start_time: float | None
+    http_port: int | None
+    applications: dict[str, ApplicationStatus] = field(default_factory=dict)
+    target_capacity: float | None = None
+
+
+@dataclass(frozen=True)
+class Actor:
+    actor_id: str
+    class_name: str
+    name: str
+    state: str
+    pid: int | None
+    node_id: str
+    num_restarts: int
+    death_cause: dict[str, Any] | None
+    ray_namespace: str
+
+
+@dataclass(frozen=True)
+class Node:
+    node_id: str
+    node_ip: str
+    is_head_node: bool
+    state: str
+    resources_total: dict[str, float]
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    node_ip: str
+    total_bytes: int
+    available_bytes: int
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One submitted job, as `GET /api/jobs/{id}` reports it. Times are Ray's: milliseconds since
+    the epoch, None until the job starts or ends."""
+
+    submission_id: str
+    status: str  # PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED
+    message: str
+    start_time: int | None
+    end_time: int | None
+    entrypoint: str
+    error_type: str = ""
+    driver_exit_code: int | None = None
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in JOB_FINAL_STATUSES
+
+
+@dataclass(frozen=True)
+class StatePage:
+    total: int  # entities matching the filters among those Ray looked at
+    truncated: bool  # Ray stopped at the limit: more may exist
+    items: list

@@ -1,0 +1,79 @@
+"""Client of Ray's Prometheus metrics endpoint (`--metrics-export-port`): the only code that
+fetches metrics. It returns parsed samples; what they mean is computed by the incidents app."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from integrations.egress import PinnedTransport
+from integrations.errors import AdapterError
+
+USER_AGENT = "fleetdeck-metrics/1"
+# A scrape of a busy node is ~760 KB; refuse what is clearly not a metrics page.
+MAX_BYTES = 32 * 1024 * 1024
+
+
+class MetricsUnavailable(AdapterError):
+    """The endpoint (or Prometheus) is down, slow, too large or not answering metrics."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+@dataclass
+class Scrape:
+    at: float
+    samples: list[Sample] = field(default_factory=list)
+
+    def named(self, name: str) -> list[Sample]:
+        return [s for s in self.samples if s.name == name]
+
+
+def parse(text: str, at: float | None = None) -> Scrape:
+    """Prometheus text exposition to samples; garbage raises MetricsUnavailable."""
+    scrape = Scrape(at=time.time() if at is None else at)
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                scrape.samples.append(Sample(sample.name, dict(sample.labels), float(sample.value)))
+    except (ValueError, TypeError, IndexError) as exc:
+        raise MetricsUnavailable(
+            f"The metrics endpoint did not answer Prometheus text: {exc}", transient=False
+        ) from exc
+    return scrape
+
+
+def scrape(url: str, *, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> Scrape:
+    try:
+        with httpx.Client(
+            timeout=timeout_s,
+            follow_redirects=False,
+            trust_env=False,
+            transport=transport or PinnedTransport(),
+            headers={"User-Agent": USER_AGENT, "Accept": "text/plain"},
+        ) as client:
+            with client.stream("GET", url) as response:
+                if response.status_code != 200:
+                    raise MetricsUnavailable(
+                        f"{url} answered HTTP {response.status_code}.", transient=response.status_code >= 500
+                    )
+                body = bytearray()
+                for chunk in response.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_BYTES:
+                        raise MetricsUnavailable(
+                            f"{url} sent more than {MAX_BYTES // 2**20} MiB; not a metrics page.", transient=False
+                        )
+    except httpx.TimeoutException as exc:
+        raise MetricsUnavailable(f"{url} did not answer in time.", transient=True) from exc
+    except httpx.TransportError as exc:
+        raise MetricsUnavailable(f"Cannot reach {url}: {str(exc) or exc.__class__.__name__}.", transient=True) from exc
+    return parse(body.decode("utf-8", errors="replace"))

@@ -1,0 +1,43 @@
+"""Client of outgoing incident webhooks: the only code that POSTs to teams' endpoints."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+
+import httpx
+
+from integrations.egress import PinnedTransport
+from integrations.errors import AdapterError
+
+USER_AGENT = "fleetdeck-webhook/1"
+
+
+class DeliveryError(AdapterError):
+    """The endpoint did not take the webhook."""
+
+
+def post(
+    url: str, payload: dict, *, secret: str = "", timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None
+) -> int:
+    body = json.dumps(payload, sort_keys=True).encode()
+    headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
+    if secret:
+        headers["X-Fleetdeck-Signature"] = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    try:
+        with httpx.Client(
+            timeout=timeout_s, follow_redirects=False, trust_env=False, transport=transport or PinnedTransport()
+        ) as client:
+            response = client.post(url, content=body, headers=headers)
+    except httpx.TimeoutException as exc:
+        raise DeliveryError(f"{url} did not answer in time.", transient=True) from exc
+    except httpx.TransportError as exc:
+        raise DeliveryError(f"Cannot reach {url}: {str(exc) or exc.__class__.__name__}.", transient=True) from exc
+    if response.status_code >= 500 or response.status_code == 429:
+        raise DeliveryError(f"{url} answered HTTP {response.status_code}.", transient=True, status=response.status_code)
+    if response.status_code >= 300:
+        raise DeliveryError(
+            f"{url} answered HTTP {response.status_code}; not retried.", transient=False, status=response.status_code
+        )
+    return response.status_code
