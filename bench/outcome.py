@@ -44,7 +44,7 @@ from apps.changes.models import Preset  # noqa: E402
 from apps.clusters.models import Cluster  # noqa: E402
 from apps.fleet.models import Application  # noqa: E402
 from apps.incidents.models import Incident  # noqa: E402
-from apps.maintenance import services as maintenance  # noqa: E402
+from apps.maintenance import schedules  # noqa: E402
 from apps.remediation import wizards  # noqa: E402
 from bench.ray_lab import Burst, Lab, numbered, observe, replay  # noqa: E402
 from controlplane.local_ray import REFERENCE_APP_DIR, REFERENCE_WARMUP  # noqa: E402
@@ -145,7 +145,7 @@ def main() -> None:
         cluster = lab.register("outcome", ensure_team("Bench"))
         observe(cluster)
         # As make run does: the warmup request is also what a calibration of the app sends.
-        maintenance.save_profile(
+        schedules.save_profile(
             ACTOR, Application.objects.get(cluster=cluster, name="reference"), dict(REFERENCE_WARMUP)
         )
         arms = {"original (misbehaving.json)": replay_schedule(lab, cluster, args)}

@@ -48,7 +48,7 @@ from apps.changes import protocol  # noqa: E402
 from apps.clusters.models import Cluster  # noqa: E402
 from apps.fleet.models import Application  # noqa: E402
 from apps.incidents.models import Incident  # noqa: E402
-from apps.maintenance import services as maintenance  # noqa: E402
+from apps.maintenance import schedules  # noqa: E402
 from apps.remediation.models import Wizard, WizardStep  # noqa: E402
 from bench.ray_lab import Lab, bursty_schedule, node_used_bytes, numbered, observe, replay, span_s  # noqa: E402
 from controlplane.local_ray import GIB, REFERENCE_APP_DIR, REFERENCE_WARMUP  # noqa: E402
@@ -338,7 +338,7 @@ def run_app(app: App, args, deadline: float) -> dict:
         observe(cluster)
         if app.warmup:
             application = Application.objects.get(cluster=cluster, name=app.name)
-            maintenance.save_profile(ACTOR, application, dict(app.warmup))
+            schedules.save_profile(ACTOR, application, dict(app.warmup))
         bench = Bench(lab, cluster, app, args)
         print(
             f"\n{app.name}: threshold {lab.threshold_bytes / GIB:.2f} GiB (node at {bench.idle_bytes / GIB:.2f} GiB idle); "

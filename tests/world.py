@@ -25,7 +25,7 @@ from apps.incidents import services as incidents
 from apps.incidents.models import Incident, Webhook
 from apps.kubernetes import services as kube
 from apps.kubernetes.models import KubeLink
-from apps.maintenance import services as maintenance
+from apps.maintenance import dispatch, schedules
 from apps.remediation import findings, wizards
 from apps.remediation.models import Finding
 
@@ -132,11 +132,11 @@ def build_team(slug: str) -> TeamWorld:
         reason="Fleet-wide cap",
         options={"max_ongoing_requests": 7},
     )
-    profile = maintenance.save_profile(
+    profile = schedules.save_profile(
         operator, application, {"name": "warm", "path": "/demo", "requests": 2, "concurrency": 1}
     )
-    schedule = maintenance.save_schedule(operator, deployment, {"every_hours": 6, "warmup": profile})
-    run = maintenance.request_recycle(operator, deployment)
+    schedule = schedules.save_schedule(operator, deployment, {"every_hours": 6, "warmup": profile})
+    run = dispatch.request_recycle(operator, deployment)
     webhook = Webhook.objects.create(team=team, url=f"https://hooks.{slug}.test/incidents")
     connection = kube.create_connection(
         Actor(user=world.users["admin"], via="api"),

@@ -61,11 +61,11 @@ def tick() -> None:
 
     for rollout_id in rollouts.running_rollouts():
         rollouts.advance(rollout_id)
-    from apps.maintenance import services as maintenance
+    from apps.maintenance import dispatch, recovery
 
-    for run_id in maintenance.claim_due() + maintenance.requeue_lost():
+    for run_id in dispatch.claim_due() + recovery.requeue_lost():
         run_maintenance.delay(run_id)
-    maintenance.abandon_stale()
+    recovery.abandon_stale()
     from apps.incidents import webhooks
 
     for delivery_id in webhooks.requeue_lost():
@@ -100,9 +100,9 @@ def reconcile_change(change_id: int) -> None:
 
 @shared_task(name="maintenance.run", ignore_result=True)
 def run_maintenance(run_id: int) -> None:
-    from apps.maintenance import services
+    from apps.maintenance import execution
 
-    services.execute(run_id)
+    execution.execute(run_id)
 
 
 @shared_task(name="calibration.poll", ignore_result=True, acks_late=True)

@@ -7,6 +7,9 @@ class IncidentsConfig(AppConfig):
 
     def ready(self) -> None:
         from apps.clusters.pod_kill_events import ray_pods_oom_killed
+        from apps.fleet import holds
         from apps.incidents.pod_kills import on_ray_pods_oom_killed
+        from apps.incidents.services import recycle_hold
 
         ray_pods_oom_killed.connect(on_ray_pods_oom_killed, dispatch_uid="incidents.on_ray_pods_oom_killed")
+        holds.register("incidents.open_incident", recycle_hold)

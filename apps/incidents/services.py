@@ -515,3 +515,9 @@ def open_for(deployment: Deployment) -> Incident | None:
         deployment_name=deployment.name,
         status__in=OPEN,
     ).first()
+
+
+def recycle_hold(deployment: Deployment) -> str | None:
+    """Registered with `apps.fleet.holds`: a recycle waits while an incident is open on the deployment."""
+    incident = open_for(deployment)
+    return f"Incident #{incident.pk} ({incident.title}) is open on this deployment." if incident else None

@@ -1,7 +1,8 @@
-"""What happened around an incident, for its timeline: what an operator asks first is "what
-changed?". Fleetdeck's changes and maintenance runs, and what changed without Fleetdeck: cluster
-restarts, Serve controller restarts (how Ray's memory monitor killing the controller shows up)
-and config revisions Fleetdeck did not make."""
+"""The read model of what happened around an incident, for its timeline on the incident page and
+in the API: what an operator asks first is "what changed?". Fleetdeck's changes, the work other
+apps registered with `apps.fleet.activity` (maintenance runs), and what changed without
+Fleetdeck: cluster restarts, Serve controller restarts (how Ray's memory monitor killing the
+controller shows up) and config revisions Fleetdeck did not make."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from django.utils import timezone
 
 from apps.changes.models import Change
 from apps.clusters.models import ClusterEvent
+from apps.fleet import activity
+from apps.fleet.activity import Activity
 from apps.incidents import cluster_history
 from apps.incidents.models import Incident
 
@@ -30,8 +33,6 @@ def related_work_for(incidents: list[Incident]) -> dict[int, list[dict]]:
     """What happened around each of a page of incidents, in a fixed number of queries. Changes
     and revisions are read from further back than shown: who made a revision depends on the
     changes before it."""
-    from apps.maintenance.models import MaintenanceRun
-
     if not incidents:
         return {}
     clusters = {incident.cluster_id for incident in incidents}
@@ -39,9 +40,7 @@ def related_work_for(incidents: list[Incident]) -> dict[int, list[dict]]:
     changes = list(
         Change.objects.filter(cluster_id__in=clusters, created_at__gte=since - BEFORE).order_by("created_at", "id")
     )
-    runs = list(
-        MaintenanceRun.objects.filter(cluster_id__in=clusters, created_at__gte=since).order_by("created_at", "id")
-    )
+    work = activity.since(clusters, since)
     events = list(
         ClusterEvent.objects.filter(cluster_id__in=clusters, kind__in=list(KINDS), created_at__gte=since).order_by(
             "created_at", "id"
@@ -49,11 +48,11 @@ def related_work_for(incidents: list[Incident]) -> dict[int, list[dict]]:
     )
     revisions = cluster_history.revisions_since(clusters, since - BEFORE)
     now = timezone.now()
-    return {incident.pk: _related(incident, changes, runs, events, revisions, now) for incident in incidents}
+    return {incident.pk: _related(incident, changes, work, events, revisions, now) for incident in incidents}
 
 
 def _related(
-    incident: Incident, changes: list[Change], runs: list, events: list[ClusterEvent], revisions: list, now
+    incident: Incident, changes: list[Change], work: list[Activity], events: list[ClusterEvent], revisions: list, now
 ) -> list[dict]:
     since = incident.started_at - BEFORE
     mine = incident.cluster_id
@@ -81,19 +80,12 @@ def _related(
                     "text": f"Change #{change.pk} ({change.get_state_display().lower()}): {change.reason}",
                 }
             )
-    for run in runs:
-        if run.cluster_id != mine or run.created_at < since:
+    for item in work:
+        if item.cluster_id != mine or item.created_at < since:
             continue
-        if incident.deployment_id and run.deployment_id != incident.deployment_id:
+        if incident.deployment_id and item.deployment_id != incident.deployment_id:
             continue
-        items.append(
-            {
-                "at": run.started_at or run.created_at,
-                "kind": "maintenance",
-                "id": run.pk,
-                "text": f"{run.get_kind_display()} run #{run.pk} ({run.get_state_display().lower()})",
-            }
-        )
+        items.append({"at": item.at, "kind": item.kind, "id": item.id, "text": item.text})
     for event in events:
         if event.cluster_id == mine:
             text = event.get_kind_display() + (f": {event.message}" if event.message else "")

@@ -10,7 +10,7 @@ from apps.accounts.audit import Actor
 from apps.accounts.drf import VisiblePrimaryKeyRelatedField, require_role
 from apps.accounts.models import Role
 from apps.fleet.models import Application, Deployment
-from apps.maintenance import services
+from apps.maintenance import dispatch, schedules
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
 
 WINDOW = ["window_days", "window_start_hour", "window_end_hour", "timezone"]
@@ -124,7 +124,7 @@ class ScheduleViewSet(_Writes, viewsets.ModelViewSet):
     def _save(self, serializer, deployment):
         self._check(deployment.application.cluster.team)
         data = {k: v for k, v in serializer.validated_data.items() if k != "deployment"}
-        serializer.instance = services.save_schedule(Actor.from_request(self.request), deployment, data)
+        serializer.instance = schedules.save_schedule(Actor.from_request(self.request), deployment, data)
 
     def perform_create(self, serializer):
         self._save(serializer, serializer.validated_data["deployment"])
@@ -134,7 +134,7 @@ class ScheduleViewSet(_Writes, viewsets.ModelViewSet):
 
     def perform_destroy(self, instance):
         self._check(instance.deployment.application.cluster.team)
-        services.delete_schedule(Actor.from_request(self.request), instance)
+        schedules.delete_schedule(Actor.from_request(self.request), instance)
 
 
 class ProfileViewSet(_Writes, viewsets.ModelViewSet):
@@ -150,7 +150,7 @@ class ProfileViewSet(_Writes, viewsets.ModelViewSet):
     def _save(self, serializer, application, profile=None):
         self._check(application.cluster.team)
         data = {k: v for k, v in serializer.validated_data.items() if k != "application"}
-        serializer.instance = services.save_profile(Actor.from_request(self.request), application, data, profile)
+        serializer.instance = schedules.save_profile(Actor.from_request(self.request), application, data, profile)
 
     def perform_create(self, serializer):
         self._save(serializer, serializer.validated_data["application"])
@@ -160,7 +160,7 @@ class ProfileViewSet(_Writes, viewsets.ModelViewSet):
 
     def perform_destroy(self, instance):
         self._check(instance.application.cluster.team)
-        services.delete_profile(Actor.from_request(self.request), instance)
+        schedules.delete_profile(Actor.from_request(self.request), instance)
 
     @extend_schema(request=None, responses={202: RunSerializer})
     @action(detail=True, methods=["post"])
@@ -168,7 +168,7 @@ class ProfileViewSet(_Writes, viewsets.ModelViewSet):
         """Run this warmup now."""
         profile = self.get_object()
         self._check(profile.application.cluster.team)
-        run = services.request_warmup(Actor.from_request(request), profile)
+        run = dispatch.request_warmup(Actor.from_request(request), profile)
         return Response(RunSerializer(run).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -189,7 +189,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         body.is_valid(raise_exception=True)
         deployment = body.validated_data["deployment"]
         require_role(request, deployment.application.cluster.team, Role.OPERATOR, "recycle deployments")
-        run = services.request_recycle(
+        run = dispatch.request_recycle(
             Actor.from_request(request), deployment, override_reason=body.validated_data.get("override_reason", "")
         )
         return Response(RunSerializer(run).data, status=status.HTTP_202_ACCEPTED)

@@ -13,7 +13,7 @@ from apps.accounts.audit import Actor
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role
 from apps.fleet.models import Application, Deployment
-from apps.maintenance import services
+from apps.maintenance import dispatch, schedules
 from apps.maintenance.forms import ProfileForm, ScheduleForm
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
 from controlplane.celery import unclaimed_for
@@ -37,7 +37,7 @@ def schedule_edit(request, deployment_pk: int):
     form = ScheduleForm(request.POST or None, instance=instance, application=deployment.application)
     if request.method == "POST" and form.is_valid():
         try:
-            services.save_schedule(
+            schedules.save_schedule(
                 Actor.from_request(request), deployment, {k: form.cleaned_data[k] for k in ScheduleForm.Meta.fields}
             )
         except ValidationError as exc:
@@ -53,7 +53,7 @@ def recycle_now(request, deployment_pk: int):
     deployment = _deployment(request, deployment_pk)
     _operator(request, deployment.application.cluster.team)
     override = request.POST.get("override_reason", "").strip() if request.POST.get("override") else ""
-    run = services.request_recycle(Actor.from_request(request), deployment, override_reason=override)
+    run = dispatch.request_recycle(Actor.from_request(request), deployment, override_reason=override)
     return redirect("maintenance:run", pk=run.pk)
 
 
@@ -68,7 +68,7 @@ def warmups(request, application_pk: int):
         _operator(request, application.cluster.team)
         if form.is_valid():
             try:
-                services.save_profile(Actor.from_request(request), application, form.service_data())
+                schedules.save_profile(Actor.from_request(request), application, form.service_data())
             except ValidationError as exc:
                 form.add_error(None, exc)
             else:
@@ -89,7 +89,7 @@ def warmup_run(request, pk: int):
         request.user, WarmupProfile.objects.select_related("application__cluster__team"), pk=pk
     )
     _operator(request, profile.application.cluster.team)
-    run = services.request_warmup(Actor.from_request(request), profile)
+    run = dispatch.request_warmup(Actor.from_request(request), profile)
     return redirect("maintenance:run", pk=run.pk)
 
 

@@ -13,7 +13,7 @@ from apps.changes import protocol
 from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.fleet.models import Deployment
-from apps.maintenance import services
+from apps.maintenance import dispatch, execution, schedules
 from apps.maintenance.models import MaintenanceRun, WarmupProfile
 from tests.conftest import two_app_config
 
@@ -66,8 +66,8 @@ class Traffic:
 
 
 def recycle(people, deployment, override=""):
-    run = services.request_recycle(Actor(user=people["operator"]), deployment, override_reason=override)
-    services.execute(run.pk)
+    run = dispatch.request_recycle(Actor(user=people["operator"]), deployment, override_reason=override)
+    execution.execute(run.pk)
     return MaintenanceRun.objects.get(pk=run.pk)
 
 
@@ -119,16 +119,16 @@ def test_a_recycle_replaces_only_the_target_replicas_under_traffic(cluster, peop
 def test_a_warmup_records_latencies_and_fails_on_errors(cluster, people):
     demo = cluster.applications.get(name="demo")
     actor = Actor(user=people["operator"])
-    good = services.save_profile(
+    good = schedules.save_profile(
         actor, demo, {"name": "ok", "path": "/demo?text=warm", "requests": 8, "concurrency": 2}
     )
-    bad = services.save_profile(
+    bad = schedules.save_profile(
         actor, demo, {"name": "broken", "path": "/demo?fail=1", "requests": 4, "concurrency": 2}
     )
 
     for profile, state in ((good, MaintenanceRun.State.SUCCEEDED), (bad, MaintenanceRun.State.FAILED)):
-        run = services.request_warmup(actor, profile)
-        services.execute(run.pk)
+        run = dispatch.request_warmup(actor, profile)
+        execution.execute(run.pk)
         run.refresh_from_db()
         assert run.state == state, run.log
         assert len(run.results["samples"]) == profile.requests

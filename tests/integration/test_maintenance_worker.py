@@ -14,7 +14,7 @@ from apps.accounts.audit import Actor
 from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.fleet.models import Deployment
-from apps.maintenance import services
+from apps.maintenance import schedules
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule
 from controlplane.celery import app as celery_app
 from workers import tasks
@@ -29,7 +29,7 @@ def test_two_ticks_at_once_run_a_due_slot_exactly_once_and_the_guard_skips_it(ra
     sync.sync_cluster(cluster.pk)
     # echo2/Echo has a fixed num_replicas of 1, so the single-replica guard applies.
     echo = Deployment.objects.get(application__cluster=cluster, application__name="echo2", name="Echo")
-    schedule = services.save_schedule(Actor(user=people["operator"]), echo, {"every_hours": 6, "cron": ""})
+    schedule = schedules.save_schedule(Actor(user=people["operator"]), echo, {"every_hours": 6, "cron": ""})
     RecycleSchedule.objects.filter(pk=schedule.pk).update(next_run_at=timezone.now() - timedelta(hours=13))
     Cluster.objects.filter(pk=cluster.pk).update(next_sync_at=timezone.now() + timedelta(hours=1))
     celery_app.control.purge()

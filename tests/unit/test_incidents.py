@@ -188,8 +188,8 @@ def test_an_unreachable_metrics_endpoint_leaves_a_visible_warning(cluster, monke
 
 @pytest.mark.django_db
 def test_an_open_incident_blocks_a_recycle_of_its_deployment(cluster, people):
+    from apps.maintenance.guards import recycle_guards
     from apps.maintenance.models import MaintenanceRun
-    from apps.maintenance.services import recycle_guards
 
     services.detect(cluster.pk)
     deployment = Deployment.objects.get(application__cluster=cluster, application__name="modelonly", name="Model")

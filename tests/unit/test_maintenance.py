@@ -17,8 +17,7 @@ from apps.accounts.models import AuditEvent
 from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.fleet.models import Deployment
-from apps.maintenance import schedule as timing
-from apps.maintenance import services
+from apps.maintenance import dispatch, execution, recovery, run_log, schedules, timing, warmup_results
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
 from integrations.serve_http import Sample
 
@@ -96,9 +95,9 @@ def test_bad_windows_are_refused(days, start, end, tz, message):
 
 def test_warmup_results_separate_the_first_request_from_the_steady_state():
     samples = [Sample(0, 200, 900.0)] + [Sample(i, 200, 10.0 + i) for i in range(1, 21)]
-    result = services.summarize(samples, p95_threshold_ms=50)
+    result = warmup_results.summarize(samples, p95_threshold_ms=50)
     assert result["first_ms"] == 900.0 and result["steady_p50_ms"] == 20.5 and result["passed"]
-    failing = services.summarize(
+    failing = warmup_results.summarize(
         samples[:5] + [Sample(5, 500, 12.0), Sample(6, None, 3000.0, "timeout")], p95_threshold_ms=50
     )
     assert (
@@ -125,7 +124,7 @@ def operator(people):
 
 @pytest.mark.django_db
 def test_a_schedule_shows_its_next_run(deployment, operator):
-    schedule = services.save_schedule(operator, deployment, {"every_hours": 6, "cron": ""})
+    schedule = schedules.save_schedule(operator, deployment, {"every_hours": 6, "cron": ""})
     assert (
         timezone.now() + timedelta(hours=5, minutes=59)
         < schedule.next_run_at
@@ -136,7 +135,7 @@ def test_a_schedule_shows_its_next_run(deployment, operator):
 @pytest.mark.django_db
 def test_a_timing_that_never_meets_its_window_is_refused(deployment, operator):
     with pytest.raises(ValidationError, match="never falls inside the maintenance window"):
-        services.save_schedule(
+        schedules.save_schedule(
             operator, deployment, {"cron": "0 */6 * * *", "window_start_hour": 1, "window_end_hour": 5}
         )
 
@@ -155,24 +154,24 @@ def test_a_timing_that_never_meets_its_window_is_refused(deployment, operator):
 )
 def test_bad_warmup_profiles_are_refused(deployment, operator, data, message):
     with pytest.raises(ValidationError, match=message):
-        services.save_profile(operator, deployment.application, {"name": "w", "path": "/demo"} | data)
+        schedules.save_profile(operator, deployment.application, {"name": "w", "path": "/demo"} | data)
 
 
 @pytest.mark.django_db
 def test_a_warmup_path_may_carry_a_query_under_the_prefix(deployment, operator):
-    assert services.save_profile(operator, deployment.application, {"name": "w", "path": "/demo/sub?x=1"}).pk
+    assert schedules.save_profile(operator, deployment.application, {"name": "w", "path": "/demo/sub?x=1"}).pk
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_due_slot_is_claimed_exactly_once_by_concurrent_ticks(deployment, operator):
-    schedule = services.save_schedule(operator, deployment, {"every_hours": 6, "cron": ""})
+    schedule = schedules.save_schedule(operator, deployment, {"every_hours": 6, "cron": ""})
     RecycleSchedule.objects.filter(pk=schedule.pk).update(next_run_at=timezone.now() - timedelta(hours=30))
     results, barrier = [], threading.Barrier(4)
 
     def tick():
         barrier.wait()
         try:
-            results.append(services.claim_due())
+            results.append(dispatch.claim_due())
         finally:
             connection.close()
 
@@ -186,14 +185,14 @@ def test_a_due_slot_is_claimed_exactly_once_by_concurrent_ticks(deployment, oper
     assert MaintenanceRun.objects.filter(schedule=schedule).count() == 1
     # 30 hours of downtime: one run, and the next slot is in the future.
     assert RecycleSchedule.objects.get(pk=schedule.pk).next_run_at > timezone.now()
-    assert services.claim_due() == []
+    assert dispatch.claim_due() == []
 
 
 @pytest.mark.django_db
 def test_a_recycle_of_a_vanished_deployment_fails_with_the_reason(deployment, operator):
-    run = services.request_recycle(operator, deployment)
+    run = dispatch.request_recycle(operator, deployment)
     Deployment.objects.filter(pk=deployment.pk).update(removed_at=timezone.now())
-    services.execute(run.pk)
+    execution.execute(run.pk)
     run.refresh_from_db()
     assert run.state == MaintenanceRun.State.FAILED and "no longer exists" in run.log[-1]["message"]
 
@@ -203,8 +202,8 @@ def test_an_unreachable_cluster_skips_the_recycle(deployment, operator):
     Cluster.objects.filter(pk=deployment.application.cluster_id).update(
         reachability="unreachable", last_error="refused"
     )
-    run = services.request_recycle(operator, deployment)
-    services.execute(run.pk)
+    run = dispatch.request_recycle(operator, deployment)
+    execution.execute(run.pk)
     run.refresh_from_db()
     assert run.state == MaintenanceRun.State.SKIPPED and "not reachable" in run.log[-1]["message"]
 
@@ -245,8 +244,8 @@ def test_the_api_manages_schedules_and_answers_202_for_recycle_now(api_as, deplo
 
 @pytest.fixture
 def schedule_and_profile(deployment, operator):
-    profile = services.save_profile(operator, deployment.application, {"name": "w", "path": "/demo"})
-    schedule = services.save_schedule(operator, deployment, {"every_hours": 6, "cron": "", "warmup": profile})
+    profile = schedules.save_profile(operator, deployment.application, {"name": "w", "path": "/demo"})
+    schedule = schedules.save_schedule(operator, deployment, {"every_hours": 6, "cron": "", "warmup": profile})
     return [("schedules", "recycle_schedule.delete", schedule), ("warmup-profiles", "warmup_profile.delete", profile)]
 
 
@@ -318,7 +317,7 @@ def test_a_change_that_replaces_replicas_queues_the_applications_warmups(deploym
     from apps.changes import protocol
     from apps.changes.models import ChangeState
 
-    profile = services.save_profile(operator, deployment.application, {"name": "w", "path": "/demo"})
+    profile = schedules.save_profile(operator, deployment.application, {"name": "w", "path": "/demo"})
     replaces = protocol.plan_change(
         operator,
         deployment.application.cluster,
@@ -347,25 +346,25 @@ def test_a_change_that_replaces_replicas_queues_the_applications_warmups(deploym
 @pytest.mark.django_db
 def test_a_queued_run_nobody_took_up_is_sent_again_once(deployment, operator, settings):
     settings.FLEETDECK_CHANGE_STALE_S = 60
-    run = services.request_recycle(operator, deployment)
+    run = dispatch.request_recycle(operator, deployment)
     sent = run.enqueued_at
-    assert services.requeue_lost(now=sent + timedelta(seconds=30)) == []
+    assert recovery.requeue_lost(now=sent + timedelta(seconds=30)) == []
     later = sent + timedelta(seconds=61)
-    assert services.requeue_lost(now=later) == [run.pk]
+    assert recovery.requeue_lost(now=later) == [run.pk]
     # A second tick at the same moment finds it claimed.
-    assert services.requeue_lost(now=later) == []
+    assert recovery.requeue_lost(now=later) == []
     run.refresh_from_db()
     assert run.enqueued_at == later and "sent to the workers again" in run.log[-1]["message"]
-    services.execute(run.pk)
-    assert services.requeue_lost(now=later + timedelta(hours=1)) == []
+    execution.execute(run.pk)
+    assert recovery.requeue_lost(now=later + timedelta(hours=1)) == []
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_run_delivered_twice_at_once_runs_once(deployment, operator, monkeypatch):
-    run = services.request_recycle(operator, deployment)
+    run = dispatch.request_recycle(operator, deployment)
     calls, barrier = [], threading.Barrier(2)
-    monkeypatch.setattr(services, "_recycle", lambda claimed: calls.append(claimed.pk))
-    real_first = services.MaintenanceRun.objects.filter
+    monkeypatch.setattr(execution, "_recycle", lambda claimed: calls.append(claimed.pk))
+    real_first = MaintenanceRun.objects.filter
 
     def both_read_it_queued(*args, **kwargs):
         rows = real_first(*args, **kwargs)
@@ -376,11 +375,11 @@ def test_a_run_delivered_twice_at_once_runs_once(deployment, operator, monkeypat
                 pass
         return rows
 
-    monkeypatch.setattr(services.MaintenanceRun.objects, "filter", both_read_it_queued)
+    monkeypatch.setattr(MaintenanceRun.objects, "filter", both_read_it_queued)
 
     def deliver():
         try:
-            services.execute(run.pk)
+            execution.execute(run.pk)
         finally:
             connection.close()
 
@@ -413,13 +412,13 @@ def test_a_broker_that_refuses_the_message_delays_a_recycle_and_fails_nothing(
     run = MaintenanceRun.objects.get(pk=response.json()["id"])
     assert run.state == MaintenanceRun.State.QUEUED
     # The tick finds it once the broker is back.
-    assert services.requeue_lost(now=run.enqueued_at + timedelta(hours=1)) == [run.pk]
+    assert recovery.requeue_lost(now=run.enqueued_at + timedelta(hours=1)) == [run.pk]
 
 
 @pytest.mark.django_db
 def test_the_run_page_says_when_no_worker_has_taken_the_run_up(client, people, deployment, operator, settings):
     settings.FLEETDECK_CHANGE_STALE_S = 60
-    run = services.request_recycle(operator, deployment)
+    run = dispatch.request_recycle(operator, deployment)
     client.force_login(people["viewer"])
     url = reverse("maintenance:run", args=[run.pk])
     assert "Waiting for a worker" not in client.get(url).content.decode()
@@ -443,10 +442,10 @@ def test_a_recycle_whose_worker_died_is_failed_once_with_how_far_it_got_and_free
     from apps.changes.models import ChangeState
 
     settings.FLEETDECK_CHANGE_STALE_S = 60
-    monkeypatch.setattr(services, "_recycle", lambda claimed: None)  # the worker dies mid-recycle
-    run = services.request_recycle(operator, deployment)
-    services.execute(run.pk)
-    live, _ = services._replicas(deployment.application.cluster, deployment)
+    monkeypatch.setattr(execution, "_recycle", lambda claimed: None)  # the worker dies mid-recycle
+    run = dispatch.request_recycle(operator, deployment)
+    execution.execute(run.pk)
+    live, _ = execution.running_replicas(deployment.application.cluster, deployment)
     change = protocol.plan_change(
         operator,
         deployment.application.cluster,
@@ -458,10 +457,10 @@ def test_a_recycle_whose_worker_died_is_failed_once_with_how_far_it_got_and_free
     MaintenanceRun.objects.filter(pk=run.pk).update(change=change, replicas_before=[*live, "replaced-1"])
     beat = MaintenanceRun.objects.get(pk=run.pk).heartbeat_at
 
-    assert services.abandon_stale(now=beat + timedelta(seconds=30)) == []
+    assert recovery.abandon_stale(now=beat + timedelta(seconds=30)) == []
     later = beat + timedelta(seconds=61)
-    assert services.abandon_stale(now=later) == [run.pk]
-    assert services.abandon_stale(now=later) == []  # a second tick at the same moment finds it failed
+    assert recovery.abandon_stale(now=later) == [run.pk]
+    assert recovery.abandon_stale(now=later) == []  # a second tick at the same moment finds it failed
     run.refresh_from_db()
     assert run.state == MaintenanceRun.State.FAILED and run.finished_at
     assert run.log[-1]["message"] == run.error
@@ -471,9 +470,9 @@ def test_a_recycle_whose_worker_died_is_failed_once_with_how_far_it_got_and_free
     assert AuditEvent.objects.filter(action="recycle.failed", object_id=str(run.pk)).count() == 1
 
     calls = []
-    monkeypatch.setattr(services, "_recycle", lambda claimed: calls.append(claimed.pk))
-    following = services.request_recycle(operator, deployment)
-    services.execute(following.pk)
+    monkeypatch.setattr(execution, "_recycle", lambda claimed: calls.append(claimed.pk))
+    following = dispatch.request_recycle(operator, deployment)
+    execution.execute(following.pk)
     following.refresh_from_db()
     assert calls == [following.pk] and following.state == MaintenanceRun.State.RUNNING and not following.skip_reason
 
@@ -485,11 +484,11 @@ def test_a_running_run_with_a_fresh_heartbeat_or_an_active_change_is_left_alone(
     from apps.changes import protocol
 
     settings.FLEETDECK_CHANGE_STALE_S = 60
-    monkeypatch.setattr(services, "_recycle", lambda claimed: None)
-    run = services.request_recycle(operator, deployment)
-    services.execute(run.pk)
+    monkeypatch.setattr(execution, "_recycle", lambda claimed: None)
+    run = dispatch.request_recycle(operator, deployment)
+    execution.execute(run.pk)
     beat = MaintenanceRun.objects.get(pk=run.pk).heartbeat_at
-    assert services.abandon_stale(now=beat + timedelta(seconds=59)) == []
+    assert recovery.abandon_stale(now=beat + timedelta(seconds=59)) == []
     # Stale, but its change is still on its way: the change's reconciler finishes that first.
     change = protocol.plan_change(
         operator,
@@ -500,7 +499,7 @@ def test_a_running_run_with_a_fresh_heartbeat_or_an_active_change_is_left_alone(
     )
     protocol.request_apply(operator, change)
     MaintenanceRun.objects.filter(pk=run.pk).update(change=change)
-    assert services.abandon_stale(now=beat + timedelta(hours=1)) == []
+    assert recovery.abandon_stale(now=beat + timedelta(hours=1)) == []
     run.refresh_from_db()
     assert run.state == MaintenanceRun.State.RUNNING and not run.error
 
@@ -519,7 +518,7 @@ def test_a_recycle_touches_its_heartbeat_at_the_claim_each_log_line_and_each_pol
         options={"ray_actor_options": {"num_cpus": 0.3}},
         reason="recycle",
     )
-    run = services.request_recycle(operator, deployment)
+    run = dispatch.request_recycle(operator, deployment)
     beats = []
 
     def beat():
@@ -527,17 +526,17 @@ def test_a_recycle_touches_its_heartbeat_at_the_claim_each_log_line_and_each_pol
 
     def recycle(claimed):
         beat()
-        services._log(claimed, "a step")
+        run_log.log_line(claimed, "a step")
         beat()
-        services._wait_final(claimed, change)
+        execution._wait_final(claimed, change)
 
     def replicas_come_back(seconds):
         beat()
         Change.objects.filter(pk=change.pk).update(state=ChangeState.SUCCEEDED)
 
-    monkeypatch.setattr(services, "_recycle", recycle)
-    monkeypatch.setattr(services.time, "sleep", replicas_come_back)
-    services.execute(run.pk)
+    monkeypatch.setattr(execution, "_recycle", recycle)
+    monkeypatch.setattr(execution.time, "sleep", replicas_come_back)
+    execution.execute(run.pk)
     assert beats[0] is not None and beats[0] < beats[1] < beats[2]
 
 
@@ -546,9 +545,9 @@ def test_a_run_blocked_in_a_long_call_keeps_its_heartbeat(deployment, operator, 
     import time
 
     # The inline change run and a warmup's requests neither log nor poll for minutes.
-    monkeypatch.setattr(services, "HEARTBEAT_S", 0.05)
-    monkeypatch.setattr(services, "_enqueue", lambda run_id: None)
-    run = services.request_recycle(operator, deployment)
+    monkeypatch.setattr(execution, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(dispatch, "_enqueue", lambda run_id: None)
+    run = dispatch.request_recycle(operator, deployment)
     beats = []
 
     def blocked(claimed):
@@ -556,8 +555,8 @@ def test_a_run_blocked_in_a_long_call_keeps_its_heartbeat(deployment, operator, 
         time.sleep(0.5)
         beats.append(MaintenanceRun.objects.get(pk=run.pk).heartbeat_at)
 
-    monkeypatch.setattr(services, "_recycle", blocked)
-    services.execute(run.pk)
+    monkeypatch.setattr(execution, "_recycle", blocked)
+    execution.execute(run.pk)
     assert beats[0] is not None and beats[1] > beats[0]
 
 
@@ -567,15 +566,15 @@ def test_the_warmup_after_a_recycle_runs_once_however_long_it_takes(deployment, 
     from apps.changes.models import Change, ChangeState
 
     settings.FLEETDECK_CHANGE_STALE_S = 60
-    profile = services.save_profile(operator, deployment.application, {"name": "w", "path": "/demo"})
+    profile = schedules.save_profile(operator, deployment.application, {"name": "w", "path": "/demo"})
     schedule = RecycleSchedule.objects.create(
         deployment=deployment, every_hours=6, warmup=profile, created_by=operator.user
     )
-    run = services.request_recycle(operator, deployment)
+    run = dispatch.request_recycle(operator, deployment)
     MaintenanceRun.objects.filter(pk=run.pk).update(schedule=schedule)
     replicas = iter([(["r1", "r2"], {}), (["r3", "r4"], {})])
-    monkeypatch.setattr(services, "_replicas", lambda cluster, dep: next(replicas))
-    monkeypatch.setattr(services, "recycle_guards", lambda *args: [])
+    monkeypatch.setattr(execution, "running_replicas", lambda cluster, dep: next(replicas))
+    monkeypatch.setattr(execution, "recycle_guards", lambda *args: [])
     monkeypatch.setattr(
         protocol,
         "run",
@@ -590,13 +589,13 @@ def test_the_warmup_after_a_recycle_runs_once_however_long_it_takes(deployment, 
         seen.append(
             (
                 MaintenanceRun.objects.get(pk=follow.pk).state,
-                services.requeue_lost(now=timezone.now() + timedelta(hours=1)),
+                recovery.requeue_lost(now=timezone.now() + timedelta(hours=1)),
             )
         )
-        services._end(follow, MaintenanceRun.State.SUCCEEDED, "warm")
+        run_log.end_run(follow, MaintenanceRun.State.SUCCEEDED, "warm")
 
-    monkeypatch.setattr(services, "_warmup", slow_warmup)
-    services.execute(run.pk)
+    monkeypatch.setattr(execution, "_warmup", slow_warmup)
+    execution.execute(run.pk)
 
     assert MaintenanceRun.objects.get(pk=run.pk).state == MaintenanceRun.State.SUCCEEDED
     assert seen == [(MaintenanceRun.State.RUNNING, [])]
@@ -609,15 +608,15 @@ def test_a_worker_that_wakes_after_the_reaper_failed_its_run_overwrites_nothing(
     deployment, operator, settings, monkeypatch
 ):
     settings.FLEETDECK_CHANGE_STALE_S = 60
-    monkeypatch.setattr(services, "_recycle", lambda claimed: None)
-    run = services.request_recycle(operator, deployment)
-    services.execute(run.pk)
+    monkeypatch.setattr(execution, "_recycle", lambda claimed: None)
+    run = dispatch.request_recycle(operator, deployment)
+    execution.execute(run.pk)
     worker_copy = MaintenanceRun.objects.get(pk=run.pk)  # what the paused worker holds
     beat = worker_copy.heartbeat_at
-    assert services.abandon_stale(now=beat + timedelta(seconds=61)) == [run.pk]
+    assert recovery.abandon_stale(now=beat + timedelta(seconds=61)) == [run.pk]
 
-    services._log(worker_copy, "Change #1 bumps the generation.")
-    assert services._end(worker_copy, MaintenanceRun.State.SUCCEEDED, "Recycled.") is False
+    run_log.log_line(worker_copy, "Change #1 bumps the generation.")
+    assert run_log.end_run(worker_copy, MaintenanceRun.State.SUCCEEDED, "Recycled.") is False
 
     run.refresh_from_db()
     assert run.state == MaintenanceRun.State.FAILED and run.log[-1]["message"].startswith("The worker stopped")
@@ -629,10 +628,10 @@ def test_a_recycle_that_raises_is_failed_with_its_error_not_left_running(deploym
     def broken(claimed):
         raise KeyError("replica_id")
 
-    monkeypatch.setattr(services, "_recycle", broken)
-    run = services.request_recycle(operator, deployment)
+    monkeypatch.setattr(execution, "_recycle", broken)
+    run = dispatch.request_recycle(operator, deployment)
     with pytest.raises(KeyError):
-        services.execute(run.pk)
+        execution.execute(run.pk)
     run.refresh_from_db()
     assert run.state == MaintenanceRun.State.FAILED and "replica_id" in run.error and run.started_at
 
@@ -640,12 +639,12 @@ def test_a_recycle_that_raises_is_failed_with_its_error_not_left_running(deploym
 @pytest.mark.django_db
 def test_a_run_claimed_before_heartbeats_existed_is_reaped_by_its_start(deployment, operator, settings, monkeypatch):
     settings.FLEETDECK_CHANGE_STALE_S = 60
-    monkeypatch.setattr(services, "_recycle", lambda claimed: None)
-    run = services.request_recycle(operator, deployment)
-    services.execute(run.pk)
+    monkeypatch.setattr(execution, "_recycle", lambda claimed: None)
+    run = dispatch.request_recycle(operator, deployment)
+    execution.execute(run.pk)
     started = timezone.now() - timedelta(minutes=10)
     MaintenanceRun.objects.filter(pk=run.pk).update(heartbeat_at=None, started_at=started)
-    assert services.abandon_stale() == [run.pk]
+    assert recovery.abandon_stale() == [run.pk]
 
 
 class WorkerDied(BaseException):
@@ -659,18 +658,18 @@ def test_a_worker_killed_as_it_applies_the_recycle_change_leaves_a_run_that_name
     from apps.changes import protocol
 
     settings.FLEETDECK_CHANGE_STALE_S = 60
-    monkeypatch.setattr(services, "recycle_guards", lambda *args: [])
+    monkeypatch.setattr(execution, "recycle_guards", lambda *args: [])
 
     def dies(actor, change):
         raise WorkerDied
 
     monkeypatch.setattr(protocol, "request_apply", dies)
-    run = services.request_recycle(operator, deployment)
+    run = dispatch.request_recycle(operator, deployment)
     with pytest.raises(WorkerDied):
-        services.execute(run.pk)
+        execution.execute(run.pk)
     run.refresh_from_db()
     assert run.state == MaintenanceRun.State.RUNNING and run.change_id is not None
-    assert services.abandon_stale(now=run.heartbeat_at + timedelta(seconds=61)) == [run.pk]
+    assert recovery.abandon_stale(now=run.heartbeat_at + timedelta(seconds=61)) == [run.pk]
     assert f"change #{run.change_id}" in MaintenanceRun.objects.get(pk=run.pk).error
 
 
@@ -678,10 +677,10 @@ def test_a_worker_killed_as_it_applies_the_recycle_change_leaves_a_run_that_name
 def test_the_heartbeat_stops_once_a_run_outlives_the_longest_it_could_take(deployment, operator, monkeypatch):
     import time
 
-    monkeypatch.setattr(services, "HEARTBEAT_S", 0.05)
-    monkeypatch.setattr(services, "_longest_s", lambda run: 0.2)
-    monkeypatch.setattr(services, "_enqueue", lambda run_id: None)
-    run = services.request_recycle(operator, deployment)
+    monkeypatch.setattr(execution, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(execution, "_longest_s", lambda run: 0.2)
+    monkeypatch.setattr(dispatch, "_enqueue", lambda run_id: None)
+    run = dispatch.request_recycle(operator, deployment)
     beats = []
 
     def stuck(claimed):
@@ -690,6 +689,6 @@ def test_the_heartbeat_stops_once_a_run_outlives_the_longest_it_could_take(deplo
         time.sleep(0.4)
         beats.append(MaintenanceRun.objects.get(pk=run.pk).heartbeat_at)
 
-    monkeypatch.setattr(services, "_recycle", stuck)
-    services.execute(run.pk)
+    monkeypatch.setattr(execution, "_recycle", stuck)
+    execution.execute(run.pk)
     assert beats[0] == beats[1]

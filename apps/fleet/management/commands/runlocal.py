@@ -30,7 +30,7 @@ from apps.clusters import services
 from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.fleet.models import Application
-from apps.maintenance import services as maintenance
+from apps.maintenance import schedules
 from controlplane.local_ray import (
     GIB,
     MAX_MEMORY_THRESHOLD,
@@ -148,7 +148,7 @@ class Command(BaseCommand):
         sync.sync_cluster(cluster.pk)
         application = Application.objects.filter(cluster=cluster, name="reference", removed_at__isnull=True).first()
         if application is not None and not application.warmup_profiles.exists():
-            maintenance.save_profile(actor, application, dict(REFERENCE_WARMUP))
+            schedules.save_profile(actor, application, dict(REFERENCE_WARMUP))
 
     def _commands(self, port: int) -> dict[str, list[str]]:
         python = sys.executable
