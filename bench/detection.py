@@ -14,7 +14,7 @@ each scored against a naive baseline.
   true usage is >= 90 % for the last 2+ readings. Negative: a single high reading, usage
   hovering just under 90 %, normal usage. Baseline: last reading >= 90 %.
 - memory ratchet: 2.5-6 h of readings every 30 s, compacted by the product's own
-  `signals.compact` (raw last hour, 5-minute maxima before). Positive: a leak (steady growth of
+  `metric_readings.compact` (raw last hour, 5-minute maxima before). Positive: a leak (steady growth of
   10-40 % of the node). Negative: a sawtooth that comes back (GC, recycles), a single step up
   (a model or cache loaded once), flat. Baseline: grew >= 10 % over >= 2 h.
 
@@ -51,7 +51,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from apps.incidents import detectors, signals  # noqa: E402
+from apps.incidents import detectors, metric_readings  # noqa: E402
 from bench import detector_quality  # noqa: E402
 from bench.scratch_db import scratch_database  # noqa: E402
 
@@ -124,7 +124,7 @@ def ratchet_trace(rng: random.Random, kind: str) -> list[dict]:
     else:
         true = [start] * n
     raw = [{"t": 30.0 * i, "mem": min(1.0, max(0.0, m + rng.gauss(0, noise)))} for i, m in enumerate(true)]
-    return signals.compact(raw, now=raw[-1]["t"])
+    return metric_readings.compact(raw, now=raw[-1]["t"])
 
 
 def naive_ratchet(points: list[dict]) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 
 import jsonpatch
 
-from apps.changes.fields import (
+from apps.changes.serve_options import (
     DICT_OPTIONS,
     OMITTED_WHEN_NULL,
     autoscaling_defaults,

@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 from django.core.exceptions import ValidationError
 
-from apps.changes.fields import NULL_REPLACED, known_options, null_kept, unknown_fields, unknown_nulls
+from apps.changes.serve_options import NULL_REPLACED, known_options, null_kept, unknown_fields, unknown_nulls
 
 MAX_PATCH_CHARS = 64_000
 

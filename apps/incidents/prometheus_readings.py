@@ -1,9 +1,9 @@
-"""The readings of `signals.py` computed by PromQL on a Prometheus server instead of by
+"""The readings of `metric_readings.py` computed by PromQL on a Prometheus server instead of by
 differencing two scrapes; `integrations.prometheus` sends the queries."""
 
 from __future__ import annotations
 
-from apps.incidents.signals import (
+from apps.incidents.metric_readings import (
     COMPONENT_RSS,
     ONGOING,
     ApplicationSignals,

@@ -15,7 +15,7 @@ from apps.accounts.audit import Actor, record
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
 from apps.clusters.services import dashboard_for
 from apps.fleet.models import Deployment
-from apps.incidents import cluster_history, detectors, prometheus_readings, signals, webhooks
+from apps.incidents import cluster_history, detectors, metric_readings, prometheus_readings, webhooks
 from apps.incidents.causes import (
     LatencyContext,
     OomContext,
@@ -70,7 +70,7 @@ def _metrics_evidence(cluster: Cluster) -> dict:
     if not cluster.metrics_url:
         return {}
     try:
-        reading = signals.read(
+        reading = metric_readings.read(
             ray_metrics.Scrape(at=0),
             ray_metrics.scrape(cluster.metrics_url, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S),
         )
@@ -303,7 +303,9 @@ def _prometheus_reading(cluster: Cluster):
 def _scrape_reading(cluster: Cluster):
     state = ScrapeState.objects.filter(cluster=cluster).first()
     try:
-        current = signals.relevant(ray_metrics.scrape(cluster.metrics_url, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S))
+        current = metric_readings.relevant(
+            ray_metrics.scrape(cluster.metrics_url, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S)
+        )
     except ray_metrics.MetricsUnavailable as exc:
         ScrapeState.objects.update_or_create(
             cluster=cluster,
@@ -323,17 +325,17 @@ def _scrape_reading(cluster: Cluster):
     previous = ray_metrics.Scrape(
         at=state.at, samples=[ray_metrics.Sample(n, labels, v) for n, labels, v in state.samples]
     )
-    reading = signals.read(previous, current)
+    reading = metric_readings.read(previous, current)
     if reading.warnings:
         ScrapeState.objects.filter(cluster=cluster).update(warnings=reading.warnings)
     return current.at, reading
 
 
-def _apply_reading(cluster: Cluster, at: float, reading: signals.Reading) -> list[int]:
+def _apply_reading(cluster: Cluster, at: float, reading: metric_readings.Reading) -> list[int]:
     touched, pressure = [], False
     for ip, node in sorted(reading.nodes.items()):
         window, _ = NodeWindow.objects.get_or_create(cluster=cluster, node_ip=ip)
-        window.points = signals.compact([*window.points, signals.node_point(at, node)], now=at)
+        window.points = metric_readings.compact([*window.points, metric_readings.node_point(at, node)], now=at)
         window.save(update_fields=["points", "updated_at"])
         for finding in (
             detectors.memory_pressure(window.points),
@@ -345,8 +347,8 @@ def _apply_reading(cluster: Cluster, at: float, reading: signals.Reading) -> lis
                 touched.append(_record_node(cluster, ip, finding, window.points))
     for (app, dep), values in sorted(reading.deployments.items()):
         window, _ = SignalWindow.objects.get_or_create(cluster=cluster, application_name=app, deployment_name=dep)
-        point = signals.point(at, reading.seconds, values, reading.applications.get(app))
-        window.points = signals.compact([*window.points, point], now=at)
+        point = metric_readings.point(at, reading.seconds, values, reading.applications.get(app))
+        window.points = metric_readings.compact([*window.points, point], now=at)
         window.save(update_fields=["points", "updated_at"])
         finding = detectors.latency_spike(window.points)
         if finding:

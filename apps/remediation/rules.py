@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from apps.changes.fields import parse_version, unknown_fields
+from apps.changes.serve_options import parse_version, unknown_fields
 
 
 @dataclass(frozen=True)

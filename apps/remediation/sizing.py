@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from apps.changes.fields import parse_version
+from apps.changes.serve_options import parse_version
 from apps.incidents.oom import ReplicaMemory
 
 SAFETY_MARGIN = 0.8

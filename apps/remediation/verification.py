@@ -10,8 +10,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.accounts.audit import Actor, record
+from apps.incidents import metric_readings
 from apps.incidents import services as incidents
-from apps.incidents import signals
 from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, SignalWindow
 from apps.remediation.catalogue import REMEDIES, REMEDIES_FOR
 from apps.remediation.models import Wizard, WizardStep
@@ -117,7 +117,7 @@ def summarize(points: list[dict]) -> dict:
     failed_by_code: dict[str, float] = {}
     for p in served:
         for code, n in (p.get("http_errors") or {}).items():
-            if signals.is_failure(code) and n:
+            if metric_readings.is_failure(code) and n:
                 failed_by_code[code] = failed_by_code.get(code, 0) + n
     answered, failed = sum(values("http", served)), sum(failed_by_code.values())
     seconds, client_p50 = sum(values("seconds", served)), values("http_p50", served)

@@ -14,7 +14,7 @@ from apps.changes.models import Change
 from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.fleet.models import Deployment
-from apps.incidents import services, signals
+from apps.incidents import metric_readings, services
 from apps.incidents.models import Incident
 from apps.incidents.oom import oom_kills, replica_of
 from integrations import ray_metrics
@@ -47,7 +47,7 @@ def test_replica_names_that_are_not_serve_replicas_are_ignored():
 
 
 def test_signals_from_a_scrape_give_requests_latency_and_oom_evidence():
-    reading = signals.read(ray_metrics.Scrape(at=0), metrics("metrics_after_oom_kills_filtered.prom"))
+    reading = metric_readings.read(ray_metrics.Scrape(at=0), metrics("metrics_after_oom_kills_filtered.prom"))
     assert reading.deployments[("demo", "Echo")].oom_errors == 1
     assert reading.deployments[("modelonly", "Model")].requests == 423
     node = reading.nodes["192.0.2.2"]
@@ -59,10 +59,10 @@ def test_latency_percentiles_come_from_bucket_deltas():
     before = metrics("metrics_after_200_requests_filtered.prom", at=0)
     after = copy.deepcopy(before)
     after.at = 60
-    reading = signals.read(before, after)
+    reading = metric_readings.read(before, after)
     assert all(d.requests == 0 and d.p99_ms is None for d in reading.deployments.values())
-    assert signals.quantile([(10.0, 50), (100.0, 100), (float("inf"), 100)], 0.5) == 10.0
-    assert signals.quantile([(10.0, 50), (100.0, 100), (float("inf"), 100)], 0.75) == 55.0
+    assert metric_readings.quantile([(10.0, 50), (100.0, 100), (float("inf"), 100)], 0.5) == 10.0
+    assert metric_readings.quantile([(10.0, 50), (100.0, 100), (float("inf"), 100)], 0.75) == 55.0
 
 
 def test_a_counter_that_goes_back_is_a_reset_with_a_warning_not_a_negative_rate():
@@ -71,10 +71,11 @@ def test_a_counter_that_goes_back_is_a_reset_with_a_warning_not_a_negative_rate(
     after = ray_metrics.Scrape(
         at=60,
         samples=[
-            ray_metrics.Sample(s.name, s.labels, 3.0 if s.name == signals.REQUESTS else s.value) for s in before.samples
+            ray_metrics.Sample(s.name, s.labels, 3.0 if s.name == metric_readings.REQUESTS else s.value)
+            for s in before.samples
         ],
     )
-    reading = signals.read(before, after)
+    reading = metric_readings.read(before, after)
     assert all(d.requests >= 0 for d in reading.deployments.values())
     assert any("went backwards" in w for w in reading.warnings)
 
@@ -241,9 +242,9 @@ def slower(scrape: ray_metrics.Scrape, at: float, extra: int = 60, over_ms: floa
     for s in scrape.samples:
         value = s.value
         model = s.labels.get("application") == "demo" and s.labels.get("deployment") == "Model"
-        if model and s.name == f"{signals.LATENCY}_bucket" and float(s.labels["le"]) >= over_ms:
+        if model and s.name == f"{metric_readings.LATENCY}_bucket" and float(s.labels["le"]) >= over_ms:
             value += extra
-        elif model and s.name in (signals.REQUESTS, f"{signals.LATENCY}_count"):
+        elif model and s.name in (metric_readings.REQUESTS, f"{metric_readings.LATENCY}_count"):
             value += extra
         samples.append(ray_metrics.Sample(s.name, s.labels, value))
     return ray_metrics.Scrape(at=at, samples=samples)
@@ -254,7 +255,7 @@ def test_old_points_are_summarized_and_points_past_retention_dropped():
         {"t": float(t), "p99": float(t % 7), "rps": 1.0, "errors": 1, "starts": 0, "queued": 0, "ongoing": 0}
         for t in range(0, 7200, 30)
     ]
-    compacted = signals.compact(points, now=7200, raw_s=1800, bucket_s=300, retention_s=5400)
+    compacted = metric_readings.compact(points, now=7200, raw_s=1800, bucket_s=300, retention_s=5400)
     raw = [p for p in compacted if "summary" not in p]
     summaries = [p for p in compacted if "summary" in p]
     assert all(p["t"] >= 5400 for p in raw) and len(raw) == 60
@@ -394,14 +395,14 @@ def with_memory(
     samples = []
     for s in scrape.samples:
         value = s.value
-        if s.name == signals.MEM_USED:
-            total = next(t.value for t in scrape.samples if t.name == signals.MEM_TOTAL)
+        if s.name == metric_readings.MEM_USED:
+            total = next(t.value for t in scrape.samples if t.name == metric_readings.MEM_TOTAL)
             value = total * fraction
         samples.append(ray_metrics.Sample(s.name, s.labels, value))
     if gpu:
         samples += [
-            ray_metrics.Sample(signals.GRAM_USED, {"ip": "192.0.2.2", "GpuIndex": "0"}, gpu[0]),
-            ray_metrics.Sample(signals.GRAM_AVAILABLE, {"ip": "192.0.2.2", "GpuIndex": "0"}, gpu[1]),
+            ray_metrics.Sample(metric_readings.GRAM_USED, {"ip": "192.0.2.2", "GpuIndex": "0"}, gpu[0]),
+            ray_metrics.Sample(metric_readings.GRAM_AVAILABLE, {"ip": "192.0.2.2", "GpuIndex": "0"}, gpu[1]),
         ]
     return ray_metrics.Scrape(at=at, samples=samples)
 
@@ -517,7 +518,7 @@ def test_a_growing_queue_opens_a_queue_incident_before_latency_spikes(metered, m
             ray_metrics.Sample(
                 s.name,
                 s.labels,
-                20.0 if s.name == signals.QUEUED and s.labels.get("deployment") == "Model" else s.value,
+                20.0 if s.name == metric_readings.QUEUED and s.labels.get("deployment") == "Model" else s.value,
             )
             for s in base.samples
         ],

@@ -12,9 +12,9 @@ from django.urls import reverse
 
 from apps.accounts.audit import Actor
 from apps.changes import protocol
-from apps.changes.fields import autoscaling_defaults
 from apps.changes.models import Change, ChangeState
 from apps.changes.planner import not_taken, plan_patch
+from apps.changes.serve_options import autoscaling_defaults
 from apps.changes.validation import validate_options
 from apps.clusters.models import Cluster
 from apps.fleet import sync

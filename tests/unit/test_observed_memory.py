@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import httpx
 
 from apps.calibration.curve import Curve
-from apps.incidents import prometheus_readings, signals
+from apps.incidents import metric_readings, prometheus_readings
 from apps.incidents.oom import ReplicaMemory
 from apps.remediation import observed, sizing
 from integrations import ray_metrics
@@ -20,12 +20,14 @@ KEY = ("reference", "Generator")
 
 
 def scrape(name: str, at: float) -> ray_metrics.Scrape:
-    return signals.relevant(ray_metrics.parse((FIXTURES / f"metrics_component_memory_{name}.prom").read_text(), at=at))
+    return metric_readings.relevant(
+        ray_metrics.parse((FIXTURES / f"metrics_component_memory_{name}.prom").read_text(), at=at)
+    )
 
 
 def point(name: str, at: float) -> dict:
-    reading = signals.read(scrape(name, at - 3), scrape(name, at))
-    return signals.point(at, reading.seconds, reading.deployments[KEY])
+    reading = metric_readings.read(scrape(name, at - 3), scrape(name, at))
+    return metric_readings.point(at, reading.seconds, reading.deployments[KEY])
 
 
 def test_a_replicas_memory_is_summed_over_the_titles_it_carries_at_rest_and_serving():
@@ -45,11 +47,11 @@ def test_a_replica_still_starting_is_left_out_and_a_killed_ones_requests_do_not_
 
 def test_the_title_of_one_deployment_never_counts_for_another():
     keys = [("a", "M"), ("a", "M.b"), ("ab", "M")]
-    assert signals.replica_deployment("ray::ServeReplica:a:M.handle_request_with_rejection", keys) == ("a", "M")
-    assert signals.replica_deployment("ray::ServeReplica:a:M.b", keys) == ("a", "M.b")
-    assert signals.replica_deployment("ray::ServeReplica:a:Mx", keys) is None
-    assert signals.replica_deployment("ray::ServeController", keys) is None
-    assert signals.replica_deployment("ray::SERVE_REPLICA::a#M#x1:ServeReplica:a:M.__init__", keys) is None
+    assert metric_readings.replica_deployment("ray::ServeReplica:a:M.handle_request_with_rejection", keys) == ("a", "M")
+    assert metric_readings.replica_deployment("ray::ServeReplica:a:M.b", keys) == ("a", "M.b")
+    assert metric_readings.replica_deployment("ray::ServeReplica:a:Mx", keys) is None
+    assert metric_readings.replica_deployment("ray::ServeController", keys) is None
+    assert metric_readings.replica_deployment("ray::SERVE_REPLICA::a#M#x1:ServeReplica:a:M.__init__", keys) is None
 
 
 def test_traffic_gives_a_baseline_and_a_lower_bound_per_request():

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from apps.changes import fields
+from apps.changes import serve_options
 from apps.changes.planner import (
     PlanError,
     dropped_applications,
@@ -391,13 +391,13 @@ def test_a_plan_for_current_ray_keeps_the_new_option_names():
     ],
 )
 def test_parse_version_reads_major_and_minor_and_treats_unknown_as_current(version, expected):
-    assert fields.parse_version(version) == expected
+    assert serve_options.parse_version(version) == expected
 
 
 def test_for_version_renames_both_fields_before_2_10_and_leaves_the_input_alone():
     options = {"max_ongoing_requests": 3, "autoscaling_config": {"target_ongoing_requests": 1, "max_replicas": 4}}
     original = copy.deepcopy(options)
-    mapped = fields.for_version(options, "2.9.3")
+    mapped = serve_options.for_version(options, "2.9.3")
     assert mapped == {
         "max_concurrent_queries": 3,
         "autoscaling_config": {"target_num_ongoing_requests_per_replica": 1, "max_replicas": 4},
@@ -408,7 +408,7 @@ def test_for_version_renames_both_fields_before_2_10_and_leaves_the_input_alone(
 @pytest.mark.parametrize("version", ["2.10.0", "2.60.0", "unknown"])
 def test_for_version_keeps_the_new_names_from_2_10_on(version):
     options = {"max_ongoing_requests": 3, "autoscaling_config": {"target_ongoing_requests": 1}}
-    assert fields.for_version(options, version) == options
+    assert serve_options.for_version(options, version) == options
 
 
 def test_a_legacy_field_already_submitted_is_warned_about_and_left_in_place():

@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.clusters.models import Cluster
-from apps.incidents import prometheus_readings, services, signals
+from apps.incidents import metric_readings, prometheus_readings, services
 from apps.incidents.models import Incident, OomKillRecord, SignalWindow
 from apps.remediation import presentation, verification
 from apps.remediation.models import Wizard, WizardStep
@@ -36,7 +36,9 @@ def proxy_answers(
     the histogram, error_code on the error counter)."""
     samples = list(scrape.samples)
     base = {"application": app, "method": "GET", "route": f"/{app}"}
-    bounds = sorted({float(s.labels["le"]) for s in scrape.samples if s.name == f"{signals.HTTP_LATENCY}_bucket"})
+    bounds = sorted(
+        {float(s.labels["le"]) for s in scrape.samples if s.name == f"{metric_readings.HTTP_LATENCY}_bucket"}
+    )
 
     def add(name, labels, n):
         for i, s in enumerate(samples):
@@ -46,13 +48,15 @@ def proxy_answers(
         samples.append(ray_metrics.Sample(name, labels, float(n)))
 
     for code, n in by_code.items():
-        add(signals.HTTP_REQUESTS, base | {"status_code": code}, n)
+        add(metric_readings.HTTP_REQUESTS, base | {"status_code": code}, n)
         if code != "200":
-            add(signals.HTTP_ERRORS, base | {"error_code": code}, n)
+            add(metric_readings.HTTP_ERRORS, base | {"error_code": code}, n)
         for bound in bounds:
             le = "+Inf" if bound == float("inf") else str(bound)
             add(
-                f"{signals.HTTP_LATENCY}_bucket", base | {"status_code": code, "le": le}, n if bound >= bucket_ms else 0
+                f"{metric_readings.HTTP_LATENCY}_bucket",
+                base | {"status_code": code, "le": le},
+                n if bound >= bucket_ms else 0,
             )
     return ray_metrics.Scrape(at=at, samples=samples)
 
@@ -61,7 +65,7 @@ def proxy_answers(
 
 
 def test_a_scrape_after_oom_kills_gives_each_application_its_answers_and_500s():
-    reading = signals.read(ray_metrics.Scrape(at=0), metrics(OOM))
+    reading = metric_readings.read(ray_metrics.Scrape(at=0), metrics(OOM))
     modelonly, demo = reading.applications["modelonly"], reading.applications["demo"]
     assert (modelonly.requests, modelonly.errors_by_code) == (550, {"500": 11})
     assert (demo.requests, demo.errors_by_code) == (548, {"500": 1})
@@ -70,14 +74,14 @@ def test_a_scrape_after_oom_kills_gives_each_application_its_answers_and_500s():
 
 def test_the_proxys_own_routes_are_no_application():
     # /-/healthz, /-/routes and a 404 carry application="": they are nobody's clients.
-    reading = signals.read(ray_metrics.Scrape(at=0), metrics(HEALTHY))
+    reading = metric_readings.read(ray_metrics.Scrape(at=0), metrics(HEALTHY))
     assert set(reading.applications) == {"demo"} and reading.applications["demo"].errors_by_code == {}
 
 
 def test_client_figures_come_from_the_difference_of_two_scrapes():
     before = metrics(HEALTHY, at=1000)
     after = proxy_answers(before, 1060, {"200": 44, "503": 690, "500": 4}, bucket_ms=5000.0)
-    reading = signals.read(before, after)
+    reading = metric_readings.read(before, after)
     demo = reading.applications["demo"]
     assert demo.requests == 738 and demo.errors_by_code == {"503": 690, "500": 4}
     assert 2000 < demo.p99_ms <= 5000 and demo.p99_between_ms == (2000.0, 5000.0)
@@ -87,24 +91,26 @@ def test_client_figures_come_from_the_difference_of_two_scrapes():
 
 def test_the_compact_scrape_keeps_the_proxy_series():
     scrape = metrics(OOM)
-    kept = signals.relevant(scrape)
-    for name in (signals.HTTP_REQUESTS, signals.HTTP_ERRORS, f"{signals.HTTP_LATENCY}_bucket"):
+    kept = metric_readings.relevant(scrape)
+    for name in (metric_readings.HTTP_REQUESTS, metric_readings.HTTP_ERRORS, f"{metric_readings.HTTP_LATENCY}_bucket"):
         assert len(kept.named(name)) == len(scrape.named(name)) > 0
     assert (
-        signals.read(ray_metrics.Scrape(at=0), kept).applications
-        == signals.read(ray_metrics.Scrape(at=0), scrape).applications
+        metric_readings.read(ray_metrics.Scrape(at=0), kept).applications
+        == metric_readings.read(ray_metrics.Scrape(at=0), scrape).applications
     )
 
 
 def test_points_carry_the_applications_client_figures_and_keep_their_own_keys():
     before = metrics(HEALTHY, at=1000)
-    reading = signals.read(before, proxy_answers(before, 1060, {"200": 50, "503": 10}, bucket_ms=100.0))
-    point = signals.point(1060, reading.seconds, reading.deployments[("demo", "Model")], reading.applications["demo"])
+    reading = metric_readings.read(before, proxy_answers(before, 1060, {"200": 50, "503": 10}, bucket_ms=100.0))
+    point = metric_readings.point(
+        1060, reading.seconds, reading.deployments[("demo", "Model")], reading.applications["demo"]
+    )
     assert {"t", "p50", "p95", "p99", "rps", "errors", "ongoing", "queued", "starts"} <= set(point)
     assert point["seconds"] == 60 and point["http"] == 60 and point["http_errors"] == {"503": 10}
     assert 50 < point["http_p99"] <= 100 and point["http_p50"] <= point["http_p95"] <= point["http_p99"]
     # No proxy series: the keys are absent, which is not "no errors".
-    assert "http" not in signals.point(1060, reading.seconds, reading.deployments[("demo", "Model")])
+    assert "http" not in metric_readings.point(1060, reading.seconds, reading.deployments[("demo", "Model")])
 
 
 def test_compact_sums_client_counts_per_code_and_keeps_the_worst_latency():
@@ -122,7 +128,7 @@ def test_compact_sums_client_counts_per_code_and_keeps_the_worst_latency():
         for t in range(0, 600, 30)
     ]
     [summary] = [
-        p for p in signals.compact(points, now=900, raw_s=300, bucket_s=600, retention_s=1200) if "summary" in p
+        p for p in metric_readings.compact(points, now=900, raw_s=300, bucket_s=600, retention_s=1200) if "summary" in p
     ]
     assert summary["summary"] == 20 and summary["http"] == 200 and summary["seconds"] == 600
     assert (
