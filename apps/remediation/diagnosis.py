@@ -10,7 +10,7 @@ from apps.fleet.configs import key_settings
 from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, NodeWindow, SignalWindow
 from apps.incidents.oom import replica_memory
-from apps.remediation import capacity, observed, sizing
+from apps.remediation import capacity, measurements, observed, schedulable, sizing, token_caps
 from apps.remediation.catalogue import PRESCRIPTION, REMEDIES, REMEDIES_FOR, cause
 from apps.remediation.models import Finding
 from apps.remediation.rules import BY_ID
@@ -93,12 +93,12 @@ def diagnose(
 ) -> Diagnosis:
     window = SignalWindow.objects.filter(cluster=cluster, application_name=app, deployment_name=dep).first()
     points = window.points if window else []
-    load = sizing.load_from_points(points)
+    load = measurements.load_from_points(points)
     current = sizing.Current.of(effective, cluster.ray_version)
     live = capacity.read(cluster)
     seen = observed.from_points(points)
     memory, budget = _memory_and_budget(cluster, app, dep, incident, current, points, curve, live, seen)
-    resources = sizing.resources_from(effective, live.node_resources, _others(cluster, app, dep))
+    resources = schedulable.resources_from(effective, live.node_resources, _others(cluster, app, dep))
     computed = sizing.compute(
         current, memory, budget, load, latency_objective_ms=latency_objective_ms, curve=curve, resources=resources
     )
@@ -192,18 +192,18 @@ def _memory_and_budget(
         .first()
     )
     listed = replica_memory(kill.message) if kill is not None else []
-    floor, floor_reason = sizing.replica_floor_from_kill(listed, app, dep)
+    floor, floor_reason = measurements.replica_floor_from_kill(listed, app, dep)
     if seen is not None and seen.idle_readings and seen.baseline_bytes and seen.baseline_bytes > (floor or 0):
         floor, floor_reason = (
             seen.baseline_bytes,
             "the largest of its replicas' readings at rest in Ray's per-process memory",
         )
     # A token-sum curve prices a request by its tokens: the deployment's own caps when it has them.
-    memory = sizing.memory_from_curve(
-        curve, *sizing.request_tokens(current.user_config), replica_floor_bytes=floor, floor_reason=floor_reason
+    memory = measurements.memory_from_curve(
+        curve, *token_caps.request_tokens(current.user_config), replica_floor_bytes=floor, floor_reason=floor_reason
     )
     if memory is not None:
-        memory = sizing.with_traffic_floor(memory, seen)
+        memory = measurements.with_traffic_floor(memory, seen)
     budget = None
     nodes = max(NodeWindow.objects.filter(cluster=cluster).count(), len(live.node_memory or []), 1)
     if kill is not None:
@@ -211,16 +211,16 @@ def _memory_and_budget(
             at_detection = (incident.evidence.get("settings_at_detection") or {}) if incident is not None else {}
             cap = at_detection.get("max_ongoing_requests") or current.max_ongoing_requests
             in_flight = _in_flight_per_replica(points, cap, at_detection.get("running_replicas") or 1)
-            memory = sizing.memory_from_kill(listed, app, dep, in_flight, cap, observed=seen)
-        budget = sizing.budget_from_kill(kill.used_bytes, kill.threshold_bytes, listed, app, dep, nodes)
+            memory = measurements.memory_from_kill(listed, app, dep, in_flight, cap, observed=seen)
+        budget = measurements.budget_from_kill(kill.used_bytes, kill.threshold_bytes, listed, app, dep, nodes)
     if memory is None:
-        memory = sizing.memory_from_traffic(seen)
+        memory = measurements.memory_from_traffic(seen)
     if budget is None and live.node_memory:
-        budget = sizing.budget_from_nodes(
+        budget = measurements.budget_from_nodes(
             [{"mem_total": n.total_bytes, "mem_used": n.total_bytes - n.available_bytes} for n in live.node_memory]
         )
     if budget is None:
-        budget = sizing.budget_from_nodes(
+        budget = measurements.budget_from_nodes(
             [w.points[-1] for w in NodeWindow.objects.filter(cluster=cluster) if w.points]
         )
     return memory, budget
@@ -251,7 +251,7 @@ def _in_flight_per_replica(points: list[dict], cap: int | None, replicas: int) -
     return min(value, cap) if cap else value
 
 
-def _describe_memory(memory: sizing.Memory | None) -> dict | None:
+def _describe_memory(memory: measurements.Memory | None) -> dict | None:
     if memory is None:
         return None
     return {

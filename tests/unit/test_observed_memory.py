@@ -10,7 +10,7 @@ import httpx
 from apps.calibration.curve import Curve
 from apps.incidents import metric_readings, prometheus_readings
 from apps.incidents.oom import ReplicaMemory
-from apps.remediation import observed, sizing
+from apps.remediation import measurements, observed, sizing
 from integrations import ray_metrics
 from tests.conftest import FIXTURES
 
@@ -102,7 +102,7 @@ def test_without_a_reading_at_rest_the_least_a_replica_used_stands_for_its_basel
     assert seen.per_request_bytes == 200 * MB  # (1000 - 600) / 2: below the truth, never above
 
 
-def curve(baseline_mib: int, per_request_mib: int) -> sizing.Memory:
+def curve(baseline_mib: int, per_request_mib: int) -> measurements.Memory:
     found = Curve(
         axis="concurrency",
         device="cpu",
@@ -112,7 +112,7 @@ def curve(baseline_mib: int, per_request_mib: int) -> sizing.Memory:
         calibration_id=4,
         service_s={1.0: 1.0, 2.0: 1.0, 4.0: 1.0},
     )
-    return sizing.memory_from_curve(found)
+    return measurements.memory_from_curve(found)
 
 
 def current() -> sizing.Current:
@@ -126,35 +126,35 @@ def current() -> sizing.Current:
 
 
 def test_traffic_heavier_than_the_calibration_lowers_the_values_and_never_raises_them():
-    budget = sizing.Budget(2000 * MIB, 1, "budget")
+    budget = measurements.Budget(2000 * MIB, 1, "budget")
     calibrated = curve(200, 100)
-    before = sizing.compute(current(), calibrated, budget, sizing.Load(), latency_objective_ms=10_000)
+    before = sizing.compute(current(), calibrated, budget, measurements.Load(), latency_objective_ms=10_000)
     heavier = observed.Observed(200 * MIB, 400 * MIB, 3, 5, "traffic")
-    floored = sizing.with_traffic_floor(calibrated, heavier)
-    after = sizing.compute(current(), floored, budget, sizing.Load(), latency_objective_ms=10_000)
+    floored = measurements.with_traffic_floor(calibrated, heavier)
+    after = sizing.compute(current(), floored, budget, measurements.Load(), latency_objective_ms=10_000)
     assert floored.peak(4) == 1800 * MIB and "Calibrate with a heavier representative request" in floored.reason
     assert after.plan["replicas"] * after.plan["concurrency"] < before.plan["replicas"] * before.plan["concurrency"]
     lighter = observed.Observed(200 * MIB, 50 * MIB, 3, 5, "traffic")
-    assert sizing.with_traffic_floor(calibrated, lighter) is calibrated
+    assert measurements.with_traffic_floor(calibrated, lighter) is calibrated
 
 
 def test_traffic_alone_is_a_lower_bound_and_the_wizard_still_calibrates_first():
     seen = observed.Observed(300 * MIB, 120 * MIB, 4, 6, "Ray's per-process memory: ...")
-    memory = sizing.memory_from_traffic(seen)
+    memory = measurements.memory_from_traffic(seen)
     assert memory.lower_bound and memory.source == "metrics"
     out = sizing.compute(
-        current(), memory, sizing.Budget(4000 * MIB, 1, "b"), sizing.Load(), latency_objective_ms=10_000
+        current(), memory, measurements.Budget(4000 * MIB, 1, "b"), measurements.Load(), latency_objective_ms=10_000
     )
     assert out.needs_calibration and all(out.patch(r) is None for r in ("R1", "R2", "R10"))
-    assert sizing.memory_from_traffic(observed.Observed(300 * MIB, None, 4, 0, "")) is None
+    assert measurements.memory_from_traffic(observed.Observed(300 * MIB, None, 4, 0, "")) is None
 
 
 def test_a_kill_without_idle_peers_takes_its_baseline_from_traffic_and_the_larger_bound():
     killed = [ReplicaMemory("a", "M", "r1", 2400 * MIB, True)]
-    alone = sizing.memory_from_kill(killed, "a", "M", in_flight=4, cap=8)
+    alone = measurements.memory_from_kill(killed, "a", "M", in_flight=4, cap=8)
     assert alone.baseline_bytes == 0 and alone.per_request_bytes == 600 * MIB
     seen = observed.Observed(400 * MIB, 700 * MIB, 2, 3, "traffic")
-    both = sizing.memory_from_kill(killed, "a", "M", in_flight=4, cap=8, observed=seen)
+    both = measurements.memory_from_kill(killed, "a", "M", in_flight=4, cap=8, observed=seen)
     assert both.lower_bound and both.baseline_bytes == 400 * MIB and both.per_request_bytes == 700 * MIB
     assert "traffic showed 400 MiB per replica at rest" in both.reason
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from apps.calibration.curve import Curve
 from apps.incidents.oom import ReplicaMemory, replica_memory
-from apps.remediation import sizing
+from apps.remediation import measurements, schedulable, sizing, token_caps
 from tests.conftest import ray_fixture
 
 MIB, GIB = 2**20, 2**30
@@ -23,12 +23,12 @@ def current(**overrides) -> sizing.Current:
     return sizing.Current(**(base | overrides))
 
 
-def memory(baseline_mib: int, per_request_mib: int) -> sizing.Memory:
-    return sizing.Memory(baseline_mib * MIB, per_request_mib * MIB, "calibration", "measured")
+def memory(baseline_mib: int, per_request_mib: int) -> measurements.Memory:
+    return measurements.Memory(baseline_mib * MIB, per_request_mib * MIB, "calibration", "measured")
 
 
-def budget(mib: int, nodes: int = 1) -> sizing.Budget:
-    return sizing.Budget(mib * MIB, nodes, "budget")
+def budget(mib: int, nodes: int = 1) -> measurements.Budget:
+    return measurements.Budget(mib * MIB, nodes, "budget")
 
 
 def kill_message() -> str:
@@ -48,7 +48,9 @@ def test_the_kill_message_lists_the_killed_replica_and_its_peers_in_gib():
     assert {(r.application, r.deployment) for r in listed if not r.killed} == {("demo", "Echo"), ("demo", "Model")}
 
 
-def measured(baseline_mib: int, per_request_mib: int, service_s=(1.0, 1.0, 1.0), levels=(1, 2, 4)) -> sizing.Memory:
+def measured(
+    baseline_mib: int, per_request_mib: int, service_s=(1.0, 1.0, 1.0), levels=(1, 2, 4)
+) -> measurements.Memory:
     """Memory from a concurrency calibration that measured these levels and service times."""
     found = Curve(
         axis="concurrency",
@@ -59,11 +61,11 @@ def measured(baseline_mib: int, per_request_mib: int, service_s=(1.0, 1.0, 1.0),
         calibration_id=9,
         service_s=dict(zip(map(float, levels), service_s)),
     )
-    return sizing.memory_from_curve(found)
+    return measurements.memory_from_curve(found)
 
 
-def cpus(per_replica: float, total: float, held_by_others: float = 0.0) -> sizing.Resources:
-    return sizing.resources_from(
+def cpus(per_replica: float, total: float, held_by_others: float = 0.0) -> schedulable.Resources:
+    return schedulable.resources_from(
         {"ray_actor_options": {"num_cpus": per_replica}},
         [{"CPU": total, "memory": 24 * GIB}],
         [({"num_cpus": held_by_others}, 1)] if held_by_others else [],
@@ -72,36 +74,44 @@ def cpus(per_replica: float, total: float, held_by_others: float = 0.0) -> sizin
 
 def test_memory_from_a_kill_is_only_a_lower_bound_because_admitted_is_not_resident():
     listed = [ReplicaMemory("a", "M", "r1", 4200 * MIB, True), ReplicaMemory("a", "M", "r2", 200 * MIB, False)]
-    bound = sizing.memory_from_kill(listed, "a", "M", in_flight=4, cap=8)
+    bound = measurements.memory_from_kill(listed, "a", "M", in_flight=4, cap=8)
     assert bound.lower_bound and (bound.baseline_bytes, bound.per_request_bytes) == (200 * MIB, 1000 * MIB)
     assert bound.reason.startswith("Lower bound only") and "not requests resident" in bound.reason
     # No in-flight reading: spread over the cap, the most it could have held, which is still only a bound.
-    assert sizing.memory_from_kill(listed, "a", "M", in_flight=None, cap=8).per_request_bytes == 500 * MIB
-    assert sizing.memory_from_kill(listed, "other", "M", in_flight=4, cap=8) is None
-    alone = sizing.memory_from_kill([ReplicaMemory("a", "M", "r1", 800 * MIB, True)], "a", "M", in_flight=2, cap=8)
+    assert measurements.memory_from_kill(listed, "a", "M", in_flight=None, cap=8).per_request_bytes == 500 * MIB
+    assert measurements.memory_from_kill(listed, "other", "M", in_flight=4, cap=8) is None
+    alone = measurements.memory_from_kill(
+        [ReplicaMemory("a", "M", "r1", 800 * MIB, True)], "a", "M", in_flight=2, cap=8
+    )
     assert alone.lower_bound and "size at rest is unknown" in alone.reason
 
 
 def test_the_issue_s_kill_estimate_can_no_longer_allow_nine_replicas_on_a_one_gib_budget():
     # The run the estimate got wrong: 16 requests admitted, one resident at a time; really 520 MiB per request on a 440 MiB replica.
     killed = [ReplicaMemory("a", "M", "r1", 440 * MIB + 16 * 113 * MIB, True)]
-    bound = sizing.memory_from_kill(killed, "a", "M", in_flight=16, cap=16)
-    out = sizing.compute(current(), bound, budget(1024), sizing.Load(), latency_objective_ms=10_000)
+    bound = measurements.memory_from_kill(killed, "a", "M", in_flight=16, cap=16)
+    out = sizing.compute(current(), bound, budget(1024), measurements.Load(), latency_objective_ms=10_000)
     assert out.needs_calibration and all(out.patch(r) is None for r in ("R1", "R2", "R10"))
     assert "run the calibration step first" in out.values["R1"]["reasons"]["max_ongoing_requests"]
     # What the calibration then measures sizes it: one replica of 960 MiB at a time fits 1 GiB, two do not.
-    calibrated = sizing.compute(current(), measured(440, 520), budget(1024), sizing.Load(), latency_objective_ms=10_000)
+    calibrated = sizing.compute(
+        current(), measured(440, 520), budget(1024), measurements.Load(), latency_objective_ms=10_000
+    )
     assert calibrated.patch("R1")["max_ongoing_requests"] == 1
     assert calibrated.patch("R2")["autoscaling_config"]["max_replicas"] == 1
 
 
 def test_nothing_is_computed_without_a_measurement_or_a_budget():
     missing = sizing.compute(
-        current(max_ongoing_requests=8), None, budget(2000), sizing.Load(peak_in_flight=12), latency_objective_ms=10_000
+        current(max_ongoing_requests=8),
+        None,
+        budget(2000),
+        measurements.Load(peak_in_flight=12),
+        latency_objective_ms=10_000,
     )
     assert missing.needs_calibration and missing.conservative and missing.plan is None
     assert all(missing.values[r]["patch"] is None and missing.values[r]["waiting"] for r in ("R1", "R2", "R10"))
-    no_budget = sizing.compute(current(), measured(200, 400), None, sizing.Load(), latency_objective_ms=10_000)
+    no_budget = sizing.compute(current(), measured(200, 400), None, measurements.Load(), latency_objective_ms=10_000)
     assert (
         not no_budget.needs_calibration
         and no_budget.patch("R1") is None
@@ -120,15 +130,15 @@ def test_a_baseline_the_job_understated_is_lifted_to_what_a_real_replica_used():
         service_s={1.0: 1.0, 2.0: 1.0},
     )
     peers = [ReplicaMemory("a", "M", "r1", 3 * GIB, True), ReplicaMemory("a", "M", "r2", 440 * MIB, False)]
-    floor, why = sizing.replica_floor_from_kill(peers, "a", "M")
-    memory_found = sizing.memory_from_curve(found, replica_floor_bytes=floor, floor_reason=why)
+    floor, why = measurements.replica_floor_from_kill(peers, "a", "M")
+    memory_found = measurements.memory_from_curve(found, replica_floor_bytes=floor, floor_reason=why)
     assert (
         memory_found.baseline_bytes == 440 * MIB
         and memory_found.peak(1) == 960 * MIB
         and memory_found.peak(2) == 1480 * MIB
     )
     assert "lifted" in memory_found.reason
-    out = sizing.compute(current(), memory_found, budget(1024), sizing.Load(), latency_objective_ms=10_000)
+    out = sizing.compute(current(), memory_found, budget(1024), measurements.Load(), latency_objective_ms=10_000)
     assert out.patch("R2")["autoscaling_config"]["max_replicas"] == 1
 
 
@@ -138,7 +148,7 @@ def test_no_replica_is_left_unschedulable():
         current(),
         measured(100, 100),
         budget(10_000),
-        sizing.Load(),
+        measurements.Load(),
         latency_objective_ms=10_000,
         resources=cpus(0.5, 2.0),
     )
@@ -149,15 +159,15 @@ def test_no_replica_is_left_unschedulable():
         current(),
         measured(100, 100),
         budget(10_000),
-        sizing.Load(),
+        measurements.Load(),
         latency_objective_ms=10_000,
         resources=cpus(0.5, 2.0, held_by_others=1.0),
     )
     assert held.patch("R2")["autoscaling_config"]["max_replicas"] == 2
-    gpu = sizing.resources_from({"ray_actor_options": {"num_cpus": 1, "num_gpus": 1}}, [{"CPU": 16, "GPU": 2}], [])
+    gpu = schedulable.resources_from({"ray_actor_options": {"num_cpus": 1, "num_gpus": 1}}, [{"CPU": 16, "GPU": 2}], [])
     assert gpu.replicas() == (2, "GPU")
     # Serve's default when nothing is named is 1 CPU.
-    assert sizing.resources_from({}, [{"CPU": 2}], []).per_replica == {"CPU": 1.0}
+    assert schedulable.resources_from({}, [{"CPU": 2}], []).per_replica == {"CPU": 1.0}
 
 
 def test_the_concurrency_that_serves_most_requests_wins_from_measured_service_times():
@@ -166,7 +176,7 @@ def test_the_concurrency_that_serves_most_requests_wins_from_measured_service_ti
         current(),
         measured(2000, 100, levels=(1, 2), service_s=(1.0, 1.0)),
         budget(4500),
-        sizing.Load(),
+        measurements.Load(),
         latency_objective_ms=10_000,
     )
     assert io_bound.patch("R1")["max_ongoing_requests"] == 2 and io_bound.plan["throughput_rps"] == 4.0
@@ -175,7 +185,7 @@ def test_the_concurrency_that_serves_most_requests_wins_from_measured_service_ti
         current(),
         measured(2000, 100, levels=(1, 2), service_s=(1.0, 2.0)),
         budget(4500),
-        sizing.Load(),
+        measurements.Load(),
         latency_objective_ms=10_000,
     )
     assert cpu_bound.patch("R1")["max_ongoing_requests"] == 1
@@ -188,7 +198,7 @@ def test_a_near_tie_goes_to_more_replicas_then_to_the_lower_peak():
         current(),
         measured(183, 256, service_s=(2.17, 2.52, 2.48)),
         budget(1704),
-        sizing.Load(),
+        measurements.Load(),
         latency_objective_ms=10_000,
     )
     assert [c["replicas"] for c in out.plan["candidates"]] == [3, 2, 1]
@@ -200,7 +210,7 @@ def test_only_measured_concurrencies_are_chosen_and_a_slow_one_is_excluded():
         current(),
         measured(100, 50, levels=(1, 2, 4), service_s=(1.0, 1.0, 12.0)),
         budget(3000),
-        sizing.Load(),
+        measurements.Load(),
         latency_objective_ms=10_000,
     )
     assert [c["concurrency"] for c in out.plan["candidates"]] == [1, 2, 4]
@@ -209,9 +219,9 @@ def test_only_measured_concurrencies_are_chosen_and_a_slow_one_is_excluded():
 
 def test_the_same_measurements_always_give_the_same_values_whatever_the_load_did_after():
     args = (current(), measured(300, 200), budget(3000))
-    quiet = sizing.compute(*args, sizing.Load(peak_in_flight=3, p50_ms=4000), latency_objective_ms=10_000)
+    quiet = sizing.compute(*args, measurements.Load(peak_in_flight=3, p50_ms=4000), latency_objective_ms=10_000)
     busy = sizing.compute(
-        *args, sizing.Load(peak_in_flight=40, p50_ms=9000, cold_starts=True), latency_objective_ms=10_000
+        *args, measurements.Load(peak_in_flight=40, p50_ms=9000, cold_starts=True), latency_objective_ms=10_000
     )
     assert {r: quiet.patch(r) for r in ("R1", "R2", "R10")} == {r: busy.patch(r) for r in ("R1", "R2", "R10")}
     # The busy incident is told what serving it would take, and still gets the best safe config.
@@ -228,13 +238,15 @@ def test_the_queue_bound_comes_from_the_measured_service_time_not_a_queued_p50()
         current(),
         measured(100, 400, levels=(1,), service_s=(0.5,)),
         budget(1000),
-        sizing.Load(p50_ms=4000),
+        measurements.Load(p50_ms=4000),
         latency_objective_ms=5_000,
     )
     # 2 replicas × 1 slot at 0.5 s each: 4 requests/s; 80 % of 5 s less the 0.5 s of service is 3.5 s of waiting: 14 queued.
     assert out.patch("R10") == {"max_queued_requests": 14}
     assert "0.50 s per request (measured by the calibration)" in out.values["R10"]["reasons"]["max_queued_requests"]
-    unmeasured = sizing.compute(current(), memory(100, 400), budget(1000), sizing.Load(), latency_objective_ms=5_000)
+    unmeasured = sizing.compute(
+        current(), memory(100, 400), budget(1000), measurements.Load(), latency_objective_ms=5_000
+    )
     assert unmeasured.patch("R10") == {"max_queued_requests": 4}
 
 
@@ -242,7 +254,7 @@ def test_a_load_past_what_the_replicas_and_their_queue_hold_is_said_with_what_wo
     # The plain app on the bench: 2 replicas × 2 at 2.13 s, a 10 s objective, 32 requests at once at the incident.
     memory_found = measured(183, 256, service_s=(2.17, 2.13, 2.48))
     out = sizing.compute(
-        current(), memory_found, budget(1633), sizing.Load(peak_in_flight=32), latency_objective_ms=10_000
+        current(), memory_found, budget(1633), measurements.Load(peak_in_flight=32), latency_objective_ms=10_000
     )
     plan, bound = out.plan, out.patch("R10")["max_queued_requests"]
     assert (plan["replicas"], plan["concurrency"], bound) == (2, 2, 11)
@@ -255,21 +267,21 @@ def test_a_load_past_what_the_replicas_and_their_queue_hold_is_said_with_what_wo
     # A load the slots and the queue hold draws no warning.
     assert (
         sizing.compute(
-            current(), memory_found, budget(1633), sizing.Load(peak_in_flight=15), latency_objective_ms=10_000
+            current(), memory_found, budget(1633), measurements.Load(peak_in_flight=15), latency_objective_ms=10_000
         ).values["R10"]["warnings"]
         == []
     )
 
 
 def test_a_request_bigger_than_the_budget_is_said_plainly():
-    out = sizing.compute(current(), memory(200, 4000), budget(2000), sizing.Load(), latency_objective_ms=10_000)
+    out = sizing.compute(current(), memory(200, 4000), budget(2000), measurements.Load(), latency_objective_ms=10_000)
     assert out.patch("R1")["max_ongoing_requests"] == 1
     assert "no concurrency prevents the kill" in out.values["R1"]["warnings"][0]
 
 
 def test_autoscaling_fills_the_memory_budget_and_keeps_two_warm():
     out = sizing.compute(
-        current(), memory(100, 100), budget(5000), sizing.Load(peak_in_flight=3), latency_objective_ms=10_000
+        current(), memory(100, 100), budget(5000), measurements.Load(peak_in_flight=3), latency_objective_ms=10_000
     )
     auto = out.patch("R2")["autoscaling_config"]
     # 1 or 2 at once (no service times: request slots count): 2 at once holds 16 replicas of 300 MiB, 32 slots.
@@ -285,17 +297,19 @@ def test_autoscaling_fills_the_memory_budget_and_keeps_two_warm():
 
 def test_the_budget_is_the_kill_threshold_minus_everything_else_with_a_margin():
     listed = [ReplicaMemory("a", "M", "r1", 3 * GIB, True), ReplicaMemory("a", "M", "r2", 1 * GIB, False)]
-    found = sizing.budget_from_kill(
+    found = measurements.budget_from_kill(
         used_bytes=10 * GIB, threshold_bytes=9 * GIB, replicas=listed, app="a", dep="M", nodes=2
     )
     # Others used 10 - 4 = 6 GiB, so 3 GiB are left for this deployment, 80 % of it budgeted.
     assert found.bytes_per_node == int(3 * GIB * 0.8) and found.nodes == 2
     assert (
-        sizing.budget_from_kill(used_bytes=None, threshold_bytes=9 * GIB, replicas=listed, app="a", dep="M", nodes=1)
+        measurements.budget_from_kill(
+            used_bytes=None, threshold_bytes=9 * GIB, replicas=listed, app="a", dep="M", nodes=1
+        )
         is None
     )
     assert (
-        sizing.budget_from_kill(
+        measurements.budget_from_kill(
             used_bytes=20 * GIB, threshold_bytes=9 * GIB, replicas=listed, app="a", dep="M", nodes=1
         )
         is None
@@ -303,16 +317,16 @@ def test_the_budget_is_the_kill_threshold_minus_everything_else_with_a_margin():
 
 
 def test_node_headroom_is_the_budget_when_nothing_was_killed():
-    found = sizing.budget_from_nodes(
+    found = measurements.budget_from_nodes(
         [{"mem_total": 10 * GIB, "mem_used": 5 * GIB}, {"mem_total": 10 * GIB, "mem_used": 8 * GIB}]
     )
     assert found.bytes_per_node == int((0.95 * 10 * GIB - 8 * GIB) * 0.8) and found.nodes == 2
-    assert sizing.budget_from_nodes([]) is None
-    assert sizing.budget_from_nodes([{"mem_total": 10 * GIB, "mem_used": 10 * GIB}]) is None
+    assert measurements.budget_from_nodes([]) is None
+    assert measurements.budget_from_nodes([{"mem_total": 10 * GIB, "mem_used": 10 * GIB}]) is None
 
 
 def test_one_request_per_replica_wins_when_it_serves_more_requests_within_the_budget():
-    out = sizing.compute(current(), memory(200, 1000), budget(2500), sizing.Load(), latency_objective_ms=10_000)
+    out = sizing.compute(current(), memory(200, 1000), budget(2500), measurements.Load(), latency_objective_ms=10_000)
     # c=1: 2 replicas of 1.2 GiB (2 in flight); c=2: 1 replica of 2.2 GiB (2 in flight): the tie goes to the lower peak.
     assert out.patch("R1")["max_ongoing_requests"] == 1
     assert out.patch("R2")["autoscaling_config"]["max_replicas"] == 2
@@ -321,13 +335,13 @@ def test_one_request_per_replica_wins_when_it_serves_more_requests_within_the_bu
 
 
 def test_two_at_once_when_the_baseline_dominates_and_two_serve_more():
-    out = sizing.compute(current(), memory(2000, 100), budget(4500), sizing.Load(), latency_objective_ms=10_000)
+    out = sizing.compute(current(), memory(2000, 100), budget(4500), measurements.Load(), latency_objective_ms=10_000)
     # c=1: 2 replicas × 1 = 2 in flight; c=2: 2 replicas × 2 = 4.
     assert out.patch("R1")["max_ongoing_requests"] == 2
 
 
 def test_cold_starts_lengthen_the_downscale_delay():
-    load = sizing.Load(cold_starts=True)
+    load = measurements.Load(cold_starts=True)
     out = sizing.compute(
         current(autoscaling=None, num_replicas=1), memory(100, 100), budget(1000), load, latency_objective_ms=10_000
     )
@@ -336,7 +350,7 @@ def test_cold_starts_lengthen_the_downscale_delay():
 
 def test_a_queue_bound_does_not_exist_before_ray_2_10():
     out = sizing.compute(
-        current(ray_version="2.9.3"), memory(100, 400), budget(1000), sizing.Load(), latency_objective_ms=5_000
+        current(ray_version="2.9.3"), memory(100, 400), budget(1000), measurements.Load(), latency_objective_ms=5_000
     )
     assert out.values["R10"]["not_applicable"] and out.patch("R10") is None
     assert "from Ray 2.10" in out.values["R10"]["warnings"][0]
@@ -354,17 +368,19 @@ def curve(axis: str, points: list[tuple[float, int]], baseline: int) -> Curve:
 
 
 def test_memory_from_a_concurrency_curve_takes_the_steepest_step():
-    found = sizing.memory_from_curve(curve("concurrency", [(1, 300 * MIB), (2, 450 * MIB), (4, 900 * MIB)], 200 * MIB))
+    found = measurements.memory_from_curve(
+        curve("concurrency", [(1, 300 * MIB), (2, 450 * MIB), (4, 900 * MIB)], 200 * MIB)
+    )
     assert found.baseline_bytes == 200 * MIB and found.per_request_bytes == 225 * MIB and found.source == "calibration"
     assert "Calibration #7" in found.reason
-    assert sizing.memory_from_curve(None) is None
+    assert measurements.memory_from_curve(None) is None
 
 
 def test_memory_from_a_token_curve_scales_per_token_by_the_request_size():
     tokens = curve("token_sum", [(64, 100 * MIB + 64 * 1024), (128, 100 * MIB + 128 * 1024)], 100 * MIB)
-    assert sizing.memory_from_curve(tokens, tokens_per_request=512).per_request_bytes == 512 * 1024
+    assert measurements.memory_from_curve(tokens, tokens_per_request=512).per_request_bytes == 512 * 1024
     # Without a known request size, the largest calibrated batch is assumed.
-    assert sizing.memory_from_curve(tokens).per_request_bytes == 128 * 1024
+    assert measurements.memory_from_curve(tokens).per_request_bytes == 128 * 1024
 
 
 def test_load_comes_from_the_signal_points():
@@ -373,18 +389,18 @@ def test_load_comes_from_the_signal_points():
         {"t": 2, "ongoing": 5, "queued": 4, "p50": 300, "starts": 1},
         {"t": 3, "ongoing": 1, "queued": 0, "p50": 120, "rps": 5},
     ]
-    load = sizing.load_from_points(points)
+    load = measurements.load_from_points(points)
     assert (load.peak_in_flight, load.p50_ms, load.peak_rps, load.cold_starts) == (9, 120, 5, True)
-    assert sizing.load_from_points([]) == sizing.Load()
+    assert measurements.load_from_points([]) == measurements.Load()
 
 
 def test_lowering_the_cap_below_the_autoscaling_target_lowers_the_target_too():
-    out = sizing.compute(current(), memory(100, 100), budget(5000), sizing.Load(), latency_objective_ms=5_000)
+    out = sizing.compute(current(), memory(100, 100), budget(5000), measurements.Load(), latency_objective_ms=5_000)
     assert out.patch("R1")["autoscaling_config"] == {"target_ongoing_requests": 1}
     assert "would never be reached" in out.values["R1"]["reasons"]["target_ongoing_requests"]
     low_target = current(autoscaling={"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1})
     assert "autoscaling_config" not in sizing.compute(
-        low_target, memory(100, 100), budget(5000), sizing.Load(), latency_objective_ms=5_000
+        low_target, memory(100, 100), budget(5000), measurements.Load(), latency_objective_ms=5_000
     ).patch("R1")
 
 
@@ -400,22 +416,22 @@ def token_curve(per_token_kib: int = 64, baseline_mib: int = 100, sums=(256, 102
 
 
 def test_a_request_brings_the_tokens_its_caps_allow_or_none_is_known():
-    assert sizing.request_tokens(CAPS) == (
+    assert token_caps.request_tokens(CAPS) == (
         640,
         "a request brings at most 640 tokens (user_config max_prompt_tokens 512 + max_tokens_cap 128)",
     )
-    tokens, reason = sizing.request_tokens({"max_prompt_tokens": 512, "max_tokens_cap": None})
+    tokens, reason = token_caps.request_tokens({"max_prompt_tokens": 512, "max_tokens_cap": None})
     assert tokens is None and reason == "the user_config caps no max_tokens_cap"
-    assert sizing.request_tokens({"max_prompt_tokens": True, "max_tokens_cap": 0})[1] == (
+    assert token_caps.request_tokens({"max_prompt_tokens": True, "max_tokens_cap": 0})[1] == (
         "the user_config caps no max_prompt_tokens and no max_tokens_cap"
     )
-    assert sizing.request_tokens(None)[0] is None
+    assert token_caps.request_tokens(None)[0] is None
 
 
 def test_memory_from_a_token_curve_says_where_the_request_size_comes_from():
-    capped = sizing.memory_from_curve(token_curve(), *sizing.request_tokens(CAPS))
+    capped = measurements.memory_from_curve(token_curve(), *token_caps.request_tokens(CAPS))
     assert capped.per_request_bytes == 640 * 64 * KIB and "max_prompt_tokens 512 + max_tokens_cap 128" in capped.reason
-    uncapped = sizing.memory_from_curve(token_curve(), *sizing.request_tokens({}))
+    uncapped = measurements.memory_from_curve(token_curve(), *token_caps.request_tokens({}))
     assert uncapped.per_request_bytes == 1024 * 64 * KIB
     assert (
         "caps no max_prompt_tokens and no max_tokens_cap, so a request is taken to be as large as the largest calibrated "
@@ -423,16 +439,16 @@ def test_memory_from_a_token_curve_says_where_the_request_size_comes_from():
     )
     # A concurrency curve has no tokens to price: the caps change nothing.
     assert (
-        sizing.memory_from_curve(curve("concurrency", [(1, 300 * MIB)], 200 * MIB), 640, "x").per_request_bytes
+        measurements.memory_from_curve(curve("concurrency", [(1, 300 * MIB)], 200 * MIB), 640, "x").per_request_bytes
         == 100 * MIB
     )
 
 
-def r4(user_config: dict | None, token: Curve, found_budget: sizing.Budget | None, **overrides) -> dict:
+def r4(user_config: dict | None, token: Curve, found_budget: measurements.Budget | None, **overrides) -> dict:
     now = current(user_config=user_config, **overrides)
-    memory_found = sizing.memory_from_curve(token, *sizing.request_tokens(user_config))
+    memory_found = measurements.memory_from_curve(token, *token_caps.request_tokens(user_config))
     return sizing.compute(
-        now, memory_found, found_budget, sizing.Load(), latency_objective_ms=10_000, curve=token
+        now, memory_found, found_budget, measurements.Load(), latency_objective_ms=10_000, curve=token
     ).values
 
 
@@ -508,18 +524,18 @@ def test_a_flat_curve_is_not_extrapolated_past_four_times_the_largest_calibrated
 def test_a_dip_in_the_measured_curve_never_counts_as_room():
     dipping = curve("token_sum", [(256, 300 * MIB), (1024, 200 * MIB)], 100 * MIB)
     # The rise to 300 MiB at 256 tokens crosses 250 MiB at 192; the lower peak measured at 1024 does not make 1024 fit.
-    assert sizing.largest_token_sum(dipping, 250 * MIB, 4096) == 192
-    assert sizing.largest_token_sum(dipping, 99 * MIB, 4096) == 0
-    assert sizing.largest_token_sum(dipping, 10_000 * MIB, 4096) == 4096
+    assert token_caps.largest_token_sum(dipping, 250 * MIB, 4096) == 192
+    assert token_caps.largest_token_sum(dipping, 99 * MIB, 4096) == 0
+    assert token_caps.largest_token_sum(dipping, 10_000 * MIB, 4096) == 4096
 
 
 def test_a_concurrency_curve_leaves_r4_without_a_computed_value():
     concurrency = curve("concurrency", [(1, 300 * MIB), (2, 400 * MIB)], 200 * MIB)
     out = sizing.compute(
         current(user_config=CAPS),
-        sizing.memory_from_curve(concurrency),
+        measurements.memory_from_curve(concurrency),
         budget(2000),
-        sizing.Load(),
+        measurements.Load(),
         latency_objective_ms=10_000,
         curve=concurrency,
     )
