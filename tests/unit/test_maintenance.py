@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
+import httpx
 import pytest
 from django.core.exceptions import ValidationError
 from django.db import connection
@@ -14,12 +17,16 @@ from django.utils import timezone
 
 from apps.accounts.audit import Actor
 from apps.accounts.models import AuditEvent
+from apps.changes import protocol
+from apps.changes.models import Change, ChangeState
 from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.fleet.models import Deployment
 from apps.maintenance import dispatch, execution, recovery, run_log, schedules, timing, warmup_results
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
 from integrations.serve_http import Sample
+from tests.conftest import ray_fixture
+from tests.fake_ray import FakeRay
 
 UTC = dt_timezone.utc
 
@@ -314,9 +321,6 @@ def test_the_warmup_page_explains_a_body_that_is_not_json(client, people, deploy
 
 @pytest.mark.django_db
 def test_a_change_that_replaces_replicas_queues_the_applications_warmups(deployment, operator):
-    from apps.changes import protocol
-    from apps.changes.models import ChangeState
-
     profile = schedules.save_profile(operator, deployment.application, {"name": "w", "path": "/demo"})
     replaces = protocol.plan_change(
         operator,
@@ -340,6 +344,92 @@ def test_a_change_that_replaces_replicas_queues_the_applications_warmups(deploym
     assert [(r.trigger, r.change_id) for r in runs] == [(MaintenanceRun.Trigger.AFTER_CHANGE, replaces.pk)]
 
 
+# --- the replayed dashboard as a worker meets it -------------------------------------------
+
+SERVE = "/api/serve/applications/"
+
+
+class WorkerDied(BaseException):
+    """What a SIGKILL looks like from inside: nothing after it runs."""
+
+
+def worker_dies_reading_replicas(replay) -> list[int]:
+    """The next read of the Serve applications kills the worker that sends it: the run it was on
+    stays running, as its claim left it. Returns the runs that died so; later reads answer again."""
+    died = []
+    answer = replay.routes[SERVE]
+
+    def die(request):
+        replay.routes[SERVE] = answer
+        died.append(MaintenanceRun.objects.get(state=MaintenanceRun.State.RUNNING).pk)
+        raise WorkerDied
+
+    replay.routes[SERVE] = die
+    return died
+
+
+def replicas_read_slowly(replay, seconds: float, during) -> None:
+    """Reads of the Serve applications take `seconds`, calling `during()` before and after: a call
+    that blocks without logging or polling."""
+    answer = replay.routes[SERVE]
+
+    def slow(request):
+        during()
+        time.sleep(seconds)
+        during()
+        return httpx.Response(200, json=ray_fixture(answer))
+
+    replay.routes[SERVE] = slow
+
+
+class ServeThroughRecycles:
+    """The replayed dashboard's Serve applications as Ray keeps them through a recycle: `demo/Model`
+    runs two replicas; a PUT takes the config as the shared fake does (the options merged into the
+    effective ones, a new deploy time), and a PUT that changes a deployment's ray_actor_options
+    replaces its replicas with new ones, as Serve does."""
+
+    def __init__(self, replay):
+        self.fake = FakeRay()
+        model = self.model()
+        model["replicas"] = [{**model["replicas"][0], "replica_id": rid} for rid in ("r1", "r2")]
+        self.started = 2
+        replay.routes[SERVE] = self
+
+    def model(self) -> dict:
+        return self.fake.serve["applications"]["demo"]["deployments"]["Model"]
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method != "PUT":
+            return httpx.Response(200, json=self.fake.serve)
+        before = json.dumps(self.model()["deployment_config"].get("ray_actor_options"), sort_keys=True)
+        self.fake.apply(json.loads(request.content))
+        if json.dumps(self.model()["deployment_config"].get("ray_actor_options"), sort_keys=True) != before:
+            replicas = self.model()["replicas"]
+            self.model()["replicas"] = [
+                {**replica, "replica_id": f"r{self.started + i + 1}"} for i, replica in enumerate(replicas)
+            ]
+            self.started += len(replicas)
+        return httpx.Response(200, json={})
+
+
+def queued_recycle(deployment) -> MaintenanceRun:
+    """A queued recycle that was never sent to the broker, for tests whose worker runs in this
+    process: a message left in the broker could be taken by a later test's worker."""
+    return MaintenanceRun.objects.create(
+        kind=MaintenanceRun.Kind.RECYCLE,
+        trigger=MaintenanceRun.Trigger.MANUAL,
+        cluster=deployment.application.cluster,
+        deployment=deployment,
+    )
+
+
+@pytest.fixture
+def quick_changes(settings):
+    settings.FLEETDECK_RAY_TIMEOUT_S = 1.0
+    settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S = 1.5
+    settings.FLEETDECK_CHANGE_POLL_S = 0.1
+
+
 # --- runs whose message was lost or sent twice -----------------------------------------------
 
 
@@ -360,10 +450,10 @@ def test_a_queued_run_nobody_took_up_is_sent_again_once(deployment, operator, se
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_run_delivered_twice_at_once_runs_once(deployment, operator, monkeypatch):
+def test_a_run_delivered_twice_at_once_runs_once(deployment, operator, monkeypatch, use_replay):
     run = dispatch.request_recycle(operator, deployment)
-    calls, barrier = [], threading.Barrier(2)
-    monkeypatch.setattr(execution, "_recycle", lambda claimed: calls.append(claimed.pk))
+    barrier = threading.Barrier(2)
+    calls = worker_dies_reading_replicas(use_replay)
     real_first = MaintenanceRun.objects.filter
 
     def both_read_it_queued(*args, **kwargs):
@@ -380,6 +470,8 @@ def test_a_run_delivered_twice_at_once_runs_once(deployment, operator, monkeypat
     def deliver():
         try:
             execution.execute(run.pk)
+        except WorkerDied:
+            pass
         finally:
             connection.close()
 
@@ -436,15 +528,13 @@ def test_the_run_page_says_when_no_worker_has_taken_the_run_up(client, people, d
 
 @pytest.mark.django_db
 def test_a_recycle_whose_worker_died_is_failed_once_with_how_far_it_got_and_frees_the_cluster(
-    deployment, operator, settings, monkeypatch
+    deployment, operator, settings, use_replay
 ):
-    from apps.changes import protocol
-    from apps.changes.models import ChangeState
-
     settings.FLEETDECK_CHANGE_STALE_S = 60
-    monkeypatch.setattr(execution, "_recycle", lambda claimed: None)  # the worker dies mid-recycle
+    worker_dies_reading_replicas(use_replay)  # the worker dies mid-recycle
     run = dispatch.request_recycle(operator, deployment)
-    execution.execute(run.pk)
+    with pytest.raises(WorkerDied):
+        execution.execute(run.pk)
     live, _ = execution.running_replicas(deployment.application.cluster, deployment)
     change = protocol.plan_change(
         operator,
@@ -469,24 +559,23 @@ def test_a_recycle_whose_worker_died_is_failed_once_with_how_far_it_got_and_free
     assert f"still running from before: {', '.join(live)}" in run.error
     assert AuditEvent.objects.filter(action="recycle.failed", object_id=str(run.pk)).count() == 1
 
-    calls = []
-    monkeypatch.setattr(execution, "_recycle", lambda claimed: calls.append(claimed.pk))
+    calls = worker_dies_reading_replicas(use_replay)
     following = dispatch.request_recycle(operator, deployment)
-    execution.execute(following.pk)
+    with pytest.raises(WorkerDied):
+        execution.execute(following.pk)
     following.refresh_from_db()
     assert calls == [following.pk] and following.state == MaintenanceRun.State.RUNNING and not following.skip_reason
 
 
 @pytest.mark.django_db
 def test_a_running_run_with_a_fresh_heartbeat_or_an_active_change_is_left_alone(
-    deployment, operator, settings, monkeypatch
+    deployment, operator, settings, use_replay
 ):
-    from apps.changes import protocol
-
     settings.FLEETDECK_CHANGE_STALE_S = 60
-    monkeypatch.setattr(execution, "_recycle", lambda claimed: None)
+    worker_dies_reading_replicas(use_replay)
     run = dispatch.request_recycle(operator, deployment)
-    execution.execute(run.pk)
+    with pytest.raises(WorkerDied):
+        execution.execute(run.pk)
     beat = MaintenanceRun.objects.get(pk=run.pk).heartbeat_at
     assert recovery.abandon_stale(now=beat + timedelta(seconds=59)) == []
     # Stale, but its change is still on its way: the change's reconciler finishes that first.
@@ -504,13 +593,10 @@ def test_a_running_run_with_a_fresh_heartbeat_or_an_active_change_is_left_alone(
     assert run.state == MaintenanceRun.State.RUNNING and not run.error
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_a_recycle_touches_its_heartbeat_at_the_claim_each_log_line_and_each_poll_of_its_change(
-    deployment, operator, monkeypatch
+    deployment, operator, use_replay
 ):
-    from apps.changes import protocol
-    from apps.changes.models import Change, ChangeState
-
     change = protocol.plan_change(
         operator,
         deployment.application.cluster,
@@ -518,53 +604,51 @@ def test_a_recycle_touches_its_heartbeat_at_the_claim_each_log_line_and_each_pol
         options={"ray_actor_options": {"num_cpus": 0.3}},
         reason="recycle",
     )
-    run = dispatch.request_recycle(operator, deployment)
+    run = queued_recycle(deployment)
     beats = []
 
     def beat():
         beats.append(MaintenanceRun.objects.get(pk=run.pk).heartbeat_at)
 
-    def recycle(claimed):
-        beat()
-        run_log.log_line(claimed, "a step")
-        beat()
-        execution._wait_final(claimed, change)
+    worker_dies_reading_replicas(use_replay)
+    with pytest.raises(WorkerDied):
+        execution.execute(run.pk)
+    claimed = MaintenanceRun.objects.get(pk=run.pk)
+    beat()
+    run_log.log_line(claimed, "a step")
+    beat()
 
-    def replicas_come_back(seconds):
-        beat()
-        Change.objects.filter(pk=change.pk).update(state=ChangeState.SUCCEEDED)
+    def replicas_come_back():
+        # While the run waits between two polls of its change.
+        try:
+            time.sleep(0.2)
+            beat()
+            Change.objects.filter(pk=change.pk).update(state=ChangeState.SUCCEEDED)
+        finally:
+            connection.close()
 
-    monkeypatch.setattr(execution, "_recycle", recycle)
-    monkeypatch.setattr(execution.time, "sleep", replicas_come_back)
-    execution.execute(run.pk)
+    elsewhere = threading.Thread(target=replicas_come_back)
+    elsewhere.start()
+    execution._wait_final(claimed, change)
+    elsewhere.join()
     assert beats[0] is not None and beats[0] < beats[1] < beats[2]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_run_blocked_in_a_long_call_keeps_its_heartbeat(deployment, operator, monkeypatch):
-    import time
-
+def test_a_run_blocked_in_a_long_call_keeps_its_heartbeat(deployment, operator, monkeypatch, use_replay):
     # The inline change run and a warmup's requests neither log nor poll for minutes.
     monkeypatch.setattr(execution, "HEARTBEAT_S", 0.05)
-    monkeypatch.setattr(dispatch, "_enqueue", lambda run_id: None)
-    run = dispatch.request_recycle(operator, deployment)
+    run = queued_recycle(deployment)
     beats = []
-
-    def blocked(claimed):
-        beats.append(MaintenanceRun.objects.get(pk=run.pk).heartbeat_at)
-        time.sleep(0.5)
-        beats.append(MaintenanceRun.objects.get(pk=run.pk).heartbeat_at)
-
-    monkeypatch.setattr(execution, "_recycle", blocked)
+    replicas_read_slowly(use_replay, 0.5, lambda: beats.append(MaintenanceRun.objects.get(pk=run.pk).heartbeat_at))
     execution.execute(run.pk)
     assert beats[0] is not None and beats[1] > beats[0]
 
 
 @pytest.mark.django_db
-def test_the_warmup_after_a_recycle_runs_once_however_long_it_takes(deployment, operator, settings, monkeypatch):
-    from apps.changes import protocol
-    from apps.changes.models import Change, ChangeState
-
+def test_the_warmup_after_a_recycle_runs_once_however_long_it_takes(
+    deployment, operator, settings, monkeypatch, use_replay, quick_changes
+):
     settings.FLEETDECK_CHANGE_STALE_S = 60
     profile = schedules.save_profile(operator, deployment.application, {"name": "w", "path": "/demo"})
     schedule = RecycleSchedule.objects.create(
@@ -572,16 +656,7 @@ def test_the_warmup_after_a_recycle_runs_once_however_long_it_takes(deployment, 
     )
     run = dispatch.request_recycle(operator, deployment)
     MaintenanceRun.objects.filter(pk=run.pk).update(schedule=schedule)
-    replicas = iter([(["r1", "r2"], {}), (["r3", "r4"], {})])
-    monkeypatch.setattr(execution, "running_replicas", lambda cluster, dep: next(replicas))
-    monkeypatch.setattr(execution, "recycle_guards", lambda *args: [])
-    monkeypatch.setattr(
-        protocol,
-        "run",
-        lambda pk: Change.objects.filter(pk=pk).update(
-            state=ChangeState.SUCCEEDED, pushed_at=timezone.now(), finished_at=timezone.now()
-        ),
-    )
+    ServeThroughRecycles(use_replay)
     seen = []
 
     def slow_warmup(follow):
@@ -605,12 +680,13 @@ def test_the_warmup_after_a_recycle_runs_once_however_long_it_takes(deployment, 
 
 @pytest.mark.django_db
 def test_a_worker_that_wakes_after_the_reaper_failed_its_run_overwrites_nothing(
-    deployment, operator, settings, monkeypatch
+    deployment, operator, settings, use_replay
 ):
     settings.FLEETDECK_CHANGE_STALE_S = 60
-    monkeypatch.setattr(execution, "_recycle", lambda claimed: None)
+    worker_dies_reading_replicas(use_replay)
     run = dispatch.request_recycle(operator, deployment)
-    execution.execute(run.pk)
+    with pytest.raises(WorkerDied):
+        execution.execute(run.pk)
     worker_copy = MaintenanceRun.objects.get(pk=run.pk)  # what the paused worker holds
     beat = worker_copy.heartbeat_at
     assert recovery.abandon_stale(now=beat + timedelta(seconds=61)) == [run.pk]
@@ -624,11 +700,17 @@ def test_a_worker_that_wakes_after_the_reaper_failed_its_run_overwrites_nothing(
 
 
 @pytest.mark.django_db
-def test_a_recycle_that_raises_is_failed_with_its_error_not_left_running(deployment, operator, monkeypatch):
-    def broken(claimed):
-        raise KeyError("replica_id")
+def test_a_recycle_that_raises_is_failed_with_its_error_not_left_running(deployment, operator, use_replay):
+    serve, pushed = ServeThroughRecycles(use_replay), []
 
-    monkeypatch.setattr(execution, "_recycle", broken)
+    def unreadable_after_the_push(request):
+        # An answer nothing foresaw, past the guards and the reads a recycle expects to fail.
+        if pushed:
+            raise KeyError("replica_id")
+        pushed.extend([request.method] if request.method == "PUT" else [])
+        return serve(request)
+
+    use_replay.routes[SERVE] = unreadable_after_the_push
     run = dispatch.request_recycle(operator, deployment)
     with pytest.raises(KeyError):
         execution.execute(run.pk)
@@ -637,28 +719,23 @@ def test_a_recycle_that_raises_is_failed_with_its_error_not_left_running(deploym
 
 
 @pytest.mark.django_db
-def test_a_run_claimed_before_heartbeats_existed_is_reaped_by_its_start(deployment, operator, settings, monkeypatch):
+def test_a_run_claimed_before_heartbeats_existed_is_reaped_by_its_start(deployment, operator, settings, use_replay):
     settings.FLEETDECK_CHANGE_STALE_S = 60
-    monkeypatch.setattr(execution, "_recycle", lambda claimed: None)
+    worker_dies_reading_replicas(use_replay)
     run = dispatch.request_recycle(operator, deployment)
-    execution.execute(run.pk)
+    with pytest.raises(WorkerDied):
+        execution.execute(run.pk)
     started = timezone.now() - timedelta(minutes=10)
     MaintenanceRun.objects.filter(pk=run.pk).update(heartbeat_at=None, started_at=started)
     assert recovery.abandon_stale() == [run.pk]
 
 
-class WorkerDied(BaseException):
-    """What a SIGKILL looks like from inside: nothing after it runs."""
-
-
 @pytest.mark.django_db
 def test_a_worker_killed_as_it_applies_the_recycle_change_leaves_a_run_that_names_it(
-    deployment, operator, settings, monkeypatch
+    deployment, operator, settings, monkeypatch, use_replay
 ):
-    from apps.changes import protocol
-
     settings.FLEETDECK_CHANGE_STALE_S = 60
-    monkeypatch.setattr(execution, "recycle_guards", lambda *args: [])
+    ServeThroughRecycles(use_replay)  # two replicas: no guard holds the recycle
 
     def dies(actor, change):
         raise WorkerDied
@@ -674,21 +751,23 @@ def test_a_worker_killed_as_it_applies_the_recycle_change_leaves_a_run_that_name
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_heartbeat_stops_once_a_run_outlives_the_longest_it_could_take(deployment, operator, monkeypatch):
-    import time
-
+def test_the_heartbeat_stops_once_a_run_outlives_the_longest_it_could_take(
+    deployment, operator, monkeypatch, use_replay
+):
     monkeypatch.setattr(execution, "HEARTBEAT_S", 0.05)
     monkeypatch.setattr(execution, "_longest_s", lambda run: 0.2)
-    monkeypatch.setattr(dispatch, "_enqueue", lambda run_id: None)
-    run = dispatch.request_recycle(operator, deployment)
+    run = queued_recycle(deployment)
     beats = []
 
-    def stuck(claimed):
+    def stuck(request):
+        # Past the longest the run could take (0.2 s), and then later still: no beat in between.
         time.sleep(0.5)
         beats.append(MaintenanceRun.objects.get(pk=run.pk).heartbeat_at)
         time.sleep(0.4)
         beats.append(MaintenanceRun.objects.get(pk=run.pk).heartbeat_at)
+        raise WorkerDied
 
-    monkeypatch.setattr(execution, "_recycle", stuck)
-    execution.execute(run.pk)
+    use_replay.routes[SERVE] = stuck
+    with pytest.raises(WorkerDied):
+        execution.execute(run.pk)
     assert beats[0] == beats[1]
