@@ -1,18 +1,20 @@
 import logging
 import os
-from datetime import datetime
 
 from celery import Celery
 from celery.signals import after_task_publish, beat_init
 from celery.worker.consumer import Consumer
-from django.utils import timezone
-from kombu.exceptions import OperationalError
+
+from apps.core import jobs
 
 log = logging.getLogger(__name__)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 app = Celery("fleetdeck")
+# Services send through celery.current_app (apps.core.jobs); a request thread other than the one
+# that made the app would otherwise get Celery's fallback app and its default broker.
+app.set_default()
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["workers"], related_name="tasks")
 
@@ -51,20 +53,6 @@ def _install_beat_schedule(sender, **kwargs):
     sender.conf.beat_schedule = beat_schedule()
 
 
-def send(task_name: str, args: list, **options) -> bool:
-    """Enqueue by name; False, logged, when the broker cannot take the message.
-
-    Only for work whose row the periodic tick sends again when no worker took it up (queued
-    changes, maintenance runs, calibrations): a broker outage then delays that work instead of
-    failing the request that asked for it, after its row was already committed."""
-    try:
-        app.send_task(task_name, args=args, **options)
-    except OperationalError as exc:
-        log.warning("the broker did not take %s%s (%s); the tick sends it again", task_name, args, exc)
-        return False
-    return True
-
-
 @beat_init.connect
 def _beat_heartbeats(sender, **kwargs):
     """Beat records a heartbeat as it starts and each time it sends the tick, so a page can tell a
@@ -74,7 +62,7 @@ def _beat_heartbeats(sender, **kwargs):
 
 
 def _on_beat_publish(sender=None, **kwargs):
-    if sender == "fleet.tick":
+    if sender == jobs.TICK:
         _record_beat_heartbeat()
 
 
@@ -91,16 +79,3 @@ def _record_beat_heartbeat() -> None:
     except DatabaseError as exc:
         # Scheduling goes on without it; the page then names beat, which is where to look.
         log.warning("beat could not record its heartbeat: %s", exc)
-
-
-# A running worker takes a message up within a second or two; past this, the page says why it may wait.
-PICKUP_S = 10
-
-
-def unclaimed_for(sent_at: datetime | None, now: datetime | None = None) -> int | None:
-    """Whole seconds a queued row has waited for a worker since it was last sent, once that is
-    longer than a worker normally takes; None before then."""
-    if sent_at is None:
-        return None
-    waited = ((now or timezone.now()) - sent_at).total_seconds()
-    return int(waited) if waited >= PICKUP_S else None

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from kmock import KubernetesScaffold, Server
 
-from apps.clusters import secrets
+from apps.core import secrets
 from apps.kubernetes.models import KubeConnection
 from tests.unit.test_kube_adapter import TOKEN, FakeKube, fixture, kubeconfig
 

@@ -7,6 +7,7 @@ import base64
 import json
 import secrets
 import shlex
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from apps.accounts.audit import Actor, record
 from apps.calibration.curve import AXES, MIB, CalibrationOutputError, Curve, parse_output, reported_error
 from apps.calibration.models import MemoryCalibration
 from apps.clusters.services import dashboard_for
+from apps.core import jobs
+from apps.core.jobs import Job
 from apps.fleet.models import Deployment
 from apps.maintenance.models import WarmupProfile
 from integrations.ray.errors import RayError, RayJobNotFound, RayTimeout, RayUnreachable
@@ -496,10 +499,8 @@ def request_calibration(
 
 
 def _enqueue(calibration_id: int) -> None:
-    from controlplane.celery import send
-
     # A lost poll leaves the calibration stale: the tick polls it again (stale_ids).
-    send("calibration.poll", [calibration_id], countdown=poll_interval_s())
+    jobs.enqueue(jobs.POLL_CALIBRATION, calibration_id, countdown=poll_interval_s())
 
 
 # --- following the job ---------------------------------------------------------------------
@@ -608,6 +609,12 @@ def _reload(calibration: MemoryCalibration) -> MemoryCalibration:
 
 def _ray_time(ms: int | None) -> datetime | None:
     return datetime.fromtimestamp(ms / 1000, tz=UTC) if ms else None
+
+
+def stale_polls() -> Iterator[Job]:
+    """One poll, not a chain, for each calibration whose chain was lost."""
+    for calibration_id in stale_ids():
+        yield Job(jobs.POLL_CALIBRATION, (calibration_id,), {"follow": False})
 
 
 def stale_ids(now: datetime | None = None) -> list[int]:

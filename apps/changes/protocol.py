@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 from django.conf import settings
@@ -22,6 +23,8 @@ from apps.changes.signals import change_finished
 from apps.changes.validation import preset_or_options, validate_options
 from apps.clusters.models import Cluster
 from apps.clusters.services import dashboard_for
+from apps.core import jobs
+from apps.core.jobs import Job
 from apps.fleet.configs import config_hash, unified_diff
 from integrations.errors import AdapterConflict, AdapterError
 from integrations.ray.errors import RayError, RayValidationError
@@ -151,7 +154,7 @@ def request_apply(actor: Actor, change: Change) -> Change:
             change.refresh_from_db()
             _step(change, f"Apply requested by {actor.name}.")
             record(actor, "change.apply", change, team=change.cluster.team, changes={"reason": change.reason})
-            transaction.on_commit(lambda: _enqueue("changes.run", change.pk))
+            transaction.on_commit(lambda: _enqueue(jobs.RUN_CHANGE, change.pk))
     except IntegrityError as exc:
         active = Change.objects.filter(cluster_id=change.cluster_id, state__in=ACTIVE_STATES).first()
         raise ChangeRefused(
@@ -311,6 +314,11 @@ def _wait(change: Change, expected: dict, base_deploy_times: dict) -> planner.Ve
 # --- crash recovery ------------------------------------------------------------------------
 
 
+def due_reconciles() -> Iterator[Job]:
+    for change_id in stale_changes():
+        yield Job(jobs.RECONCILE_CHANGE, (change_id,))
+
+
 def stale_changes(now=None) -> list[int]:
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.FLEETDECK_CHANGE_STALE_S)
@@ -334,11 +342,11 @@ def reconcile(change_id: int) -> None:
             change,
             f"Reconciler: no worker took this change up within {settings.FLEETDECK_CHANGE_STALE_S} s; sent to the workers again.",
         )
-        return _enqueue("changes.run", change.pk)
+        return _enqueue(jobs.RUN_CHANGE, change.pk)
     if change.state == ChangeState.CHECKING:
         Change.objects.filter(pk=change.pk).update(state=ChangeState.QUEUED)
         _step(change, f"{prefix} before anything was pushed; queued again.")
-        return _enqueue("changes.run", change.pk)
+        return _enqueue(jobs.RUN_CHANGE, change.pk)
     if change.state == ChangeState.ROLLING_BACK:
         return roll_back(change, f"{prefix}; resuming the rollback. {change.error}")
     live = _live_hash(change)
@@ -385,18 +393,12 @@ def _finish(change: Change, state: str, message: str, *, error: bool = False) ->
     _step(change, message)
     record(Actor.system(), f"change.{state}", change, team=change.cluster.team, changes={"message": message[:2000]})
     change_finished.send(sender=Change, change=change)
-    if change.rollout_id and state != ChangeState.CANCELLED:
-        from apps.changes import rollouts
-
-        rollouts.advance(change.rollout_id)
 
 
 def _message(exc: Exception) -> str:
     return getattr(exc, "message", None) or str(exc)
 
 
-def _enqueue(task_name: str, change_id: int) -> None:
-    from controlplane.celery import send
-
+def _enqueue(job: str, change_id: int) -> None:
     # A message the broker refused or lost leaves the change queued: the reconciler queues it again.
-    send(task_name, [change_id])
+    jobs.enqueue(job, change_id)

@@ -214,8 +214,20 @@ def _cancel_planned(rollout: Rollout) -> None:
             continue  # applied by a tick a moment before: it runs, and is no longer the rollout's to cancel
 
 
+def on_change_finished(sender, change: Change, **kwargs) -> None:
+    """A change of a rollout that ran to an end moves its rollout on; a cancelled one was
+    cancelled by the rollout itself, or by someone the rollout's own cancel then follows."""
+    if change.rollout_id and change.state != ChangeState.CANCELLED:
+        advance(change.rollout_id)
+
+
 def running_rollouts() -> list[int]:
     return list(Rollout.objects.filter(state=Rollout.State.RUNNING).values_list("pk", flat=True))
+
+
+def advance_running() -> None:
+    for rollout_id in running_rollouts():
+        advance(rollout_id)
 
 
 # --- what one user sees of a rollout ----------------------------------------------------------

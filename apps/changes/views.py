@@ -20,8 +20,8 @@ from apps.changes import presets, protocol, rollouts
 from apps.changes.forms import PlanForm, PresetForm, RolloutForm
 from apps.changes.models import Change, ChangeState, Preset, Rollout
 from apps.clusters.models import Cluster
+from apps.core.jobs import unclaimed_for
 from apps.fleet.configs import unified_diff
-from controlplane.celery import unclaimed_for
 
 
 def _change(request, pk: int, needed: Role = Role.VIEWER) -> Change:

@@ -11,9 +11,9 @@ from django.utils import timezone
 
 from apps.accounts.audit import Actor, record
 from apps.accounts.models import Team
-from apps.clusters import secrets
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
 from apps.clusters.validation import checked_url, validate_labels
+from apps.core import jobs, secrets
 from integrations.ray.dashboard import RayDashboard
 from integrations.ray.errors import RayError, RayTimeout, RayUnreachable
 from integrations.ray.payloads import ServeStatus, VersionInfo
@@ -193,9 +193,7 @@ def _enqueue_sync(cluster_id: int) -> None:
 
 
 def _send_sync(cluster_id: int) -> None:
-    from controlplane.celery import send
-
-    if not send("fleet.sync_cluster", [cluster_id]):
+    if not jobs.enqueue(jobs.SYNC_CLUSTER, cluster_id):
         # Due at once: the tick's next pass over due clusters sends it, not the one a full interval away.
         Cluster.objects.filter(pk=cluster_id).update(next_sync_at=None)
 

@@ -4,3 +4,9 @@ from django.apps import AppConfig
 class FleetConfig(AppConfig):
     name = "apps.fleet"
     label = "fleet"
+
+    def ready(self) -> None:
+        from apps.core import ticks
+        from apps.fleet import sync
+
+        ticks.register("fleet.sync", 10, sync.due_syncs)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -17,10 +18,13 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
-from apps.clusters.secrets import SecretUnreadable
 from apps.clusters.services import dashboard_for, mark_unreachable
+from apps.core import jobs
+from apps.core.jobs import Job
+from apps.core.secrets import SecretUnreadable
 from apps.fleet.configs import application_revision, config_hash, key_settings, submitted_deployment
 from apps.fleet.models import Application, ConfigRevision, Deployment
+from apps.fleet.signals import cluster_synced
 from integrations.ray.errors import RayError
 from integrations.ray.payloads import ApplicationStatus, DeploymentStatus, ServeStatus, VersionInfo
 
@@ -39,6 +43,14 @@ class SyncOutcome:
     writes: int = 0
     revisions: int = 0
     events: list[str] = field(default_factory=list)
+
+
+def sync_and_announce(cluster_id: int) -> SyncOutcome | None:
+    """The worker's sync: after a cluster answered, the apps that read with every sync do."""
+    outcome = sync_cluster(cluster_id)
+    if outcome is not None and outcome.ok:
+        cluster_synced.send(sender=SyncOutcome, cluster_id=cluster_id, outcome=outcome)
+    return outcome
 
 
 def sync_cluster(cluster_id: int) -> SyncOutcome | None:
@@ -215,6 +227,12 @@ def _save_if_changed(row, fields: dict, outcome: SyncOutcome) -> bool:
     row.save()
     outcome.writes += 1
     return True
+
+
+def due_syncs() -> Iterator[Job]:
+    """The tick's syncs; each expires when the next claim would send it again."""
+    for cluster_id in claim_due_clusters():
+        yield Job(jobs.SYNC_CLUSTER, (cluster_id,), options={"expires": settings.FLEETDECK_SYNC_INTERVAL_S})
 
 
 def claim_due_clusters(now=None) -> list[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from apps.remediation.catalogue import cause
+from apps.core.catalogue import cause
 
 
 @dataclass(frozen=True)

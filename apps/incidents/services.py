@@ -40,6 +40,13 @@ KEPT_POINTS = 120
 OPEN = [Incident.Status.OPEN, Incident.Status.ACKNOWLEDGED]
 
 
+def on_cluster_synced(sender, cluster_id: int, **kwargs) -> None:
+    # OOM evidence lives in the state API, not in Serve's status: read it with every sync, and
+    # take a metrics reading for the latency detectors.
+    detect(cluster_id)
+    collect_metrics(cluster_id)
+
+
 def detect(cluster_id: int) -> list[int]:
     """Read OOM evidence from the state API and open or extend incidents. Returns incident ids touched."""
     cluster = Cluster.objects.filter(pk=cluster_id, reachability=Reachability.OK).first()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 
 from django.conf import settings
@@ -9,8 +10,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.accounts.audit import Actor, record
-from apps.clusters import secrets
 from apps.clusters.validation import checked_url
+from apps.core import jobs, secrets
+from apps.core.jobs import Job
 from apps.incidents.models import Incident, Webhook, WebhookDelivery
 from integrations import webhook_client
 
@@ -68,9 +70,12 @@ def queue_for(incident: Incident) -> list[int]:
 
 
 def _enqueue(delivery_id: int) -> None:
-    from controlplane.celery import send
+    jobs.enqueue(jobs.DELIVER_WEBHOOK, delivery_id)
 
-    send("incidents.deliver_webhook", [delivery_id])
+
+def lost_deliveries() -> Iterator[Job]:
+    for delivery_id in requeue_lost():
+        yield Job(jobs.DELIVER_WEBHOOK, (delivery_id,))
 
 
 def requeue_lost(now=None) -> list[int]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import yaml
 from django.conf import settings
 
-from apps.clusters import network_policy, secrets
+from apps.clusters import network_policy
+from apps.core import secrets
 from apps.kubernetes.models import KubeConnection
 from integrations.kubernetes.adapter import KubeAdapter
 from integrations.kubernetes.errors import KubeConfigInvalid

@@ -15,8 +15,8 @@ from django.utils import timezone
 
 from apps.clusters.models import Cluster, Reachability
 from apps.clusters.pod_kill_events import PodKill, ray_pods_oom_killed
-from apps.clusters.secrets import SecretUnreadable
 from apps.clusters.services import dashboard_for
+from apps.core.secrets import SecretUnreadable
 from apps.fleet.models import Deployment
 from apps.kubernetes import checks
 from apps.kubernetes.adapters import adapter_for

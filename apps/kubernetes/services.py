@@ -10,10 +10,10 @@ from django.db import transaction
 
 from apps.accounts.audit import Actor, record
 from apps.accounts.models import Team
-from apps.clusters import secrets
 from apps.clusters import services as cluster_services
 from apps.clusters.models import Cluster
 from apps.clusters.validation import validate_token
+from apps.core import jobs, secrets
 from apps.kubernetes import discovery
 from apps.kubernetes.models import KubeConnection, KubeLink
 from apps.kubernetes.signals import kube_findings_checked
@@ -280,7 +280,5 @@ def _create_link(actor: Actor, connection: KubeConnection, cluster: Cluster, fou
 
 
 def _enqueue_inspection(cluster_id: int) -> None:
-    from controlplane.celery import send
-
     # A message the broker refused delays the inspection to the one after the cluster's next sync.
-    transaction.on_commit(lambda: send("kube.inspect_cluster", [cluster_id]))
+    transaction.on_commit(lambda: jobs.enqueue(jobs.INSPECT_KUBERNETES, cluster_id))

@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from apps.accounts.audit import Actor, record
 from apps.changes.models import Change, ChangeState
+from apps.core import jobs
 from apps.fleet.models import Deployment
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
 from apps.maintenance.schedules import next_run
@@ -113,6 +114,4 @@ def warm_after_change(sender, change: Change, **kwargs) -> None:
 
 
 def _enqueue(run_id: int) -> None:
-    from controlplane.celery import send
-
-    send("maintenance.run", [run_id])
+    jobs.enqueue(jobs.RUN_MAINTENANCE, run_id)

@@ -12,11 +12,11 @@ from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role
+from apps.core.jobs import unclaimed_for
 from apps.fleet.models import Application, Deployment
 from apps.maintenance import dispatch, schedules
 from apps.maintenance.forms import ProfileForm, ScheduleForm
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
-from controlplane.celery import unclaimed_for
 
 
 def _operator(request, team) -> None:

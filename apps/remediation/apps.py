@@ -7,9 +7,15 @@ class RemediationConfig(AppConfig):
 
     def ready(self) -> None:
         from apps.changes.signals import change_finished
+        from apps.core import ticks
+        from apps.fleet.signals import cluster_synced
         from apps.kubernetes.signals import kube_findings_checked
-        from apps.remediation.findings import on_kube_findings_checked
-        from apps.remediation.wizards import on_change_finished
+        from apps.remediation import findings, verification, wizards
 
-        change_finished.connect(on_change_finished, dispatch_uid="remediation.on_change_finished")
-        kube_findings_checked.connect(on_kube_findings_checked, dispatch_uid="remediation.on_kube_findings_checked")
+        change_finished.connect(wizards.on_change_finished, dispatch_uid="remediation.on_change_finished")
+        kube_findings_checked.connect(
+            findings.on_kube_findings_checked, dispatch_uid="remediation.on_kube_findings_checked"
+        )
+        cluster_synced.connect(findings.on_cluster_synced, dispatch_uid="remediation.on_cluster_synced")
+        ticks.register("remediation.verification", 70, verification.evaluate_due)
+        ticks.register("remediation.calibrations", 80, wizards.settle_awaiting)

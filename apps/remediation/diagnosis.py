@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from apps.clusters.models import Cluster
+from apps.core.catalogue import PRESCRIPTION, REMEDIES, REMEDIES_FOR, cause
 from apps.fleet.configs import key_settings
 from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, NodeWindow, SignalWindow
 from apps.incidents.oom import replica_memory
 from apps.remediation import capacity, measurements, observed, schedulable, sizing, token_caps
-from apps.remediation.catalogue import PRESCRIPTION, REMEDIES, REMEDIES_FOR, cause
 from apps.remediation.models import Finding
 from apps.remediation.rules import BY_ID
 

@@ -74,6 +74,10 @@ def subjects(cluster: Cluster) -> list[tuple[Deployment, rules.Subject]]:
     return out
 
 
+def on_cluster_synced(sender, cluster_id: int, **kwargs) -> None:
+    recompute(cluster_id)
+
+
 def recompute(cluster_id: int) -> dict:
     """Open findings for rules that fire, resolve those that stopped. Unchanged findings cost no write.
     Owns the config-lint rules only: Kubernetes findings are recomputed by `recompute_kube`."""

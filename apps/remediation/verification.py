@@ -10,10 +10,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.accounts.audit import Actor, record
+from apps.core.catalogue import REMEDIES, REMEDIES_FOR
 from apps.incidents import metric_readings
 from apps.incidents import services as incidents
 from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, SignalWindow
-from apps.remediation.catalogue import REMEDIES, REMEDIES_FOR
 from apps.remediation.models import Wizard, WizardStep
 from apps.remediation.wizards import WizardError, _bump, _locked
 
@@ -407,3 +407,8 @@ def next_steps(wizard: Wizard) -> list[dict]:
 
 def due() -> list[int]:
     return list(Wizard.objects.filter(state=Wizard.State.VERIFYING).values_list("pk", flat=True))
+
+
+def evaluate_due() -> None:
+    for wizard_id in due():
+        evaluate(wizard_id)

@@ -18,10 +18,10 @@ from apps.accounts.audit import Actor, record
 from apps.calibration import services as calibrations
 from apps.changes import protocol
 from apps.changes.models import Change, ChangeState
+from apps.core.catalogue import CONFIG_REMEDIES, GUIDANCE, REMEDIES
 from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, IncidentEvent
 from apps.remediation import diagnosis
-from apps.remediation.catalogue import CONFIG_REMEDIES, GUIDANCE, REMEDIES
 from apps.remediation.models import Finding, Wizard, WizardStep
 from integrations.ray.errors import RayError
 
@@ -506,6 +506,11 @@ def awaiting_calibration() -> list[int]:
             kind=WizardStep.Kind.CALIBRATION, status=Status.APPLYING, wizard__state=Wizard.State.OPEN
         ).values_list("wizard_id", flat=True)
     )
+
+
+def settle_awaiting() -> None:
+    for wizard_id in awaiting_calibration():
+        settle_calibration(wizard_id)
 
 
 def settle_calibration(wizard_id: int) -> bool:

@@ -14,12 +14,12 @@ from django.utils import timezone
 from apps.accounts.audit import Actor
 from apps.calibration import services
 from apps.clusters.models import Cluster
+from apps.core.catalogue import cause
 from apps.fleet import sync
 from apps.fleet.models import Deployment
 from apps.incidents import services as incidents
 from apps.incidents.models import Incident, NodeWindow
 from apps.remediation import wizards
-from apps.remediation.catalogue import cause
 from controlplane.local_ray import REFERENCE_APP_DIR
 from tests.conftest import two_app_config
 

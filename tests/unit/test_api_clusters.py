@@ -8,8 +8,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from apps.accounts.models import AuditEvent
-from apps.clusters import secrets
 from apps.clusters.models import Cluster, ClusterEvent
+from apps.core import secrets
 from apps.fleet import sync
 from tests.factories import ClusterFactory
 

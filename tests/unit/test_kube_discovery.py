@@ -11,8 +11,8 @@ from django.core.exceptions import ValidationError
 
 from apps.accounts.audit import Actor
 from apps.accounts.models import AuditEvent
-from apps.clusters import secrets
 from apps.clusters.models import Cluster
+from apps.core import secrets
 from apps.kubernetes import discovery, services
 from apps.kubernetes.models import KubeConnection, KubeLink
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)

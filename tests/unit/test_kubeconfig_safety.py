@@ -12,7 +12,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.urls import reverse
 
 from apps.accounts.audit import Actor
-from apps.clusters import secrets
+from apps.core import secrets
 from apps.kubernetes import discovery, services
 from apps.kubernetes.adapters import adapter_for
 from apps.kubernetes.models import KubeConnection

@@ -7,8 +7,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from apps.accounts.models import AuditEvent
-from apps.clusters import secrets
 from apps.clusters.models import Cluster
+from apps.core import secrets
 from apps.incidents.models import Webhook
 
 pytestmark = pytest.mark.django_db

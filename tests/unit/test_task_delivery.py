@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from apps.core import jobs, ticks
 from controlplane.celery import app
 from workers import tasks
 
@@ -47,3 +48,20 @@ def test_redis_redelivers_only_after_the_longest_task_could_have_finished(verify
     timeout, verify = json.loads(result.stdout.strip().splitlines()[-1])
     # A change verifies, may roll back and verify again: redelivery must wait longer than both.
     assert timeout > 2 * verify and verify == int(verify_s or 180)
+
+
+def test_every_job_a_service_can_enqueue_is_a_task_the_worker_registers():
+    assert sorted(set(jobs.ALL) - set(app.tasks)) == []
+
+
+def test_the_tick_runs_each_apps_due_work_in_its_order():
+    assert [handler.__qualname__ for handler in ticks.handlers()] == [
+        "due_syncs",
+        "due_reconciles",
+        "advance_running",
+        "due_runs",
+        "lost_deliveries",
+        "stale_polls",
+        "evaluate_due",
+        "settle_awaiting",
+    ]

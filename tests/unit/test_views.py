@@ -183,7 +183,7 @@ def test_viewers_cannot_open_the_register_form(login):
 
 
 def test_admins_edit_labels_and_keep_the_token(login, synced):
-    from apps.clusters import secrets
+    from apps.core import secrets
 
     Cluster.objects.filter(pk=synced.pk).update(token_ciphertext=secrets.encrypt("keep-me"))
     response = login("admin").post(

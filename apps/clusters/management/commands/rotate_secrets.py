@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from apps.accounts.audit import Actor, record
-from apps.clusters import secrets
+from apps.core import secrets
 
 
 class Command(BaseCommand):
