@@ -15,43 +15,8 @@ from django.db.models import Model, Q, QuerySet
 from django.http import Http404
 from django.shortcuts import get_object_or_404
 
-from apps.accounts.models import Role, Team
+from apps.accounts.models import AuditEvent, Role, Team
 from apps.accounts.permissions import User, has_role, teams_where, visible_teams
-
-# How each team-owned model reaches its team. A model missing here cannot be asked about, so a
-# new one forces the question.
-TEAM_PATHS: dict[str, str] = {
-    "accounts.team": "",
-    "accounts.auditevent": "team",
-    "clusters.cluster": "team",
-    "clusters.clusterevent": "cluster__team",
-    "fleet.application": "cluster__team",
-    "fleet.deployment": "application__cluster__team",
-    "fleet.configrevision": "cluster__team",
-    "changes.change": "cluster__team",
-    "changes.preset": "team",
-    "maintenance.recycleschedule": "deployment__application__cluster__team",
-    "maintenance.warmupprofile": "application__cluster__team",
-    "maintenance.maintenancerun": "cluster__team",
-    "incidents.incident": "cluster__team",
-    "incidents.webhook": "team",
-    "remediation.finding": "cluster__team",
-    "remediation.wizard": "cluster__team",
-    "calibration.memorycalibration": "cluster__team",
-    "kubernetes_link.kubeconnection": "team",
-    "kubernetes_link.kubelink": "cluster__team",
-}
-
-
-def _presets(user: User, teams: QuerySet[Team]) -> Q:
-    return Q(builtin=True) | Q(team__in=teams)
-
-
-def _rollouts(user: User, teams: QuerySet[Team]) -> Q:
-    """Rollouts the user started, or with a change on a cluster of one of the teams."""
-    from apps.changes.models import Change
-
-    return Q(created_by=user) | Q(pk__in=Change.objects.filter(cluster__team__in=teams).values("rollout"))
 
 
 def _audit_events(user: User, teams: QuerySet[Team]) -> Q:
@@ -61,12 +26,11 @@ def _audit_events(user: User, teams: QuerySet[Team]) -> Q:
     return Q(team__in=teams_where(user, Role.ADMIN)) | Q(actor=user)
 
 
-# Models whose rows are not simply "in one of the teams". A rollout spans teams, so it has no path.
-RULES: dict[str, Callable[[User, QuerySet[Team]], Q]] = {
-    "changes.preset": _presets,
-    "changes.rollout": _rollouts,
-    "accounts.auditevent": _audit_events,
-}
+def _rule(model: type[Model]) -> Callable[[User, QuerySet[Team]], Q] | None:
+    """For rows that are not simply "in one of the teams": a model says so with `visible_rows`."""
+    if model is AuditEvent:
+        return _audit_events
+    return getattr(model, "visible_rows", None)
 
 
 def _queryset(rows: QuerySet | type[Model]) -> QuerySet:
@@ -74,10 +38,12 @@ def _queryset(rows: QuerySet | type[Model]) -> QuerySet:
 
 
 def _team_path(model: type[Model]) -> str:
-    label = model._meta.label_lower
-    if label not in TEAM_PATHS:
-        raise ImproperlyConfigured(f"Say in apps.accounts.access.TEAM_PATHS how a {label} belongs to a team.")
-    return TEAM_PATHS[label]
+    # Each team-owned model says how it reaches its team; one without a path cannot be asked
+    # about, so a new model forces the question.
+    path = getattr(model, "team_path", None)
+    if path is None:
+        raise ImproperlyConfigured(f"Give {model._meta.label_lower} a team_path: how a row of it belongs to a team.")
+    return path
 
 
 def visible(user: User, rows: QuerySet | type[Model], *, role: Role = Role.VIEWER) -> QuerySet:
@@ -86,7 +52,7 @@ def visible(user: User, rows: QuerySet | type[Model], *, role: Role = Role.VIEWE
     if user is None or not user.is_authenticated:
         return queryset.none()
     teams = visible_teams(user) if role == Role.VIEWER else teams_where(user, role)
-    rule = RULES.get(queryset.model._meta.label_lower)
+    rule = _rule(queryset.model)
     if rule is not None:
         return queryset.filter(rule(user, teams))
     path = _team_path(queryset.model)

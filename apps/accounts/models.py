@@ -18,6 +18,9 @@ class Team(models.Model):
     slug = models.SlugField(max_length=100, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = ""
+
     class Meta:
         ordering = ["name"]
 
@@ -54,6 +57,9 @@ class AuditEvent(models.Model):
     source_ip = models.GenericIPAddressField(null=True, blank=True)
     user_agent = models.CharField(max_length=300, blank=True)
     via = models.CharField(max_length=16, default="ui")  # ui, api, worker, cli
+
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "team"
 
     class Meta:
         ordering = ["-created_at", "-id"]

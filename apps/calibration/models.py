@@ -55,6 +55,9 @@ class MemoryCalibration(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     polled_at = models.DateTimeField(null=True, blank=True)
 
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "cluster__team"
+
     class Meta:
         ordering = ["-created_at", "-id"]
         constraints = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
 
 from apps.accounts.models import Team
 from apps.clusters.models import Cluster
@@ -24,6 +25,14 @@ class Preset(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "team"
+
+    @classmethod
+    def visible_rows(cls, user, teams) -> Q:
+        """Built-ins are everyone's; a team's own presets are its members'."""
+        return Q(builtin=True) | Q(team__in=teams)
 
     class Meta:
         ordering = ["-builtin", "name"]
@@ -89,6 +98,12 @@ class Rollout(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    @classmethod
+    def visible_rows(cls, user, teams) -> Q:
+        """A rollout spans teams, so it has no team path: the user's own, and any with a change on
+        a cluster of one of the teams."""
+        return Q(created_by=user) | Q(pk__in=Change.objects.filter(cluster__team__in=teams).values("rollout"))
+
     class Meta:
         ordering = ["-created_at", "-id"]
 
@@ -145,6 +160,9 @@ class Change(models.Model):
     # Touched by the worker at every step and poll; a stale heartbeat on an active change means
     # its worker died and the reconciler takes over.
     heartbeat_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "cluster__team"
 
     class Meta:
         ordering = ["-created_at", "-id"]

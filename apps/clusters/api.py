@@ -13,6 +13,7 @@ from apps.clusters import services
 from apps.clusters.filters import ClusterFilter
 from apps.clusters.models import EDITABLE_FIELDS, UPDATABLE_FIELDS, Cluster, ClusterEvent
 from apps.clusters.validation import normalize_dashboard_url, normalize_optional_url, validate_labels, validate_token
+from apps.fleet.selectors import cluster_listing
 
 
 class ClusterSerializer(serializers.ModelSerializer):
@@ -134,7 +135,7 @@ class ClusterViewSet(
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
     def get_queryset(self):
-        return Cluster.objects.listing_for(self.request.user)
+        return cluster_listing(self.request.user)
 
     def perform_create(self, serializer):
         data = serializer.validated_data

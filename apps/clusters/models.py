@@ -3,9 +3,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
-from django.db.models import OuterRef, Subquery
-from django.db.models.functions import Coalesce
 
+from apps.accounts.access import visible
 from apps.accounts.models import Team
 from apps.clusters.egress_rules import normalize_rule
 
@@ -19,31 +18,7 @@ class Reachability(models.TextChoices):
 
 class ClusterQuerySet(models.QuerySet):
     def visible_to(self, user) -> "ClusterQuerySet":
-        from apps.accounts.access import visible
-
         return visible(user, self)
-
-    def with_counts(self) -> "ClusterQuerySet":
-        """Live applications and deployments per cluster, in the same query. Correlated subqueries
-        rather than a join and GROUP BY: the database counts only the rows of the page it returns,
-        and a paginator's COUNT leaves them out (the join aggregated the whole fleet for both)."""
-        from apps.fleet.models import Application, Deployment
-
-        def live(queryset, cluster: str) -> Coalesce:
-            per_cluster = queryset.filter(**{cluster: OuterRef("pk")}).order_by().values(cluster)
-            return Coalesce(Subquery(per_cluster.annotate(n=models.Count("pk")).values("n")), 0)
-
-        return self.annotate(
-            application_count=live(Application.objects.filter(removed_at__isnull=True), "cluster"),
-            deployment_count=live(
-                Deployment.objects.filter(removed_at__isnull=True, application__removed_at__isnull=True),
-                "application__cluster",
-            ),
-        )
-
-    def listing_for(self, user) -> "ClusterQuerySet":
-        """What the fleet page and the clusters API list for this user."""
-        return self.visible_to(user).with_counts().select_related("team").order_by("name")
 
 
 # What a team admin sets on a cluster, in the order the form shows it. The register and edit
@@ -137,6 +112,9 @@ class Cluster(models.Model):
 
     objects = ClusterQuerySet.as_manager()
 
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "team"
+
     class Meta:
         ordering = ["name"]
 
@@ -187,6 +165,9 @@ class ClusterEvent(models.Model):
     kind = models.CharField(max_length=32, choices=Kind.choices)
     message = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "cluster__team"
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -23,6 +23,9 @@ class Application(models.Model):
     # Set when the application disappears from the cluster; history stays.
     removed_at = models.DateTimeField(null=True, blank=True)
 
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "cluster__team"
+
     class Meta:
         ordering = ["cluster__name", "name"]
         constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="one_application_name_per_cluster")]
@@ -58,6 +61,9 @@ class Deployment(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     removed_at = models.DateTimeField(null=True, blank=True)
 
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "application__cluster__team"
+
     class Meta:
         ordering = ["application__cluster__name", "application__name", "name"]
         constraints = [
@@ -81,6 +87,9 @@ class ConfigRevision(models.Model):
     config = models.JSONField()
     ray_session = models.CharField(max_length=128, blank=True)
     observed_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "cluster__team"
 
     class Meta:
         ordering = ["-observed_at", "-id"]

@@ -16,6 +16,7 @@ from apps.clusters.filters import ClusterFilter
 from apps.clusters.models import Cluster
 from apps.fleet.history import previous_revision, revision_diff
 from apps.fleet.models import Application, ConfigRevision, Deployment
+from apps.fleet.selectors import cluster_listing
 from apps.kubernetes.views import card_context as kube_card
 
 PAGE_SIZE = 50
@@ -27,7 +28,7 @@ def _refresh() -> int:
 
 @login_required
 def overview(request):
-    clusters = Cluster.objects.listing_for(request.user)
+    clusters = cluster_listing(request.user)
     filterset = ClusterFilter(request.GET or None, queryset=clusters)
     page = Paginator(filterset.qs, PAGE_SIZE).get_page(request.GET.get("page"))
     context = {
@@ -44,7 +45,7 @@ def overview(request):
 
 
 def _visible_cluster(request, pk: int) -> Cluster:
-    return get_object_or_404(Cluster.objects.listing_for(request.user), pk=pk)
+    return get_object_or_404(cluster_listing(request.user), pk=pk)
 
 
 def _cluster_context(request, cluster: Cluster) -> dict:

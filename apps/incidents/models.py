@@ -49,6 +49,9 @@ class Incident(models.Model):
     evidence = models.JSONField(default=dict)
     causes = models.JSONField(default=list, help_text="[{id, title, reason, rank}] from the playbook.")
 
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "cluster__team"
+
     class Meta:
         ordering = ["-last_signal_at", "-id"]
         # The incident list and API pages walk this order: without the index, every page sorts
@@ -176,6 +179,9 @@ class Webhook(models.Model):
     secret_ciphertext = models.TextField(blank=True)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "team"
 
     class Meta:
         ordering = ["team__name", "id"]

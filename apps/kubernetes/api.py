@@ -14,6 +14,7 @@ from apps.accounts.models import Role, Team
 from apps.clusters.api import ClusterSerializer
 from apps.clusters.models import Cluster
 from apps.clusters.validation import normalize_dashboard_url, validate_labels, validate_token
+from apps.fleet.selectors import cluster_listing
 from apps.kubernetes import discovery, services
 from apps.kubernetes.models import KubeConnection, KubeLink
 from apps.kubernetes.validation import validate_cluster_name, validate_namespaces
@@ -242,7 +243,7 @@ class KubeConnectionViewSet(viewsets.ModelViewSet):
         body = RegisterSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         cluster = services.register_discovered(Actor.from_request(request), connection, **body.validated_data)
-        data = ClusterSerializer(Cluster.objects.listing_for(request.user).get(pk=cluster.pk)).data
+        data = ClusterSerializer(cluster_listing(request.user).get(pk=cluster.pk)).data
         return Response(data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=LinkSerializer, responses={201: KubeLinkSerializer})

@@ -46,6 +46,9 @@ class KubeConnection(models.Model):
 
     objects = KubeConnectionQuerySet.as_manager()
 
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "team"
+
     class Meta:
         ordering = ["team__name", "name"]
         constraints = [models.UniqueConstraint(fields=["team", "name"], name="one_kube_connection_name_per_team")]
@@ -81,6 +84,9 @@ class KubeLink(models.Model):
     # What the cluster page shows (pods with their limits and restarts, the last OOMKilled, recent
     # Warning events), kept from the last inspection so the page never calls Kubernetes.
     snapshot = models.JSONField(default=dict, blank=True)
+
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "cluster__team"
 
     class Meta:
         ordering = ["cluster__name"]

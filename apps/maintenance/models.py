@@ -44,6 +44,9 @@ class WarmupProfile(Window):
     next_run_at = models.DateTimeField(null=True, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "application__cluster__team"
+
     class Meta:
         ordering = ["application__cluster__name", "application__name", "name"]
 
@@ -65,6 +68,9 @@ class RecycleSchedule(Window):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
+
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "deployment__application__cluster__team"
 
     class Meta:
         ordering = ["deployment__application__cluster__name", "deployment__application__name", "deployment__name"]
@@ -126,6 +132,9 @@ class MaintenanceRun(models.Model):
     # run (and, for a recycle, the cluster's one running-recycle slot) still held.
     heartbeat_at = models.DateTimeField(null=True, blank=True, db_index=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "cluster__team"
 
     class Meta:
         ordering = ["-created_at", "-id"]

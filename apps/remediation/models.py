@@ -34,6 +34,9 @@ class Finding(models.Model):
     )
     mute_reason = models.TextField(blank=True)
 
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "cluster__team"
+
     class Meta:
         ordering = ["rule", "cluster__name", "application_name", "deployment_name"]
         constraints = [
@@ -100,6 +103,9 @@ class Wizard(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    # How a row reaches the team that owns it (apps.accounts.access).
+    team_path = "cluster__team"
 
     class Meta:
         ordering = ["-created_at", "-id"]
