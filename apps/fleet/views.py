@@ -11,13 +11,11 @@ from django.shortcuts import get_object_or_404, render
 from apps.accounts import access
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role, teams_where, visible_teams
-from apps.calibration.views import card_context as calibration_card
 from apps.clusters.filters import ClusterFilter
 from apps.clusters.models import Cluster
 from apps.fleet.history import previous_revision, revision_diff
 from apps.fleet.models import Application, ConfigRevision, Deployment
 from apps.fleet.selectors import cluster_listing
-from apps.kubernetes.views import card_context as kube_card
 
 PAGE_SIZE = 50
 
@@ -69,9 +67,7 @@ def _cluster_context(request, cluster: Cluster) -> dict:
 @login_required
 def cluster_detail(request, pk: int):
     cluster = _visible_cluster(request, pk)
-    return render(
-        request, "fleet/cluster_detail.html", {**_cluster_context(request, cluster), "kube": kube_card(cluster)}
-    )
+    return render(request, "fleet/cluster_detail.html", _cluster_context(request, cluster))
 
 
 @login_required
@@ -97,8 +93,6 @@ def deployment_detail(request, pk: int):
         "findings": deployment.findings.filter(resolved_at__isnull=True, muted_at__isnull=True),
         "can_operate": has_role(request.user, deployment.application.cluster.team, Role.OPERATOR),
     }
-    if not request.htmx:
-        context["calibration"] = calibration_card(request, deployment)
     template = "fleet/partials/deployment_live.html" if request.htmx else "fleet/deployment_detail.html"
     return render(request, template, context)
 
