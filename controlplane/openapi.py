@@ -3,12 +3,11 @@ it works; the ways any operation can fail (bad input, no credentials, a role tha
 it, an object that does not exist or is not yours, throttling) are added here, once, with DRF's
 error shapes, so clients can rely on every status the API gives being in the schema.
 
-An operation that can also answer 409 says so itself with `extend_schema(responses={409: CONFLICT})`;
+An operation that can also answer 409 says so itself with `extend_schema(responses={409: CONFLICT})`
+(`apps.accounts.drf`);
 this hook gives every documented error without a body the shape below."""
 
 from __future__ import annotations
-
-from drf_spectacular.utils import OpenApiResponse
 
 ERROR = {
     "type": "object",
@@ -23,10 +22,6 @@ INVALID = {
     "additionalProperties": True,
 }
 METHODS = {"get", "put", "post", "patch", "delete"}
-
-CONFLICT = OpenApiResponse(
-    description="The object moved on meanwhile, or another operation holds it; nothing was changed."
-)
 
 
 def _ref(name: str) -> dict:

@@ -5,11 +5,24 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers, status, views
+from rest_framework.exceptions import APIException
 from rest_framework.response import Response
 
 from apps.accounts import access
 from apps.accounts.models import Role
+from apps.core import errors
+
+# An operation that can answer 409 says so with `extend_schema(responses={409: CONFLICT})`.
+CONFLICT = OpenApiResponse(
+    description="The object moved on meanwhile, or another operation holds it; nothing was changed."
+)
+
+
+class Conflict(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
 
 
 def require_role(request, team, needed: Role, what: str) -> None:
@@ -41,15 +54,18 @@ def as_api_error(exc: DjangoValidationError) -> serializers.ValidationError:
 
 def exception_handler(exc, context):
     """DRF's handler, with a body over FLEETDECK_MAX_BODY_BYTES answered as the API answers
-    everything, in JSON (413 and the limit) rather than Django's HTML 400 page, and a service's
-    refusal that a viewset lets through as a 400 (`as_api_error`), so viewsets need not wrap
-    every service call. DRF's handler marks the transaction for rollback, as for its own errors."""
+    everything, in JSON (413 and the limit) rather than Django's HTML 400 page, a domain conflict
+    as a 409 with every message, and any other refusal of a service that a viewset lets through as
+    a 400 (`as_api_error`), so viewsets need not wrap every service call. DRF's handler marks the
+    transaction for rollback, as for its own errors."""
     if isinstance(exc, RequestDataTooBig):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         return Response(
             {"detail": f"The request body is too large: the limit is {limit:,} bytes."},
             status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
         )
-    if isinstance(exc, DjangoValidationError):
+    if isinstance(exc, errors.Conflict):
+        exc = Conflict({"detail": exc.messages})
+    elif isinstance(exc, DjangoValidationError):
         exc = as_api_error(exc)
     return views.exception_handler(exc, context)

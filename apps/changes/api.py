@@ -4,24 +4,18 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException
 from rest_framework.response import Response
 
 from apps.accounts import access
 from apps.accounts.audit import Actor
-from apps.accounts.drf import VisiblePrimaryKeyRelatedField, VisibleSlugRelatedField, require_role
+from apps.accounts.drf import CONFLICT, Conflict, VisiblePrimaryKeyRelatedField, VisibleSlugRelatedField, require_role
 from apps.accounts.models import Role, Team
 from apps.changes import presets, protocol, rollouts
+from apps.changes.filters import ChangeFilter
 from apps.changes.models import Change, ChangeStep, Preset, Rollout
 from apps.changes.validation import parse_options_text, preset_or_options, validate_options
 from apps.clusters.models import Cluster
 from apps.fleet.models import ConfigRevision
-from controlplane.openapi import CONFLICT
-
-
-class Conflict(APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_code = "conflict"
 
 
 class PresetSerializer(serializers.ModelSerializer):
@@ -47,10 +41,7 @@ class PresetSerializer(serializers.ModelSerializer):
         read_only_fields = ["slug", "builtin", "created_at", "updated_at"]
 
     def validate_options(self, value):
-        try:
-            return validate_options(value)
-        except DjangoValidationError as exc:
-            raise serializers.ValidationError(exc.messages) from exc
+        return validate_options(value)
 
 
 class CloneSerializer(serializers.Serializer):
@@ -206,7 +197,7 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
     the protocol: drift check, push of the full config, verification, automatic rollback."""
 
     serializer_class = ChangeSerializer
-    filterset_fields = ["cluster", "state", "kind"]
+    filterset_class = ChangeFilter
 
     def get_queryset(self):
         return (

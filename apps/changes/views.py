@@ -17,11 +17,13 @@ from apps.accounts.audit import Actor
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role, teams_where
 from apps.changes import presets, protocol, rollouts
+from apps.changes.filters import ChangeFilter
 from apps.changes.forms import PlanForm, PresetForm, RolloutForm
 from apps.changes.models import Change, ChangeState, Preset, Rollout
 from apps.clusters.models import Cluster
 from apps.core.jobs import unclaimed_for
 from apps.fleet.configs import unified_diff
+from apps.fleet.models import ConfigRevision
 
 
 def _change(request, pk: int, needed: Role = Role.VIEWER) -> Change:
@@ -31,9 +33,7 @@ def _change(request, pk: int, needed: Role = Role.VIEWER) -> Change:
 @login_required
 def change_list(request):
     changes = access.visible(request.user, Change).select_related("cluster", "created_by")
-    cluster_id = request.GET.get("cluster")
-    if cluster_id and cluster_id.isdigit():
-        changes = changes.filter(cluster_id=int(cluster_id))
+    changes = ChangeFilter(request.GET or None, queryset=changes).qs
     page = Paginator(changes.order_by("-created_at", "-id"), 50).get_page(request.GET.get("page"))
     return render(request, "changes/change_list.html", {"page": page})
 
@@ -229,8 +229,6 @@ def rollout_action(request, pk: int, action: str):
 @login_required
 @require_POST
 def restore_revision(request, pk: int):
-    from apps.fleet.models import ConfigRevision
-
     revision = access.get_for(
         request.user, ConfigRevision.objects.select_related("application", "cluster__team"), Role.OPERATOR, pk=pk
     )

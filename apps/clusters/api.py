@@ -75,31 +75,20 @@ class ClusterSerializer(serializers.ModelSerializer):
             "created_at",
         ]
 
+    # DRF answers a Django ValidationError from these as the field's errors.
     def validate_dashboard_url(self, value: str) -> str:
-        try:
-            return normalize_dashboard_url(value)
-        except DjangoValidationError as exc:
-            raise serializers.ValidationError(exc.messages) from exc
+        return normalize_dashboard_url(value)
 
     def _optional_url(self, value: str) -> str:
-        try:
-            return normalize_optional_url(value)
-        except DjangoValidationError as exc:
-            raise serializers.ValidationError(exc.messages) from exc
+        return normalize_optional_url(value)
 
     validate_metrics_url = validate_serve_url = validate_prometheus_url = _optional_url
 
     def validate_token(self, value: str) -> str:
-        try:
-            return validate_token(value)
-        except DjangoValidationError as exc:
-            raise serializers.ValidationError(exc.messages) from exc
+        return validate_token(value)
 
     def validate_labels(self, value):
-        try:
-            return validate_labels(value)
-        except DjangoValidationError as exc:
-            raise serializers.ValidationError(exc.messages) from exc
+        return validate_labels(value)
 
     def get_fields(self):
         fields = super().get_fields()

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import django_filters
-from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -9,16 +8,14 @@ from rest_framework.response import Response
 
 from apps.accounts import access
 from apps.accounts.audit import Actor
-from apps.accounts.drf import as_api_error, require_role
+from apps.accounts.drf import CONFLICT, require_role
 from apps.accounts.filters import IdFilter
 from apps.accounts.models import Role
 from apps.calibration import services as calibrations
-from apps.changes.api import Conflict
 from apps.incidents.models import Incident
 from apps.remediation import findings, remedy_checks, verification, wizards
 from apps.remediation.models import Finding, Wizard, WizardStep
 from apps.remediation.rules import BY_ID
-from controlplane.openapi import CONFLICT
 
 
 class FindingFilter(django_filters.FilterSet):
@@ -226,16 +223,6 @@ class AbandonSerializer(RevisionSerializer):
     reason = serializers.CharField(max_length=2000)
 
 
-def wizard_call(fn, *args, **kwargs):
-    """A service's refusal as 400, a conflict or stale wizard as 409."""
-    try:
-        return fn(*args, **kwargs)
-    except (wizards.WizardConflict, wizards.WizardStale) as exc:
-        raise Conflict({"detail": exc.messages}) from exc
-    except DjangoValidationError as exc:
-        raise as_api_error(exc) from exc
-
-
 class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     """Guided remediation: diagnosis, one step per remedy with computed values, verification
     under live traffic, outcome on the incident. Every action takes the `revision` it acted on;
@@ -289,8 +276,7 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         source = incident or finding
         if source is not None:
             require_role(request, source.cluster.team, Role.OPERATOR, "start remediation wizards")
-        wizard, created = wizard_call(
-            wizards.start,
+        wizard, created = wizards.start(
             Actor.from_request(request),
             incident=incident,
             finding=finding,
@@ -307,8 +293,7 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         wizard = self._operable(request, "apply remedies")
         body = ApplySerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        wizard_call(
-            wizards.apply,
+        wizards.apply(
             Actor.from_request(request),
             wizard,
             body.validated_data["steps"],
@@ -321,7 +306,7 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         body = StepSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        wizard_call(fn, Actor.from_request(request), wizard, data["step"], revision=data.get("revision"), **extra(data))
+        fn(Actor.from_request(request), wizard, data["step"], revision=data.get("revision"), **extra(data))
         return self._respond(wizard)
 
     @extend_schema(request=StepSerializer, responses={200: WizardSerializer, 409: CONFLICT})
@@ -355,8 +340,7 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         body = WizardCalibrateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        wizard_call(
-            wizards.calibrate,
+        wizards.calibrate(
             Actor.from_request(request),
             wizard,
             request=data.get("request"),
@@ -372,7 +356,7 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         wizard = self._operable(request, "re-plan wizards")
         body = RevisionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        wizard_call(wizards.replan, Actor.from_request(request), wizard, revision=body.validated_data.get("revision"))
+        wizards.replan(Actor.from_request(request), wizard, revision=body.validated_data.get("revision"))
         return self._respond(wizard)
 
     @extend_schema(request=VerifySerializer, responses={200: WizardSerializer, 409: CONFLICT})
@@ -382,8 +366,7 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         wizard = self._operable(request, "verify fixes")
         body = VerifySerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        wizard_call(
-            verification.start,
+        verification.start(
             Actor.from_request(request),
             wizard,
             window_s=body.validated_data.get("window_s"),
@@ -405,8 +388,7 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         wizard = self._operable(request, "abandon wizards")
         body = AbandonSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        wizard_call(
-            wizards.abandon,
+        wizards.abandon(
             Actor.from_request(request),
             wizard,
             reason=body.validated_data["reason"],

@@ -9,7 +9,7 @@ from apps.clusters.models import Cluster
 from apps.core.catalogue import PRESCRIPTION, REMEDIES, REMEDIES_FOR, cause
 from apps.fleet.configs import key_settings
 from apps.fleet.models import Deployment
-from apps.incidents.models import Incident, NodeWindow, SignalWindow
+from apps.incidents.models import Incident, NodeWindow, OomKillRecord, SignalWindow
 from apps.incidents.oom import replica_memory
 from apps.remediation import capacity, measurements, observed, schedulable, sizing, token_caps
 from apps.remediation.models import Finding
@@ -181,8 +181,6 @@ def _memory_and_budget(
     rest (in the kill message or in traffic) and its peaks priced at least at what traffic showed
     per request; a kill message or traffic alone gives only a lower bound. The budget from the
     kill (its threshold less everything else on the node), else from the nodes' memory now."""
-    from apps.incidents.models import OomKillRecord
-
     kill = (
         OomKillRecord.objects.filter(
             incident__cluster=cluster, incident__application_name=app, incident__deployment_name=dep

@@ -13,6 +13,8 @@ from django.utils import timezone
 from apps.accounts.audit import Actor, record
 from apps.clusters.models import Cluster
 from apps.fleet.models import Deployment
+from apps.incidents.models import Incident, SignalWindow
+from apps.maintenance.models import RecycleSchedule, WarmupProfile
 from apps.remediation import rules
 from apps.remediation.models import Finding
 
@@ -29,9 +31,6 @@ def cold_start_ratio(points: list[dict]) -> tuple[bool, float | None]:
 
 
 def subjects(cluster: Cluster) -> list[tuple[Deployment, rules.Subject]]:
-    from apps.incidents.models import Incident, SignalWindow
-    from apps.maintenance.models import RecycleSchedule, WarmupProfile
-
     deployments = list(
         Deployment.objects.filter(
             application__cluster=cluster, removed_at__isnull=True, application__removed_at__isnull=True

@@ -19,6 +19,7 @@ from apps.calibration import services as calibrations
 from apps.changes import protocol
 from apps.changes.models import Change, ChangeState
 from apps.core.catalogue import CONFIG_REMEDIES, GUIDANCE, REMEDIES
+from apps.core.errors import Conflict
 from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, IncidentEvent
 from apps.remediation import diagnosis
@@ -32,11 +33,11 @@ class WizardError(ValidationError):
     """The wizard cannot do this now; nothing was changed."""
 
 
-class WizardConflict(WizardError):
+class WizardConflict(WizardError, Conflict):
     """Someone else moved the wizard since the page was loaded."""
 
 
-class WizardStale(WizardError):
+class WizardStale(WizardError, Conflict):
     """The deployment's config changed since the values were computed; they were recomputed."""
 
 
