@@ -8,6 +8,7 @@ reference in a request body the same 400 as an unknown id): its existence is nev
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import reduce
 
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied, ValidationError
@@ -72,6 +73,19 @@ def require(user: User, team: Team | None, needed: Role, what: str = "") -> None
         raise PermissionDenied(
             f"You need the {needed.label.lower()} role in team {team}{f' to {what}' if what else ''}."
         )
+
+
+@dataclass(frozen=True)
+class Permission:
+    """A named rule for one operation: the role it needs in the object's team, and how a refusal
+    names it. A page and the API endpoint of the same operation demand the same one."""
+
+    role: Role
+    what: str
+
+
+def demand(user: User, team: Team | None, permission: Permission) -> None:
+    require(user, team, permission.role, permission.what)
 
 
 def get_visible_or_404(user: User, rows: QuerySet | type[Model], **lookup) -> Model:

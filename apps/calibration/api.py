@@ -6,8 +6,7 @@ from rest_framework.response import Response
 
 from apps.accounts import access
 from apps.accounts.audit import Actor
-from apps.accounts.drf import VisiblePrimaryKeyRelatedField, require_role
-from apps.accounts.models import Role
+from apps.accounts.drf import VisiblePrimaryKeyRelatedField
 from apps.calibration import services
 from apps.calibration.curve import AXES
 from apps.calibration.filters import CalibrationFilter
@@ -107,7 +106,7 @@ class CalibrationViewSet(
         body = CalibrateSerializer(data=request.data, context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
         deployment = body.validated_data["deployment"]
-        require_role(request, deployment.application.cluster.team, Role.OPERATOR, "calibrate deployments")
+        access.demand(request.user, deployment.application.cluster.team, services.CALIBRATE)
         calibration = services.request_calibration(
             Actor.from_request(request),
             deployment,

@@ -17,7 +17,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
+from apps.accounts.models import Role
 from apps.calibration.curve import AXES, MIB, CalibrationOutputError, Curve, parse_output, reported_error
 from apps.calibration.models import MemoryCalibration
 from apps.clusters.services import dashboard_for
@@ -30,6 +32,7 @@ from integrations.ray.payloads import JobInfo, NodeMemory
 
 __all__ = ["Curve", "latest_curve", "parse_output", "poll", "request_calibration"]
 
+CALIBRATE = Permission(Role.OPERATOR, "calibrate deployments")
 JOB_SCRIPT = Path(__file__).with_name("job_script.py")
 DEFAULT_LEVELS = (1, 2, 4)
 MAX_LEVEL = 64

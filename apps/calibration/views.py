@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
@@ -90,8 +90,7 @@ def card(request, deployment_pk: int):
 @require_POST
 def calibrate(request, deployment_pk: int):
     deployment = _deployment(request, deployment_pk)
-    if not has_role(request.user, deployment.application.cluster.team, Role.OPERATOR):
-        raise PermissionDenied(f"You need the operator role in team {deployment.application.cluster.team}.")
+    access.demand(request.user, deployment.application.cluster.team, services.CALIBRATE)
     form = CalibrateForm(request.POST)
     if form.is_valid():
         try:

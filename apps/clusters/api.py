@@ -6,6 +6,7 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.drf import VisibleSlugRelatedField, require_role
 from apps.accounts.models import Role, Team
@@ -159,7 +160,7 @@ class ClusterViewSet(
     def sync(self, request, pk=None):
         """Queue a sync now. Answers 202; `sync_pending` turns false when the worker is done."""
         cluster = self.get_object()
-        require_role(request, cluster.team, Role.OPERATOR, "sync clusters")
+        access.demand(request.user, cluster.team, services.SYNC)
         services.request_sync(Actor.from_request(request), cluster)
         return Response(
             self.get_serializer(self.get_queryset().get(pk=cluster.pk)).data, status=status.HTTP_202_ACCEPTED

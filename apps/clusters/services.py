@@ -9,14 +9,17 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
-from apps.accounts.models import Team
+from apps.accounts.models import Role, Team
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
 from apps.clusters.validation import checked_url, validate_labels
 from apps.core import jobs, secrets
 from integrations.ray.dashboard import RayDashboard
 from integrations.ray.errors import RayError, RayTimeout, RayUnreachable
 from integrations.ray.payloads import ServeStatus, VersionInfo
+
+SYNC = Permission(Role.OPERATOR, "sync clusters")
 
 
 class ConnectionRefused(ValidationError):

@@ -80,7 +80,8 @@ def cluster_delete(request, pk: int):
 @login_required
 @require_POST
 def cluster_sync(request, pk: int):
-    cluster = _cluster(request, pk, Role.OPERATOR)
+    cluster = access.get_visible_or_404(request.user, Cluster.objects.select_related("team"), pk=pk)
+    access.demand(request.user, cluster.team, services.SYNC)
     services.request_sync(Actor.from_request(request), cluster)
     if request.htmx:
         return redirect("fleet:cluster_status", pk=cluster.pk)

@@ -124,7 +124,7 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
 
     def _transition(self, request, status):
         incident = self.get_object()
-        require_role(request, incident.cluster.team, Role.OPERATOR, "handle incidents")
+        access.demand(request.user, incident.cluster.team, services.HANDLE)
         try:
             services.set_status(Actor.from_request(request), incident, status)
         except ValueError as exc:

@@ -11,7 +11,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
+from apps.accounts.models import Role
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
 from apps.clusters.services import dashboard_for
 from apps.fleet.models import Deployment
@@ -30,6 +32,8 @@ from apps.incidents.models import Incident, IncidentEvent, NodeWindow, OomKillRe
 from apps.incidents.oom import OomKill, oom_kills
 from integrations import ray_metrics
 from integrations.ray.errors import RayError
+
+HANDLE = Permission(Role.OPERATOR, "handle incidents")
 
 RECENT = timedelta(minutes=15)
 # Readings an OOM incident keeps from before it began: the build-up to the kill.

@@ -61,7 +61,7 @@ def incident_action(request, pk: int, action: str):
         if request.POST.get("text", "").strip():
             services.add_note(actor, incident, request.POST["text"])
         return redirect("incidents:detail", pk=pk)
-    access.require(request.user, incident.cluster.team, Role.OPERATOR, "acknowledge or resolve incidents")
+    access.demand(request.user, incident.cluster.team, services.HANDLE)
     status = statuses[action]
     try:
         services.set_status(actor, incident, status)

@@ -92,7 +92,7 @@ class FindingViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def mute(self, request, pk=None):
         finding = self.get_object()
-        require_role(request, finding.cluster.team, Role.OPERATOR, "mute findings")
+        access.demand(request.user, finding.cluster.team, findings.MUTE)
         body = MuteSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         return Response(
@@ -103,7 +103,7 @@ class FindingViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def unmute(self, request, pk=None):
         finding = self.get_object()
-        require_role(request, finding.cluster.team, Role.OPERATOR, "unmute findings")
+        access.demand(request.user, finding.cluster.team, findings.UNMUTE)
         return Response(FindingSerializer(findings.unmute(Actor.from_request(request), finding)).data)
 
 
@@ -275,7 +275,7 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
                 raise serializers.ValidationError({"finding": ["No such finding."]})
         source = incident or finding
         if source is not None:
-            require_role(request, source.cluster.team, Role.OPERATOR, "start remediation wizards")
+            access.demand(request.user, source.cluster.team, wizards.START)
         wizard, created = wizards.start(
             Actor.from_request(request),
             incident=incident,

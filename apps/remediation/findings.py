@@ -10,13 +10,18 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
+from apps.accounts.models import Role
 from apps.clusters.models import Cluster
 from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, SignalWindow
 from apps.maintenance.models import RecycleSchedule, WarmupProfile
 from apps.remediation import rules
 from apps.remediation.models import Finding
+
+MUTE = Permission(Role.OPERATOR, "mute findings")
+UNMUTE = Permission(Role.OPERATOR, "unmute findings")
 
 
 def cold_start_ratio(points: list[dict]) -> tuple[bool, float | None]:

@@ -91,9 +91,8 @@ def finding_list(request):
 @login_required
 @require_POST
 def finding_mute(request, pk: int):
-    finding = access.get_for(
-        request.user, Finding.objects.select_related("cluster__team"), Role.OPERATOR, "mute findings", pk=pk
-    )
+    finding = access.get_visible_or_404(request.user, Finding.objects.select_related("cluster__team"), pk=pk)
+    access.demand(request.user, finding.cluster.team, findings.UNMUTE if finding.muted_at else findings.MUTE)
     try:
         if finding.muted_at:
             findings.unmute(Actor.from_request(request), finding)
@@ -135,8 +134,7 @@ def wizard_start(request):
     source = incident or finding
     if source is None:
         raise Http404("Start a wizard from an incident or a finding.")
-    if not has_role(request.user, source.cluster.team, Role.OPERATOR):
-        raise PermissionDenied("Only operators start remediation wizards.")
+    access.demand(request.user, source.cluster.team, wizards.START)
     try:
         wizard, created = wizards.start(Actor.from_request(request), incident=incident, finding=finding)
     except wizards.WizardError as exc:

@@ -14,7 +14,9 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
+from apps.accounts.models import Role
 from apps.calibration import services as calibrations
 from apps.changes import protocol
 from apps.changes.models import Change, ChangeState
@@ -27,6 +29,9 @@ from apps.remediation.models import Finding, Wizard, WizardStep
 from integrations.ray.errors import RayError
 
 Status = WizardStep.Status
+
+
+START = Permission(Role.OPERATOR, "start remediation wizards")
 
 
 class WizardError(ValidationError):
