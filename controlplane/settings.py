@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "apps.calibration",
     "apps.kubernetes",
     "apps.liveness",
+    "apps.demo",
 ]
 
 MIDDLEWARE = [

@@ -16,7 +16,7 @@ from django.core.management import CommandError, call_command
 from apps.accounts.models import AuditEvent
 from apps.changes.models import Change, ChangeState
 from apps.clusters.models import Cluster
-from apps.fleet.management.commands.runlocal import memory_monitor_line, oom_headroom_gib
+from apps.demo.management.commands.runlocal import memory_monitor_line, oom_headroom_gib
 from controlplane.local_ray import GIB, REFERENCE_APP_DIR, memory_monitor_env, memory_usage, threshold_for_headroom
 from tests.conftest import ray_fixture
 

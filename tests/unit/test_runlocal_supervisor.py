@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from apps.fleet.management.commands.runlocal import RESTART_BACKOFF_MAX_S, STABLE_RUN_S, Supervisor
+from apps.demo.management.commands.runlocal import RESTART_BACKOFF_MAX_S, STABLE_RUN_S, Supervisor
 
 EXITS = [sys.executable, "-c", "import sys; sys.exit(1)"]
 RUNS = [sys.executable, "-c", "import time; time.sleep(60)"]
