@@ -25,8 +25,8 @@ from apps.calibration.models import MemoryCalibration
 from apps.clusters.services import dashboard_for
 from apps.core import jobs
 from apps.core.jobs import Job
+from apps.fleet import vouched_requests
 from apps.fleet.models import Deployment
-from apps.maintenance.models import WarmupProfile
 from integrations.ray.errors import RayError, RayJobNotFound, RayTimeout, RayUnreachable
 from integrations.ray.payloads import JobInfo, NodeMemory
 
@@ -197,21 +197,19 @@ def default_request(deployment: Deployment, ingress: str | None) -> dict:
     the route prefix for the application's ingress, else a handle call without arguments."""
     application = deployment.application
     is_ingress = ingress == deployment.name or (ingress is None and application.deployments.count() == 1)
-    profile = (
-        WarmupProfile.objects.filter(application=application).order_by("name", "id").first() if is_ingress else None
-    )
-    if profile is not None:
-        path, _, query = profile.path.partition("?")
+    vouched = vouched_requests.first(application) if is_ingress else None
+    if vouched is not None:
+        path, _, query = vouched["path"].partition("?")
         # A profile's path already includes the route prefix (validate_profile insists on it).
         request = {
             "kind": "http",
-            "method": profile.method.upper(),
+            "method": vouched["method"].upper(),
             "path": path,
             "query": query,
-            "headers": dict(profile.headers or {}),
+            "headers": dict(vouched["headers"] or {}),
         }
-        if profile.body is not None:
-            request["json"] = profile.body
+        if vouched["body"] is not None:
+            request["json"] = vouched["body"]
         return validate_request(request)
     if is_ingress and application.route_prefix:
         return {"kind": "http", "method": "GET", "path": application.route_prefix, "query": "", "headers": {}}

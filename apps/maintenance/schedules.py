@@ -7,7 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.accounts.audit import Actor, record
-from apps.fleet.models import Deployment
+from apps.fleet.models import Application, Deployment
 from apps.maintenance import timing
 from apps.maintenance.models import RecycleSchedule, WarmupProfile
 
@@ -130,3 +130,12 @@ def delete_profile(actor: Actor, profile: WarmupProfile) -> None:
             changes={"application": str(profile.application), "name": profile.name},
         )
         profile.delete()
+
+
+def first_warmup_request(application: Application) -> dict | None:
+    """The request of the application's first warmup profile, by name: what a calibration sends
+    when the operator gives none (apps.fleet.vouched_requests)."""
+    profile = WarmupProfile.objects.filter(application=application).order_by("name", "id").first()
+    if profile is None:
+        return None
+    return {"method": profile.method, "path": profile.path, "headers": profile.headers, "body": profile.body}
