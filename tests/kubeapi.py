@@ -1,6 +1,6 @@
 """A kmock Kubernetes API server for tests that also use the database.
 
-`tests/unit/test_kube_adapter.py` runs kmock on the test's own event loop and calls the adapter in
+`tests/unit/integrations/test_kube_adapter.py` runs kmock on the test's own event loop and calls the adapter in
 a thread. Code that touches the ORM must run on the test's thread (the test transaction lives
 there, and Django refuses ORM calls from a running event loop), so here the server runs on its
 own loop in a background thread, and the test stays synchronous. The API server's behaviour is
@@ -21,7 +21,7 @@ from kmock import KubernetesScaffold, Server
 
 from apps.core import secrets
 from apps.kubernetes.models import KubeConnection
-from tests.unit.test_kube_adapter import TOKEN, FakeKube, fixture, kubeconfig
+from tests.unit.integrations.test_kube_adapter import TOKEN, FakeKube, fixture, kubeconfig
 
 ML = "/apis/ray.io/v1/namespaces/ml"
 SET_SELECTOR = re.compile(r"^ray\.io/cluster in \(([^)]*)\)$")
@@ -110,7 +110,7 @@ def serve_namespace(
     kube: FakeKube, *, rayservices=(), rayclusters=(), pods=None, events=None, hpas=(), scaled_objects=None
 ) -> None:
     """Everything an inspection of namespace ml reads; `scaled_objects=None` means KEDA is absent."""
-    from tests.unit.test_kube_adapter import failure
+    from tests.unit.integrations.test_kube_adapter import failure
 
     kube.serve_list(f"{ML}/rayclusters", "RayCluster", list(rayclusters))
     kube.serve_list(f"{ML}/rayservices", "RayService", list(rayservices))

@@ -13,7 +13,7 @@ from apps.fleet import sync
 from apps.incidents import services, webhooks
 from apps.incidents.models import WebhookDelivery
 from controlplane.celery import app as celery_app
-from tests.unit.test_webhooks import Endpoint
+from tests.unit.incidents.test_webhooks import Endpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

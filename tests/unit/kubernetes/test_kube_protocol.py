@@ -18,7 +18,7 @@ from apps.fleet import sync
 from apps.kubernetes.models import KubeLink
 from tests.conftest import ray_fixture
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)
-from tests.unit.test_kube_adapter import failure, fixture, forbidden
+from tests.unit.integrations.test_kube_adapter import failure, fixture, forbidden
 
 pytestmark = pytest.mark.django_db
 SERVICE = f"{ML}/rayservices/vision"

@@ -33,7 +33,7 @@ from integrations.kubernetes.errors import (
 )
 from integrations.kubernetes.kuberay import ServeConfigError, parse_serve_config_v2
 
-FIXTURES = Path(__file__).parent.parent / "fixtures" / "kube"
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "kube"
 TOKEN = "fleetdeck-sa-token"
 ML = "/apis/ray.io/v1/namespaces/ml"
 

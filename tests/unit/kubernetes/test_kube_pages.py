@@ -14,7 +14,7 @@ from apps.kubernetes.checks import Finding as KubeFinding
 from apps.kubernetes.models import KubeConnection, KubeLink
 from apps.remediation import findings
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)
-from tests.unit.test_kube_adapter import failure, fixture, forbidden, kubeconfig
+from tests.unit.integrations.test_kube_adapter import failure, fixture, forbidden, kubeconfig
 
 pytestmark = pytest.mark.django_db
 

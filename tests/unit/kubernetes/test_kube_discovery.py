@@ -16,7 +16,7 @@ from apps.core import secrets
 from apps.kubernetes import discovery, services
 from apps.kubernetes.models import KubeConnection, KubeLink
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)
-from tests.unit.test_kube_adapter import failure, fixture, forbidden, kubeconfig
+from tests.unit.integrations.test_kube_adapter import failure, fixture, forbidden, kubeconfig
 
 pytestmark = pytest.mark.django_db
 

@@ -84,7 +84,7 @@ def test_a_diff_is_one_line_per_line_with_nothing_between_the_lines():
 def test_no_template_uses_filesizeformat_whose_units_read_as_decimal():
     from pathlib import Path
 
-    templates = Path(__file__).resolve().parents[2] / "templates"
+    templates = Path(__file__).resolve().parents[3] / "templates"
     assert [p.name for p in templates.rglob("*.html") if "filesizeformat" in p.read_text()] == []
 
 

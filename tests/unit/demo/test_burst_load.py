@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "burst_load.py"
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "burst_load.py"
 spec = importlib.util.spec_from_file_location("burst_load", SCRIPT)
 burst_load = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(burst_load)

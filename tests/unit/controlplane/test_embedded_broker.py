@@ -18,7 +18,7 @@ from kombu import Connection
 
 from controlplane.broker import Channel
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from apps.remediation.models import Finding
 from apps.remediation.rules import KUBE_IDS
 from tests.conftest import ray_fixture
 from tests.kubeapi import connection, kube, serve_namespace  # noqa: F401  (fixture)
-from tests.unit.test_kube_adapter import fixture, forbidden
+from tests.unit.integrations.test_kube_adapter import fixture, forbidden
 
 pytestmark = pytest.mark.django_db
 GIB = 2**30

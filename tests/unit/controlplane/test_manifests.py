@@ -21,7 +21,7 @@ import yaml
 
 from integrations.kubernetes.kinds import READS, WRITES
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 KUBERAY = DEPLOY / "kuberay"

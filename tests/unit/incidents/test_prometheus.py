@@ -13,7 +13,7 @@ from apps.incidents import prometheus_readings, services
 from apps.incidents.models import SignalWindow
 from integrations import prometheus, ray_metrics
 
-CAPTURED = Path(__file__).resolve().parents[1] / "fixtures" / "prometheus"
+CAPTURED = Path(__file__).resolve().parents[2] / "fixtures" / "prometheus"
 
 
 def captured(name: str) -> dict:

@@ -17,7 +17,7 @@ from integrations.kubernetes.fields import parse_quantity
 from integrations.kubernetes.kuberay import parse_raycluster, parse_rayservice
 from integrations.kubernetes.pods import parse_pod
 
-FIXTURES = Path(__file__).parent.parent / "fixtures" / "kube"
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "kube"
 GIB = 2**30
 
 

@@ -18,7 +18,7 @@ from apps.kubernetes.adapters import adapter_for
 from apps.kubernetes.models import KubeConnection
 from integrations.kubernetes.adapter import KubeAdapter
 from integrations.kubernetes.errors import KubeConfigInvalid
-from tests.unit.test_kube_adapter import kubeconfig
+from tests.unit.integrations.test_kube_adapter import kubeconfig
 
 URL = "/api/v1/kube/connections/"
 SERVER = "https://k8s.example.internal:6443"

@@ -10,7 +10,7 @@ from apps.accounts.models import AuditEvent
 from apps.clusters.models import Cluster
 from apps.kubernetes.models import KubeConnection, KubeLink
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)
-from tests.unit.test_kube_adapter import TOKEN, fixture, kubeconfig
+from tests.unit.integrations.test_kube_adapter import TOKEN, fixture, kubeconfig
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/kube/connections/"
@@ -87,7 +87,7 @@ def test_discovery_is_for_team_members(api_as, kube, team, who, status):
 
 
 def test_discovery_reports_missing_crds_as_an_error(api_as, kube, team):
-    from tests.unit.test_kube_adapter import failure
+    from tests.unit.integrations.test_kube_adapter import failure
 
     kube.kmock[f"get {ML}/rayservices"] << failure(404, "NotFound", "the server could not find the requested resource")
     body = api_as("viewer").get(f"{URL}{connection(kube, team).pk}/discovery/").json()
@@ -113,7 +113,7 @@ def test_only_admins_register_discovered_resources(api_as, kube, team, use_repla
 
 
 def test_register_refuses_a_taken_cluster_name_and_a_resource_that_is_gone(api_as, kube, team, use_replay):
-    from tests.unit.test_kube_adapter import failure
+    from tests.unit.integrations.test_kube_adapter import failure
 
     kube.kmock[f"get {ML}/rayservices/gone"] << failure(
         404, "NotFound", 'rayservices.ray.io "gone" not found', name="gone"
