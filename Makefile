@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check install browser fault-loop token
+.PHONY: run test check lint install browser fault-loop token
 
 $(STAMP): pyproject.toml scripts/install.sh
 	scripts/install.sh $(VENV)
@@ -23,14 +23,19 @@ token:
 	@test "$(origin USER)" = "command line" || { echo 'Usage: make token USER=<username>' >&2; exit 2; }
 	@FLEETDECK_DEBUG=$${FLEETDECK_DEBUG:-1} $(PY) manage.py create_api_token '$(USER)'
 
-test: $(STAMP) browser
+# Format, lint and the architecture contracts (pyproject.toml), before any test.
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+test: lint browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The fast lane: lint and the unit tests, which need neither Ray nor a browser.
-check: $(STAMP)
-	$(VENV)/bin/ruff check .
-	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
+# The fast lane: lint and the unit tests, which need neither Ray nor a browser, on every core;
+# the few marked slow (processes, fuzzing) are left to `make test`.
+check: lint
+	$(PY) -m pytest tests/unit -q -m "not slow" -n auto $(PYTEST_ARGS)
 
 # Long fault loops, kept out of `make test`: a worker SIGKILLed at random points of 20 changes.
 fault-loop: $(STAMP)

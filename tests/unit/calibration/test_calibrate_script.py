@@ -14,6 +14,10 @@ import pytest
 from apps.calibration.curve import parse_output
 from controlplane.local_ray import REFERENCE_APP_DIR
 
+# Each test runs a calibration script as its own process, the reference model included: `make test`
+# runs them, `make check` does not.
+pytestmark = pytest.mark.slow
+
 
 def generator_user_config() -> dict:
     config = json.loads((REFERENCE_APP_DIR / "reference.json").read_text())

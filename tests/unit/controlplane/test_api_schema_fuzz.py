@@ -102,6 +102,8 @@ def aim_at_seeded_objects(case, world) -> None:
             case.body["preset"] = builtin_preset_slug()
 
 
+# Minutes of fuzzing: `make test` runs it, `make check` does not.
+@pytest.mark.slow
 @pytest.mark.django_db
 @schema.parametrize()
 @settings(

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -40,6 +42,8 @@ def test_a_too_small_interval_is_refused():
     assert "must be at least 5" in result.stderr
 
 
+# Django's deployment checks in a process of their own: `make test` runs it, `make check` does not.
+@pytest.mark.slow
 def test_the_deployment_checklist_is_clean_in_production_settings():
     result = manage(
         "check",
