@@ -7,8 +7,7 @@ from rest_framework.response import Response
 
 from apps.accounts import access
 from apps.accounts.audit import Actor
-from apps.accounts.drf import VisiblePrimaryKeyRelatedField, require_role
-from apps.accounts.models import Role
+from apps.accounts.drf import VisiblePrimaryKeyRelatedField
 from apps.fleet.models import Application, Deployment
 from apps.maintenance import dispatch, schedules
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
@@ -104,14 +103,7 @@ class RecycleRequestSerializer(serializers.Serializer):
     )
 
 
-class _Writes:
-    """Writes go through the service, with the operator role in the cluster's team."""
-
-    def _check(self, team):
-        require_role(self.request, team, Role.OPERATOR, "manage maintenance")
-
-
-class ScheduleViewSet(_Writes, viewsets.ModelViewSet):
+class ScheduleViewSet(viewsets.ModelViewSet):
     """Recycle schedules, one per deployment: every N hours or a cron, inside a maintenance window."""
 
     serializer_class = ScheduleSerializer
@@ -122,7 +114,7 @@ class ScheduleViewSet(_Writes, viewsets.ModelViewSet):
         return access.visible(self.request.user, RecycleSchedule).order_by("id")
 
     def _save(self, serializer, deployment):
-        self._check(deployment.application.cluster.team)
+        access.demand(self.request.user, deployment.application.cluster.team, schedules.MANAGE)
         data = {k: v for k, v in serializer.validated_data.items() if k != "deployment"}
         serializer.instance = schedules.save_schedule(Actor.from_request(self.request), deployment, data)
 
@@ -133,11 +125,11 @@ class ScheduleViewSet(_Writes, viewsets.ModelViewSet):
         self._save(serializer, serializer.instance.deployment)
 
     def perform_destroy(self, instance):
-        self._check(instance.deployment.application.cluster.team)
+        access.demand(self.request.user, instance.deployment.application.cluster.team, schedules.MANAGE)
         schedules.delete_schedule(Actor.from_request(self.request), instance)
 
 
-class ProfileViewSet(_Writes, viewsets.ModelViewSet):
+class ProfileViewSet(viewsets.ModelViewSet):
     """Warmup profiles: requests sent to an application's route after recycles, on demand and on a schedule."""
 
     serializer_class = ProfileSerializer
@@ -148,7 +140,7 @@ class ProfileViewSet(_Writes, viewsets.ModelViewSet):
         return access.visible(self.request.user, WarmupProfile).order_by("id")
 
     def _save(self, serializer, application, profile=None):
-        self._check(application.cluster.team)
+        access.demand(self.request.user, application.cluster.team, schedules.MANAGE)
         data = {k: v for k, v in serializer.validated_data.items() if k != "application"}
         serializer.instance = schedules.save_profile(Actor.from_request(self.request), application, data, profile)
 
@@ -159,7 +151,7 @@ class ProfileViewSet(_Writes, viewsets.ModelViewSet):
         self._save(serializer, serializer.instance.application, serializer.instance)
 
     def perform_destroy(self, instance):
-        self._check(instance.application.cluster.team)
+        access.demand(self.request.user, instance.application.cluster.team, schedules.MANAGE)
         schedules.delete_profile(Actor.from_request(self.request), instance)
 
     @extend_schema(request=None, responses={202: RunSerializer})
@@ -167,7 +159,7 @@ class ProfileViewSet(_Writes, viewsets.ModelViewSet):
     def run(self, request, pk=None):
         """Run this warmup now."""
         profile = self.get_object()
-        self._check(profile.application.cluster.team)
+        access.demand(request.user, profile.application.cluster.team, dispatch.WARM_UP)
         run = dispatch.request_warmup(Actor.from_request(request), profile)
         return Response(RunSerializer(run).data, status=status.HTTP_202_ACCEPTED)
 
@@ -188,7 +180,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         body = RecycleRequestSerializer(data=request.data, context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
         deployment = body.validated_data["deployment"]
-        require_role(request, deployment.application.cluster.team, Role.OPERATOR, "recycle deployments")
+        access.demand(request.user, deployment.application.cluster.team, dispatch.RECYCLE)
         run = dispatch.request_recycle(
             Actor.from_request(request), deployment, override_reason=body.validated_data.get("override_reason", "")
         )

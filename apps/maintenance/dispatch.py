@@ -6,12 +6,18 @@ from __future__ import annotations
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
+from apps.accounts.models import Role
 from apps.changes.models import Change, ChangeState
 from apps.core import jobs
 from apps.fleet.models import Deployment
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
 from apps.maintenance.schedules import next_run
+
+RECYCLE = Permission(Role.OPERATOR, "recycle deployments")
+# Worded as the API has always refused it, with the schedule and profile writes.
+WARM_UP = Permission(Role.OPERATOR, "manage maintenance")
 
 
 def claim_due(now=None) -> list[int]:

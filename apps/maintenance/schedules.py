@@ -6,10 +6,15 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
+from apps.accounts.models import Role
 from apps.fleet.models import Application, Deployment
 from apps.maintenance import timing
 from apps.maintenance.models import RecycleSchedule, WarmupProfile
+
+# Creating, editing or deleting a recycle schedule or a warmup profile.
+MANAGE = Permission(Role.OPERATOR, "manage maintenance")
 
 METHODS = {"GET", "POST", "PUT", "HEAD"}
 MAX_REQUESTS, MAX_CONCURRENCY = 1000, 64

@@ -19,10 +19,6 @@ from apps.maintenance.forms import ProfileForm, ScheduleForm
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
 
 
-def _operator(request, team) -> None:
-    access.require(request.user, team, Role.OPERATOR)
-
-
 def _deployment(request, pk: int) -> Deployment:
     return access.get_visible_or_404(
         request.user, Deployment.objects.select_related("application__cluster__team"), pk=pk
@@ -32,7 +28,7 @@ def _deployment(request, pk: int) -> Deployment:
 @login_required
 def schedule_edit(request, deployment_pk: int):
     deployment = _deployment(request, deployment_pk)
-    _operator(request, deployment.application.cluster.team)
+    access.demand(request.user, deployment.application.cluster.team, schedules.MANAGE)
     instance = RecycleSchedule.objects.filter(deployment=deployment).first()
     form = ScheduleForm(request.POST or None, instance=instance, application=deployment.application)
     if request.method == "POST" and form.is_valid():
@@ -51,7 +47,7 @@ def schedule_edit(request, deployment_pk: int):
 @require_POST
 def recycle_now(request, deployment_pk: int):
     deployment = _deployment(request, deployment_pk)
-    _operator(request, deployment.application.cluster.team)
+    access.demand(request.user, deployment.application.cluster.team, dispatch.RECYCLE)
     override = request.POST.get("override_reason", "").strip() if request.POST.get("override") else ""
     run = dispatch.request_recycle(Actor.from_request(request), deployment, override_reason=override)
     return redirect("maintenance:run", pk=run.pk)
@@ -65,7 +61,7 @@ def warmups(request, application_pk: int):
     can_operate = has_role(request.user, application.cluster.team, Role.OPERATOR)
     form = ProfileForm(request.POST or None, initial={"path": application.route_prefix or "/"})
     if request.method == "POST":
-        _operator(request, application.cluster.team)
+        access.demand(request.user, application.cluster.team, schedules.MANAGE)
         if form.is_valid():
             try:
                 schedules.save_profile(Actor.from_request(request), application, form.service_data())
@@ -88,7 +84,7 @@ def warmup_run(request, pk: int):
     profile = access.get_visible_or_404(
         request.user, WarmupProfile.objects.select_related("application__cluster__team"), pk=pk
     )
-    _operator(request, profile.application.cluster.team)
+    access.demand(request.user, profile.application.cluster.team, dispatch.WARM_UP)
     run = dispatch.request_warmup(Actor.from_request(request), profile)
     return redirect("maintenance:run", pk=run.pk)
 
