@@ -9,8 +9,8 @@ from rest_framework.response import Response
 
 from apps.accounts import access
 from apps.accounts.audit import Actor
-from apps.accounts.drf import VisiblePrimaryKeyRelatedField, VisibleSlugRelatedField, require_role
-from apps.accounts.models import Role, Team
+from apps.accounts.drf import VisiblePrimaryKeyRelatedField, VisibleSlugRelatedField
+from apps.accounts.models import Team
 from apps.clusters.api import ClusterSerializer
 from apps.clusters.models import Cluster
 from apps.clusters.validation import normalize_dashboard_url, validate_labels, validate_token
@@ -199,7 +199,7 @@ class KubeConnectionViewSet(viewsets.ModelViewSet):
 
     def perform_create(self, serializer):
         data = serializer.validated_data
-        require_role(self.request, data["team"], Role.ADMIN, "add Kubernetes connections")
+        access.demand(self.request.user, data["team"], services.ADD_CONNECTION)
         connection = services.create_connection(
             Actor.from_request(self.request),
             team=data["team"],
@@ -214,14 +214,14 @@ class KubeConnectionViewSet(viewsets.ModelViewSet):
 
     def perform_update(self, serializer):
         connection = serializer.instance
-        require_role(self.request, connection.team, Role.ADMIN, "change Kubernetes connections")
+        access.demand(self.request.user, connection.team, services.CHANGE_CONNECTION)
         data = serializer.validated_data
         changes = {key: data[key] for key in ("kubeconfig", "context", "namespaces", "read_only") if key in data}
         services.update_connection(Actor.from_request(self.request), connection, **changes)
         serializer.instance = self.get_queryset().get(pk=connection.pk)
 
     def perform_destroy(self, instance):
-        require_role(self.request, instance.team, Role.ADMIN, "delete Kubernetes connections")
+        access.demand(self.request.user, instance.team, services.DELETE_CONNECTION)
         services.delete_connection(Actor.from_request(self.request), instance)
 
     @extend_schema(responses=DiscoverySerializer)
@@ -239,7 +239,7 @@ class KubeConnectionViewSet(viewsets.ModelViewSet):
         """Register a discovered resource as a Fleetdeck cluster of the connection's team, linked to
         it (a RayService makes the cluster RayService-owned). The usual connection test applies."""
         connection = self.get_object()
-        require_role(request, connection.team, Role.ADMIN, "register clusters")
+        access.demand(request.user, connection.team, services.REGISTER)
         body = RegisterSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         cluster = services.register_discovered(Actor.from_request(request), connection, **body.validated_data)
@@ -251,7 +251,7 @@ class KubeConnectionViewSet(viewsets.ModelViewSet):
     def link(self, request, pk=None):
         """Link a registered cluster of the connection's team to a RayCluster or RayService."""
         connection = self.get_object()
-        require_role(request, connection.team, Role.ADMIN, "link clusters")
+        access.demand(request.user, connection.team, services.LINK)
         body = LinkSerializer(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
         data = body.validated_data
@@ -286,7 +286,7 @@ class KubeLinkViewSet(
         )
 
     def perform_destroy(self, instance):
-        require_role(self.request, instance.cluster.team, Role.ADMIN, "unlink clusters")
+        access.demand(self.request.user, instance.cluster.team, services.UNLINK)
         services.unlink(Actor.from_request(self.request), instance)
 
     @extend_schema(request=None, responses={202: KubeLinkSerializer})
@@ -294,6 +294,6 @@ class KubeLinkViewSet(
     def inspect(self, request, pk=None):
         """Queue a Kubernetes inspection now (it also runs after every sync). Answers 202."""
         link = self.get_object()
-        require_role(request, link.cluster.team, Role.OPERATOR, "inspect clusters")
+        access.demand(request.user, link.cluster.team, services.INSPECT)
         services.request_inspection(Actor.from_request(request), link)
         return Response(self.get_serializer(link).data, status=status.HTTP_202_ACCEPTED)

@@ -8,8 +8,9 @@ from __future__ import annotations
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 
+from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
-from apps.accounts.models import Team
+from apps.accounts.models import Role, Team
 from apps.clusters import services as cluster_services
 from apps.clusters.models import Cluster
 from apps.clusters.validation import validate_token
@@ -19,6 +20,14 @@ from apps.kubernetes.models import KubeConnection, KubeLink
 from apps.kubernetes.signals import kube_findings_checked
 from apps.kubernetes.validation import check_kubeconfig, parse_kubeconfig, validate_cluster_name, validate_namespaces
 from integrations.kubernetes.errors import KubeError
+
+ADD_CONNECTION = Permission(Role.ADMIN, "add Kubernetes connections")
+CHANGE_CONNECTION = Permission(Role.ADMIN, "change Kubernetes connections")
+DELETE_CONNECTION = Permission(Role.ADMIN, "delete Kubernetes connections")
+REGISTER = Permission(Role.ADMIN, "register clusters")
+LINK = Permission(Role.ADMIN, "link clusters")
+UNLINK = Permission(Role.ADMIN, "unlink clusters")
+INSPECT = Permission(Role.OPERATOR, "inspect clusters")
 
 UNSET = object()
 

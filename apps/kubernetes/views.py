@@ -11,6 +11,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from apps.accounts import access
+from apps.accounts.access import Permission
 from apps.accounts.audit import Actor
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role, teams_where
@@ -21,12 +22,18 @@ from apps.kubernetes.models import KubeConnection, KubeLink
 from apps.kubernetes.validation import suggested_cluster_name
 
 
-def _connection(request, pk: int, needed: Role) -> KubeConnection:
-    return access.get_for(request.user, KubeConnection.objects.select_related("team"), needed, pk=pk)
+def _connection(request, pk: int, permission: Permission | None = None) -> KubeConnection:
+    """The connection if the user sees it (404 otherwise), and, given a permission, may do that to it (403)."""
+    connection = access.get_visible_or_404(request.user, KubeConnection.objects.select_related("team"), pk=pk)
+    if permission is not None:
+        access.demand(request.user, connection.team, permission)
+    return connection
 
 
-def _cluster(request, pk: int, needed: Role) -> Cluster:
-    return access.get_for(request.user, Cluster.objects.select_related("team"), needed, pk=pk)
+def _cluster(request, pk: int, permission: Permission) -> Cluster:
+    cluster = access.get_visible_or_404(request.user, Cluster.objects.select_related("team"), pk=pk)
+    access.demand(request.user, cluster.team, permission)
+    return cluster
 
 
 @login_required
@@ -49,11 +56,12 @@ def connection_list(request):
 
 @login_required
 def connection_create(request):
-    if not teams_where(request.user, Role.ADMIN).exists():
+    if not teams_where(request.user, services.ADD_CONNECTION.role).exists():
         raise PermissionDenied("Only team admins add Kubernetes connections.")
     form = ConnectionForm(request.POST or None, user=request.user)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
+        access.demand(request.user, data["team"], services.ADD_CONNECTION)
         try:
             connection = services.create_connection(
                 Actor.from_request(request),
@@ -75,7 +83,7 @@ def connection_create(request):
 
 @login_required
 def connection_edit(request, pk: int):
-    connection = _connection(request, pk, Role.ADMIN)
+    connection = _connection(request, pk, services.CHANGE_CONNECTION)
     form = ConnectionForm(request.POST or None, user=request.user, instance=connection)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
@@ -101,7 +109,7 @@ def connection_edit(request, pk: int):
 @login_required
 @require_POST
 def connection_delete(request, pk: int):
-    connection = _connection(request, pk, Role.ADMIN)
+    connection = _connection(request, pk, services.DELETE_CONNECTION)
     services.delete_connection(Actor.from_request(request), connection)
     messages.success(
         request, f"Deleted {connection.name}; its clusters are no longer linked. Nothing changed in Kubernetes."
@@ -112,7 +120,7 @@ def connection_delete(request, pk: int):
 @login_required
 def connection_detail(request, pk: int):
     """The discovery page: what the connection sees now, each resource with register or link."""
-    connection = _connection(request, pk, Role.VIEWER)
+    connection = _connection(request, pk)
     found = discovery.discover(connection)
     can_admin = has_role(request.user, connection.team, Role.ADMIN)
     linkable = list(linkable_clusters(connection)) if can_admin else []
@@ -131,7 +139,7 @@ def connection_detail(request, pk: int):
 
 @login_required
 def register(request, pk: int):
-    connection = _connection(request, pk, Role.ADMIN)
+    connection = _connection(request, pk, services.REGISTER)
     source = request.POST if request.method == "POST" else request.GET
     resource = {key: source.get(key, "") for key in ("kind", "namespace", "name")}
     if resource["kind"] not in KubeLink.Kind.values or not resource["namespace"] or not resource["name"]:
@@ -174,7 +182,7 @@ def register(request, pk: int):
 @login_required
 @require_POST
 def link(request, pk: int):
-    connection = _connection(request, pk, Role.ADMIN)
+    connection = _connection(request, pk, services.LINK)
     form = LinkForm(request.POST, connection=connection)
     if not form.is_valid():
         messages.error(request, " ".join(message for errors in form.errors.values() for message in errors))
@@ -199,7 +207,7 @@ def link(request, pk: int):
 @login_required
 @require_POST
 def unlink(request, cluster_pk: int):
-    cluster = _cluster(request, cluster_pk, Role.ADMIN)
+    cluster = _cluster(request, cluster_pk, services.UNLINK)
     link = get_object_or_404(KubeLink, cluster=cluster)
     services.unlink(Actor.from_request(request), link)
     messages.success(request, f"{cluster.name} is no longer linked to {link.resource}.")
@@ -209,7 +217,7 @@ def unlink(request, cluster_pk: int):
 @login_required
 @require_POST
 def inspect(request, cluster_pk: int):
-    cluster = _cluster(request, cluster_pk, Role.OPERATOR)
+    cluster = _cluster(request, cluster_pk, services.INSPECT)
     services.request_inspection(Actor.from_request(request), get_object_or_404(KubeLink, cluster=cluster))
     messages.info(request, f"Kubernetes inspection of {cluster.name} queued.")
     return redirect("fleet:cluster", pk=cluster.pk)
