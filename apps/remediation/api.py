@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import django_filters
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -9,23 +8,13 @@ from rest_framework.response import Response
 from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.drf import CONFLICT, require_role
-from apps.accounts.filters import IdFilter
 from apps.accounts.models import Role
 from apps.calibration import services as calibrations
 from apps.incidents.models import Incident
 from apps.remediation import findings, remedy_checks, verification, wizards
+from apps.remediation.filters import FindingFilter
 from apps.remediation.models import Finding, Wizard, WizardStep
 from apps.remediation.rules import BY_ID
-
-
-class FindingFilter(django_filters.FilterSet):
-    cluster = IdFilter(field_name="cluster_id")
-    open = django_filters.BooleanFilter(field_name="resolved_at", lookup_expr="isnull", label="Still firing")
-    muted = django_filters.BooleanFilter(field_name="muted_at", lookup_expr="isnull", exclude=True, label="Muted")
-
-    class Meta:
-        model = Finding
-        fields = ["cluster", "rule", "severity", "application_name", "deployment_name", "subject", "open", "muted"]
 
 
 class FindingSerializer(serializers.ModelSerializer):

@@ -20,6 +20,7 @@ from apps.accounts.models import Role
 from apps.accounts.permissions import has_role, teams_where
 from apps.incidents.models import Incident
 from apps.remediation import findings, remedy_checks, verification, wizards
+from apps.remediation.filters import FindingFilter
 from apps.remediation.models import Finding, Wizard
 from apps.remediation.presentation import wizard_context
 from apps.remediation.rules import BY_ID
@@ -51,14 +52,12 @@ FINDING_ORDER = ("cluster__name", "application_name", "deployment_name", "pk")
 
 @login_required
 def finding_list(request):
+    # Open findings only; the page's `muted=1` shows muted ones as well as the rest.
     show_muted = request.GET.get("muted") == "1"
-    queryset = (
-        access.visible(request.user, Finding)
-        .filter(resolved_at__isnull=True)
-        .select_related("cluster", "deployment__application")
-    )
-    if not show_muted:
-        queryset = queryset.filter(muted_at__isnull=True)
+    queryset = FindingFilter(
+        {"open": "true"} if show_muted else {"open": "true", "muted": "false"},
+        queryset=access.visible(request.user, Finding).select_related("cluster", "deployment__application"),
+    ).qs
     counts = dict(queryset.order_by().values_list("rule").annotate(n=Count("pk")))
     only = request.GET.get("rule")
     page = None

@@ -8,6 +8,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from django.urls import reverse
 
+from apps.accounts.audit import Actor
 from apps.accounts.models import AuditEvent
 from apps.clusters.models import Cluster
 from apps.fleet import sync
@@ -165,6 +166,27 @@ def test_muting_needs_a_reason_is_audited_and_hides_the_finding(cluster, api_as)
     assert operator.post(f"/api/v1/findings/{finding.pk}/unmute/").json()["muted_at"] is None
     detail = api_as("viewer").get(f"/api/v1/findings/{finding.pk}/").json()
     assert detail["why"].startswith("An unbounded queue") and detail["remedy"] == "R10"
+
+
+def test_muted_means_only_muted_in_the_api_and_muted_as_well_on_the_page(cluster, client, people, api_as):
+    findings.recompute(cluster.pk)
+    finding = Finding.objects.get(application_name="echo2", rule="unbounded-queue")
+    findings.mute(Actor(people["operator"]), finding, "a canary")
+    others = set(Finding.objects.filter(resolved_at__isnull=True, muted_at__isnull=True).values_list("pk", flat=True))
+    viewer = api_as("viewer")
+
+    def listed(query: str) -> set[int]:
+        return {f["id"] for f in viewer.get(f"/api/v1/findings/?{query}").json()["results"]}
+
+    assert listed("muted=true") == {finding.pk}
+    assert listed("muted=false") == others
+    assert listed("") == others | {finding.pk}
+    client.force_login(people["operator"])  # who sees the mute reason
+    assert "a canary" not in client.get(reverse("remediation:findings")).content.decode()
+    # The page's own word for "show them too" is 1; the API's true does nothing here.
+    assert "a canary" not in client.get(reverse("remediation:findings"), {"muted": "true"}).content.decode()
+    shown = client.get(reverse("remediation:findings"), {"muted": "1"}).content.decode()
+    assert "a canary" in shown and "Ray dashboard without authentication" in shown
 
 
 def test_a_rule_with_many_places_shows_its_first_ones_and_pages_through_all(cluster, client, people):
