@@ -25,8 +25,9 @@ def parse_output(logs: str) -> dict:
     Returns {axis, device, shape, baseline_bytes, cold_baseline_bytes, limit_reason, points: [{x,
     peak_bytes, uss_peak_bytes, service_s}] sorted by x, monotone, warnings}. Results of older
     scripts lack shape, the cold baseline and limit_reason (they come back "" or None) and the
-    points' USS and service times (left out of the point). A curve whose peak falls as the axis grows is kept as measured, flagged
-    `monotone: False` with a warning: smoothing it would hide noise the operator should see."""
+    points' USS and service times (left out of the point). A curve whose peak falls as the axis grows
+    is kept as measured, flagged `monotone: False` with a warning: smoothing it would hide noise the
+    operator should see."""
     payload = _last_result_line(logs)
     try:
         data = json.loads(payload)
@@ -91,8 +92,9 @@ def parse_output(logs: str) -> dict:
         if point["peak_bytes"] < previous[1]:
             where = "the baseline" if previous[0] == "baseline" else f"{axis} {previous[0]:g}"
             warnings.append(
-                f"Peak memory falls from {previous[1] / MIB:.1f} MiB at {where} to {point['peak_bytes'] / MIB:.1f} MiB at "
-                f"{axis} {point['x']:g}: the measurement is noisy or memory was freed in between; the curve is kept as measured."
+                f"Peak memory falls from {previous[1] / MIB:.1f} MiB at {where} to {point['peak_bytes'] / MIB:.1f} "
+                f"MiB at {axis} {point['x']:g}: the measurement is noisy or memory was freed in between; the curve is "
+                "kept as measured."
             )
         previous = (point["x"], point["peak_bytes"])
     return {

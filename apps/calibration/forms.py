@@ -12,14 +12,19 @@ class CalibrateForm(forms.Form):
         choices=[("concurrency", "Concurrency (requests in flight)"), ("token_sum", "Token sum of one batch")],
         initial="concurrency",
         required=False,
-        help_text="Token sum needs a calibration_batch(token_sum) method on the deployment class; it sizes max_batch_tokens.",
+        help_text=(
+            "Token sum needs a calibration_batch(token_sum) method on the deployment class; it sizes max_batch_tokens."
+        ),
     )
     levels = forms.CharField(
         required=False,
         max_length=100,
         widget=forms.TextInput(
             attrs={
-                "placeholder": f"{','.join(map(str, services.DEFAULT_LEVELS))} or {','.join(map(str, services.DEFAULT_TOKEN_SUMS))}",
+                "placeholder": (
+                    f"{','.join(map(str, services.DEFAULT_LEVELS))} or "
+                    f"{','.join(map(str, services.DEFAULT_TOKEN_SUMS))}"
+                ),
             }
         ),
         help_text="Concurrency levels or token sums to measure, separated by commas; empty: the axis's defaults.",

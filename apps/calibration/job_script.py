@@ -454,8 +454,8 @@ class Calibration:
         """Node usage crossed the stop mid-run: report what was measured and leave before Ray's
         memory monitor kills anything."""
         reason = (
-            f"Node memory reached {used / MIB:.0f} MiB during {self.running}, past the stop at {self.stop / MIB:.0f} MiB; "
-            "the run ended there."
+            f"Node memory reached {used / MIB:.0f} MiB during {self.running}, past the stop at {self.stop / MIB:.0f} "
+            "MiB; the run ended there."
         )
         if self.result.get("points"):
             self.result["limit_reason"] = reason
@@ -468,8 +468,8 @@ class Calibration:
         cls = load_class(self.import_path)
         if self.axis == "token_sum" and not callable(getattr(cls, HOOK, None)):
             raise CalibrationFailed(
-                f"{self.import_path} has no {HOOK}(token_sum) method: the token_sum axis runs one batch of each token sum "
-                "through it. Add the hook to the deployment class, or calibrate the concurrency axis."
+                f"{self.import_path} has no {HOOK}(token_sum) method: the token_sum axis runs one batch of each token "
+                "sum through it. Add the hook to the deployment class, or calibrate the concurrency axis."
             )
         self.shape = shape_of(cls, self.axis, self.request)
         self.sampler.start()

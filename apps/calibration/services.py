@@ -183,11 +183,12 @@ def validate_request(request) -> dict:
 
 
 REPRESENTATIVE_REQUEST_HELP = (
-    'The representative request each call sends (concurrency axis only): {"kind": "http", "method": "GET", "path": "/route/sub", '
-    '"query": "a=1", "headers": {...}, "body": "text"} (or "json": {...} instead of body) for a Starlette or FastAPI deployment, '
-    'or {"kind": "handle", "args": [...]}. Absent or null: the application\'s first warmup request, else a GET of its route '
-    "prefix for its ingress, else a handle call with no arguments. {n} anywhere in the query, body or args is replaced by "
-    "each call's number, so an app that caches its answers computes every one."
+    'The representative request each call sends (concurrency axis only): {"kind": "http", "method": "GET", "path": '
+    '"/route/sub", "query": "a=1", "headers": {...}, "body": "text"} (or "json": {...} instead of body) for a '
+    'Starlette or FastAPI deployment, or {"kind": "handle", "args": [...]}. Absent or null: the application\'s first '
+    "warmup request, else a GET of its route prefix for its ingress, else a handle call with no arguments. {n} "
+    "anywhere in the query, body or args is replaced by each call's number, so an app that caches its answers computes "
+    "every one."
 )
 
 
@@ -230,9 +231,9 @@ def stop_at_bytes(nodes: list[NodeMemory], cluster_name: str) -> int:
         room = RAY_KILL_THRESHOLD * node.total_bytes - used
         if room <= 0:
             raise ValidationError(
-                f"Node {node.node_ip or '?'} of {cluster_name} already uses {used / MIB:.0f} MiB of {node.total_bytes / MIB:.0f} "
-                f"MiB, at or past Ray's memory threshold ({RAY_KILL_THRESHOLD:.0%}): a calibration there could only cause an "
-                "OOM kill. Free memory first."
+                f"Node {node.node_ip or '?'} of {cluster_name} already uses {used / MIB:.0f} MiB of "
+                f"{node.total_bytes / MIB:.0f} MiB, at or past Ray's memory threshold ({RAY_KILL_THRESHOLD:.0%}): a "
+                "calibration there could only cause an OOM kill. Free memory first."
             )
         stops.append(int(used + BUDGET_SHARE * room))
     return min(stops)

@@ -41,9 +41,10 @@ class PlanForm(OptionsChoice, forms.Form):
             }
         ),
         help_text=(
-            "Only the options to change; dicts such as autoscaling_config are merged into what runs now. null is sent "
-            "as null, never as a removal: autoscaling_config: null with num_replicas turns autoscaling off, a user_config "
-            "key: null reaches the app as null, and a null Serve refuses or replaces with its own default is refused."
+            "Only the options to change; dicts such as autoscaling_config are merged into what runs now. null is "
+            "sent as null, never as a removal: autoscaling_config: null with num_replicas turns autoscaling off, a "
+            "user_config key: null reaches the app as null, and a null Serve refuses or replaces with its own "
+            "default is refused."
         ),
     )
     reason = forms.CharField(

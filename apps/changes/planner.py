@@ -177,8 +177,9 @@ def merge_options(entry: dict, effective: dict, options: dict) -> tuple[dict, li
     if autoscaled and "autoscaling_config" in merged and merged["autoscaling_config"] is None:
         if not isinstance(merged.get("num_replicas"), int):
             raise PlanError(
-                "autoscaling_config: null turns autoscaling off, and Serve then runs the replica count the deployment's "
-                "code sets (or 1), which Fleetdeck cannot see. Add num_replicas to say how many replicas it keeps."
+                "autoscaling_config: null turns autoscaling off, and Serve then runs the replica count the "
+                "deployment's code sets (or 1), which Fleetdeck cannot see. Add num_replicas to say how many "
+                "replicas it keeps."
             )
         notes.append(
             f"autoscaling_config set to null: autoscaling off, num_replicas fixed at {merged['num_replicas']}."

@@ -340,7 +340,8 @@ def reconcile(change_id: int) -> None:
     if change.state == ChangeState.QUEUED:
         _step(
             change,
-            f"Reconciler: no worker took this change up within {settings.FLEETDECK_CHANGE_STALE_S} s; sent to the workers again.",
+            f"Reconciler: no worker took this change up within {settings.FLEETDECK_CHANGE_STALE_S} s; sent to the "
+            "workers again.",
         )
         return _enqueue(jobs.RUN_CHANGE, change.pk)
     if change.state == ChangeState.CHECKING:

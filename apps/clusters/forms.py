@@ -42,13 +42,19 @@ class ClusterForm(forms.Form):
         label="Metrics URL",
         required=False,
         max_length=300,
-        help_text="Ray's Prometheus endpoint (--metrics-export-port), e.g. http://ray-head:8080/metrics. Adds memory and error evidence to incidents.",
+        help_text=(
+            "Ray's Prometheus endpoint (--metrics-export-port), e.g. http://ray-head:8080/metrics. Adds memory and "
+            "error evidence to incidents."
+        ),
     )
     prometheus_url = forms.CharField(
         label="Prometheus URL",
         required=False,
         max_length=300,
-        help_text="A Prometheus server that scrapes this cluster, e.g. http://prometheus:9090. Read instead of the metrics URL when set.",
+        help_text=(
+            "A Prometheus server that scrapes this cluster, e.g. http://prometheus:9090. Read instead of the metrics "
+            "URL when set."
+        ),
     )
     prometheus_selector = forms.CharField(
         label="Prometheus selector",

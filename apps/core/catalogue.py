@@ -79,23 +79,38 @@ PRESCRIPTION = ["R1", "R2", "R10", "R3", "R4", "R5", "R6", "R7", "R8", "R9"]
 CONFIG_REMEDIES = {"R1", "R2", "R10"}
 
 GUIDANCE = {
-    "R3": "Reject oversized input at the edge, before it reaches the model: cap prompt characters (or bytes, pixels, frames) and "
-    "requested tokens, and answer 413 or 422 with the limit in the message. An outlier request then costs a 4xx, not a replica. "
-    "Read the token caps from user_config (max_prompt_tokens, max_tokens_cap) and the wizard sizes them from a token-sum "
-    "calibration and the memory budget, and applies them as a config change.",
-    "R4": "Batch by the sum of tokens (pixels, frames) rather than by request count, so one long request cannot make a batch ten "
-    "times the memory of a typical one. Serve's @serve.batch takes a size function for this; size the sum from the "
-    "calibrated memory curve: give the deployment class a calibration_batch(token_sum) method, calibrate it on the token-sum "
-    "axis, and the wizard computes the largest sum that fits the memory budget. Read the limit from user_config "
-    "(max_batch_tokens) and the wizard can apply it as a config change.",
-    "R5": "Keep large inputs and results out of request bodies and the object store: upload to object storage, pass the key, "
-    "return small JSON. Large bodies cost serialization time (LAT-4) and object-store memory (OOM-3).",
-    "R6": "Run one dummy inference in the replica's constructor and ship model files with the image, so a new replica is warm "
-    "before Serve routes traffic to it. Pair with a warmup profile after recycles and changes.",
-    "R7": "Give every cache a maximum size and a TTL (cachetools.TTLCache or functools.lru_cache(maxsize=…)); an unbounded "
-    "cache grows with every new key until the replica is killed.",
-    "R8": "Schedule a rolling recycle (e.g. every 6 h, in a quiet window) so memory kept by allocators is returned before the "
-    "memory monitor kills a replica. Keep at least two replicas so a recycle is never an outage.",
-    "R9": "Roll with headroom: never shrink min replicas during an update, change one deployment at a time, and keep node "
-    "memory below ~70 % so old and new replicas fit together for a few seconds.",
+    "R3": (
+        "Reject oversized input at the edge, before it reaches the model: cap prompt characters (or bytes, pixels, "
+        "frames) and requested tokens, and answer 413 or 422 with the limit in the message. An outlier request then "
+        "costs a 4xx, not a replica. Read the token caps from user_config (max_prompt_tokens, max_tokens_cap) and "
+        "the wizard sizes them from a token-sum calibration and the memory budget, and applies them as a config "
+        "change."
+    ),
+    "R4": (
+        "Batch by the sum of tokens (pixels, frames) rather than by request count, so one long request cannot make a "
+        "batch ten times the memory of a typical one. Serve's @serve.batch takes a size function for this; size the "
+        "sum from the calibrated memory curve: give the deployment class a calibration_batch(token_sum) method, "
+        "calibrate it on the token-sum axis, and the wizard computes the largest sum that fits the memory budget. "
+        "Read the limit from user_config (max_batch_tokens) and the wizard can apply it as a config change."
+    ),
+    "R5": (
+        "Keep large inputs and results out of request bodies and the object store: upload to object storage, pass "
+        "the key, return small JSON. Large bodies cost serialization time (LAT-4) and object-store memory (OOM-3)."
+    ),
+    "R6": (
+        "Run one dummy inference in the replica's constructor and ship model files with the image, so a new replica "
+        "is warm before Serve routes traffic to it. Pair with a warmup profile after recycles and changes."
+    ),
+    "R7": (
+        "Give every cache a maximum size and a TTL (cachetools.TTLCache or functools.lru_cache(maxsize=…)); an "
+        "unbounded cache grows with every new key until the replica is killed."
+    ),
+    "R8": (
+        "Schedule a rolling recycle (e.g. every 6 h, in a quiet window) so memory kept by allocators is returned "
+        "before the memory monitor kills a replica. Keep at least two replicas so a recycle is never an outage."
+    ),
+    "R9": (
+        "Roll with headroom: never shrink min replicas during an update, change one deployment at a time, and keep "
+        "node memory below ~70 % so old and new replicas fit together for a few seconds."
+    ),
 }

@@ -82,7 +82,8 @@ def rank_oom_causes(ctx: OomContext) -> list[dict]:
             (
                 0,
                 "OOM-7",
-                f"The kill came {ctx.minutes_since_change:.0f} min after {ctx.change_label}: a rolling update starts new replicas before the old ones free their memory.",
+                f"The kill came {ctx.minutes_since_change:.0f} min after {ctx.change_label}: a rolling update starts "
+                "new replicas before the old ones free their memory.",
             )
         )
     concurrency = ctx.max_ongoing_requests
@@ -91,7 +92,8 @@ def rank_oom_causes(ctx: OomContext) -> list[dict]:
             (
                 1,
                 "OOM-2",
-                f"Each replica accepts up to {concurrency} requests at once (max_ongoing_requests {concurrency}); memory peaks multiply with requests in flight.",
+                f"Each replica accepts up to {concurrency} requests at once (max_ongoing_requests {concurrency}); "
+                "memory peaks multiply with requests in flight.",
             )
         )
     if ctx.nodes_with_several_kills:
@@ -99,7 +101,8 @@ def rank_oom_causes(ctx: OomContext) -> list[dict]:
             (
                 2,
                 "OOM-4",
-                f"Several replicas were killed together on {', '.join(ctx.nodes_with_several_kills)}: replicas per node times model size may exceed the node.",
+                f"Several replicas were killed together on {', '.join(ctx.nodes_with_several_kills)}: replicas per "
+                "node times model size may exceed the node.",
             )
         )
     low = concurrency is not None and concurrency <= 2
@@ -204,7 +207,8 @@ def rank_ratchet_causes() -> list[dict]:
     return [
         cause(
             "OOM-5",
-            "Memory only grew over hours and never came back: allocator fragmentation or caching allocators keep it. A rolling recycle returns it.",
+            "Memory only grew over hours and never came back: allocator fragmentation or caching allocators keep it. "
+            "A rolling recycle returns it.",
             1,
         ),
         cause("OOM-4", "An unbounded cache grows with every new key: bound it by size and TTL.", 2),
@@ -235,21 +239,22 @@ def rank_kernel_oom_causes(ctx: KernelOomContext) -> list[dict]:
     elif ctx.ray_memory_bytes is not None and ctx.ray_memory_bytes > ctx.limit_bytes:
         first = (
             f"{what} at its {ctx.limit_bytes / gib:.1f} GiB container limit, while Ray plans with "
-            f"{ctx.ray_memory_bytes / gib:.1f} GiB ({ctx.ray_memory_source}): Ray's memory monitor acts at a fraction of "
-            "what Ray believes it has, so the kernel acted first. Align Ray's --memory and object store with the limit (K1)."
+            f"{ctx.ray_memory_bytes / gib:.1f} GiB ({ctx.ray_memory_source}): Ray's memory monitor acts at a fraction "
+            "of what Ray believes it has, so the kernel acted first. Align Ray's --memory and object store with the "
+            "limit (K1)."
         )
     elif ctx.ray_memory_bytes is not None:
         first = (
             f"{what} at its {ctx.limit_bytes / gib:.1f} GiB container limit; Ray plans with "
-            f"{ctx.ray_memory_bytes / gib:.1f} GiB ({ctx.ray_memory_source}), so the memory that tipped it over was outside "
-            "Ray's accounting (object store shared memory, sidecars) or grew faster than the monitor polls. Leave headroom "
-            "between Ray's sizes and the limit (K1)."
+            f"{ctx.ray_memory_bytes / gib:.1f} GiB ({ctx.ray_memory_source}), so the memory that tipped it over was "
+            "outside Ray's accounting (object store shared memory, sidecars) or grew faster than the monitor polls. "
+            "Leave headroom between Ray's sizes and the limit (K1)."
         )
     else:
         first = (
-            f"{what} at its {ctx.limit_bytes / gib:.1f} GiB container limit: a kill by the kernel rather than by Ray's memory "
-            "monitor means Ray believed it had room. Ray's own view of the node was not available to compare: check that "
-            "Ray's --memory and object store fit inside the limit (K1)."
+            f"{what} at its {ctx.limit_bytes / gib:.1f} GiB container limit: a kill by the kernel rather than by "
+            "Ray's memory monitor means Ray believed it had room. Ray's own view of the node was not available to "
+            "compare: check that Ray's --memory and object store fit inside the limit (K1)."
         )
     return [
         cause("OOM-6", first, 1),

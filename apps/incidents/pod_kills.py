@@ -77,7 +77,10 @@ def _record(cluster: Cluster, node_key: str, kills: list[PodKill], restarts: lis
             build=build,
             # The head's kill takes the GCS and the Serve controller down with it: every application notices.
             severity_for=lambda total: "critical" if head else severity(total, False),
-            detected=f"The kernel OOM-killed {latest.container} in pod {where} ({len(kills)} kill(s) reported by Kubernetes).",
+            detected=(
+                f"The kernel OOM-killed {latest.container} in pod {where} ({len(kills)} kill(s) reported by "
+                "Kubernetes)."
+            ),
             extended=f"{len(kills)} more kernel OOM kill(s) of pod {where}.",
         )
         PodKillRecord.objects.bulk_create(

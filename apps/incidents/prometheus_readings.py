@@ -34,7 +34,8 @@ def read(base_url: str, selector: str = "", *, timeout_s: float = 5.0, transport
 
     for q_value, attr in ((0.5, "p50_ms"), (0.95, "p95_ms"), (0.99, "p99_ms")):
         for labels, value in q(
-            f"histogram_quantile({q_value}, sum by ({by}, le) (rate(ray_serve_deployment_processing_latency_ms_bucket{sel}[{WINDOW}])))"
+            f"histogram_quantile({q_value}, sum by ({by}, le) "
+            f"(rate(ray_serve_deployment_processing_latency_ms_bucket{sel}[{WINDOW}])))"
         ):
             if (d := dep(labels)) is not None and value == value:  # NaN when there was no traffic
                 setattr(d, attr, value)
@@ -102,7 +103,8 @@ def _applications(q, sel: str, seconds: float) -> dict[str, ApplicationSignals]:
             a.errors_by_code[labels.get("error_code", "unknown")] = value * seconds
     for q_value, attr in ((0.5, "p50_ms"), (0.95, "p95_ms"), (0.99, "p99_ms")):
         for labels, value in q(
-            f"histogram_quantile({q_value}, sum by (application, le) (rate(ray_serve_http_request_latency_ms_bucket{sel}[{WINDOW}])))"
+            f"histogram_quantile({q_value}, sum by (application, le) "
+            f"(rate(ray_serve_http_request_latency_ms_bucket{sel}[{WINDOW}])))"
         ):
             if (a := app(labels)) is not None and value == value:  # NaN when there was no traffic
                 setattr(a, attr, value)

@@ -29,8 +29,8 @@ def adapter_for(connection: KubeConnection) -> KubeAdapter:
         text = secrets.decrypt(connection.kubeconfig_ciphertext)
     except secrets.SecretUnreadable as exc:
         raise KubeConfigInvalid(
-            "The stored kubeconfig cannot be decrypted: none of FLEETDECK_ENCRYPTION_KEYS (or the secret key) is the key it was stored with. "
-            f"Enter the kubeconfig of connection {connection.name} again."
+            "The stored kubeconfig cannot be decrypted: none of FLEETDECK_ENCRYPTION_KEYS (or the secret key) is the "
+            f"key it was stored with. Enter the kubeconfig of connection {connection.name} again."
         ) from exc
     if not text:
         raise KubeConfigInvalid(
@@ -52,6 +52,6 @@ def _require_superuser_grant(connection: KubeConnection) -> None:
     owner = connection.created_by
     if owner is None or not owner.is_superuser:
         raise KubeConfigInvalid(
-            f"Connection {connection.name} uses Fleetdeck's own service account, which reads every team's namespaces, but was "
-            "not added by a superuser. Ask a superuser to add it again, or give this connection a kubeconfig."
+            f"Connection {connection.name} uses Fleetdeck's own service account, which reads every team's namespaces, "
+            "but was not added by a superuser. Ask a superuser to add it again, or give this connection a kubeconfig."
         )

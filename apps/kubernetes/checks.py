@@ -134,8 +134,8 @@ def _k1_spec(target: _Target) -> list[Finding]:
                     "major",
                     target.subject,
                     {**base, f"ray_start_params.{key}": size, "memory_limit_bytes": int(limit)},
-                    f"rayStartParams {key} is {_gib(size)} but the container limit is {_gib(limit)}: Ray plans with memory "
-                    "the kernel will not give it. Size it below the limit.",
+                    f"rayStartParams {key} is {_gib(size)} but the container limit is {_gib(limit)}: Ray plans with "
+                    "memory the kernel will not give it. Size it below the limit.",
                     "OOM-6",
                 )
             )
@@ -294,7 +294,8 @@ def check_k3(pods: Iterable[Pod], *, now: datetime, margin_s: int = TERMINATING_
         why = (
             f"finalizers {', '.join(pod.finalizers)} have not been removed"
             if pod.finalizers
-            else f"the kubelet on {pod.node_name or 'its node'} has not confirmed the kill (node down or kubelet stuck?)"
+            else f"the kubelet on {pod.node_name or 'its node'} has not confirmed the kill "
+            "(node down or kubelet stuck?)"
         )
         findings.append(
             Finding(

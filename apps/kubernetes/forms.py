@@ -27,8 +27,10 @@ class ConnectionForm(forms.Form):
     kubeconfig = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 8, "autocomplete": "off", "spellcheck": "false"}),
-        help_text="A kubeconfig with a token or client certificate, inline (token, *-data): credential plugins, file paths and "
-        "proxy-url are refused. Stored encrypted, never shown again.",
+        help_text=(
+            "A kubeconfig with a token or client certificate, inline (token, *-data): credential plugins, file paths "
+            "and proxy-url are refused. Stored encrypted, never shown again."
+        ),
     )
     context = forms.CharField(
         label="Kubeconfig context", required=False, max_length=253, help_text="Empty: the kubeconfig's current-context."
@@ -41,7 +43,9 @@ class ConnectionForm(forms.Form):
         label="Read-only",
         required=False,
         initial=True,
-        help_text="Untick to let changes patch RayServices' serveConfigV2 (needs the fleetdeck-rayservice-writer role).",
+        help_text=(
+            "Untick to let changes patch RayServices' serveConfigV2 (needs the fleetdeck-rayservice-writer role)."
+        ),
     )
 
     def __init__(self, *args, user, instance: KubeConnection | None = None, **kwargs):
@@ -87,7 +91,9 @@ class RegisterForm(forms.Form):
         label="Ray dashboard URL",
         required=False,
         max_length=300,
-        help_text="Empty: the head service KubeRay created (for a RayService, the one that follows its active RayCluster).",
+        help_text=(
+            "Empty: the head service KubeRay created (for a RayService, the one that follows its active RayCluster)."
+        ),
     )
     token = forms.CharField(
         label="Dashboard token",

@@ -135,7 +135,8 @@ def _ray_view(cluster: Cluster) -> tuple[list[checks.RayNodeMemory], str]:
     if cluster.reachability != Reachability.OK:
         return (
             [],
-            "The Ray dashboard did not answer the last sync: K1 compares the specs and pods only, not Ray's view of each node.",
+            "The Ray dashboard did not answer the last sync: K1 compares the specs and pods only, not Ray's view of "
+            "each node.",
         )
     try:
         with dashboard_for(cluster) as ray:
@@ -144,7 +145,8 @@ def _ray_view(cluster: Cluster) -> tuple[list[checks.RayNodeMemory], str]:
     except (RayError, SecretUnreadable) as exc:
         return (
             [],
-            f"Ray's view of node memory is unavailable ({getattr(exc, 'message', exc)}): K1 compares the specs and pods only.",
+            f"Ray's view of node memory is unavailable ({getattr(exc, 'message', exc)}): K1 compares the specs and "
+            "pods only.",
         )
     resources = {node.node_ip: node.resources_total for node in nodes}
     view = []

@@ -33,8 +33,8 @@ class LinkedRayServiceWriter:
                 raise ServeConfigError(f"RayService {namespace}/{name}: {live.serve_config_error}")
             if self.planned_base is not None and _applications(live.serve_config) != _applications(self.planned_base):
                 raise RayServiceDrift(
-                    f"RayService {namespace}/{name}'s serveConfigV2 does not hold the config this change was planned against "
-                    "(an edit KubeRay has not applied yet, or one made since the plan); nothing was written.",
+                    f"RayService {namespace}/{name}'s serveConfigV2 does not hold the config this change was planned "
+                    "against (an edit KubeRay has not applied yet, or one made since the plan); nothing was written.",
                     status=409,
                 )
             # `expected_base` is what was just read: a write in between is drift, not something to overwrite.
@@ -58,15 +58,15 @@ def rayservice_writer(cluster: Cluster, *, planned_base: dict[str, Any] | None =
     link = KubeLink.objects.select_related("connection").filter(cluster=cluster).first()
     if link is None:
         why = (
-            "a push through the dashboard would be reverted by KubeRay, and the cluster is not linked to its RayService. "
-            "Link it under Kubernetes with a connection that allows writes."
+            "a push through the dashboard would be reverted by KubeRay, and the cluster is not linked to its "
+            "RayService. Link it under Kubernetes with a connection that allows writes."
         )
     elif link.kind != KubeLink.Kind.RAYSERVICE:
         why = f"it is linked to {link.resource}, not to a RayService."
     elif link.connection.read_only:
         why = (
-            f"its Kubernetes connection {link.connection.name} is read-only: allow writes on it (and grant Fleetdeck the "
-            "fleetdeck-rayservice-writer role in that namespace) to change this cluster."
+            f"its Kubernetes connection {link.connection.name} is read-only: allow writes on it (and grant Fleetdeck "
+            "the fleetdeck-rayservice-writer role in that namespace) to change this cluster."
         )
     else:
         return LinkedRayServiceWriter(link, planned_base=planned_base)

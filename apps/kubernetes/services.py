@@ -47,8 +47,8 @@ def create_connection(
         _require_in_cluster_rights(
             actor,
             (
-                "Only a Fleetdeck superuser can use Fleetdeck's own service account: it can read every team's namespaces. "
-                "Give a kubeconfig whose credentials reach only your team's namespaces."
+                "Only a Fleetdeck superuser can use Fleetdeck's own service account: it can read every team's "
+                "namespaces. Give a kubeconfig whose credentials reach only your team's namespaces."
             ),
         )
     KubeConnection._meta.get_field("name").run_validators(name)
@@ -102,8 +102,8 @@ def update_connection(
                 _require_in_cluster_rights(
                     actor,
                     (
-                        f"Connection {connection.name} uses Fleetdeck's own service account: only a Fleetdeck superuser can "
-                        "change its namespaces."
+                        f"Connection {connection.name} uses Fleetdeck's own service account: only a Fleetdeck "
+                        "superuser can change its namespaces."
                     ),
                 )
             changes["namespaces"] = {"from": connection.namespaces, "to": clean}

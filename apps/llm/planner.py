@@ -335,9 +335,9 @@ def activation_bytes_per_gpu(
     return Figure(
         forward + sampler,
         "bytes",
-        f"estimate: {max_num_batched_tokens:,} batched tokens x (4 x {shape.hidden_size} hidden + {qkv} QKV + 3 x {mlp} "
-        f"MLP) x {per} bytes, plus float32 logits and probabilities of {sequences} sequences x {shape.vocab_size:,} "
-        'vocabulary; vLLM measures this at start ("PyTorch activation peak memory" in its log)',
+        f"estimate: {max_num_batched_tokens:,} batched tokens x (4 x {shape.hidden_size} hidden + {qkv} QKV + 3 x "
+        f"{mlp} MLP) x {per} bytes, plus float32 logits and probabilities of {sequences} sequences x "
+        f'{shape.vocab_size:,} vocabulary; vLLM measures this at start ("PyTorch activation peak memory" in its log)',
     )
 
 

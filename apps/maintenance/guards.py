@@ -41,7 +41,7 @@ def recycle_guards(run: MaintenanceRun, running: list[str], effective: dict) -> 
         else:
             if available < needed:
                 blocked.append(
-                    f"Surge starts new replicas before stopping old ones and needs about {needed / 2**30:.1f} GiB free; "
-                    f"the cluster has {available / 2**30:.1f} GiB."
+                    f"Surge starts new replicas before stopping old ones and needs about {needed / 2**30:.1f} GiB "
+                    f"free; the cluster has {available / 2**30:.1f} GiB."
                 )
     return blocked

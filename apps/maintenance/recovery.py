@@ -63,8 +63,8 @@ def abandon_stale(now=None) -> list[int]:
         except Exception as exc:  # one unreadable cluster must not stop the tick's other work
             log.exception("maintenance run %s: reading how far it got failed", run.pk)
             message = (
-                f"The worker stopped during the run (no heartbeat for {settings.FLEETDECK_CHANGE_STALE_S} s); how far it "
-                f"got could not be read ({exc}): check the deployment before recycling it again."
+                f"The worker stopped during the run (no heartbeat for {settings.FLEETDECK_CHANGE_STALE_S} s); how far "
+                f"it got could not be read ({exc}): check the deployment before recycling it again."
             )
         if end_run(run, MaintenanceRun.State.FAILED, message, only_if=silent, error=message):
             abandoned.append(run.pk)
@@ -87,8 +87,9 @@ def _abandoned(run: MaintenanceRun) -> str:
         now_running, _ = running_replicas(run.cluster, run.deployment)
     except (LookupError, RayError) as exc:
         return (
-            f"{lead}; {change}, and the running replicas could not be read ({getattr(exc, 'message', exc)}), so how many "
-            f"of the {len(before)} replica(s) were recycled is unknown: check the deployment before recycling it again."
+            f"{lead}; {change}, and the running replicas could not be read ({getattr(exc, 'message', exc)}), so how "
+            f"many of the {len(before)} replica(s) were recycled is unknown: check the deployment before recycling it "
+            "again."
         )
     kept = sorted(set(before) & set(now_running))
     return f"{lead}; {len(before) - len(kept)} of {len(before)} replica(s) had been recycled ({change})" + (

@@ -129,9 +129,9 @@ def memory_from_curve(
         baseline,
         per_request,
         "calibration",
-        f"Calibration #{curve.calibration_id} ({curve.device}, token sums up to {largest}): {mib(curve.baseline_bytes)} at "
-        f"rest, +{curve.per_unit_bytes / 1024:.0f} KiB per token (steepest step); {tokens_reason}: {mib(per_request)} per "
-        f"request.{lifted}",
+        f"Calibration #{curve.calibration_id} ({curve.device}, token sums up to {largest}): "
+        f"{mib(curve.baseline_bytes)} at rest, +{curve.per_unit_bytes / 1024:.0f} KiB per token (steepest step); "
+        f"{tokens_reason}: {mib(per_request)} per request.{lifted}",
     )
 
 
@@ -208,7 +208,8 @@ def with_traffic_floor(memory: Memory, observed) -> Memory:
         per_request_floor_bytes=floor,
         reason=(
             f"{memory.reason} Traffic since showed at least {mib(floor)} per request, more than the calibration's "
-            f"{mib(memory.per_request_bytes)}: peaks are priced at the larger. Calibrate with a heavier representative request."
+            f"{mib(memory.per_request_bytes)}: peaks are priced at the larger. Calibrate with a heavier "
+            "representative request."
         ),
     )
 

@@ -65,8 +65,8 @@ def from_points(points: list[dict]) -> Observed | None:
     )
     if per_request:
         text = (
-            f"{base_text}; under traffic its replicas held at least {_mib(per_request)} per request admitted "
-            f"(the most of {busy} busy reading(s)). A lower bound: admitted requests are not all resident, and Ray samples "
+            f"{base_text}; under traffic its replicas held at least {_mib(per_request)} per request admitted (the "
+            f"most of {busy} busy reading(s)). A lower bound: admitted requests are not all resident, and Ray samples "
             "process memory every few seconds."
         )
     elif busy:

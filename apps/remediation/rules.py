@@ -192,73 +192,76 @@ RULES = [
         "gpu-concurrency",
         "GPU deployment takes more than 2 requests at once",
         "R1",
-        "A GPU replica that accepts many requests at once multiplies its per-request memory: a burst turns into an OOM kill of the "
-        "replica and often of the Serve controller with it. One or two at a time keeps the peak bounded; scale out instead.",
+        "A GPU replica that accepts many requests at once multiplies its per-request memory: a burst turns into an "
+        "OOM kill of the replica and often of the Serve controller with it. One or two at a time keeps the peak "
+        "bounded; scale out instead.",
         gpu_concurrency,
     ),
     Rule(
         "heavy-autoscaling",
         "Heavy deployment without queue-based autoscaling",
         "R2",
-        "Without autoscaling, or with a target above two requests per replica, queues grow on the replicas you have instead of "
-        "adding replicas: latency climbs first, then memory. A target of about one, two replicas minimum, fast upscale and slow "
-        "downscale keeps queues short.",
+        "Without autoscaling, or with a target above two requests per replica, queues grow on the replicas you have "
+        "instead of adding replicas: latency climbs first, then memory. A target of about one, two replicas minimum, "
+        "fast upscale and slow downscale keeps queues short.",
         heavy_autoscaling,
     ),
     Rule(
         "unbounded-queue",
         "Unbounded queue (max_queued_requests -1)",
         "R10",
-        "An unbounded queue turns overload into minutes of latency and memory held by waiting requests. A bound makes overload fail "
-        "fast with 503, which clients can retry elsewhere; the suggested bound absorbs about four rounds of the deployment's concurrency.",
+        "An unbounded queue turns overload into minutes of latency and memory held by waiting requests. A bound "
+        "makes overload fail fast with 503, which clients can retry elsewhere; the suggested bound absorbs about "
+        "four rounds of the deployment's concurrency.",
         unbounded_queue,
     ),
     Rule(
         "short-downscale",
         "Replicas scaled down quickly while cold starts hurt",
         "R2",
-        "Replicas were started recently and the downscale delay is under a minute: the autoscaler removes replicas it will need again "
-        "soon, and each new one pays a cold start (LAT-1).",
+        "Replicas were started recently and the downscale delay is under a minute: the autoscaler removes replicas "
+        "it will need again soon, and each new one pays a cold start (LAT-1).",
         short_downscale,
     ),
     Rule(
         "single-replica",
         "A single replica during recycles or updates",
         "R9",
-        "With one replica and no surge, every recycle or config change that replaces replicas leaves the deployment with none for a "
-        "few seconds (measured 2–3 s): requests queue or fail. Two replicas make a rolling replacement invisible.",
+        "With one replica and no surge, every recycle or config change that replaces replicas leaves the deployment "
+        "with none for a few seconds (measured 2–3 s): requests queue or fail. Two replicas make a rolling "
+        "replacement invisible.",
         single_replica,
     ),
     Rule(
         "cap-below-target",
         "max_ongoing_requests below the autoscaling target",
         "R2",
-        "A replica never carries more than max_ongoing_requests, so an autoscaling target above it is never reached and the "
-        "deployment never scales up, however long the queue.",
+        "A replica never carries more than max_ongoing_requests, so an autoscaling target above it is never reached "
+        "and the deployment never scales up, however long the queue.",
         cap_below_target,
     ),
     Rule(
         "ignored-settings",
         "Settings Serve ignores",
         "R1",
-        "Serve drops unknown and legacy fields without a word: the config says one thing and the replicas run another (a legacy "
-        "max_concurrent_queries leaves the default of 5 in force). What runs is what counts.",
+        "Serve drops unknown and legacy fields without a word: the config says one thing and the replicas run "
+        "another (a legacy max_concurrent_queries leaves the default of 5 in force). What runs is what counts.",
         ignored_settings,
     ),
     Rule(
         "recycle-missing",
         "Memory ratchets up and no recycle is scheduled",
         "R8",
-        "Node memory only grew over hours: allocators and caches keep memory between requests until the memory monitor kills a "
-        "replica. A scheduled rolling recycle returns it before that.",
+        "Node memory only grew over hours: allocators and caches keep memory between requests until the memory "
+        "monitor kills a replica. A scheduled rolling recycle returns it before that.",
         memory_ratchet,
     ),
     Rule(
         "warmup-missing",
         "Cold starts far slower than steady state, and no warmup",
         "R6",
-        "Right after replicas start, latency is many times the steady p50: the first requests pay for model load and kernel warmup. "
-        "A warmup after every recycle and change makes that cost invisible to users.",
+        "Right after replicas start, latency is many times the steady p50: the first requests pay for model load and "
+        "kernel warmup. A warmup after every recycle and change makes that cost invisible to users.",
         warmup_missing,
     ),
 ]
@@ -268,8 +271,8 @@ CLUSTER_RULES = [
         "dashboard-auth",
         "Ray dashboard without authentication",
         "",
-        "Anyone who reaches this cluster's dashboard can replace or delete every Serve application with one request. Ray 2.52 and "
-        "later support token authentication; enable it and give Fleetdeck the token.",
+        "Anyone who reaches this cluster's dashboard can replace or delete every Serve application with one request. "
+        "Ray 2.52 and later support token authentication; enable it and give Fleetdeck the token.",
         lambda s: None,
         scope="cluster",
     ),
@@ -283,10 +286,10 @@ KUBE_RULES = [
         "K1",
         "Ray container memory does not fit its Kubernetes limit",
         "",
-        "A Ray container needs a memory request and limit, and the memory and object store Ray plans with must fit inside that "
-        "limit. When Ray believes it has more than the container may use, its memory monitor never reaches its threshold: the "
-        "kernel kills the whole pod instead of one replica, with the raylet, every replica on it and, on the head, the Serve "
-        "controller (OOM-6).",
+        "A Ray container needs a memory request and limit, and the memory and object store Ray plans with must fit "
+        "inside that limit. When Ray believes it has more than the container may use, its memory monitor never "
+        "reaches its threshold: the kernel kills the whole pod instead of one replica, with the raylet, every "
+        "replica on it and, on the head, the Serve controller (OOM-6).",
         lambda s: None,
         scope="kubernetes",
     ),
@@ -294,9 +297,9 @@ KUBE_RULES = [
         "K2",
         "An HPA or KEDA scales workers that Ray already scales",
         "",
-        "Two autoscalers on the same Ray workers react to the same load: they overwrite each other's replica counts, overshoot, "
-        "and scale in pods that still hold running replicas. Let Serve autoscaling drive the Ray autoscaler and remove the "
-        "external scaler.",
+        "Two autoscalers on the same Ray workers react to the same load: they overwrite each other's replica counts, "
+        "overshoot, and scale in pods that still hold running replicas. Let Serve autoscaling drive the Ray "
+        "autoscaler and remove the external scaler.",
         lambda s: None,
         scope="kubernetes",
     ),
@@ -304,9 +307,9 @@ KUBE_RULES = [
         "K3",
         "Pods stuck Terminating past their deadline",
         "",
-        "A pod still Terminating after its grace period keeps its memory and GPU while the pod replacing it starts, so rolling "
-        "updates and scale-in briefly need both on the node (OOM-7). Finalizers nobody removes and unresponsive kubelets are the "
-        "usual reasons.",
+        "A pod still Terminating after its grace period keeps its memory and GPU while the pod replacing it starts, "
+        "so rolling updates and scale-in briefly need both on the node (OOM-7). Finalizers nobody removes and "
+        "unresponsive kubelets are the usual reasons.",
         lambda s: None,
         scope="kubernetes",
     ),
@@ -314,9 +317,9 @@ KUBE_RULES = [
         "K4",
         "GPU pods with too little CPU",
         "",
-        "KubeRay hands the container's CPU to Ray, and every Serve replica asks for a CPU next to its GPU: below one CPU per GPU "
-        "some GPUs never get a replica. The host-side work that feeds a GPU (parsing, tokenization, batching) also throttles, "
-        "which shows up as latency spikes with the GPU idle (LAT-3).",
+        "KubeRay hands the container's CPU to Ray, and every Serve replica asks for a CPU next to its GPU: below one "
+        "CPU per GPU some GPUs never get a replica. The host-side work that feeds a GPU (parsing, tokenization, "
+        "batching) also throttles, which shows up as latency spikes with the GPU idle (LAT-3).",
         lambda s: None,
         scope="kubernetes",
     ),

@@ -152,8 +152,9 @@ def _concurrency(current: Current, memory: Memory, budget: Budget, resources: Re
             )
     throughput = f"; its replicas then serve about {plan.throughput_rps:.2f} requests/s" if plan.throughput_rps else ""
     reason = (
-        f"{c}: a replica holding {c} request(s) at once peaks at about {mib(plan.peak_bytes)}; {plan.per_node} such replica(s) "
-        f"fit the budget of {mib(budget.bytes_per_node)} per node{throughput}. {_candidates_text(plan)} {memory.reason} {budget.reason}"
+        f"{c}: a replica holding {c} request(s) at once peaks at about {mib(plan.peak_bytes)}; {plan.per_node} such "
+        f"replica(s) fit the budget of {mib(budget.bytes_per_node)} per node{throughput}. {_candidates_text(plan)} "
+        f"{memory.reason} {budget.reason}"
     )
     patch: dict = {"max_ongoing_requests": c}
     reasons = {"max_ongoing_requests": reason}
@@ -285,13 +286,14 @@ def _queue_bound(current: Current, plan: Plan, load: Load, objective_ms: int) ->
         bound = max(1, min(MAX_QUEUE_BOUND, int(throughput * wait_s))) if wait_s > 0 else 1
         if wait_s <= 0:
             warnings.append(
-                f"A request takes {service_s:.1f} s, as long as the {objective_ms / 1000:.0f} s objective: queueing at all breaks it."
+                f"A request takes {service_s:.1f} s, as long as the {objective_ms / 1000:.0f} s objective: queueing "
+                "at all breaks it."
             )
         reason = (
-            f"{bound}: {slots} request slots ({replicas} replica(s) × {plan.concurrency}) at {service_s:.2f} s per request "
-            f"({source}) serve about {throughput:.1f} requests/s; a request queued behind {bound} others still finishes "
-            f"within {int(LATENCY_MARGIN * 100)} % of the {objective_ms / 1000:.0f} s objective (service under load runs "
-            "slower than calibrated)."
+            f"{bound}: {slots} request slots ({replicas} replica(s) × {plan.concurrency}) at {service_s:.2f} s per "
+            f"request ({source}) serve about {throughput:.1f} requests/s; a request queued behind {bound} others "
+            f"still finishes within {int(LATENCY_MARGIN * 100)} % of the {objective_ms / 1000:.0f} s objective "
+            "(service under load runs slower than calibrated)."
         )
         warnings += _shed_at_peak(plan, load, slots, bound, service_s, wait_s, objective_ms)
     else:
@@ -317,9 +319,9 @@ def _shed_at_peak(
     needed = math.ceil(math.ceil(peak / per_slot) / plan.concurrency)
     extra = max(needed - plan.replicas, 1)
     return [
-        f"At the incident's busiest moment {peak:.0f} requests were in flight or queued; {slots} slots and a queue of {bound} hold "
-        f"{slots + bound}, so about {peak - slots - bound:.0f} at once would be shed with 503: at that load a p99 within "
-        f"{objective_ms / 1000:.0f} s and no failed requests cannot both be had. Serving it within the objective takes about "
-        f"{extra} more replica(s) of {mib(plan.peak_bytes)} ({mib(extra * plan.peak_bytes)} more memory than the budget, "
-        f"or another node), or a longer latency objective."
+        f"At the incident's busiest moment {peak:.0f} requests were in flight or queued; {slots} slots and a queue of "
+        f"{bound} hold {slots + bound}, so about {peak - slots - bound:.0f} at once would be shed with 503: at that "
+        f"load a p99 within {objective_ms / 1000:.0f} s and no failed requests cannot both be had. Serving it within "
+        f"the objective takes about {extra} more replica(s) of {mib(plan.peak_bytes)} ({mib(extra * plan.peak_bytes)} "
+        "more memory than the budget, or another node), or a longer latency objective."
     ]

@@ -45,8 +45,10 @@ def batch_tokens(
             "largest_fitting_tokens": None,
             "warnings": [],
             "reasons": {
-                "max_batch_tokens": "Not computed: there is no memory budget (no kill message and no node reading) to fit "
-                "a batch into. Collect metrics or wait for a kill, then re-plan."
+                "max_batch_tokens": (
+                    "Not computed: there is no memory budget (no kill message and no node reading) to fit a batch "
+                    "into. Collect metrics or wait for a kill, then re-plan."
+                )
             },
         }
     share = budget.bytes_per_node // per_node
@@ -54,8 +56,8 @@ def batch_tokens(
     ceiling = MAX_EXTRAPOLATION * largest
     limit = largest_token_sum(curve, share, ceiling)
     share_text = (
-        f"one replica's share of the budget is {mib(share)} ({mib(budget.bytes_per_node)} per node ÷ {per_node} replica(s) "
-        f"per node at max_ongoing_requests {concurrency}; the safety margin is already in the budget)"
+        f"one replica's share of the budget is {mib(share)} ({mib(budget.bytes_per_node)} per node ÷ {per_node} "
+        f"replica(s) per node at max_ongoing_requests {concurrency}; the safety margin is already in the budget)"
     )
     warnings: list[str] = []
     if limit == 0:
@@ -71,13 +73,13 @@ def batch_tokens(
             "reasons": {"max_batch_tokens": f"Not computed: {share_text}, and nothing fits it."},
         }
     reason = (
-        f"{limit}: a batch of {limit} tokens peaks at about {mib(curve.peak_at(limit))} on calibration #{curve.calibration_id} "
-        f"({curve.device}); {share_text}."
+        f"{limit}: a batch of {limit} tokens peaks at about {mib(curve.peak_at(limit))} on calibration "
+        f"#{curve.calibration_id} ({curve.device}); {share_text}."
     )
     if limit == ceiling:
         reason += (
-            f" Capped at {MAX_EXTRAPOLATION} × the largest calibrated sum ({largest}): the budget may hold more, but that far "
-            "out the curve is a straight-line guess. Calibrate larger token sums to go further."
+            f" Capped at {MAX_EXTRAPOLATION} × the largest calibrated sum ({largest}): the budget may hold more, but "
+            "that far out the curve is a straight-line guess. Calibrate larger token sums to go further."
         )
     value = limit
     existing = config.get("max_batch_tokens")
@@ -92,8 +94,8 @@ def batch_tokens(
     tokens, _ = request_tokens(config)
     if tokens is not None and tokens > value:
         warnings.append(
-            f"One request may bring {tokens} tokens (its caps) but a batch holds at most {value}: larger requests would "
-            "be refused. Lower the input caps (R3) or give the replica more memory."
+            f"One request may bring {tokens} tokens (its caps) but a batch holds at most {value}: larger requests "
+            "would be refused. Lower the input caps (R3) or give the replica more memory."
         )
     patch = {"user_config": {"max_batch_tokens": value}} if "max_batch_tokens" in config else None
     return {
@@ -128,8 +130,9 @@ def input_caps(
             "value": {},
             "reasons": {},
             "warnings": [
-                f"The user_config has no usable {' and no '.join(unusable)} (a whole number of tokens, at least 1): a request's size has "
-                "no bound Fleetdeck can set. Read both caps from user_config and the wizard computes them from measured memory."
+                f"The user_config has no usable {' and no '.join(unusable)} (a whole number of tokens, at least 1): a "
+                "request's size has no bound Fleetdeck can set. Read both caps from user_config and the wizard "
+                "computes them from measured memory."
             ],
         }
     if curve is None or curve.axis != "token_sum":
@@ -153,10 +156,10 @@ def input_caps(
     room = share - memory.baseline_bytes
     fit = int(room // (plan.concurrency * per_token)) if room > 0 else 0
     why = (
-        f"one replica's share of the budget is {mib(share)} ({mib(budget.bytes_per_node)} per node ÷ {per_node} replica(s)); "
-        f"less its {mib(memory.baseline_bytes)} at rest, {mib(max(room, 0))} holds {plan.concurrency} request(s) at once "
-        f"(max_ongoing_requests {plan.concurrency}) of at most {fit} tokens at {per_token / 1024:,.0f} KiB per token (calibration "
-        f"#{curve.calibration_id}'s steepest step)"
+        f"one replica's share of the budget is {mib(share)} ({mib(budget.bytes_per_node)} per node ÷ {per_node} "
+        f"replica(s)); less its {mib(memory.baseline_bytes)} at rest, {mib(max(room, 0))} holds {plan.concurrency} "
+        f"request(s) at once (max_ongoing_requests {plan.concurrency}) of at most {fit} tokens at "
+        f"{per_token / 1024:,.0f} KiB per token (calibration #{curve.calibration_id}'s steepest step)"
     )
     batch_limit = (batch or {}).get("value", {}).get("max_batch_tokens") if "max_batch_tokens" in config else None
     if batch_limit and batch_limit < fit:
@@ -170,8 +173,8 @@ def input_caps(
             "value": {},
             "reasons": {name: f"Not computed: {why}." for name in INPUT_CAPS},
             "warnings": [
-                f"Not even a request of two tokens fits: {why}. No input cap prevents the kill: give the deployment more "
-                "memory per node or fewer replicas per node."
+                f"Not even a request of two tokens fits: {why}. No input cap prevents the kill: give the deployment "
+                "more memory per node or fewer replicas per node."
             ],
         }
     if total <= fit:
@@ -184,7 +187,10 @@ def input_caps(
         }
     prompt = max(1, min(caps["max_prompt_tokens"], fit * caps["max_prompt_tokens"] // total))
     generated = max(1, min(caps["max_tokens_cap"], fit - prompt))
-    split = f"{prompt + generated} tokens a request, split as the current caps are ({caps['max_prompt_tokens']} + {caps['max_tokens_cap']})"
+    split = (
+        f"{prompt + generated} tokens a request, split as the current caps are ({caps['max_prompt_tokens']} + "
+        f"{caps['max_tokens_cap']})"
+    )
     warnings = []
     largest = int(max(x for x, _ in curve.points))
     if prompt + generated > largest:

@@ -165,8 +165,8 @@ def problems(summary: dict, *, failure_objective: float, latency_objective_ms: f
     share = summary.get("client_failed_share")
     if share is not None and share > failure_objective:
         out.append(
-            f"Clients: {_n(summary['client_failed'])} of {_n(clients)} requests failed ({_pct(share)}; {_codes(summary)}), "
-            f"above the {_objective(failure_objective)} objective."
+            f"Clients: {_n(summary['client_failed'])} of {_n(clients)} requests failed ({_pct(share)}; "
+            f"{_codes(summary)}), above the {_objective(failure_objective)} objective."
         )
     p99 = summary.get("client_p99_ms")
     low, high = summary.get("client_p99_between_ms") or (p99, p99)
@@ -175,9 +175,10 @@ def problems(summary: dict, *, failure_objective: float, latency_objective_ms: f
     elif p99 is not None and low < latency_objective_ms and (high is None or high > latency_objective_ms):
         # An interpolated p99 below the objective inside a bucket that reaches past it proves nothing.
         out.append(
-            f"Clients: p99 {_latency(summary)} end to end: the proxy's histogram bucket spans the {latency_objective_ms:.0f} ms "
-            "objective, so it cannot be shown to be met. Give the proxy a bucket boundary at the objective "
-            "(RAY_SERVE_REQUEST_LATENCY_BUCKETS_MS on the cluster) or set the objective at one of its boundaries."
+            f"Clients: p99 {_latency(summary)} end to end: the proxy's histogram bucket spans the "
+            f"{latency_objective_ms:.0f} ms objective, so it cannot be shown to be met. Give the proxy a bucket "
+            "boundary at the objective (RAY_SERVE_REQUEST_LATENCY_BUCKETS_MS on the cluster) or set the objective at "
+            "one of its boundaries."
         )
     admitted, completed = summary.get("ongoing_max") or 0, summary.get("rps_mean")
     if clients == 0 and (completed or admitted):
@@ -190,7 +191,8 @@ def problems(summary: dict, *, failure_objective: float, latency_objective_ms: f
     rate = summary.get("error_rate")
     if clients is None and rate is not None and rate > failure_objective:
         out.append(
-            f"Replicas: {_n(summary['errors'])} errors, {_pct(rate)} of requests, above the {_objective(failure_objective)} objective."
+            f"Replicas: {_n(summary['errors'])} errors, {_pct(rate)} of requests, above the "
+            f"{_objective(failure_objective)} objective."
         )
     return out
 

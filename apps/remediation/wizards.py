@@ -276,7 +276,8 @@ def apply(actor: Actor, wizard: Wizard, positions: list[int], *, revision: int |
         busy = WizardStep.objects.filter(wizard=wizard, status=Status.APPLYING).first()
         if busy is not None:
             raise WizardError(
-                f"Step {busy.position} is being applied (change #{busy.change_id}); apply the next when it has finished."
+                f"Step {busy.position} is being applied (change #{busy.change_id}); apply the next when it has "
+                "finished."
             )
         steps = [_step(wizard, p) for p in sorted(set(positions))]
         if not steps:

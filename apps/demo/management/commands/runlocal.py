@@ -248,7 +248,8 @@ def oom_headroom_gib(value: str | None) -> float | None:
         raise CommandError(f"{HEADROOM_VAR} must be a number of GiB, e.g. {HEADROOM_VAR}=3; got {value!r}.") from None
     if not 0 < gib < math.inf:
         raise CommandError(
-            f"{HEADROOM_VAR} must be more than 0 GiB (the memory Ray may use above the machine's use now); got {value!r}."
+            f"{HEADROOM_VAR} must be more than 0 GiB (the memory Ray may use above the machine's use now); got "
+            f"{value!r}."
         )
     return gib
 
