@@ -129,7 +129,10 @@ def test_an_incident_page_draws_its_evidence_charts(page, live_server, team, peo
     wait_until(page, "window.Chart && Chart.getChart('latency-chart') && Chart.getChart('load-chart')")
     datasets = page.evaluate("Chart.getChart('latency-chart').data.datasets.map(d => d.label)")
     assert datasets == ["p50 ms", "p99 ms"]  # no kill markers on a latency incident
-    axes = "(id) => Object.fromEntries(Object.entries(Chart.getChart(id).options.scales).map(([k, s]) => [k, s.title.text]))"
+    axes = (
+        "(id) => Object.fromEntries(Object.entries(Chart.getChart(id).options.scales)"
+        ".map(([k, s]) => [k, s.title.text]))"
+    )
     assert page.evaluate(axes, "latency-chart") == {"x": "time", "y": "latency (ms)"}
     # A rate and a count are different units: requests/s has an axis of its own.
     assert page.evaluate(axes, "load-chart") == {"x": "time", "y": "requests", "rate": "requests/s"}

@@ -231,9 +231,10 @@ def test_a_worker_survives_corrupt_messages_under_load_and_runs_every_valid_task
         "Received invalid task message"
     )
     print(
-        f"\nembedded broker soak: sent {len(sent)}, executed {len(executed)} ({len(set(executed))} distinct), "
-        f"corrupt injected {sum(injector.kinds.values())} (unreadable rows {injector.kinds['row']}, dropped by the transport "
-        f"{dropped_rows}; unreadable tasks {injector.kinds['task']}, dropped by the consumer {dropped_tasks}), in {elapsed:.1f} s"
+        f"\nembedded broker soak: sent {len(sent)}, executed {len(executed)} ({len(set(executed))} distinct), corrupt "
+        f"injected {sum(injector.kinds.values())} (unreadable rows {injector.kinds['row']}, dropped by the transport "
+        f"{dropped_rows}; unreadable tasks {injector.kinds['task']}, dropped by the consumer {dropped_tasks}), in "
+        f"{elapsed:.1f} s"
     )
     assert worker.process.poll() is None, worker.tail()
     assert sorted(executed) == sorted(sent) == list(range(SENT))

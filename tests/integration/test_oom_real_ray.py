@@ -64,7 +64,8 @@ def test_a_real_oom_kill_becomes_an_incident_with_its_evidence(oom_head, team):
 
     incident = Incident.objects.get(pk=incident_ids[0])
     print(
-        f"\nOOM incident: {incident.title}; causes {[c['id'] for c in incident.causes]}; client saw {statuses}; evidence {sorted(incident.evidence)}"
+        f"\nOOM incident: {incident.title}; causes {[c['id'] for c in incident.causes]}; client saw {statuses}; "
+        f"evidence {sorted(incident.evidence)}"
     )
     assert incident.kind == "oom_kill" and (incident.application_name, incident.deployment_name) == ("demo", "Model")
     kill = incident.oom_kills.first()

@@ -192,7 +192,7 @@ from apps.maintenance.models import RecycleSchedule
 model = Deployment.objects.get(application__cluster__name="eu-vision", application__name="demo", name="Model")
 schedule = RecycleSchedule.objects.create(deployment=model, every_hours=1, next_run_at=timezone.now() + dt.timedelta(seconds=3))
 print(schedule.pk)
-"""
+"""  # noqa: E501 - the script runs as written in a subprocess, so its lines stay whole
 
 
 def test_beat_killed_and_restarted_around_a_due_slot_runs_it_once(stack):

@@ -214,8 +214,9 @@ def test_an_operator_fixes_a_plain_app_s_oom_kills_with_measured_values_verified
             observe(cluster)
     wizard.refresh_from_db()
     print(
-        f"\nwizard #{wizard.pk}: R1 {r1}, R2 {auto}, R10 {queue}; plan {plan}; before {wizard.before}; after {wizard.after}; "
-        f"clients before: {sorted(set(map(str, before.statuses)))}, after: {sorted(set(map(str, after.statuses)))}"
+        f"\nwizard #{wizard.pk}: R1 {r1}, R2 {auto}, R10 {queue}; plan {plan}; before {wizard.before}; after "
+        f"{wizard.after}; clients before: {sorted(set(map(str, before.statuses)))}, after: "
+        f"{sorted(set(map(str, after.statuses)))}"
     )
     assert wizard.state == "resolved", f"{wizard.outcome} {wizard.after}"
     assert wizard.after["oom_kills"] == 0 and wizard.before["oom_kills"] >= 1 and wizard.before["healthy"] is False

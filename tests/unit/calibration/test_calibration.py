@@ -659,7 +659,10 @@ def test_polling_a_final_calibration_asks_ray_nothing(model, operator, use_repla
 
 def test_a_failed_job_keeps_the_script_s_reason_ray_s_message_and_the_log_tail(model, operator, use_replay):
     calibration = services.request_calibration(operator, model)
-    logs = "Traceback (most recent call last):\n  ...\nFLEETDECK_CALIBRATION_ERROR ModuleNotFoundError: No module named 'demo_app'\n"
+    logs = (
+        "Traceback (most recent call last):\n  ...\n"
+        "FLEETDECK_CALIBRATION_ERROR ModuleNotFoundError: No module named 'demo_app'\n"
+    )
     job_says(use_replay, calibration, "FAILED", logs=logs, message="Job entrypoint command failed with exit code 1")
     failed = services.poll(calibration.pk)
     assert failed.state == "failed"

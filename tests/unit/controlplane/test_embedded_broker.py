@@ -123,7 +123,8 @@ def test_processes_starting_together_on_a_new_file_do_not_fail_on_each_others_ta
 def settings_for(broker_url: str | None) -> list:
     code = (
         "import django, json; django.setup(); from django.conf import settings as s; "
-        "print(json.dumps([s.CELERY_BROKER_URL, getattr(s, 'CELERY_BROKER_TRANSPORT', None), s.CELERY_BROKER_TRANSPORT_OPTIONS]))"
+        "print(json.dumps([s.CELERY_BROKER_URL, getattr(s, 'CELERY_BROKER_TRANSPORT', None), "
+        "s.CELERY_BROKER_TRANSPORT_OPTIONS]))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETDECK_", "DJANGO_", "CELERY_"))}
     env.update(

@@ -31,7 +31,8 @@ def test_only_tasks_that_may_run_twice_are_acknowledged_late():
 def test_redis_redelivers_only_after_the_longest_task_could_have_finished(verify_s):
     code = (
         "import django, json; django.setup(); from django.conf import settings as s; "
-        "print(json.dumps([s.CELERY_BROKER_TRANSPORT_OPTIONS.get('visibility_timeout'), s.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S]))"
+        "print(json.dumps([s.CELERY_BROKER_TRANSPORT_OPTIONS.get('visibility_timeout'), "
+        "s.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S]))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETDECK_", "DJANGO_", "CELERY_"))}
     env.update(

@@ -58,7 +58,8 @@ def test_the_helper_refuses_a_headroom_that_is_not_positive(bad):
 def test_this_machines_usage_is_read_from_meminfo(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text(
-        "MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:   18000000 kB\nHugePages_Total:       0\n"
+        "MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:   18000000 kB\n"
+        "HugePages_Total:       0\n"
     )
     assert memory_usage(meminfo) == (6000000 * 1024, 24000000 * 1024)
     used, total = memory_usage()

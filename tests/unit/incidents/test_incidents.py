@@ -562,7 +562,8 @@ def test_a_change_before_a_cluster_restart_or_replaced_outside_fleetdeck_is_not_
     unseen = RecentChange("change #2 (bigger batches)", now - timedelta(minutes=4))
     history = ClusterHistory(session="session_b", restarts=(now - timedelta(minutes=2),))
     assert change_in_effect([unseen], history)[1] == [
-        "Change #2 (bigger batches) is not counted: the cluster restarted 2 min after it; every replica started again since."
+        "Change #2 (bigger batches) is not counted: the cluster restarted 2 min after it; every replica started "
+        "again since."
     ]
     assert (
         change_in_effect([unseen], ClusterHistory(session="session_b", restarts=(now - timedelta(minutes=6),)))[0]
@@ -626,8 +627,8 @@ def test_a_kill_after_a_cluster_restart_does_not_blame_a_change_made_before_it(c
     incident = Incident.objects.get(pk=incident_id)
     assert "OOM-7" not in [c["id"] for c in incident.causes] and incident.causes[0]["id"] == "OOM-2"
     assert incident.evidence["changes_not_counted"] == [
-        f"Change #{change.pk} (bigger batches) is not counted: it ran on Ray session {first}, and the cluster has restarted since "
-        f"(now {second})."
+        f"Change #{change.pk} (bigger batches) is not counted: it ran on Ray session {first}, and the cluster has "
+        f"restarted since (now {second})."
     ]
     assert incident.evidence["session"]["name"] == second
 

@@ -62,7 +62,10 @@ def test_submit_leaves_out_options_that_were_not_given():
 
 
 def test_a_refused_submission_says_why_in_ray_s_last_traceback_line():
-    traceback = 'Traceback (most recent call last):\n  File "job_head.py", line 1\nValueError: Job with submission_id x already exists.\n'
+    traceback = (
+        'Traceback (most recent call last):\n  File "job_head.py", line 1\n'
+        "ValueError: Job with submission_id x already exists.\n"
+    )
     ray, _ = dashboard({JOBS: httpx.Response(400, text=traceback)})
     with pytest.raises(RayValidationError) as caught:
         ray.submit_job("true", submission_id="x")

@@ -242,7 +242,8 @@ def test_k2_does_not_count_fixed_replica_serve_configs_as_autoscaling():
     def fixed(raw):
         raw["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] = False
         raw["spec"]["serveConfigV2"] = (
-            "applications:\n- name: thumbnails\n  import_path: vision.thumbs:app\n  deployments:\n  - name: Thumbnailer\n    num_replicas: 2\n"
+            "applications:\n- name: thumbnails\n  import_path: vision.thumbs:app\n  deployments:\n"
+            "  - name: Thumbnailer\n    num_replicas: 2\n"
         )
 
     raw = fixture("hpas_ml.json")["items"][0]

@@ -87,7 +87,8 @@ def test_memory_from_a_kill_is_only_a_lower_bound_because_admitted_is_not_reside
 
 
 def test_the_issue_s_kill_estimate_can_no_longer_allow_nine_replicas_on_a_one_gib_budget():
-    # The run the estimate got wrong: 16 requests admitted, one resident at a time; really 520 MiB per request on a 440 MiB replica.
+    # The run the estimate got wrong: 16 requests admitted, one resident at a time; really 520 MiB per request on a
+    # 440 MiB replica.
     killed = [ReplicaMemory("a", "M", "r1", 440 * MIB + 16 * 113 * MIB, True)]
     bound = measurements.memory_from_kill(killed, "a", "M", in_flight=16, cap=16)
     out = sizing.compute(current(), bound, budget(1024), measurements.Load(), latency_objective_ms=10_000)
@@ -241,7 +242,8 @@ def test_the_queue_bound_comes_from_the_measured_service_time_not_a_queued_p50()
         measurements.Load(p50_ms=4000),
         latency_objective_ms=5_000,
     )
-    # 2 replicas × 1 slot at 0.5 s each: 4 requests/s; 80 % of 5 s less the 0.5 s of service is 3.5 s of waiting: 14 queued.
+    # 2 replicas × 1 slot at 0.5 s each: 4 requests/s; 80 % of 5 s less the 0.5 s of service is 3.5 s of waiting:
+    # 14 queued.
     assert out.patch("R10") == {"max_queued_requests": 14}
     assert "0.50 s per request (measured by the calibration)" in out.values["R10"]["reasons"]["max_queued_requests"]
     unmeasured = sizing.compute(
@@ -434,8 +436,8 @@ def test_memory_from_a_token_curve_says_where_the_request_size_comes_from():
     uncapped = measurements.memory_from_curve(token_curve(), *token_caps.request_tokens({}))
     assert uncapped.per_request_bytes == 1024 * 64 * KIB
     assert (
-        "caps no max_prompt_tokens and no max_tokens_cap, so a request is taken to be as large as the largest calibrated "
-        "batch, 1024 tokens (conservative)" in uncapped.reason
+        "caps no max_prompt_tokens and no max_tokens_cap, so a request is taken to be as large as the largest "
+        "calibrated batch, 1024 tokens (conservative)" in uncapped.reason
     )
     # A concurrency curve has no tokens to price: the caps change nothing.
     assert (
@@ -455,7 +457,8 @@ def r4(user_config: dict | None, token: Curve, found_budget: measurements.Budget
 def test_the_batch_limit_is_the_largest_sum_whose_peak_fits_one_replica_s_share_of_the_budget():
     token = token_curve()
     values = r4({**CAPS, "max_batch_tokens": 4096, "scratch_kb_per_token": 64}, token, budget(2000))
-    # A 640-token request costs 40 MiB: c=1 fits 14 replicas of 140 MiB, c=2 11 of 180 MiB, so 2 at once and 11 per node.
+    # A 640-token request costs 40 MiB: c=1 fits 14 replicas of 140 MiB, c=2 11 of 180 MiB, so 2 at once and 11 per
+    # node.
     assert values["R1"]["patch"]["max_ongoing_requests"] == 2 and values["R1"]["replicas_per_node"] == 11
     share = 2000 * MIB // 11
     limit = values["R4"]["value"]["max_batch_tokens"]

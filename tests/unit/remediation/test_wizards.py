@@ -816,7 +816,8 @@ def test_input_caps_read_from_user_config_make_r3_a_config_step_sized_from_a_tok
     assert r3.kind == "config" and r3.status == "pending"
     caps = r3.patch["user_config"]
     assert set(caps) == {"max_prompt_tokens", "max_tokens_cap"}
-    # The most tokens a replica's share holds at R1's concurrency, less the replica at rest, at 1 MiB a token; split 4:1 as before.
+    # The most tokens a replica's share holds at R1's concurrency, less the replica at rest, at 1 MiB a token; split 4:1
+    # as before.
     plan, budget = wizard.diagnosis["plan"], wizard.diagnosis["budget"]["bytes_per_node"]
     fit = (budget // plan["per_node"] - wizard.diagnosis["memory"]["baseline_bytes"]) // (plan["concurrency"] * MIB)
     assert caps["max_prompt_tokens"] + caps["max_tokens_cap"] == fit < 8192 + 2048
