@@ -194,7 +194,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "DEFAULT_PAGINATION_CLASS": "controlplane.pagination.CappedCountPagination",
     "PAGE_SIZE": env_int("FLEETDECK_API_PAGE_SIZE", 50, minimum=1),
     "DEFAULT_FILTER_BACKENDS": [
         "apps.accounts.filters.FilterBackend",

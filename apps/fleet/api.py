@@ -10,6 +10,7 @@ from apps.accounts import access
 from apps.fleet.filters import ApplicationFilter, ConfigRevisionFilter, DeploymentFilter
 from apps.fleet.history import previous_revision, revision_diff
 from apps.fleet.models import Application, ConfigRevision, Deployment
+from controlplane.pagination import PageOrKeysetPagination
 
 
 class ApplicationSerializer(serializers.ModelSerializer):
@@ -118,6 +119,7 @@ class ConfigRevisionViewSet(viewsets.ReadOnlyModelViewSet):
 
     serializer_class = ConfigRevisionSerializer
     filterset_class = ConfigRevisionFilter
+    pagination_class = PageOrKeysetPagination
     ordering_fields = ["observed_at"]
 
     def get_queryset(self):

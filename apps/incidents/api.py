@@ -16,6 +16,7 @@ from apps.incidents import services, webhooks
 from apps.incidents.filters import IncidentFilter
 from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, PodKillRecord, Webhook, WebhookDelivery
 from apps.incidents.timeline import related_work, related_work_for
+from controlplane.pagination import PageOrKeysetPagination
 
 RECENT_DELIVERIES = 10
 
@@ -113,6 +114,7 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
 
     serializer_class = IncidentSerializer
     filterset_class = IncidentFilter
+    pagination_class = PageOrKeysetPagination
 
     def get_queryset(self):
         return (

@@ -1,0 +1,153 @@
+"""How every API list is paged.
+
+Page numbers (`?page=`) stay the default, with `count`, `next` and `previous` as clients read
+them, but the count stops once it passes COUNT_CAP rows (or the end of the page asked for, when
+that is further): counting 100,000 incidents for every page cost more than the page itself.
+`count_capped` says when there are more rows than `count`.
+
+Large lists in a stable order (incidents, audit events, config revisions) also page by keyset:
+`?cursor=` (empty for the first page) answers `next` and `previous` links that carry the last
+row's position, so a deep page costs what the first one does, and rows arriving meanwhile never
+shift a page. Like NetBox's paginator, both refuse an unordered queryset: its pages would overlap.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.paginator import InvalidPage, Paginator
+from django.db.models import QuerySet
+from django.utils.functional import cached_property
+from rest_framework.exceptions import NotFound
+from rest_framework.pagination import CursorPagination, PageNumberPagination
+from rest_framework.response import Response
+
+COUNT_CAP = 1000
+
+
+def require_ordered(queryset) -> None:
+    if isinstance(queryset, QuerySet) and not queryset.ordered:
+        raise ImproperlyConfigured(f"A {queryset.model._meta.label} list must be ordered to be paged.")
+
+
+class CappedPaginator(Paginator):
+    """Counts at most `limit + 1` rows: enough to know that page `limit / per_page` is full and
+    has a next one. `limit` None counts everything."""
+
+    def __init__(self, object_list, per_page, *, limit: int | None):
+        super().__init__(object_list, per_page)
+        self.limit = limit
+
+    @cached_property
+    def count(self) -> int:
+        if self.limit is None or not isinstance(self.object_list, QuerySet):
+            return super().count
+        # Any `limit + 1` rows tell: the count needs no order, so no sort and no index walk.
+        return self.object_list.order_by()[: self.limit + 1].count()
+
+    @property
+    def capped(self) -> bool:
+        return self.limit is not None and self.count > self.limit
+
+
+class CappedCountPagination(PageNumberPagination):
+    def paginate_queryset(self, queryset, request, view=None):
+        require_ordered(queryset)
+        self.request = request
+        page_size = self.get_page_size(request)
+        raw = request.query_params.get(self.page_query_param) or 1
+        if raw in self.last_page_strings:
+            paginator = CappedPaginator(queryset, page_size, limit=None)
+            number = paginator.num_pages
+        else:
+            try:
+                wanted = max(int(raw), 1)
+            except (TypeError, ValueError):
+                wanted = 1  # the paginator refuses the raw value below, as DRF's does
+            paginator = CappedPaginator(queryset, page_size, limit=max(COUNT_CAP, wanted * page_size))
+            number = raw
+        try:
+            self.page = paginator.page(number)
+        except InvalidPage as exc:
+            raise NotFound(self.invalid_page_message.format(page_number=number, message=str(exc))) from exc
+        if paginator.num_pages > 1 and self.template is not None:
+            self.display_page_controls = True
+        return list(self.page)
+
+    def get_paginated_response(self, data):
+        paginator = self.page.paginator
+        return Response(
+            {
+                "count": min(paginator.count, paginator.limit) if paginator.capped else paginator.count,
+                "count_capped": paginator.capped,
+                "next": self.get_next_link(),
+                "previous": self.get_previous_link(),
+                "results": data,
+            }
+        )
+
+    def get_paginated_response_schema(self, schema):
+        body = super().get_paginated_response_schema(schema)
+        body["properties"]["count"]["description"] = (
+            f"Rows in the list, counted up to {COUNT_CAP:,} (or to the end of the page asked for)."
+        )
+        body["properties"] = {
+            "count": body["properties"].pop("count"),
+            "count_capped": {
+                "type": "boolean",
+                "description": "True when the list holds more rows than `count`: follow `next` to the end.",
+            },
+            **body["properties"],
+        }
+        body["required"] = ["count", "count_capped", "results"]
+        return body
+
+
+class KeysetPagination(CursorPagination):
+    """DRF's cursor pagination in the order the view's queryset already has (its own, or the one
+    `?ordering=` chose). The first field is the position; rows that tie on it are told apart by
+    an offset."""
+
+    def paginate_queryset(self, queryset, request, view=None):
+        require_ordered(queryset)
+        self.ordering = tuple(queryset.query.order_by) or tuple(queryset.model._meta.ordering)
+        return super().paginate_queryset(queryset, request, view)
+
+    def get_ordering(self, request, queryset, view):
+        return self.ordering
+
+
+class PageOrKeysetPagination(CappedCountPagination):
+    """Page numbers, or keyset pages for a request that names `cursor`."""
+
+    cursor_query_param = "cursor"
+
+    def paginate_queryset(self, queryset, request, view=None):
+        if self.cursor_query_param not in request.query_params:
+            self.keyset = None
+            return super().paginate_queryset(queryset, request, view)
+        self.keyset = KeysetPagination()
+        self.keyset.page_size = self.get_page_size(request)
+        return self.keyset.paginate_queryset(queryset, request, view)
+
+    def get_paginated_response(self, data):
+        if self.keyset is None:
+            return super().get_paginated_response(data)
+        return self.keyset.get_paginated_response(data)
+
+    def get_paginated_response_schema(self, schema):
+        body = super().get_paginated_response_schema(schema)
+        body["description"] = "With `cursor`, only `next`, `previous` (links carrying a cursor) and `results`."
+        body["required"] = ["results"]
+        return body
+
+    def get_schema_operation_parameters(self, view):
+        return [
+            *super().get_schema_operation_parameters(view),
+            {
+                "name": self.cursor_query_param,
+                "required": False,
+                "in": "query",
+                "description": "Keyset paging: empty for the first page, then the value in `next` or `previous`.",
+                "schema": {"type": "string"},
+            },
+        ]
