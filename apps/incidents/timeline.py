@@ -23,6 +23,8 @@ KINDS = {
     ClusterEvent.Kind.SESSION_CHANGED: "cluster_restart",
     ClusterEvent.Kind.CONTROLLER_RESTARTED: "controller_restart",
 }
+# What the timeline and `cluster_history.makers` read of a change.
+CHANGE_FIELDS = ("cluster", "targets", "reason", "state", "created_at", "started_at", "pushed_at", "finished_at")
 
 
 def related_work(incident: Incident) -> list[dict]:
@@ -37,8 +39,11 @@ def related_work_for(incidents: list[Incident]) -> dict[int, list[dict]]:
         return {}
     clusters = {incident.cluster_id for incident in incidents}
     since = min(incident.started_at for incident in incidents) - BEFORE
+    # Without their configs: a page of incidents spans many clusters and a month of changes.
     changes = list(
-        Change.objects.filter(cluster_id__in=clusters, created_at__gte=since - BEFORE).order_by("created_at", "id")
+        Change.objects.filter(cluster_id__in=clusters, created_at__gte=since - BEFORE)
+        .only(*CHANGE_FIELDS)
+        .order_by("created_at", "id")
     )
     work = activity.since(clusters, since)
     events = list(
@@ -48,28 +53,34 @@ def related_work_for(incidents: list[Incident]) -> dict[int, list[dict]]:
     )
     revisions = cluster_history.revisions_since(clusters, since - BEFORE)
     now = timezone.now()
-    return {incident.pk: _related(incident, changes, work, events, revisions, now) for incident in incidents}
+    # Each incident reads only its own cluster's rows: a page spans up to one cluster per incident.
+    by_cluster = [_by_cluster(rows) for rows in (changes, work, events, revisions)]
+    return {
+        incident.pk: _related(incident, *(rows.get(incident.cluster_id, []) for rows in by_cluster), now)
+        for incident in incidents
+    }
+
+
+def _by_cluster(rows: list) -> dict[int, list]:
+    grouped: dict[int, list] = {}
+    for row in rows:
+        grouped.setdefault(row.cluster_id, []).append(row)
+    return grouped
 
 
 def _related(
     incident: Incident, changes: list[Change], work: list[Activity], events: list[ClusterEvent], revisions: list, now
 ) -> list[dict]:
+    """The timeline of one incident from its own cluster's rows."""
     since = incident.started_at - BEFORE
-    mine = incident.cluster_id
     # Who made a revision is judged from the incident's own look back, so a page of incidents
     # says the same as each incident alone.
-    pushed = [
-        c
-        for c in changes
-        if c.cluster_id == mine and c.created_at >= since - BEFORE and cluster_history.reached_cluster(c)
-    ]
-    made = cluster_history.makers(
-        [r for r in revisions if r.cluster_id == mine and r.observed_at >= since - BEFORE], pushed, now
-    )
+    pushed = [c for c in changes if c.created_at >= since - BEFORE and cluster_history.reached_cluster(c)]
+    made = cluster_history.makers([r for r in revisions if r.observed_at >= since - BEFORE], pushed, now)
     foreign = [revision for revision in revisions if revision.pk in made and not made[revision.pk]]
     items = []
     for change in changes:
-        if change.cluster_id != mine or change.created_at < since:
+        if change.created_at < since:
             continue
         if not incident.application_name or incident.application_name in change.touched_applications:
             items.append(
@@ -81,17 +92,16 @@ def _related(
                 }
             )
     for item in work:
-        if item.cluster_id != mine or item.created_at < since:
+        if item.created_at < since:
             continue
         if incident.deployment_id and item.deployment_id != incident.deployment_id:
             continue
         items.append({"at": item.at, "kind": item.kind, "id": item.id, "text": item.text})
     for event in events:
-        if event.cluster_id == mine:
-            text = event.get_kind_display() + (f": {event.message}" if event.message else "")
-            items.append({"at": event.created_at, "kind": KINDS[event.kind], "id": event.pk, "text": text})
+        text = event.get_kind_display() + (f": {event.message}" if event.message else "")
+        items.append({"at": event.created_at, "kind": KINDS[event.kind], "id": event.pk, "text": text})
     for revision in foreign:
-        if revision.cluster_id != mine or revision.observed_at < since:
+        if revision.observed_at < since:
             continue
         name = revision.application.name
         if not incident.application_name or incident.application_name == name:
