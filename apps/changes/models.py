@@ -164,8 +164,13 @@ class Change(models.Model):
     # How a row reaches the team that owns it (apps.accounts.access).
     team_path = "cluster__team"
 
+    # The full configs before and after: large, and read only to push, diff or restore one change.
+    CONFIGS = ("base_config", "new_config")
+
     class Meta:
         ordering = ["-created_at", "-id"]
+        # The change list's order: a page is read off the index instead of sorting every change.
+        indexes = [models.Index(fields=["-created_at", "-id"], name="change_recent_first")]
         constraints = [
             models.UniqueConstraint(
                 fields=["cluster"],

@@ -238,7 +238,12 @@ def seen_by(user, rollouts: QuerySet[Rollout]) -> QuerySet[Rollout]:
     the changes, cluster names and errors of another team are not the user's to read. Changes
     are joined to their cluster: prefetching clusters by id would list every cluster of the
     page's rollouts, past SQLite's limit of 1,000 terms for a fleet-wide rollout."""
-    mine = access.visible(user, Change).select_related("cluster__team")
+    # Only what a rollout shows of each change: a fleet-wide rollout has one per cluster.
+    mine = (
+        access.visible(user, Change)
+        .select_related("cluster")
+        .only("rollout", "cluster__name", "wave", "targets", "state", "error")
+    )
     return rollouts.annotate(change_total=Count("changes")).prefetch_related(Prefetch("changes", queryset=mine))
 
 
