@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.paginator import InvalidPage, Paginator
 from django.db.models import QuerySet
 from django.utils.functional import cached_property
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import CursorPagination, PageNumberPagination
 from rest_framework.response import Response
 
@@ -110,6 +110,8 @@ class KeysetPagination(CursorPagination):
     def paginate_queryset(self, queryset, request, view=None):
         require_ordered(queryset)
         self.ordering = tuple(queryset.query.order_by) or tuple(queryset.model._meta.ordering)
+        if "__" in self.ordering[0]:
+            raise ValidationError({"cursor": ["Keyset pages follow a field of the row itself, not this order."]})
         return super().paginate_queryset(queryset, request, view)
 
     def get_ordering(self, request, queryset, view):

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -331,6 +331,32 @@ class RolloutSerializer(serializers.ModelSerializer):
         return rollouts.error_seen_by(rollout)
 
 
+class RolloutSummaryListSerializer(serializers.ListSerializer):
+    def to_representation(self, data):
+        page = list(data)
+        self.context["summaries"] = rollouts.summaries(self.context["request"].user, page)
+        return super().to_representation(page)
+
+
+class RolloutSummarySerializer(RolloutSerializer):
+    """A rollout with its changes as counts per state, for `?changes=counts`."""
+
+    change_counts = serializers.SerializerMethodField(
+        help_text="How many of the changes on clusters of your teams are in each state."
+    )
+
+    class Meta(RolloutSerializer.Meta):
+        fields = [*(f for f in RolloutSerializer.Meta.fields if f != "changes"), "change_counts"]
+        read_only_fields = fields
+        list_serializer_class = RolloutSummaryListSerializer
+
+    def get_change_counts(self, rollout: Rollout) -> dict[str, int]:
+        return self.context["summaries"][rollout.pk][0]
+
+    def get_error(self, rollout: Rollout) -> str:
+        return self.context["summaries"][rollout.pk][1]
+
+
 class RolloutPlanSerializer(serializers.Serializer):
     selection = serializers.DictField(
         help_text="Filters: team, label (key=value), cluster, application, deployment, uses_gpu."
@@ -353,12 +379,35 @@ class RolloutViewSet(
     serializer_class = RolloutSerializer
     filterset_fields = ["state"]
 
+    def _counts_only(self) -> bool:
+        return self.action == "list" and self.request.query_params.get("changes") == "counts"
+
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user
             return Rollout.objects.none()
-        return rollouts.seen_by(
-            self.request.user, access.visible(self.request.user, Rollout).select_related("preset")
-        ).order_by("-created_at", "-id")
+        visible = access.visible(self.request.user, Rollout).select_related("preset")
+        seen = rollouts.counted_for if self._counts_only() else rollouts.seen_by
+        return seen(self.request.user, visible).order_by("-created_at", "-id")
+
+    def get_serializer_class(self):
+        return RolloutSummarySerializer if self._counts_only() else RolloutSerializer
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "changes",
+                str,
+                enum=["counts"],
+                description="`counts`: each rollout's changes as counts per state (`change_counts`) instead of "
+                "the list of them, whose size grows with the fleet; the detail always lists them.",
+            )
+        ],
+        responses=PolymorphicProxySerializer(
+            "RolloutListItem", serializers=[RolloutSerializer, RolloutSummarySerializer], resource_type_field_name=None
+        ),
+    )
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
 
     @extend_schema(request=RolloutPlanSerializer, responses={201: RolloutSerializer})
     def create(self, request, *args, **kwargs):

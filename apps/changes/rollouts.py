@@ -248,12 +248,40 @@ def seen_by(user, rollouts: QuerySet[Rollout]) -> QuerySet[Rollout]:
 
 
 def error_seen_by(rollout: Rollout) -> str:
-    """The rollout's error cut to the clusters whose changes were prefetched by `seen_by`. Each
-    part of an error names its cluster first ("eu-prod: change #5 rolled back")."""
+    """The rollout's error cut to the clusters whose changes were prefetched by `seen_by`."""
+    changes = rollout.changes.all()
+    return error_cut_to(rollout, {change.cluster.name for change in changes}, len(changes))
+
+
+def error_cut_to(rollout: Rollout, clusters: set[str], seen: int) -> str:
+    """The rollout's error as far as it concerns `clusters`, the clusters of the `seen` changes
+    the user may see (of `rollout.change_total`). Each part of an error names its cluster first
+    ("eu-prod: change #5 rolled back")."""
     if not rollout.error:
         return ""
-    mine = {change.cluster.name for change in rollout.changes.all()}
-    if len(rollout.changes.all()) == rollout.change_total:
+    if seen == rollout.change_total:
         return rollout.error
-    parts = [part for part in rollout.error.split("; ") if part.split(":", 1)[0] in mine]
+    parts = [part for part in rollout.error.split("; ") if part.split(":", 1)[0] in clusters]
     return "; ".join(parts) or "The rollout stopped at a change on a cluster of another team."
+
+
+def counted_for(user, rollouts: QuerySet[Rollout]) -> QuerySet[Rollout]:
+    """Rollouts with the total of their changes and none of them fetched (`summaries`)."""
+    return rollouts.annotate(change_total=Count("changes"))
+
+
+def summaries(user, page: list[Rollout]) -> dict[int, tuple[dict[str, int], str]]:
+    """For each rollout of a page, in two queries whatever the rollouts' size: how many of the
+    changes the user may see are in each state, and its error as far as it concerns them."""
+    mine = access.visible(user, Change).filter(rollout__in=page)
+    counts: dict[int, dict[str, int]] = {rollout.pk: {} for rollout in page}
+    for row in mine.order_by().values("rollout", "state").annotate(n=Count("id")):
+        counts[row["rollout"]][row["state"]] = row["n"]
+    clusters: dict[int, set[str]] = {rollout.pk: set() for rollout in page}
+    partial = [r for r in page if r.error and sum(counts[r.pk].values()) != r.change_total]
+    for rollout_id, name in mine.filter(rollout__in=partial).values_list("rollout", "cluster__name") if partial else ():
+        clusters[rollout_id].add(name)
+    return {
+        rollout.pk: (counts[rollout.pk], error_cut_to(rollout, clusters[rollout.pk], sum(counts[rollout.pk].values())))
+        for rollout in page
+    }
