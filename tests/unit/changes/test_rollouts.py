@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from django.urls import reverse
 
@@ -232,6 +234,11 @@ def test_a_rollout_across_teams_shows_each_viewer_only_their_teams_changes(
     )
     assert [c["cluster_name"] for c in api_as("viewer").get("/api/v1/rollouts/").json()["results"][0]["changes"]] != []
     assert "speech-prod" not in str(api_as("viewer").get("/api/v1/rollouts/").json())
+    [counted] = api_as("viewer").get("/api/v1/rollouts/?changes=counts").json()["results"]
+    assert "changes" not in counted and counted["error"] == seen["error"]
+    assert counted["change_counts"] == dict(Counter(c["state"] for c in seen["changes"]))
+    [whole] = api_as("admin").get("/api/v1/rollouts/?changes=counts").json()["results"]
+    assert whole["error"] == Rollout.objects.get(pk=rollout.pk).error and sum(whole["change_counts"].values()) == 3
 
     client.force_login(people["viewer"])
     page = client.get(reverse("changes:rollout", args=[rollout.pk])).content.decode()

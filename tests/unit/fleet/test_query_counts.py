@@ -193,6 +193,21 @@ def test_a_list_endpoint_issues_the_same_queries_for_2_and_20_rows(api_as, peopl
     assert_constant(api_as("admin"), reverse(f"{basename}-list"), lambda count: add_rows(team, people["admin"], count))
 
 
+# The other forms of a list: keyset pages, and rollouts with their changes counted.
+LIST_FORMS = [
+    ("incident", "?cursor="),
+    ("auditevent", "?cursor="),
+    ("configrevision", "?cursor="),
+    ("rollout", "?changes=counts"),
+]
+
+
+@pytest.mark.parametrize(("basename", "query"), LIST_FORMS)
+def test_each_form_of_a_list_issues_the_same_queries_for_2_and_20_rows(api_as, people, team, basename, query):
+    url = reverse(f"{basename}-list") + query
+    assert_constant(api_as("admin"), url, lambda count: add_rows(team, people["admin"], count))
+
+
 def test_the_incident_list_reports_the_same_related_work_as_each_incident_alone(api_as, people, team):
     add_rows(team, people["admin"], 3)
     client = api_as("admin")
