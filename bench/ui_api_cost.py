@@ -7,14 +7,16 @@ end; else a throwaway SQLite file) the fleet is seeded with bulk_create: per clu
 applications, 30 deployments, 100 incidents (with their timeline and OOM kill records), 10
 findings, 10 events, 10 config revisions, 3 changes, maintenance, calibrations, wizards and audit
 rows. Server time (in-process, Django's test client, DEBUG off) of the fleet page, a cluster page,
-the incident list, the findings page, the wizard list and every list endpoint under /api/v1/ is
+the incident list, the findings page, the wizard list and every list endpoint under /api/v1/ (and
+the keyset and counted forms of incidents, audit events and rollouts) is
 measured at 10 clusters and again at 1,000 (30,000 deployments, 100,000 incidents): p50, p95,
 the ratio of the p50s, and the queries each issues.
 
 Then gunicorn (4 sync workers, the pinned version) serves the 1,000-cluster database with
 bench/server_settings.py, which adds a trivial DRF endpoint (same authentication, permission
 and throttling, no queries of its own); a load generator (2 processes x 4 threads, token auth)
-reports requests per second of the main list endpoints as a ratio to that trivial endpoint.
+reports requests per second of the main list endpoints and those forms as a ratio to that trivial
+endpoint.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ PAGES = {
     "wizard list": "remediation:wizards",
 }
 LOADED = ["clusters", "applications", "deployments", "incidents", "findings", "changes"]
+# The other forms of a list: keyset pages, and rollouts with their changes counted.
+FORMS = ["/api/v1/incidents/?cursor=", "/api/v1/audit-events/?cursor=", "/api/v1/rollouts/?changes=counts"]
 KINDS = ["oom_kill", "latency_spike", "queue_buildup", "memory_pressure", "memory_ratchet"]
 RULES = ["gpu-concurrency", "heavy-autoscaling", "unbounded-queue", "single-replica", "cap-below-target"]
 DEPLOYMENTS = ("Ingress", "Model", "Postprocess")
@@ -381,6 +385,7 @@ def urls(cluster_pk: int) -> dict[str, str]:
     found["cluster page"] = reverse("fleet:cluster", args=[cluster_pk])
     for _, _, basename in sorted(router.registry, key=lambda entry: entry[0]):
         found[f"GET {reverse(f'{basename}-list')}"] = reverse(f"{basename}-list")
+    found.update({f"GET {url}": url for url in FORMS})
     return found
 
 
@@ -494,7 +499,11 @@ def load(env: dict, token: str, seconds: float) -> dict[str, tuple[float, int]]:
             if server.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"gunicorn did not start:\n{server.stderr.read().decode()[-3000:]}")
             time.sleep(0.3)
-        paths = {"trivial DRF endpoint (baseline)": "/bench/trivial/", **{name: f"/api/v1/{name}/" for name in LOADED}}
+        paths = {
+            "trivial DRF endpoint (baseline)": "/bench/trivial/",
+            **{name: f"/api/v1/{name}/" for name in LOADED},
+            **{url.removeprefix("/api/v1/"): url for url in FORMS},
+        }
         for path in paths.values():  # every worker imports and warms its code paths first
             requests_per_second(port, path, token, 0.5)
         return {label: requests_per_second(port, path, token, seconds) for label, path in paths.items()}
@@ -565,13 +574,13 @@ def main() -> None:
         print(
             f"\nserver time, ms ({repeats} requests each, at least 5 for pages slower than {SECONDS_PER_URL / repeats * 1000:.0f} ms; in-process):"
         )
-        print(f"  {'':34s} {'10 clusters':>21s} {'1,000 clusters':>21s} {'p50':>7s}")
+        print(f"  {'':40s} {'10 clusters':>21s} {'1,000 clusters':>21s} {'p50':>7s}")
         print(
-            f"  {'':34s} {'p50':>6s} {'p95':>6s} {'queries':>7s} {'p50':>6s} {'p95':>6s} {'queries':>7s} {'ratio':>7s}"
+            f"  {'':40s} {'p50':>6s} {'p95':>6s} {'queries':>7s} {'p50':>6s} {'p95':>6s} {'queries':>7s} {'ratio':>7s}"
         )
         for label in targets:
             (a50, a95, aq), (b50, b95, bq) = small[label], large[label]
-            print(f"  {label:34s} {a50:6.1f} {a95:6.1f} {aq:7d} {b50:6.1f} {b95:6.1f} {bq:7d} {b50 / a50:7.2f}")
+            print(f"  {label:40s} {a50:6.1f} {a95:6.1f} {aq:7d} {b50:6.1f} {b95:6.1f} {bq:7d} {b50 / a50:7.2f}")
         connection.close()
         rates = load(env, token, seconds)
         shutil.rmtree(var, ignore_errors=True)
@@ -581,7 +590,7 @@ def main() -> None:
         f"{LOAD_PROCESSES}x{LOAD_THREADS} concurrent clients, {seconds:g} s each:"
     )
     for label, (rate, failed) in rates.items():
-        print(f"  {label:34s} {rate:8.1f} req/s  ratio {rate / base:5.2f}" + (f"  ({failed} failed)" if failed else ""))
+        print(f"  {label:40s} {rate:8.1f} req/s  ratio {rate / base:5.2f}" + (f"  ({failed} failed)" if failed else ""))
 
 
 if __name__ == "__main__":
