@@ -63,7 +63,9 @@ class CappedCountPagination(PageNumberPagination):
                 wanted = max(int(raw), 1)
             except (TypeError, ValueError):
                 wanted = 1  # the paginator refuses the raw value below, as DRF's does
-            paginator = CappedPaginator(queryset, page_size, limit=max(COUNT_CAP, wanted * page_size))
+            limit = max(COUNT_CAP, wanted * page_size)
+            # A page past any table's size is counted exactly, as the database takes no such LIMIT.
+            paginator = CappedPaginator(queryset, page_size, limit=limit if limit < 2**62 else None)
             number = raw
         try:
             self.page = paginator.page(number)

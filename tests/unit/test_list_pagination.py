@@ -40,6 +40,7 @@ def test_a_page_past_the_cap_is_counted_to_its_end_and_the_last_is_exact(seven_e
     last = client.get(f"{URL}?page=last").json()
     assert (last["count"], last["count_capped"], last["results"]) == (7, False, fourth["results"])
     assert client.get(f"{URL}?page=5").status_code == 404
+    assert client.get(f"{URL}?page={10**25}").status_code == 404
 
 
 def test_a_short_list_is_counted_exactly(team, people, api_as):
@@ -65,7 +66,12 @@ def test_incidents_page_by_keyset_newest_signal_first(team, api_as):
     now = timezone.now()
     made = [
         Incident.objects.create(
-            kind="oom_kill", cluster=cluster, title=f"OOM {n}", started_at=now, last_signal_at=now.replace(second=n)
+            kind="oom_kill",
+            cluster=cluster,
+            application_name=f"app{n}",
+            title=f"OOM {n}",
+            started_at=now,
+            last_signal_at=now.replace(second=n),
         )
         for n in range(3)
     ]
