@@ -45,7 +45,7 @@ def test_make_token_prints_a_working_token_where_manage_py_alone_refuses(tmp_pat
     bare = shell(sys.executable, "manage.py", "create_api_token", "alice", var_dir=tmp_path)
     assert bare.returncode != 0 and "FLEETDECK_SECRET_KEY must be set" in bare.stderr
 
-    made = shell("make", "token", "USER=alice", f"VENV={Path(sys.executable).parents[2]}", var_dir=tmp_path)
+    made = shell("make", "token", "USER=alice", f"VENV={Path(sys.executable).parents[1]}", var_dir=tmp_path)
     assert made.returncode == 0, made.stderr
     token = made.stdout.strip()
     assert len(token.split()) == 1 and len(token) >= 20
