@@ -91,18 +91,13 @@ def sync_clusters(
     answers' digest stored: a stored digest stands for answers whose consequences were all drawn."""
     outcomes = []
     for cluster, observed, duration_ms in _observations(Cluster.objects.filter(pk__in=list(cluster_ids))):
-        try:
-            outcome = _sync_one(cluster, observed, duration_ms)
-            if outcome is None:
-                continue
-            if then is not None and outcome.ok:
-                then(outcome)
-                if not outcome.unchanged:
-                    Cluster.objects.filter(pk=cluster.pk).update(observed_digest=observed.digest)
-        except Exception:
-            # One cluster's failure stays its own, as when every cluster had a task of its own.
-            log.exception("sync of cluster %s failed", cluster.pk)
+        outcome = _sync_one(cluster, observed, duration_ms)
+        if outcome is None:
             continue
+        if then is not None and outcome.ok:
+            then(outcome)
+            if not outcome.unchanged:
+                Cluster.objects.filter(pk=cluster.pk).update(observed_digest=observed.digest)
         outcomes.append(outcome)
     return outcomes
 
@@ -116,8 +111,6 @@ def apply_in_full_next(clusters) -> None:
 def _sync_one(cluster: Cluster, observed: Observation | Exception, duration_ms: int) -> SyncOutcome | None:
     if isinstance(observed, SecretUnreadable):
         observed = RayError(str(observed))
-    if isinstance(observed, Exception) and not isinstance(observed, RayError):
-        raise observed  # a fault of the reader, not of the dashboard
     if isinstance(observed, Exception):
         mark_unreachable(cluster, observed, at=timezone.now())
         return SyncOutcome(cluster.pk, ok=False, error=observed.message)
@@ -157,7 +150,7 @@ def _observations(clusters: Iterable[Cluster]) -> Iterator[tuple[Cluster, Observ
             try:
                 async with ray:
                     result = await ray.observe()
-            except Exception as exc:  # noqa: BLE001 - handed to the consuming thread, which records it for this cluster
+            except Exception as exc:  # noqa: BLE001 - handed to the consuming thread, which raises what is not a RayError
                 result = exc
             finally:
                 answers.put((cluster, result, int((time.monotonic() - started) * 1000)))
@@ -171,6 +164,8 @@ def _observations(clusters: Iterable[Cluster]) -> Iterator[tuple[Cluster, Observ
     try:
         for _ in readers:
             cluster, result, duration_ms = answers.get()
+            if isinstance(result, Exception) and not isinstance(result, RayError):
+                raise result
             yield cluster, result, duration_ms
     finally:
         thread.join()
