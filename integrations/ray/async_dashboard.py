@@ -15,10 +15,10 @@ from integrations.ray.dashboard import (
     USER_AGENT,
     VERSION_PATH,
     Body,
+    tls_context,
     checked,
     state_params,
     timed_out,
-    tls_context,
     unreachable,
 )
 from integrations.ray.errors import RayError
