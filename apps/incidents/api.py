@@ -24,7 +24,16 @@ RECENT_DELIVERIES = 10
 class OomKillSerializer(serializers.ModelSerializer):
     class Meta:
         model = OomKillRecord
-        fields = ["actor_id", "replica", "node_ip", "used_bytes", "threshold_bytes", "message", "seen_at"]
+        fields = [
+            "actor_id",
+            "replica",
+            "killed_deployment",
+            "node_ip",
+            "used_bytes",
+            "threshold_bytes",
+            "message",
+            "seen_at",
+        ]
 
 
 class PodKillSerializer(serializers.ModelSerializer):

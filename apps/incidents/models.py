@@ -77,6 +77,9 @@ class OomKillRecord(models.Model):
     incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="oom_kills")
     actor_id = models.CharField(max_length=64)
     replica = models.CharField(max_length=64)
+    # "app/deployment" of a replica killed beside the incident's deployment, whose replica held the
+    # memory; blank when the killed replica is the incident's own.
+    killed_deployment = models.CharField(max_length=300, blank=True)
     node_ip = models.CharField(max_length=64, blank=True)
     used_bytes = models.BigIntegerField(null=True, blank=True)
     threshold_bytes = models.BigIntegerField(null=True, blank=True)

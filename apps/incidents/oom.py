@@ -80,3 +80,21 @@ def replica_memory(message: str) -> list[ReplicaMemory]:
                 ReplicaMemory(app, dep, replica, int(float(gb) * GIB), line.lstrip().startswith("Selected to kill"))
             )
     return found
+
+
+# A killed replica that held less than half of what the largest replica in the kill message held
+# did not cause the kill.
+COLLATERAL_RATIO = 2
+
+
+def culprit(kill: OomKill) -> tuple[str, str]:
+    """The (application, deployment) whose replica held the memory when Ray's monitor killed
+    `kill`'s replica. Since Ray 2.56 the monitor kills several workers at once, chosen by how
+    recently their task started, so an innocent replica can die beside the greedy one: blaming
+    it would send the operator to tune the wrong deployment."""
+    listed = replica_memory(kill.message)
+    own = next((r for r in listed if r.replica == kill.replica), None)
+    largest = max(listed, key=lambda r: r.used_bytes, default=None)
+    if own is None or largest is None or largest.used_bytes < COLLATERAL_RATIO * max(own.used_bytes, 1):
+        return kill.application, kill.deployment
+    return largest.application, largest.deployment

@@ -29,7 +29,7 @@ from apps.incidents.causes import (
     severity,
 )
 from apps.incidents.models import Incident, IncidentEvent, NodeWindow, OomKillRecord, ScrapeState, SignalWindow
-from apps.incidents.oom import OomKill, oom_kills
+from apps.incidents.oom import OomKill, culprit, oom_kills
 from integrations import ray_metrics
 from integrations.ray.errors import RayError
 
@@ -65,7 +65,7 @@ def detect(cluster_id: int) -> list[int]:
     fresh = [kill for kill in oom_kills(page.items) if kill.actor_id not in known]
     by_deployment: dict[tuple[str, str], list[OomKill]] = defaultdict(list)
     for kill in fresh:
-        by_deployment[(kill.application, kill.deployment)].append(kill)
+        by_deployment[culprit(kill)].append(kill)
     per_node = Counter(kill.node_ip for kill in fresh)
     crowded = sorted(ip for ip, count in per_node.items() if count > 1)
     metrics = _metrics_evidence(cluster) if fresh else {}
@@ -176,6 +176,7 @@ def _record_oom(cluster: Cluster, app: str, dep: str, kills: list[OomKill], crow
         counted = {"changes_not_counted": not_counted} if not_counted else {}
         return rank_oom_causes(ctx), _evidence(deployment, ctx) | metrics | session | counted
 
+    beside = _killed_beside(app, dep, kills)
     with transaction.atomic():
         incident = _open_or_extend(
             cluster,
@@ -186,8 +187,8 @@ def _record_oom(cluster: Cluster, app: str, dep: str, kills: list[OomKill], crow
             build=build,
             deployment=deployment,
             severity_for=lambda total: severity(total, controller_killed),
-            detected=f"{len(kills)} replica(s) killed by Ray's memory monitor.",
-            extended=f"{len(kills)} more replica(s) killed.",
+            detected=f"{len(kills)} replica(s) killed by Ray's memory monitor.{beside}",
+            extended=f"{len(kills)} more replica(s) killed.{beside}",
         )
         OomKillRecord.objects.bulk_create(
             [
@@ -195,6 +196,9 @@ def _record_oom(cluster: Cluster, app: str, dep: str, kills: list[OomKill], crow
                     incident=incident,
                     actor_id=k.actor_id,
                     replica=k.replica,
+                    killed_deployment=""
+                    if (k.application, k.deployment) == (app, dep)
+                    else f"{k.application}/{k.deployment}",
                     node_ip=k.node_ip,
                     used_bytes=k.used_bytes,
                     threshold_bytes=k.threshold_bytes,
@@ -206,6 +210,16 @@ def _record_oom(cluster: Cluster, app: str, dep: str, kills: list[OomKill], crow
         )
         _keep_windows(incident)
     return incident.pk
+
+
+def _killed_beside(app: str, dep: str, kills: list[OomKill]) -> str:
+    others = sorted({f"{k.application}/{k.deployment}" for k in kills if (k.application, k.deployment) != (app, dep)})
+    if not others:
+        return ""
+    return (
+        f" Counted here: replicas of {', '.join(others)} killed in the same pass while a replica of {app}/{dep} "
+        "held the memory (Ray's message lists what each held)."
+    )
 
 
 def _keep_windows(incident: Incident) -> None:

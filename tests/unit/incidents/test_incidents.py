@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from datetime import timedelta
 
 import httpx
@@ -16,7 +17,7 @@ from apps.fleet import sync
 from apps.fleet.models import Deployment
 from apps.incidents import metric_readings, services
 from apps.incidents.models import Incident
-from apps.incidents.oom import oom_kills, replica_of
+from apps.incidents.oom import culprit, oom_kills, replica_of
 from integrations import ray_metrics
 from integrations.ray.parsing import parse_actor
 from tests.conftest import FIXTURES, ray_fixture
@@ -131,6 +132,40 @@ def test_an_oom_kill_opens_an_incident_with_evidence_and_ranked_causes(cluster):
     assert incident.evidence["out_of_memory_errors"] == {"demo/Echo": 1.0}
     assert incident.evidence["nodes"][0]["memory_monitor_kills"]
     assert incident.timeline.get().kind == "detected"
+
+
+def innocent_echo_killed_beside(payload: dict) -> dict:
+    """The modelonly kill, with demo/Echo's replica (0.20 GB in the same message, against the
+    Model's 5.48 GB) killed in the same pass, as Ray's monitor does since 2.56."""
+    payload = copy.deepcopy(payload)
+    echo = copy.deepcopy(payload["data"]["result"]["result"][0])
+    echo["actor_id"], echo["name"] = "e" * 32, "SERVE_REPLICA::demo#Echo#d9ikbnzi"
+    payload["data"]["result"]["result"].append(echo)
+    return payload
+
+
+def test_a_replica_killed_beside_the_one_holding_the_memory_is_blamed_on_that_one():
+    payload = innocent_echo_killed_beside(ray_fixture(DEAD))
+    greedy, innocent = oom_kills([parse_actor(a) for a in payload["data"]["result"]["result"]])
+    assert culprit(greedy) == ("modelonly", "Model")
+    assert (innocent.application, innocent.deployment) == ("demo", "Echo")
+    assert culprit(innocent) == ("modelonly", "Model")
+    # Without the monitor's list there is nobody else to blame.
+    assert culprit(dataclasses.replace(innocent, message="")) == ("demo", "Echo")
+
+
+@pytest.mark.django_db
+def test_an_innocent_replica_killed_in_the_same_pass_counts_in_the_greedy_deployment_s_incident(cluster, use_replay):
+    use_replay.routes["/api/v0/actors"] = innocent_echo_killed_beside(ray_fixture(DEAD))
+    [incident_id] = services.detect(cluster.pk)
+    incident = Incident.objects.get(pk=incident_id)
+    assert (incident.application_name, incident.deployment_name) == ("modelonly", "Model")
+    assert dict(incident.oom_kills.values_list("replica", "killed_deployment")) == {
+        "lg45rpy4": "",
+        "d9ikbnzi": "demo/Echo",
+    }
+    assert "replicas of demo/Echo killed in the same pass" in incident.timeline.get().message
+    assert not Incident.objects.filter(deployment_name="Echo").exists()
 
 
 @pytest.mark.django_db

@@ -251,6 +251,10 @@ def test_a_p99_interpolated_below_the_objective_in_a_bucket_that_spans_it_does_n
     assert "cannot be shown to be met" in why and "RAY_SERVE_REQUEST_LATENCY_BUCKETS_MS" in why
     rows = {label: a for section in presentation.comparison({}, after) for label, _, a in section["rows"]}
     assert rows["p99 end to end (ms)"] == "15000, somewhere in 10000–60000 (the proxy's histogram bucket)"
+    # Interpolated above the objective in the same bucket proves no more: it is not called "above".
+    high = summary([p | {"http_p99": 55_000.0, "http_p99_between": [10_000.0, 60_000.0]} for p in window(http=600)])
+    result, why = verification.verdict("oom_kill", {}, high, window_over=True, latency_objective_ms=20_000)
+    assert result == "failed" and "cannot be shown to be met" in why and "above the 20000 ms objective" not in why
     # At a bucket boundary the objective is decided: answers all within 5-10 s meet a 10 s objective.
     bounded = summary([p | {"http_p99": 9_000.0, "http_p99_between": [5_000.0, 10_000.0]} for p in window(http=600)])
     assert verification.verdict("oom_kill", {}, bounded, window_over=True, latency_objective_ms=10_000)[0] == "passed"
