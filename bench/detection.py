@@ -51,7 +51,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from apps.incidents import detectors, metric_readings  # noqa: E402
+from apps.fleet import metric_readings  # noqa: E402
+from apps.incidents import detectors  # noqa: E402
 from bench import detector_quality  # noqa: E402
 from bench.scratch_db import scratch_database  # noqa: E402
 

@@ -3,7 +3,7 @@ differencing two scrapes; `integrations.prometheus` sends the queries."""
 
 from __future__ import annotations
 
-from apps.incidents.metric_readings import (
+from apps.fleet.metric_readings import (
     COMPONENT_RSS,
     ONGOING,
     ApplicationSignals,

@@ -16,8 +16,9 @@ from apps.accounts.audit import Actor, record
 from apps.accounts.models import Role
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
 from apps.clusters.services import dashboard_for
+from apps.fleet import metric_readings
 from apps.fleet.models import Deployment
-from apps.incidents import cluster_history, detectors, metric_readings, prometheus_readings, webhooks
+from apps.incidents import cluster_history, detectors, prometheus_readings, webhooks
 from apps.incidents.causes import (
     LatencyContext,
     OomContext,

@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from apps.changes.models import Change
 from apps.clusters.models import Cluster
-from apps.fleet import sync
+from apps.fleet import metric_readings, sync
 from apps.fleet.models import Deployment
-from apps.incidents import metric_readings, services
+from apps.incidents import services
 from apps.incidents.models import Incident
 from apps.incidents.oom import culprit, oom_kills, replica_of
 from integrations import ray_metrics

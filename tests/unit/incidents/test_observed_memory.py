@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 import httpx
 
 from apps.calibration.curve import Curve
-from apps.incidents import metric_readings, prometheus_readings
+from apps.fleet import metric_readings
+from apps.incidents import prometheus_readings
 from apps.incidents.oom import ReplicaMemory
 from apps.remediation import measurements, observed, sizing
 from integrations import ray_metrics

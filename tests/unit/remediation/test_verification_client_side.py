@@ -13,7 +13,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.clusters.models import Cluster
-from apps.incidents import metric_readings, prometheus_readings, services
+from apps.fleet import metric_readings
+from apps.incidents import prometheus_readings, services
 from apps.incidents.models import Incident, OomKillRecord, SignalWindow
 from apps.remediation import presentation, verification
 from apps.remediation.models import Wizard, WizardStep
