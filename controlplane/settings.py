@@ -281,6 +281,9 @@ FLEETDECK_UI_REFRESH_S = env_int("FLEETDECK_UI_REFRESH_S", 5, minimum=1)
 FLEETDECK_CHANGE_VERIFY_TIMEOUT_S = env_int("FLEETDECK_CHANGE_VERIFY_TIMEOUT_S", 180, minimum=5)
 FLEETDECK_CHANGE_POLL_S = env_float("FLEETDECK_CHANGE_POLL_S", 0.5, minimum=0.05)
 FLEETDECK_CHANGE_STALE_S = env_int("FLEETDECK_CHANGE_STALE_S", 60, minimum=5)
+# What clients saw during a change is read from the proxy's counters once the change ends, after
+# Ray's metrics export interval (`metrics_report_interval_ms`, 10 s by default) has passed.
+FLEETDECK_CLIENT_IMPACT_SETTLE_S = env_float("FLEETDECK_CLIENT_IMPACT_SETTLE_S", 12.0, minimum=0.0)
 if not _SQL_BROKER:
     # Redis hands an unacknowledged task to another worker after this long: well above the longest
     # late-acknowledged task (the reconciler may verify a change, then its rollback), or a slow

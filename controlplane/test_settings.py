@@ -7,6 +7,9 @@ import tempfile
 os.environ.setdefault("FLEETDECK_ALLOW_DEV_SECRET", "1")
 os.environ.setdefault("FLEETDECK_VAR_DIR", tempfile.mkdtemp(prefix="fleetdeck-test-"))
 os.environ.setdefault("FLEETDECK_SECURE_COOKIES", "0")
+# No wait for Ray's metrics export before the closing reading of a change: the tests that measure
+# clients set it, on clusters that export every second.
+os.environ.setdefault("FLEETDECK_CLIENT_IMPACT_SETTLE_S", "0")
 
 from controlplane.settings import *  # noqa: E402,F403
 

@@ -15,6 +15,7 @@ from apps.changes.filters import ChangeFilter
 from apps.changes.models import Change, ChangeStep, Preset, Rollout
 from apps.changes.validation import parse_options_text, preset_or_options, validate_options
 from apps.clusters.models import Cluster
+from apps.fleet import client_impact
 from apps.fleet.models import ConfigRevision
 
 
@@ -121,6 +122,11 @@ class ChangeSerializer(serializers.ModelSerializer):
     created_by = serializers.CharField(source="created_by.username", read_only=True, default=None, allow_null=True)
     applied_by = serializers.CharField(source="applied_by.username", read_only=True, default=None, allow_null=True)
     steps = ChangeStepSerializer(many=True, read_only=True)
+    client_impact = serializers.SerializerMethodField(
+        help_text="What clients saw at the proxy while the change ran: requests, failed, share, and per "
+        "application the failures by HTTP code; `measured` false with `why` when the proxy could not be read, "
+        "`measuring` while the change runs."
+    )
 
     class Meta:
         model = Change
@@ -148,9 +154,13 @@ class ChangeSerializer(serializers.ModelSerializer):
             "started_at",
             "pushed_at",
             "finished_at",
+            "client_impact",
             "steps",
         ]
         read_only_fields = fields
+
+    def get_client_impact(self, change: Change) -> dict:
+        return client_impact.public(change.client_impact)
 
 
 def _with_preset_or_options(data: dict) -> dict:
@@ -286,7 +296,7 @@ class RolloutChangeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Change
-        fields = ["id", "cluster", "cluster_name", "wave", "targets", "state", "error"]
+        fields = ["id", "cluster", "cluster_name", "wave", "targets", "state", "error", "client_impact"]
 
     def to_representation(self, change):
         # The fields above, written out: a page of fleet-wide rollouts embeds thousands of changes,
@@ -299,6 +309,7 @@ class RolloutChangeSerializer(serializers.ModelSerializer):
             "targets": change.targets,
             "state": change.state,
             "error": change.error,
+            "client_impact": client_impact.public(change.client_impact),
         }
 
 
@@ -319,6 +330,7 @@ class RolloutSerializer(serializers.ModelSerializer):
             "selection",
             "state",
             "current_wave",
+            "client_error_budget",
             "error",
             "created_at",
             "started_at",
@@ -365,6 +377,13 @@ class RolloutPlanSerializer(serializers.Serializer):
     options = serializers.JSONField(required=False)
     canary = serializers.CharField(required=False, allow_blank=True, help_text="Cluster name for the first wave.")
     reason = serializers.CharField(max_length=2000)
+    client_error_budget = serializers.FloatField(
+        required=False,
+        min_value=0.0,
+        max_value=1.0,
+        help_text="Share of client requests a wave may fail at the proxies before the rollout stops and rolls "
+        "that wave back (default 0.001, 0.1 %).",
+    )
 
     def validate(self, data):
         return _with_preset_or_options(data)
@@ -422,6 +441,7 @@ class RolloutViewSet(
             preset=data.get("preset"),
             options=data.get("options"),
             canary=data.get("canary") or None,
+            client_error_budget=data.get("client_error_budget"),
         )
         return Response(RolloutSerializer(self.get_queryset().get(pk=rollout.pk)).data, status=status.HTTP_201_CREATED)
 

@@ -100,6 +100,15 @@ class RolloutForm(OptionsChoice, forms.Form):
     application = forms.CharField(required=False, help_text="Application name.")
     deployment = forms.CharField(required=False, help_text="Deployment name.")
     canary = forms.CharField(required=False, help_text="Cluster to change first; default: the first by name.")
+    client_error_budget_pct = forms.FloatField(
+        label="Client error budget (%)",
+        required=False,
+        initial=0.1,
+        min_value=0.0,
+        max_value=100.0,
+        help_text="A wave whose clients see more failed requests than this at the proxies stops the rollout and "
+        "is rolled back. Default 0.1.",
+    )
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}))
 
     def __init__(self, *args, user, **kwargs):

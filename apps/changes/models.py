@@ -4,11 +4,13 @@ step runs, so a crash at any point leaves a row that says how far it got."""
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
 from apps.accounts.models import Team
 from apps.clusters.models import Cluster
+from apps.fleet import client_impact
 
 
 class Preset(models.Model):
@@ -91,12 +93,23 @@ class Rollout(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.PLANNED, db_index=True)
     current_wave = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
+    # A wave whose clients saw more failed requests than this share at the proxy stops the rollout
+    # and is rolled back.
+    client_error_budget = models.FloatField(
+        default=0.001,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="Share of client requests a wave may fail at the proxy (0.001 = 0.1 %).",
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    @property
+    def client_error_budget_pct(self) -> str:
+        return f"{100 * self.client_error_budget:g}"
 
     @classmethod
     def visible_rows(cls, user, teams) -> Q:
@@ -146,6 +159,9 @@ class Change(models.Model):
     base_deploy_times = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
     drift = models.JSONField(default=list, blank=True)
+    # What clients saw at the proxy while the change ran (apps.fleet.client_impact): the opening
+    # counters while it runs, then requests and failures by code per application.
+    client_impact = models.JSONField(default=dict, blank=True)
 
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -185,6 +201,10 @@ class Change(models.Model):
     @property
     def is_active(self) -> bool:
         return self.state in ACTIVE_STATES
+
+    @property
+    def clients_seen(self) -> str:
+        return client_impact.sentence(client_impact.public(self.client_impact))
 
     @property
     def is_final(self) -> bool:

@@ -25,6 +25,7 @@ from apps.clusters.models import Cluster
 from apps.clusters.services import dashboard_for
 from apps.core import jobs
 from apps.core.jobs import Job
+from apps.fleet import client_impact
 from apps.fleet.configs import config_hash, unified_diff
 from integrations.errors import AdapterConflict, AdapterError
 from integrations.ray.errors import RayError, RayValidationError
@@ -217,6 +218,8 @@ def _push_and_verify(change: Change) -> None:
         writer = writer_for(change.cluster, planned_base=change.base_config)
     except WriterUnavailable as exc:
         return _finish(change, ChangeState.FAILED, str(exc))
+    change.client_impact = {"opening": client_impact.opening(change.cluster)}
+    change.save(update_fields=["client_impact"])
     _transition(change, ChangeState.PUSHING, "Pushing the full config (every application) to the cluster.")
     try:
         writer.push(change.new_config)
@@ -386,6 +389,7 @@ def _transition(change: Change, state: str, message: str) -> None:
 
 
 def _finish(change: Change, state: str, message: str, *, error: bool = False) -> None:
+    _measure_clients(change, pushed=bool(change.pushed_at) or change.state == ChangeState.ROLLING_BACK)
     change.state = state
     change.finished_at = timezone.now()
     if state in (ChangeState.FAILED, ChangeState.DRIFTED, ChangeState.ROLLBACK_FAILED) or error:
@@ -394,6 +398,18 @@ def _finish(change: Change, state: str, message: str, *, error: bool = False) ->
     _step(change, message)
     record(Actor.system(), f"change.{state}", change, team=change.cluster.team, changes={"message": message[:2000]})
     change_finished.send(sender=Change, change=change)
+
+
+def _measure_clients(change: Change, *, pushed: bool) -> None:
+    """What the proxy answered while the change ran, kept on the change before it ends, so a
+    rollout judges a wave by its clients. Nothing pushed, nothing to measure."""
+    opened = (change.client_impact or {}).get("opening")
+    if opened is None or not pushed:
+        return
+    _step(change, "Reading what clients saw at the proxy while the change ran.")
+    change.client_impact = client_impact.closing(change.cluster, opened)
+    change.save(update_fields=["client_impact"])
+    _step(change, client_impact.sentence(change.client_impact))
 
 
 def _message(exc: Exception) -> str:

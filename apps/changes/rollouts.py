@@ -15,7 +15,10 @@ from apps.changes import protocol
 from apps.changes.models import Change, ChangeState, Preset, Rollout
 from apps.changes.validation import preset_or_options, validate_options
 from apps.clusters.models import Cluster
+from apps.fleet import client_impact
 from apps.fleet.models import Deployment
+
+DEFAULT_BUDGET = Rollout._meta.get_field("client_error_budget").default
 
 SELECTION_KEYS = ("team", "label", "cluster", "application", "deployment", "uses_gpu")
 
@@ -99,8 +102,12 @@ def plan_rollout(
     preset: Preset | None = None,
     options: dict | None = None,
     canary: str | None = None,
+    client_error_budget: float | None = None,
 ) -> Rollout:
     options = preset_or_options(preset, options)
+    budget = DEFAULT_BUDGET if client_error_budget is None else client_error_budget
+    if not 0 <= budget <= 1:
+        raise ValidationError("The client error budget is a share of requests, between 0 and 1 (0.001 = 0.1 %).")
     validate_options(options)
     grouped = select_deployments(actor.user, selection)
     if not grouped:
@@ -111,7 +118,12 @@ def plan_rollout(
     problems: list[str] = []
     with transaction.atomic():
         rollout = Rollout.objects.create(
-            reason=reason, preset=preset, options=options, selection=selection, created_by=actor.user
+            reason=reason,
+            preset=preset,
+            options=options,
+            selection=selection,
+            created_by=actor.user,
+            client_error_budget=budget,
         )
         for index, cluster in enumerate(clusters):
             try:
@@ -128,7 +140,12 @@ def plan_rollout(
             actor,
             "rollout.plan",
             rollout,
-            changes={"reason": reason, "selection": selection, "clusters": [c.name for c in clusters]},
+            changes={
+                "reason": reason,
+                "selection": selection,
+                "clusters": [c.name for c in clusters],
+                "client_error_budget": budget,
+            },
         )
     return rollout
 
@@ -172,6 +189,8 @@ def advance(rollout_id: int) -> None:
         return _stop(
             rollout, "; ".join(f"{c.cluster.name}: change #{c.pk} {c.get_state_display().lower()}" for c in failed)
         )
+    if over_budget(rollout, wave):
+        return _stop_and_roll_back(rollout, wave)
     next_wave = rollout.current_wave + 1
     if not _all_changes(rollout).filter(wave=next_wave).exists():
         Rollout.objects.filter(pk=rollout.pk, state=Rollout.State.RUNNING).update(
@@ -203,6 +222,52 @@ def _apply_wave(actor: Actor, rollout: Rollout, wave: int) -> None:
 def _stop(rollout: Rollout, why: str) -> None:
     Rollout.objects.filter(pk=rollout.pk).update(state=Rollout.State.FAILED, error=why, finished_at=timezone.now())
     _cancel_planned(rollout)
+    record(Actor.system(), "rollout.failed", rollout, changes={"error": why})
+
+
+def wave_impact(changes: list[Change]) -> dict:
+    """What the wave's clients saw at the proxies while its changes ran, all clusters together."""
+    return client_impact.combined([change.client_impact for change in changes])
+
+
+def over_budget(rollout: Rollout, wave: list[Change]) -> bool:
+    """Whether the wave's clients, all clusters together, saw more failed requests at the proxy
+    than the rollout's budget; a wave whose proxies could not be read is not judged (its changes'
+    steps say why)."""
+    share = wave_impact(wave)["share"]
+    return share is not None and share > rollout.client_error_budget
+
+
+def _stop_and_roll_back(rollout: Rollout, wave: list[Change]) -> None:
+    # Only the caller that stops the rollout rolls the wave back: advance runs from the change
+    # signal and from the tick, and two rollbacks of one change would queue two restores.
+    total = wave_impact(wave)
+    budget = f"{100 * rollout.client_error_budget:g} %"
+    if not Rollout.objects.filter(pk=rollout.pk, state=Rollout.State.RUNNING).update(
+        state=Rollout.State.FAILED,
+        error=f"Wave {rollout.current_wave + 1} over its client error budget ({budget}).",
+        finished_at=timezone.now(),
+    ):
+        return
+    _cancel_planned(rollout)
+    # One part per cluster, each naming its cluster first: a user sees the parts of their teams.
+    parts = []
+    for change in wave:
+        seen = change.client_impact or {}
+        part = (
+            f"{change.cluster.name}: change #{change.pk} verified, but clients saw {seen.get('failed', 0)} of "
+            f"{seen.get('requests', 0)} requests fail at the proxy (the wave: {100 * total['share']:.2f} %, "
+            f"over the {budget} budget)"
+        )
+        try:
+            restore = protocol.roll_back_change(Actor.system(), change)
+        except ValidationError as exc:
+            part += f", and could not be rolled back: {' '.join(exc.messages)}"
+        else:
+            part += f", rolled back by change #{restore.pk}"
+        parts.append(part)
+    why = "; ".join(parts)
+    Rollout.objects.filter(pk=rollout.pk).update(error=why)
     record(Actor.system(), "rollout.failed", rollout, changes={"error": why})
 
 

@@ -190,6 +190,9 @@ def rollout_create(request):
                 preset=data["preset"],
                 options=data["options_text"],
                 canary=data["canary"] or None,
+                client_error_budget=None
+                if data["client_error_budget_pct"] is None
+                else data["client_error_budget_pct"] / 100,
             )
         except ValidationError as exc:
             form.add_error(None, exc)

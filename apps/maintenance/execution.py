@@ -189,6 +189,8 @@ def _recycle(run: MaintenanceRun) -> None:
     log_line(run, f"Change #{change.pk} bumps {GENERATION_VAR} to {generation}.")
     protocol.run(change.pk)  # a worker may have claimed it first; then this returns at once
     change = _wait_final(run, change)
+    if change.clients_seen:
+        log_line(run, change.clients_seen)
     if change.state != ChangeState.SUCCEEDED:
         return end_run(
             run,
