@@ -24,8 +24,14 @@ pytestmark = [pytest.mark.ray, pytest.mark.django_db]
 def cluster(ray_head, team, settings):
     settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S = 90
     settings.FLEETDECK_CHANGE_POLL_S = 0.2
+    # The shared head exports its metrics every 10 s (Ray's default): the closing reading waits that out.
+    settings.FLEETDECK_CLIENT_IMPACT_SETTLE_S = 11
     cluster = Cluster.objects.create(
-        name="local", team=team, dashboard_url=ray_head.dashboard_url, ray_version="2.60.0"
+        name="local",
+        team=team,
+        dashboard_url=ray_head.dashboard_url,
+        ray_version="2.60.0",
+        metrics_url=f"http://127.0.0.1:{ray_head.ports['metrics-export-port']}/metrics",
     )
     sync.sync_cluster(cluster.pk)
     yield Cluster.objects.get(pk=cluster.pk)
@@ -109,11 +115,15 @@ def test_a_recycle_replaces_only_the_target_replicas_under_traffic(cluster, peop
     assert ids(ray_head, "echo2", "Echo") == echo2
     assert run.cold_start_s and run.cold_start_s > 0
     worst = max(traffic.latencies)
+    seen = run.change.client_impact
     print(
         f"\nrecycle surge={surge}%: {len(traffic.latencies)} requests, {traffic.failures} failed, "
-        f"worst {worst * 1000:.0f} ms, cold start {run.cold_start_s:.2f} s"
+        f"worst {worst * 1000:.0f} ms, cold start {run.cold_start_s:.2f} s; the proxy during the change: {seen}"
     )
     assert traffic.failures == 0
+    # What the product recorded agrees with the clients: requests counted at the proxy, none failed.
+    assert seen["measured"] and seen["requests"] > 0 and seen["failed"] == 0, seen
+    assert run.change.clients_seen in [line["message"] for line in run.log]
 
 
 def test_a_warmup_records_latencies_and_fails_on_errors(cluster, people):
