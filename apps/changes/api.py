@@ -202,6 +202,56 @@ class RestoreSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=2000)
 
 
+class NewApplicationSerializer(serializers.Serializer):
+    """A Serve application config, as in Serve's own config file. A field Serve does not know is
+    refused, since Serve would drop it without a word."""
+
+    name = serializers.CharField(max_length=100)
+    route_prefix = serializers.CharField(
+        required=False, allow_null=True, help_text="Starts with '/'; default '/'. null: no HTTP route."
+    )
+    import_path = serializers.CharField(max_length=500, help_text="module:attribute of the application, e.g. app:app.")
+    runtime_env = serializers.JSONField(
+        required=False,
+        help_text="working_dir (a URI: s3://, gs://, https://….zip or local://), pip (a list), env_vars (strings).",
+    )
+    args = serializers.JSONField(required=False, help_text="Arguments passed to the application's builder.")
+    deployments = serializers.ListField(
+        child=serializers.JSONField(),
+        required=False,
+        help_text="Per-deployment options: [{name, num_replicas, max_ongoing_requests, …}].",
+    )
+    logging_config = serializers.JSONField(required=False)
+    external_scaler_enabled = serializers.BooleanField(required=False)
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(
+                    {key: ["Serve does not know this application field and would drop it silently."] for key in unknown}
+                )
+        return super().to_internal_value(data)
+
+
+class CreateApplicationSerializer(serializers.Serializer):
+    cluster = VisiblePrimaryKeyRelatedField(queryset=Cluster.objects.all())
+    application = NewApplicationSerializer()
+    reason = serializers.CharField(max_length=2000)
+
+
+class DeleteApplicationSerializer(serializers.Serializer):
+    cluster = VisiblePrimaryKeyRelatedField(queryset=Cluster.objects.all())
+    application = serializers.CharField(max_length=200, help_text="The application's name.")
+    reason = serializers.CharField(max_length=2000)
+
+
+class ChangeApplySerializer(serializers.Serializer):
+    confirm = serializers.CharField(
+        required=False, allow_blank=True, help_text="For a deletion: the application's name, typed as confirmation."
+    )
+
+
 class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Configuration changes. Creating one plans it (nothing is pushed); `apply` pushes it through
     the protocol: drift check, push of the full config, verification, automatic rollback."""
@@ -241,13 +291,52 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
         require_role(request, change.cluster.team, Role.OPERATOR, what)
         return change
 
-    @extend_schema(request=None, responses={202: ChangeSerializer, 409: CONFLICT})
+    @extend_schema(request=CreateApplicationSerializer, responses={201: ChangeSerializer})
+    @action(detail=False, methods=["post"], url_path="create-application")
+    def create_application(self, request):
+        """Plan deploying a new application next to the others (nothing is pushed): its config is
+        checked with Fleetdeck's checks and Serve's schema, and its name and route prefix must be free."""
+        body = CreateApplicationSerializer(data=request.data, context=self.get_serializer_context())
+        body.is_valid(raise_exception=True)
+        cluster = body.validated_data["cluster"]
+        require_role(request, cluster.team, Role.OPERATOR, "change clusters")
+        change = protocol.plan_create_app(
+            Actor.from_request(request),
+            cluster,
+            app=dict(body.validated_data["application"]),
+            reason=body.validated_data["reason"],
+        )
+        return Response(ChangeSerializer(self.get_queryset().get(pk=change.pk)).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=DeleteApplicationSerializer, responses={201: ChangeSerializer})
+    @action(detail=False, methods=["post"], url_path="delete-application")
+    def delete_application(self, request):
+        """Plan deleting one application (nothing is pushed); the warnings list its deployments and
+        replica counts, and `apply` then takes its name as `confirm`."""
+        body = DeleteApplicationSerializer(data=request.data, context=self.get_serializer_context())
+        body.is_valid(raise_exception=True)
+        cluster = body.validated_data["cluster"]
+        require_role(request, cluster.team, Role.OPERATOR, "change clusters")
+        change = protocol.plan_delete_app(
+            Actor.from_request(request),
+            cluster,
+            application=body.validated_data["application"],
+            reason=body.validated_data["reason"],
+        )
+        return Response(ChangeSerializer(self.get_queryset().get(pk=change.pk)).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=ChangeApplySerializer, responses={202: ChangeSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def apply(self, request, pk=None):
-        """Queue the change. 409 while another change is active on the cluster."""
+        """Queue the change. 409 while another change is active on the cluster; 400 when a
+        deletion's `confirm` is not the application's name."""
         change = self._act(request, "apply changes")
+        body = ChangeApplySerializer(data=request.data)
+        body.is_valid(raise_exception=True)
         try:
-            protocol.request_apply(Actor.from_request(request), change)
+            protocol.request_apply(Actor.from_request(request), change, confirm=body.validated_data.get("confirm"))
+        except protocol.ConfirmationMismatch as exc:
+            raise serializers.ValidationError({"confirm": exc.messages}) from exc
         except DjangoValidationError as exc:
             raise Conflict(" ".join(exc.messages)) from exc
         return Response(ChangeSerializer(self.get_queryset().get(pk=change.pk)).data, status=status.HTTP_202_ACCEPTED)

@@ -135,10 +135,13 @@ class Change(models.Model):
     class Kind(models.TextChoices):
         PATCH = "patch", "Patch deployment options"
         RESTORE = "restore", "Restore application configs"
+        CREATE_APP = "create_app", "Deploy a new application"
+        DELETE_APP = "delete_app", "Delete an application"
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="changes")
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.PATCH)
-    # [{"application": "demo", "deployment": "Model"}, ...] for patches; application names for restores.
+    # [{"application": "demo", "deployment": "Model"}, ...] for patches; application names for restores,
+    # and the one application a create or delete adds or removes.
     targets = models.JSONField(default=list)
     patch = models.JSONField(default=dict, blank=True)
     preset = models.ForeignKey(Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="changes")

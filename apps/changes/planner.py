@@ -100,7 +100,7 @@ def plan_patch(serve: ServeStatus, targets: list[dict], options: dict, ray_versi
             raise PlanError(f"{app_name}/{dep_name}: " + " ".join(problems))
         entry.clear()
         entry.update(for_version(merged, ray_version))
-    return _finish(base, new, warnings)
+    return finish_plan(base, new, warnings)
 
 
 def plan_restore(serve: ServeStatus, app_configs: dict[str, dict]) -> Plan:
@@ -114,11 +114,12 @@ def plan_restore(serve: ServeStatus, app_configs: dict[str, dict]) -> Plan:
         else:
             new["applications"].append(copy.deepcopy(app_config))
     new["applications"].sort(key=lambda app: app["name"])
-    return _finish(base, new, [])
+    return finish_plan(base, new, [])
 
 
-def _finish(base: dict, new: dict, warnings: list[str]) -> Plan:
-    dropped = dropped_applications(base, new, named=set())
+def finish_plan(base: dict, new: dict, warnings: list[str], *, deleting: frozenset[str] = frozenset()) -> Plan:
+    """The plan from `base` to `new`; only the applications in `deleting` may go."""
+    dropped = dropped_applications(base, new, named=set(deleting))
     if dropped:
         raise PlanError(f"The plan would delete application(s) {', '.join(dropped)}; Fleetdeck never does that.")
     return Plan(
@@ -269,7 +270,7 @@ def expected_deployments(new_config: dict, targets: list, kind: str) -> dict[tup
             continue
         for entry in app.get("deployments", []):
             key = (app["name"], entry["name"])
-            if kind == "restore" or key in names:
+            if kind in ("restore", "create_app") or key in names:
                 # A name Serve does not know (left in a config by an older push) is never reported
                 # back: expecting it would keep the change from ever verifying.
                 wanted[key] = without_unknown({k: v for k, v in entry.items() if k != "name"})

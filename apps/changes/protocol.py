@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 from django.conf import settings
@@ -16,7 +16,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from apps.accounts.audit import Actor, record
-from apps.changes import planner
+from apps.changes import lifecycle, planner
+from apps.changes.app_validation import validate_application
 from apps.changes.config_writers import WriterUnavailable, owner_waiting_for, writer_for
 from apps.changes.models import ACTIVE_STATES, Change, ChangeState, ChangeStep, Preset
 from apps.changes.signals import change_finished
@@ -36,6 +37,10 @@ log = logging.getLogger(__name__)
 
 class ChangeRefused(ValidationError):
     """A change cannot be planned or applied; nothing was pushed."""
+
+
+class ConfirmationMismatch(ChangeRefused):
+    """A deletion's apply did not carry the application's name, typed as confirmation."""
 
 
 # --- planning ------------------------------------------------------------------------------
@@ -80,6 +85,24 @@ def plan_restore(
         "The cluster already runs exactly that config: there is nothing to restore.",
     )
     return _save_plan(actor, cluster, plan, Change.Kind.RESTORE, sorted(app_configs), reason, restores=restores)
+
+
+def plan_create_app(actor: Actor, cluster: Cluster, *, app: dict, reason: str) -> Change:
+    """Plan adding a new application: its config is checked on its own (Fleetdeck's checks, then
+    Serve's schema), then against the live applications (name and route prefix taken)."""
+    if not (reason or "").strip():
+        raise ChangeRefused("Say why: every change records its reason.")
+    app = validate_application(app)
+    plan = _make_plan(cluster, lambda live: lifecycle.plan_create(live, app), "The cluster already runs it.")
+    return _save_plan(actor, cluster, plan, Change.Kind.CREATE_APP, [app["name"]], reason)
+
+
+def plan_delete_app(actor: Actor, cluster: Cluster, *, application: str, reason: str) -> Change:
+    """Plan removing one application; its apply takes the application's name as confirmation."""
+    if not (reason or "").strip():
+        raise ChangeRefused("Say why: every change records its reason.")
+    plan = _make_plan(cluster, lambda live: lifecycle.plan_delete(live, application), "It is already gone.")
+    return _save_plan(actor, cluster, plan, Change.Kind.DELETE_APP, [application], reason)
 
 
 def _make_plan(cluster: Cluster, build, nothing_to_do: str) -> planner.Plan:
@@ -143,8 +166,14 @@ def _save_plan(actor, cluster, plan, kind, targets, reason, **extra) -> Change:
 # --- applying ------------------------------------------------------------------------------
 
 
-def request_apply(actor: Actor, change: Change) -> Change:
-    """Queue a planned change. The database allows one active change per cluster."""
+def request_apply(actor: Actor, change: Change, *, confirm: str | None = None) -> Change:
+    """Queue a planned change. The database allows one active change per cluster. Deleting an
+    application takes its name typed as `confirm`: nothing brings a deleted application's replicas back."""
+    if change.kind == Change.Kind.DELETE_APP and (confirm or "").strip() != change.targets[0]:
+        raise ConfirmationMismatch(
+            f"Type the application's name, {change.targets[0]}, to confirm its deletion"
+            + (f" ({confirm.strip()!r} does not match)." if (confirm or "").strip() else ".")
+        )
     try:
         with transaction.atomic():
             claimed = Change.objects.filter(pk=change.pk, state=ChangeState.PLANNED).update(
@@ -201,7 +230,8 @@ def run(change_id: int) -> None:
             ChangeState.DRIFTED,
             "The cluster's config changed outside this change since it was planned; nothing was pushed. Re-plan.",
         )
-    dropped = planner.dropped_applications(current, change.new_config, named=set())
+    deleting = set(change.targets) if change.kind == Change.Kind.DELETE_APP else set()
+    dropped = planner.dropped_applications(current, change.new_config, named=deleting)
     if dropped:
         return _finish(change, ChangeState.FAILED, f"Refused: the push would delete {', '.join(dropped)}.")
     change.base_deploy_times = {
@@ -248,12 +278,18 @@ def _push_and_verify(change: Change) -> None:
 
 def _verify_or_roll_back(change: Change) -> None:
     _transition(change, ChangeState.VERIFYING, "Waiting for the touched applications to run the new config.")
-    expected = planner.expected_deployments(change.new_config, change.targets, change.kind)
-    verdict = _wait(change, expected, change.base_deploy_times)
+    if change.kind == Change.Kind.DELETE_APP:
+        verdict = _wait(change, _gone_check(change.touched_applications, change.new_config), [])
+        done = f"Verified: {change.targets[0]} is gone and every other application runs as before."
+    else:
+        expected = planner.expected_deployments(change.new_config, change.targets, change.kind)
+        check = _present_check(expected, change.base_deploy_times)
+        if change.kind == Change.Kind.CREATE_APP:
+            check = _and_unchanged(check, change.new_config, frozenset(change.targets))
+        verdict = _wait(change, check, _owner_apps(expected, change.base_deploy_times))
+        done = "Verified: applications RUNNING, effective configs hold the new values."
     if verdict.done:
-        return _finish(
-            change, ChangeState.SUCCEEDED, "Verified: applications RUNNING, effective configs hold the new values."
-        )
+        return _finish(change, ChangeState.SUCCEEDED, done)
     why = verdict.failure or f"Not verified within {settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S} s: " + "; ".join(
         verdict.waiting_for
     )
@@ -281,10 +317,16 @@ def roll_back(change: Change, why: str) -> None:
         return _finish(
             change, ChangeState.ROLLBACK_FAILED, f"{why}\nThe rollback push failed too: {_message(exc)}", error=True
         )
-    expected = planner.expected_deployments(change.base_config, change.touched_applications, Change.Kind.RESTORE)
-    verdict = _wait(change, expected, times)
+    if change.kind == Change.Kind.CREATE_APP:
+        # Rolling back a new application is removing it, every other application left as it runs.
+        verdict = _wait(change, _gone_check(change.touched_applications, change.base_config), [])
+        done = f"Rolled back: {change.targets[0]} was removed; every other application runs as before."
+    else:
+        expected = planner.expected_deployments(change.base_config, change.touched_applications, Change.Kind.RESTORE)
+        verdict = _wait(change, _present_check(expected, times), _owner_apps(expected, times))
+        done = "Rolled back: the base config runs again."
     if verdict.done:
-        return _finish(change, ChangeState.ROLLED_BACK, "Rolled back: the base config runs again.", error=True)
+        return _finish(change, ChangeState.ROLLED_BACK, done, error=True)
     _finish(
         change,
         ChangeState.ROLLBACK_FAILED,
@@ -293,18 +335,47 @@ def roll_back(change: Change, why: str) -> None:
     )
 
 
-def _wait(change: Change, expected: dict, base_deploy_times: dict) -> planner.Verdict:
+Check = Callable[[ServeStatus], planner.Verdict]
+
+
+def _present_check(expected: dict, base_deploy_times: dict) -> Check:
+    return lambda serve: planner.verify(serve, expected, base_deploy_times)
+
+
+def _gone_check(gone: list[str], remaining: dict) -> Check:
+    return lambda serve: lifecycle.verify_gone(serve, gone, remaining)
+
+
+def _and_unchanged(check: Check, config: dict, touched: frozenset[str]) -> Check:
+    def both(serve: ServeStatus) -> planner.Verdict:
+        verdict = check(serve)
+        others = lifecycle.others_unchanged(serve, config, besides=touched)
+        if verdict.failure or not others:
+            return verdict
+        return planner.Verdict(done=False, waiting_for=[*verdict.waiting_for, *others])
+
+    return both
+
+
+def _owner_apps(expected: dict, base_deploy_times: dict) -> list[str]:
+    return sorted({app for app, _ in expected} | set(base_deploy_times))
+
+
+def _wait(change: Change, check: Check, owner_apps: list[str]) -> planner.Verdict:
+    """Poll `check` until it is done or failed, or the deadline passes. `owner_apps` are the
+    applications the config's owner must report healthy too (none for a deletion: KubeRay has
+    then only to have reconciled the new generation)."""
     deadline = time.monotonic() + settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S
     verdict = planner.Verdict(done=False, waiting_for=["no answer yet"])
     while time.monotonic() < deadline:
         try:
-            verdict = planner.verify(_read_live(change.cluster), expected, base_deploy_times)
+            verdict = check(_read_live(change.cluster))
         except RayError as exc:
             verdict = planner.Verdict(done=False, waiting_for=[f"cluster not answering: {exc.message}"])
         if verdict.done:
             # A RayService-owned cluster is verified once KubeRay agrees too: it has reconciled the
             # new generation and reports the applications healthy. Empty for any other cluster.
-            waiting = owner_waiting_for(change.cluster, sorted({app for app, _ in expected} | set(base_deploy_times)))
+            waiting = owner_waiting_for(change.cluster, owner_apps)
             if waiting:
                 verdict = planner.Verdict(done=False, waiting_for=waiting)
         Change.objects.filter(pk=change.pk).update(heartbeat_at=timezone.now())

@@ -22,18 +22,30 @@ def preset_or_options(preset, options):
 
 def parse_options_text(text: str) -> dict:
     """Options typed as YAML or JSON (JSON is YAML)."""
+    value = _load_yaml(text, "options")
+    if not isinstance(value, dict):
+        raise ValidationError("The options must be a mapping of option: value, e.g. 'max_ongoing_requests: 2'.")
+    return value
+
+
+def parse_yaml_text(text: str, kind: type, what: str):
+    """A value of `kind` (a mapping or a list) typed as YAML or JSON."""
+    value = _load_yaml(text, what)
+    if not isinstance(value, kind):
+        raise ValidationError(f"The {what} must be a {'mapping' if kind is dict else 'list'}.")
+    return value
+
+
+def _load_yaml(text: str, what: str):
     if len(text or "") > MAX_PATCH_CHARS:
-        raise ValidationError(f"The options are longer than {MAX_PATCH_CHARS} characters.")
+        raise ValidationError(f"The {what} are longer than {MAX_PATCH_CHARS} characters.")
     try:
-        value = yaml.safe_load(text or "")
+        return yaml.safe_load(text or "")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ValidationError(f"Invalid YAML/JSON{where}: {problem}.") from exc
-    if not isinstance(value, dict):
-        raise ValidationError("The options must be a mapping of option: value, e.g. 'max_ongoing_requests: 2'.")
-    return value
 
 
 def validate_options(options: Any) -> dict:

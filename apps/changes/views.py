@@ -17,6 +17,7 @@ from apps.accounts.audit import Actor
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role, teams_where
 from apps.changes import presets, protocol, rollouts
+from apps.changes.app_forms import DeleteApplicationForm, NewApplicationForm
 from apps.changes.filters import ChangeFilter
 from apps.changes.forms import PlanForm, PresetForm, RolloutForm
 from apps.changes.models import Change, ChangeState, Preset, Rollout
@@ -67,6 +68,51 @@ def plan(request, cluster_pk: int):
 
 
 @login_required
+def deploy_application(request, cluster_pk: int):
+    cluster = access.get_for(request.user, Cluster.objects.select_related("team"), Role.OPERATOR, pk=cluster_pk)
+    form = NewApplicationForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            change = protocol.plan_create_app(
+                Actor.from_request(request), cluster, app=form.application, reason=form.cleaned_data["reason"]
+            )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            return redirect("changes:detail", pk=change.pk)
+    return render(
+        request,
+        "changes/application_form.html",
+        {"form": form, "cluster": cluster, "title": "Deploy an application", "button": "Plan and show the diff"},
+    )
+
+
+@login_required
+def delete_application(request, cluster_pk: int):
+    cluster = access.get_for(request.user, Cluster.objects.select_related("team"), Role.OPERATOR, pk=cluster_pk)
+    form = DeleteApplicationForm(
+        request.POST or None, cluster=cluster, initial={"application": request.GET.get("application", "")}
+    )
+    if request.method == "POST" and form.is_valid():
+        try:
+            change = protocol.plan_delete_app(
+                Actor.from_request(request),
+                cluster,
+                application=form.cleaned_data["application"],
+                reason=form.cleaned_data["reason"],
+            )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            return redirect("changes:detail", pk=change.pk)
+    return render(
+        request,
+        "changes/application_form.html",
+        {"form": form, "cluster": cluster, "title": "Delete an application", "button": "Plan and show what goes"},
+    )
+
+
+@login_required
 def detail(request, pk: int):
     change = _change(request, pk)
     context = {
@@ -88,8 +134,9 @@ def change_action(request, pk: int, action: str):
     if action not in operations:
         raise Http404("No such action.")
     change = _change(request, pk, Role.OPERATOR)
+    extra = {"confirm": request.POST.get("confirm", "")} if action == "apply" else {}
     try:
-        result = operations[action](Actor.from_request(request), change)
+        result = operations[action](Actor.from_request(request), change, **extra)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
         result = change

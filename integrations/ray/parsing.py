@@ -47,7 +47,20 @@ def _parse_application(name: str, raw: dict[str, Any]) -> ApplicationStatus:
         deployed_app_config=config if isinstance(config, dict) else None,
         source=str(raw.get("source") or ""),
         deployments=deployments,
+        calls=_called_applications(name, raw.get("deployment_topology")),
     )
+
+
+def _called_applications(name: str, topology: Any) -> tuple[str, ...]:
+    nodes = topology.get("nodes") if isinstance(topology, dict) else None
+    called = {
+        str(outbound.get("app_name"))
+        for node in (nodes or {}).values()
+        if isinstance(node, dict)
+        for outbound in node.get("outbound_deployments") or []
+        if isinstance(outbound, dict) and outbound.get("app_name")
+    }
+    return tuple(sorted(called - {name}))
 
 
 def _parse_deployment(name: str, raw: dict[str, Any]) -> DeploymentStatus:

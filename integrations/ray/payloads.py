@@ -53,6 +53,9 @@ class ApplicationStatus:
     deployed_app_config: dict[str, Any] | None
     source: str
     deployments: dict[str, DeploymentStatus]
+    # Other applications this one's replicas hold handles to, as Serve's deployment topology reports
+    # them: handles passed in at bind time and those the replicas created when they started.
+    calls: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
