@@ -85,8 +85,8 @@ def _replicas(count: int) -> str:
 def callers_of(serve: ServeStatus, name: str) -> list[str]:
     """Evidence, from what Serve exposes, that other applications call `name`: its deployment
     topology (handles a replica was given at bind time or created while it started) and an
-    application's args naming it. A handle the code creates later, on a request, shows nowhere
-    until then: no check here can see it."""
+    application's args naming it. Serve reads a replica's handles once, when it becomes
+    ready: a handle the code creates later, on a request, shows nowhere, and no check here sees it."""
     evidence = []
     for other, app in sorted(serve.applications.items()):
         if other == name:

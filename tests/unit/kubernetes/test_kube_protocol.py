@@ -278,3 +278,68 @@ def test_discovery_inspection_and_a_change_call_exactly_what_the_rbac_roles_gran
         for verb in verbs
     }
     assert called == granted
+
+
+def kuberay_runs_whole_applications(kube, replay) -> None:
+    """KubeRay and Serve given a serveConfigV2 that adds or drops an application: the dashboard
+    lists exactly its applications (a new one RUNNING like echo2), and the status reports them."""
+    payload = ray_fixture("serve_applications_two_apps.json")
+    template = copy.deepcopy(payload["applications"]["echo2"])
+
+    def serve_applications(request):
+        service = kube.services[("ml", "vision")]
+        wanted = {app["name"]: app for app in yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]}
+        apps = payload["applications"]
+        for name in set(apps) - set(wanted):
+            del apps[name]
+        for name, app in wanted.items():
+            if name not in apps:
+                apps[name] = {**copy.deepcopy(template), "name": name, "route_prefix": app.get("route_prefix")}
+                apps[name]["deployed_app_config"] = copy.deepcopy(app)
+                apps[name]["last_deployed_time_s"] += 1
+        statuses = service["status"]["activeServiceStatus"]["applicationStatuses"]
+        for name in wanted:
+            statuses.setdefault(name, {"status": "RUNNING", "serveDeploymentStatuses": {"Echo": {"status": "HEALTHY"}}})
+        service["status"]["observedGeneration"] = service["metadata"]["generation"]
+        return httpx.Response(200, json=payload)
+
+    replay.routes["/api/serve/applications/"] = serve_applications
+
+
+def test_a_new_application_on_a_rayservice_owned_cluster_is_written_to_serve_config_v2(
+    kube, cluster, rayservice, people, use_replay
+):
+    link(kube, cluster)
+    kuberay_runs_whole_applications(kube, use_replay)
+    actor = Actor(user=people["operator"])
+    app = {"name": "echo3", "route_prefix": "/echo3", "import_path": "demo_app:echo_only"}
+
+    change = protocol.plan_create_app(actor, cluster, app=app, reason="new route")
+    protocol.request_apply(actor, change)
+    protocol.run(change.pk)
+
+    change.refresh_from_db()
+    assert change.state == ChangeState.SUCCEEDED, change.error
+    written = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+    assert [a["name"] for a in written["applications"]] == ["echo2", "demo", "echo3"]
+    assert written["applications"][2] == app and written["http_options"] == {"port": 8000}
+    assert written["applications"][:2] == served_config()["applications"]
+    assert all(request.method == "GET" for request in use_replay.requests), "never pushed through the dashboard"
+
+
+def test_deleting_an_application_on_a_rayservice_owned_cluster_drops_it_from_serve_config_v2(
+    kube, cluster, rayservice, people, use_replay
+):
+    link(kube, cluster)
+    kuberay_runs_whole_applications(kube, use_replay)
+    actor = Actor(user=people["operator"])
+
+    change = protocol.plan_delete_app(actor, cluster, application="echo2", reason="retired")
+    protocol.request_apply(actor, change, confirm="echo2")
+    protocol.run(change.pk)
+
+    change.refresh_from_db()
+    assert change.state == ChangeState.SUCCEEDED, change.error
+    written = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+    assert written["applications"] == [served_config()["applications"][1]]
+    assert all(request.method == "GET" for request in use_replay.requests), "never pushed through the dashboard"
