@@ -14,7 +14,10 @@ from apps.fleet.models import Application
 class NewApplicationForm(forms.Form):
     name = forms.CharField(max_length=100)
     route_prefix = forms.CharField(
-        max_length=300, initial="/", help_text="Starts with '/'. Leave empty for an application with no HTTP route."
+        max_length=300,
+        initial="/",
+        required=False,
+        help_text="Starts with '/'. Leave empty for an application with no HTTP route.",
     )
     import_path = forms.CharField(max_length=500, help_text="module:attribute, e.g. my_app.main:app.")
     runtime_env = forms.CharField(

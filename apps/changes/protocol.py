@@ -283,10 +283,15 @@ def _verify_or_roll_back(change: Change) -> None:
         done = f"Verified: {change.targets[0]} is gone and every other application runs as before."
     else:
         expected = planner.expected_deployments(change.new_config, change.targets, change.kind)
-        check = _present_check(expected, change.base_deploy_times)
+        times = change.base_deploy_times
+        if change.kind == Change.Kind.CREATE_APP:
+            # A new application with no deployment options listed is still waited for: it has no
+            # deploy stamp before the push, so any stamp Ray reports is its own.
+            times = {**{name: None for name in change.targets}, **times}
+        check = _present_check(expected, times)
         if change.kind == Change.Kind.CREATE_APP:
             check = _and_unchanged(check, change.new_config, frozenset(change.targets))
-        verdict = _wait(change, check, _owner_apps(expected, change.base_deploy_times))
+        verdict = _wait(change, check, _owner_apps(expected, times))
         done = "Verified: applications RUNNING, effective configs hold the new values."
     if verdict.done:
         return _finish(change, ChangeState.SUCCEEDED, done)

@@ -273,6 +273,16 @@ def test_an_import_path_that_does_not_import_is_rolled_back_by_removing_the_new_
         assert ray.payload["applications"][name]["deployments"] == before[name]["deployments"]
 
 
+def test_a_new_application_with_no_deployment_options_is_still_waited_for(cluster, operator, ray):
+    app = {"name": "echo3", "route_prefix": "/echo3", "import_path": "no_such_module_xyz:app"}
+    change = protocol.plan_create_app(operator, cluster, app=app, reason="typo")
+    protocol.request_apply(operator, change)
+    protocol.run(change.pk)
+
+    change.refresh_from_db()
+    assert change.state == ChangeState.ROLLED_BACK and "echo3 is DEPLOY_FAILED" in change.error
+
+
 def test_a_deletion_needs_the_name_typed_and_then_removes_only_that_application(cluster, operator, ray):
     change = protocol.plan_delete_app(operator, cluster, application="echo2", reason="retired")
 
