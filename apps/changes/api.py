@@ -153,6 +153,7 @@ class ChangeSerializer(serializers.ModelSerializer):
             "created_at",
             "started_at",
             "pushed_at",
+            "verified_at",
             "finished_at",
             "client_impact",
             "steps",

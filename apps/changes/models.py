@@ -175,6 +175,9 @@ class Change(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     pushed_at = models.DateTimeField(null=True, blank=True)
+    # When verification (or the rollback's) reached its verdict: the change ends later, once the
+    # clients' closing reading is in.
+    verified_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     # Touched by the worker at every step and poll; a stale heartbeat on an active change means
     # its worker died and the reconciler takes over.

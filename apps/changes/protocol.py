@@ -478,7 +478,10 @@ def _finish(change: Change, state: str, message: str, *, error: bool = False) ->
 
 def _measure_clients(change: Change, *, pushed: bool) -> None:
     """What the proxy answered while the change ran, kept on the change before it ends, so a
-    rollout judges a wave by its clients. Nothing pushed, nothing to measure."""
+    rollout judges a wave by its clients. Nothing pushed, nothing to measure. The verdict's time
+    is kept first: the reading waits out Ray's export interval, which is not the change's."""
+    change.verified_at = timezone.now()
+    change.save(update_fields=["verified_at"])
     opened = (change.client_impact or {}).get("opening")
     if opened is None or not pushed:
         return

@@ -199,7 +199,7 @@ def _recycle(run: MaintenanceRun) -> None:
             error=change.error,
         )
     after, _ = running_replicas(cluster, deployment)
-    cold = (change.finished_at - change.pushed_at).total_seconds() if change.pushed_at and change.finished_at else None
+    cold = (change.verified_at - change.pushed_at).total_seconds() if change.pushed_at and change.verified_at else None
     kept = sorted(set(before) & set(after))
     took = f" in {cold:.1f} s" if cold is not None else ""
     message = (
