@@ -272,6 +272,13 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 FLEETDECK_SYNC_INTERVAL_S = env_int("FLEETDECK_SYNC_INTERVAL_S", 30, minimum=5)
 FLEETDECK_TICK_INTERVAL_S = env_int("FLEETDECK_TICK_INTERVAL_S", 10, minimum=1)
 FLEETDECK_RAY_TIMEOUT_S = env_float("FLEETDECK_RAY_TIMEOUT_S", 5.0, minimum=0.1)
+# A replica Ray has not started after this long is "waiting": the sync reads the nodes' free
+# resources and the findings say what is missing. Serve starts a replica in seconds when a node
+# has room (measured ~3 s), so a minute means it has none.
+FLEETDECK_WAITING_REPLICA_S = env_int("FLEETDECK_WAITING_REPLICA_S", 60, minimum=1)
+# How old the nodes' resources may be before a sync reads them again while nothing waits: they
+# change with nodes, not with requests.
+FLEETDECK_NODE_RESOURCES_MAX_AGE_S = env_int("FLEETDECK_NODE_RESOURCES_MAX_AGE_S", 300, minimum=5)
 # Comma-separated CIDRs a cluster URL may point into; empty means any routable or private
 # address. Link-local addresses (cloud metadata services) are always refused.
 FLEETDECK_CLUSTER_NETWORKS = env_list("FLEETDECK_CLUSTER_NETWORKS", [])

@@ -97,6 +97,10 @@ class Cluster(models.Model):
     serve_running = models.BooleanField(default=False)
     serve_controller_start_time = models.FloatField(null=True, blank=True)
     serve_http_port = models.PositiveIntegerField(null=True, blank=True)
+    # Each node's logical resources, {node IP: {resource: [used, total]}}, from /api/cluster_status:
+    # read by the sync only when a replica waits or the last reading is old (apps.fleet.sync).
+    node_resources = models.JSONField(default=dict, blank=True)
+    node_resources_at = models.DateTimeField(null=True, blank=True)
 
     reachability = models.CharField(max_length=16, choices=Reachability.choices, default=Reachability.UNKNOWN)
     last_error = models.TextField(blank=True)

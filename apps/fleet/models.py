@@ -56,6 +56,15 @@ class Deployment(models.Model):
     autoscaling_target_ongoing_requests = models.FloatField(null=True, blank=True)
     num_cpus = models.FloatField(null=True, blank=True)
     num_gpus = models.FloatField(null=True, blank=True)
+    # What Ray reserves per replica (CPU, GPU, memory, custom resources).
+    required_resources = models.JSONField(default=dict, blank=True)
+    # Serve's autoscaling_detail as last reported (scaling status, recent decisions, metrics
+    # health, errors); null when Serve reports none, as the 2.60.0 controller does.
+    autoscaling_detail = models.JSONField(null=True, blank=True)
+    # Replicas Ray has not started yet (STARTING, PENDING_*), and since when the oldest of them
+    # waits, in Ray's clock (its start_time_s).
+    waiting_replicas = models.PositiveIntegerField(default=0)
+    waiting_since_s = models.FloatField(null=True, blank=True)
 
     first_seen_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -76,6 +85,27 @@ class Deployment(models.Model):
     @property
     def autoscaling(self) -> bool:
         return self.autoscaling_max_replicas is not None
+
+
+class ScalingSample(models.Model):
+    """Target and running replicas of a deployment, one row each time either changed, so the
+    deployment page can chart them over time; an unchanged sync writes none. `decision` holds the
+    autoscaler's reason when Serve gave one for the new target."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="scaling_samples")
+    observed_at = models.DateTimeField(db_index=True)
+    target = models.PositiveIntegerField(null=True, blank=True)
+    running = models.PositiveIntegerField(default=0)
+    waiting = models.PositiveIntegerField(default=0)
+    decision = models.JSONField(null=True, blank=True)
+
+    team_path = "deployment__application__cluster__team"
+
+    class Meta:
+        ordering = ["deployment", "observed_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.deployment} @ {self.observed_at:%H:%M:%S}: {self.running}/{self.target}"
 
 
 class ConfigRevision(models.Model):

@@ -22,8 +22,9 @@ from apps.clusters.services import dashboard_for, mark_unreachable
 from apps.core import jobs
 from apps.core.jobs import Job
 from apps.core.secrets import SecretUnreadable
+from apps.fleet.autoscaling import detail_json, is_waiting, sample_decision, waiting_since
 from apps.fleet.configs import application_revision, config_hash, key_settings, submitted_deployment
-from apps.fleet.models import Application, ConfigRevision, Deployment
+from apps.fleet.models import Application, ConfigRevision, Deployment, ScalingSample
 from apps.fleet.signals import cluster_synced
 from integrations.ray.errors import RayError
 from integrations.ray.payloads import ApplicationStatus, DeploymentStatus, ServeStatus, VersionInfo
@@ -62,16 +63,42 @@ def sync_cluster(cluster_id: int) -> SyncOutcome | None:
         with dashboard_for(cluster) as ray:
             version = ray.version()
             serve = ray.serve_applications()
+            resources = _node_resources(ray, cluster, serve)
     except RayError as exc:
         mark_unreachable(cluster, exc, at=timezone.now())
         return SyncOutcome(cluster_id, ok=False, error=exc.message)
     except SecretUnreadable as exc:
         mark_unreachable(cluster, RayError(str(exc)), at=timezone.now())
         return SyncOutcome(cluster_id, ok=False, error=str(exc))
-    return apply_observation(cluster_id, version, serve, duration_ms=int((time.monotonic() - started) * 1000))
+    return apply_observation(
+        cluster_id, version, serve, duration_ms=int((time.monotonic() - started) * 1000), resources=resources
+    )
 
 
-def apply_observation(cluster_id: int, version: VersionInfo, serve: ServeStatus, *, duration_ms: int) -> SyncOutcome:
+def _node_resources(ray, cluster: Cluster, serve: ServeStatus) -> dict | None:
+    """The nodes' resources when a replica waits to be placed or the last reading is old; None
+    leaves the stored reading alone. A failed read costs this sync nothing else."""
+    waiting = any(
+        is_waiting(replica.state)
+        for app in serve.applications.values()
+        for dep in app.deployments.values()
+        for replica in dep.replicas
+    )
+    max_age = timedelta(seconds=settings.FLEETDECK_NODE_RESOURCES_MAX_AGE_S)
+    fresh = cluster.node_resources_at is not None and timezone.now() - cluster.node_resources_at < max_age
+    if fresh and not waiting:
+        return None
+    try:
+        usage = ray.resource_usage()
+    except RayError as exc:
+        log.warning("cluster %s: node resources not read: %s", cluster.pk, exc.message)
+        return None
+    return {ip: {name: list(figures) for name, figures in sorted(res.items())} for ip, res in sorted(usage.items())}
+
+
+def apply_observation(
+    cluster_id: int, version: VersionInfo, serve: ServeStatus, *, duration_ms: int, resources: dict | None = None
+) -> SyncOutcome:
     outcome = SyncOutcome(cluster_id, ok=True)
     now = timezone.now()
     with transaction.atomic():
@@ -82,6 +109,8 @@ def apply_observation(cluster_id: int, version: VersionInfo, serve: ServeStatus,
         if changed or cluster_changes:
             cluster_changes["last_change_seen_at"] = now
         cluster_changes.update(last_sync_at=now, last_sync_duration_ms=duration_ms)
+        if resources is not None:
+            cluster_changes.update(node_resources=resources, node_resources_at=now)
         Cluster.objects.filter(pk=cluster_id).update(**cluster_changes)
     return outcome
 
@@ -169,10 +198,29 @@ def _application_fields(observed: ApplicationStatus) -> dict:
 
 def _upsert_deployments(app: Application, observed: ApplicationStatus, existing: dict, now, outcome) -> bool:
     changed = False
+    samples = []
     for name, dep in observed.deployments.items():
         row = existing.get(name) or Deployment(application=app, name=name)
+        before = (row.target_replicas, row.running_replicas, row.waiting_replicas) if row.pk else None
         fields = _deployment_fields(dep, submitted_deployment(observed.deployed_app_config, name))
-        changed |= _save_if_changed(row, fields, outcome)
+        if _save_if_changed(row, fields, outcome):
+            changed = True
+            after = (row.target_replicas, row.running_replicas, row.waiting_replicas)
+            if after != before:
+                decision = sample_decision(dep.autoscaling_detail, before[0] if before else None, row.target_replicas)
+                samples.append(
+                    ScalingSample(
+                        deployment=row,
+                        observed_at=now,
+                        target=after[0],
+                        running=after[1],
+                        waiting=after[2],
+                        decision=decision,
+                    )
+                )
+    if samples:
+        ScalingSample.objects.bulk_create(samples)
+        outcome.writes += 1
     # During a rebuild Ray lists no deployments at all; that is not a removal.
     if observed.deployments:
         gone = [row.pk for name, row in existing.items() if name not in observed.deployments and row.removed_at is None]
@@ -194,6 +242,10 @@ def _deployment_fields(dep: DeploymentStatus, submitted: dict) -> dict:
         "replica_states": states,
         "running_replicas": states.get("RUNNING", 0),
         "target_replicas": dep.target_num_replicas,
+        "required_resources": dep.required_resources,
+        "autoscaling_detail": detail_json(dep.autoscaling_detail),
+        "waiting_replicas": sum(1 for replica in dep.replicas if is_waiting(replica.state)),
+        "waiting_since_s": waiting_since(dep.replicas),
         **key_settings(dep.deployment_config),
     }
 

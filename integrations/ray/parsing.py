@@ -8,10 +8,12 @@ from typing import Any
 from integrations.ray.payloads import (
     Actor,
     ApplicationStatus,
+    AutoscalingDetail,
     DeploymentStatus,
     JobInfo,
     Node,
     Replica,
+    ScalingDecision,
     ServeStatus,
 )
 
@@ -73,6 +75,40 @@ def _parse_deployment(name: str, raw: dict[str, Any]) -> DeploymentStatus:
         target_num_replicas=to_int(raw.get("target_num_replicas"), None),
         replicas=[_parse_replica(replica) for replica in raw.get("replicas") or []],
         recent_dead_replicas=[_parse_replica(replica) for replica in raw.get("recent_dead_replicas") or []],
+        required_resources=_amounts(raw.get("required_resources")),
+        autoscaling_detail=_parse_autoscaling(raw.get("autoscaling_detail")),
+    )
+
+
+def _amounts(raw: Any) -> dict[str, float]:
+    if not isinstance(raw, dict):
+        return {}
+    amounts = {str(name): to_float(value) for name, value in raw.items()}
+    return {name: value for name, value in sorted(amounts.items()) if value is not None}
+
+
+def _parse_autoscaling(raw: Any) -> AutoscalingDetail | None:
+    if not isinstance(raw, dict):
+        return None
+    decisions = []
+    for item in raw.get("decisions") or []:
+        at = to_float(item.get("timestamp_s")) if isinstance(item, dict) else None
+        if at is None:
+            continue
+        decisions.append(
+            ScalingDecision(
+                timestamp_s=at,
+                reason=str(item.get("reason") or ""),
+                prev_num_replicas=to_int(item.get("prev_num_replicas"), 0),
+                curr_num_replicas=to_int(item.get("curr_num_replicas"), 0),
+                policy=str(item.get("policy") or ""),
+            )
+        )
+    return AutoscalingDetail(
+        scaling_status=str(raw.get("scaling_status") or "STABLE"),
+        decisions=decisions,
+        metrics_health=str(raw.get("metrics_health") or "healthy"),
+        errors=[str(error) for error in raw.get("errors") or []],
     )
 
 

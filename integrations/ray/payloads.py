@@ -28,6 +28,26 @@ class Replica:
 
 
 @dataclass(frozen=True)
+class ScalingDecision:
+    timestamp_s: float
+    reason: str
+    prev_num_replicas: int
+    curr_num_replicas: int
+    policy: str = ""
+
+
+@dataclass(frozen=True)
+class AutoscalingDetail:
+    """Serve's `autoscaling_detail` of a deployment (alpha in 2.60: its schema exists, but the
+    controller of the 2.60.0 wheel never fills it, so the dashboard leaves the key out)."""
+
+    scaling_status: str  # UPSCALING, DOWNSCALING, STABLE
+    decisions: list[ScalingDecision]
+    metrics_health: str  # healthy, delayed, unavailable
+    errors: list[str]
+
+
+@dataclass(frozen=True)
 class DeploymentStatus:
     name: str
     status: str
@@ -37,6 +57,9 @@ class DeploymentStatus:
     target_num_replicas: int | None
     replicas: list[Replica]
     recent_dead_replicas: list[Replica]
+    # What Ray reserves per replica (its `resource_dict`: CPU, GPU, memory, custom resources).
+    required_resources: dict[str, float] = field(default_factory=dict)
+    autoscaling_detail: AutoscalingDetail | None = None
 
     @property
     def replica_states(self) -> dict[str, int]:
