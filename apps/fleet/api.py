@@ -10,6 +10,9 @@ from apps.accounts import access
 from apps.fleet.filters import ApplicationFilter, ConfigRevisionFilter, DeploymentFilter
 from apps.fleet.history import previous_revision, revision_diff
 from apps.fleet.models import Application, ConfigRevision, Deployment
+from apps.fleet.scaling_history import scaling_series
+from apps.remediation.models import Finding
+from apps.remediation.rules import WHY_NOT_AT_TARGET
 from controlplane.pagination import PageOrKeysetPagination
 
 
@@ -61,6 +64,10 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "autoscaling_target_ongoing_requests",
             "num_cpus",
             "num_gpus",
+            "required_resources",
+            "autoscaling_detail",
+            "waiting_replicas",
+            "waiting_since_s",
             "effective_config",
             "submitted_config",
             "first_seen_at",
@@ -111,6 +118,40 @@ class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
             access.visible(self.request.user, Deployment)
             .select_related("application")
             .order_by("application__cluster__name", "application__name", "name")
+        )
+
+    @extend_schema(
+        responses=inline_serializer(
+            "DeploymentScaling",
+            {
+                "series": serializers.DictField(allow_null=True),
+                "why_not_at_target": serializers.ListField(child=serializers.DictField()),
+            },
+        )
+    )
+    @action(detail=True, methods=["get"])
+    def scaling(self, request, pk=None):
+        """Target and running replicas over time with the autoscaler's decisions (`series`: times in
+        ms; null before the first sample), and the open findings that say why the deployment is
+        not at its target, each naming the missing resource and by how much."""
+        deployment = self.get_object()
+        findings = Finding.objects.filter(
+            deployment=deployment, rule__in=WHY_NOT_AT_TARGET, resolved_at__isnull=True
+        ).order_by("rule")
+        return Response(
+            {
+                "series": scaling_series(deployment),
+                "why_not_at_target": [
+                    {
+                        "rule": f.rule,
+                        "severity": f.severity,
+                        "message": f.message,
+                        "evidence": f.evidence,
+                        "patch": f.patch,
+                    }
+                    for f in findings
+                ],
+            }
         )
 
 

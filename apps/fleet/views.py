@@ -15,6 +15,7 @@ from apps.clusters.filters import ClusterFilter
 from apps.clusters.models import Cluster
 from apps.fleet.history import previous_revision, revision_diff
 from apps.fleet.models import Application, ConfigRevision, Deployment
+from apps.fleet.scaling_history import scaling_series
 from apps.fleet.selectors import cluster_listing
 
 PAGE_SIZE = 50
@@ -91,6 +92,7 @@ def deployment_detail(request, pk: int):
         "runs": deployment.maintenance_runs.all()[:10],
         "incidents": deployment.incidents.all()[:10],
         "findings": deployment.findings.filter(resolved_at__isnull=True, muted_at__isnull=True),
+        "scaling": scaling_series(deployment),
         "can_operate": has_role(request.user, deployment.application.cluster.team, Role.OPERATOR),
     }
     template = "fleet/partials/deployment_live.html" if request.htmx else "fleet/deployment_detail.html"

@@ -4,10 +4,18 @@ kill as a marker at the moment Fleetdeck saw it. Pure, apart from reading the ki
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from django.utils import timezone
+
+from apps.fleet.scaling_history import scaling_series
 from apps.incidents.models import Incident
 from apps.incidents.oom import replica_memory
 
 MIB, GIB = 2**20, 2**30
+# The replica counts charted around an incident: from a while before it started, to see what
+# the autoscaler did as it built up, until it was resolved (or now).
+SCALING_LEAD = timedelta(minutes=15)
 # Ray's per-process memory metrics count decimal megabytes.
 MB = 10**6
 
@@ -40,6 +48,15 @@ def chart_data(incident: Incident) -> dict | None:
     if nodes:
         data["nodes"] = [_node(ip, points, kills) for ip, points in sorted(nodes.items())]
     return _framed(data, [*series, *(p for points in nodes.values() for p in points)], kills)
+
+
+def incident_scaling(incident: Incident) -> dict | None:
+    """The incident's deployment's target and running replicas over the incident's span; None
+    for a node incident or when nothing was sampled then."""
+    if incident.deployment_id is None:
+        return None
+    until = incident.resolved_at or timezone.now()
+    return scaling_series(incident.deployment, since=incident.started_at - SCALING_LEAD, until=until)
 
 
 def _framed(data: dict, points: list[dict], kills: list[dict]) -> dict:

@@ -12,7 +12,7 @@ from apps.accounts.audit import Actor
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role
 from apps.incidents import services
-from apps.incidents.charts import chart_data
+from apps.incidents.charts import chart_data, incident_scaling
 from apps.incidents.filters import IncidentFilter
 from apps.incidents.models import Incident
 from apps.incidents.timeline import related_work
@@ -38,6 +38,7 @@ def incident_detail(request, pk: int):
         "incident": incident,
         "can_operate": has_role(request.user, incident.cluster.team, Role.OPERATOR),
         "chart": chart_data(incident),
+        "scaling": incident_scaling(incident),
         "timeline": _timeline(incident),
     }
     return render(request, "incidents/detail.html", context)

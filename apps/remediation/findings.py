@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 
 import yaml
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -54,8 +56,11 @@ def subjects(cluster: Cluster) -> list[tuple[Deployment, rules.Subject]]:
         Incident.objects.filter(cluster=cluster, kind=Incident.Kind.MEMORY_RATCHET).exclude(status="resolved").exists()
     )
     out = []
+    now_s = time.time()
     for dep in deployments:
-        cold, ratio = cold_start_ratio(windows.get((dep.application.name, dep.name), []))
+        points = windows.get((dep.application.name, dep.name), [])
+        cold, ratio = cold_start_ratio(points)
+        p99s = [p["p99"] for p in points if p.get("p99")]
         out.append(
             (
                 dep,
@@ -72,6 +77,16 @@ def subjects(cluster: Cluster) -> list[tuple[Deployment, rules.Subject]]:
                     cold_starts_observed=cold,
                     cold_start_ratio=ratio,
                     memory_ratchet=ratchet,
+                    required_resources=dep.required_resources,
+                    target_replicas=dep.target_replicas,
+                    waiting_replicas=dep.waiting_replicas,
+                    # Ray's clock against ours: both keep NTP time on any cluster worth watching.
+                    waiting_since_s=dep.waiting_since_s,
+                    waiting_for_s=max(now_s - dep.waiting_since_s, 0.0) if dep.waiting_since_s else None,
+                    waiting_threshold_s=settings.FLEETDECK_WAITING_REPLICA_S,
+                    node_resources=cluster.node_resources if cluster.node_resources_at else None,
+                    autoscaling_detail=dep.autoscaling_detail,
+                    p99_processing_ms=max(p99s) if p99s else None,
                 ),
             )
         )
@@ -126,7 +141,7 @@ class _Row:
 
     @classmethod
     def of_hit(cls, dep: Deployment | None, hit: rules.Hit) -> "_Row":
-        return cls(dep, hit.severity, hit.evidence, hit.patch, hit.action)
+        return cls(dep, hit.severity, hit.evidence, hit.patch, hit.action, hit.message)
 
     def merged(self, other: "_Row") -> "_Row":
         causes = ", ".join(dict.fromkeys(c for c in (self.evidence.get("cause"), other.evidence.get("cause")) if c))

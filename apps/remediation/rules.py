@@ -3,10 +3,13 @@ matters, and the patch that fixes it. Pure functions over `Subject`; ids are sta
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Callable
 
 from apps.changes.serve_options import parse_version, unknown_fields
+from apps.remediation import schedulable
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,17 @@ class Subject:
     cold_starts_observed: bool = False
     cold_start_ratio: float | None = None  # p99 right after replica starts / steady p50
     memory_ratchet: bool = False
+    # What Ray reserves per replica, and the replicas it has not placed or started yet.
+    required_resources: dict = field(default_factory=dict)
+    target_replicas: int | None = None
+    waiting_replicas: int = 0
+    waiting_since_s: float | None = None  # when the oldest of them was started (Ray's clock)
+    waiting_for_s: float | None = None  # how long it has waited
+    waiting_threshold_s: float = 60.0
+    # The nodes' resources, {IP: {resource: [used, total]}}; None when never read.
+    node_resources: dict | None = None
+    autoscaling_detail: dict | None = None
+    p99_processing_ms: float | None = None  # the highest p99 of the deployment's kept readings
 
 
 @dataclass(frozen=True)
@@ -32,6 +46,7 @@ class Hit:
     evidence: dict
     patch: dict | None = None
     action: str = ""  # "schedule" or "warmup" when the fix is not a config patch
+    message: str = ""  # this occurrence's own explanation, with its figures
 
 
 @dataclass(frozen=True)
@@ -187,6 +202,118 @@ def warmup_missing(s: Subject) -> Hit | None:
     return None
 
 
+def _per_replica(s: Subject) -> dict[str, float]:
+    return {str(k): float(v) for k, v in s.required_resources.items()} or schedulable.demand_of(
+        s.effective.get("ray_actor_options") or {}
+    )
+
+
+def replicas_unschedulable(s: Subject) -> Hit | None:
+    if not s.waiting_replicas or s.waiting_for_s is None or s.waiting_for_s < s.waiting_threshold_s:
+        return None
+    per_replica = _per_replica(s)
+    evidence = {
+        "waiting_replicas": s.waiting_replicas,
+        # When, not how long: evidence that changes with every sync would rewrite the finding each time.
+        "waiting_since": datetime.fromtimestamp(s.waiting_since_s or 0, tz=timezone.utc).isoformat(timespec="seconds"),
+        "running_replicas": s.running_replicas,
+        "target_replicas": s.target_replicas,
+        "per_replica": per_replica,
+    }
+    if s.node_resources is None:
+        message = "The cluster's resources could not be read: which resource is missing is not known."
+        return Hit("replicas-unschedulable", "major", evidence, message=message)
+    if schedulable.reports_no_resources(s.node_resources):
+        message = (
+            "The cluster's nodes report no resources (/api/cluster_status lists no CPU, GPU or memory on any "
+            "node): no replica can be placed, and the missing resource cannot be named. Check that the nodes' "
+            "raylets are alive and registered with the head."
+        )
+        return Hit("replicas-unschedulable", "major", {**evidence, "nodes_report_no_resources": True}, message=message)
+    short = schedulable.unplaceable(per_replica, s.node_resources)
+    if short is None:
+        # A node has room now: the replica is placed or its constructor is slow, not a resource problem.
+        return None
+    evidence.update(missing=short.missing, most_free_on_one_node=short.most_free)
+    return Hit("replicas-unschedulable", "major", evidence, message=short.text(per_replica))
+
+
+def max_replicas_unreachable(s: Subject) -> Hit | None:
+    auto = _auto(s)
+    maximum = (auto or {}).get("max_replicas")
+    if not isinstance(maximum, int) or not s.node_resources or schedulable.reports_no_resources(s.node_resources):
+        return None
+    per_replica = _per_replica(s)
+    fits, binding = schedulable.replicas_that_fit(per_replica, s.node_resources)
+    if not binding or maximum <= fits:
+        return None
+    needed = maximum * per_replica[binding]
+    total = schedulable.total_of(binding, s.node_resources)
+    text = schedulable.amount_text
+    message = (
+        f"max_replicas {maximum} × {text(per_replica[binding])} {binding} per replica needs {text(needed)} {binding}; "
+        f"the cluster's nodes have {text(total)} {binding} in all ({text(needed - total)} short), so at most "
+        f"{fits} replicas fit even with nothing else running."
+    )
+    minimum = auto.get("min_replicas") or 0
+    patch = {"autoscaling_config": {"max_replicas": fits}} if fits >= max(minimum, 1) else None
+    evidence = {
+        "max_replicas": maximum,
+        "replicas_that_fit": fits,
+        "resource": binding,
+        "needed": needed,
+        "cluster_total": total,
+        "short": needed - total,
+    }
+    return Hit("max-replicas-unreachable", "warning", evidence, patch, message=message)
+
+
+def autoscaling_metrics_unhealthy(s: Subject) -> Hit | None:
+    detail = s.autoscaling_detail or {}
+    health = detail.get("metrics_health")
+    if not health or health == "healthy":
+        return None
+    errors = list(detail.get("errors") or [])[-5:]
+    message = (
+        f"Serve reports the autoscaler's metrics as {health}: it decides on stale or missing request counts, "
+        "so the target may not follow the load." + (f" Last errors: {'; '.join(errors)}" if errors else "")
+    )
+    return Hit(
+        "autoscaling-metrics-unhealthy",
+        "major",
+        {"metrics_health": health, "scaling_status": detail.get("scaling_status"), "errors": errors},
+        message=message,
+    )
+
+
+def graceful_shutdown_short(s: Subject) -> Hit | None:
+    timeout = s.effective.get("graceful_shutdown_timeout_s")
+    loop = s.effective.get("graceful_shutdown_wait_loop_s") or 0
+    if s.p99_processing_ms is None or not isinstance(timeout, (int, float)) or timeout * 1000 >= s.p99_processing_ms:
+        return None
+    p99_s = s.p99_processing_ms / 1000
+    # The replica looks for requests still running once per wait loop, so a request of p99 length
+    # that began just as the drain started is seen done at most one loop later.
+    suggested = math.ceil(p99_s + loop)
+    message = (
+        f"A replica being stopped waits at most {timeout:g} s for its requests, and the slowest 1 % take "
+        f"{p99_s:.1f} s here: a recycle or a rolling update cuts them off. {suggested} s (p99 plus one "
+        f"{loop:g} s wait loop) lets them finish."
+    )
+    return Hit(
+        "graceful-shutdown-short",
+        "warning",
+        {
+            "graceful_shutdown_timeout_s": timeout,
+            "graceful_shutdown_wait_loop_s": loop,
+            "p99_processing_s": round(p99_s, 2),
+            "suggested_timeout_s": suggested,
+        },
+        {"graceful_shutdown_timeout_s": suggested},
+        message=message,
+    )
+
+
 RULES = [
     Rule(
         "gpu-concurrency",
@@ -264,6 +391,41 @@ RULES = [
         "kernel warmup. A warmup after every recycle and change makes that cost invisible to users.",
         warmup_missing,
     ),
+    Rule(
+        "replicas-unschedulable",
+        "Replicas wait because no node can place them",
+        "",
+        "Serve asks Ray for each replica's resources; when no node has them free, the replica stays STARTING "
+        "or PENDING and the deployment runs below its target, however long the queue. Free the named resource, "
+        "add nodes that have it, or ask for less per replica.",
+        replicas_unschedulable,
+    ),
+    Rule(
+        "max-replicas-unreachable",
+        "max_replicas more than the cluster can ever hold",
+        "R2",
+        "The autoscaler may ask for up to max_replicas, but the cluster's nodes cannot hold that many replicas "
+        "even when nothing else runs: under load the deployment stops short of the target it asked for and "
+        "its queue grows. A max_replicas the nodes can hold makes the ceiling honest, or the nodes must grow.",
+        max_replicas_unreachable,
+    ),
+    Rule(
+        "autoscaling-metrics-unhealthy",
+        "Autoscaling metrics delayed or unavailable",
+        "R2",
+        "Serve's autoscaler decides from the request counts replicas and handles report; when those arrive late "
+        "or not at all, it scales on stale figures: too late under a burst, or not at all.",
+        autoscaling_metrics_unhealthy,
+    ),
+    Rule(
+        "graceful-shutdown-short",
+        "graceful_shutdown_timeout_s shorter than the p99 processing time",
+        "R9",
+        "When Serve stops a replica (a recycle, a rolling update, a downscale) it waits up to "
+        "graceful_shutdown_timeout_s for the requests in flight, then kills the replica: requests slower than "
+        "that fail. The wait loop only sets how often it looks; the timeout is what cuts.",
+        graceful_shutdown_short,
+    ),
 ]
 
 CLUSTER_RULES = [
@@ -325,6 +487,8 @@ KUBE_RULES = [
     ),
 ]
 KUBE_IDS = frozenset(rule.id for rule in KUBE_RULES)
+# The findings that say why a deployment runs below the replicas it asked for.
+WHY_NOT_AT_TARGET = ("replicas-unschedulable", "max-replicas-unreachable", "autoscaling-metrics-unhealthy")
 
 BY_ID = {rule.id: rule for rule in RULES + CLUSTER_RULES + KUBE_RULES}
 
