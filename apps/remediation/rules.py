@@ -252,7 +252,7 @@ def max_replicas_unreachable(s: Subject) -> Hit | None:
     text = schedulable.amount_text
     message = (
         f"max_replicas {maximum} × {text(per_replica[binding])} {binding} per replica needs {text(needed)} {binding}; "
-        f"the cluster's nodes have {text(total)} {binding} in all ({text(needed - total)} short), so at most "
+        f"the cluster's nodes have {text(total)} {binding} in all ({text(needed - total)} {binding} short), so at most "
         f"{fits} replicas fit even with nothing else running."
     )
     minimum = auto.get("min_replicas") or 0

@@ -119,7 +119,7 @@ class Shortfall:
     def text(self, per_replica: dict[str, float]) -> str:
         parts = [
             f"{amount_text(per_replica[name])} {name}, and the most free on one node is "
-            f"{amount_text(self.most_free[name])} ({amount_text(short)} short)"
+            f"{amount_text(self.most_free[name])} {name} ({amount_text(short)} {name} short)"
             for name, short in sorted(self.missing.items())
         ]
         if not parts:
