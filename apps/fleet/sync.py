@@ -77,7 +77,7 @@ def sync_cluster(cluster_id: int) -> SyncOutcome | None:
 
 def _node_resources(ray, cluster: Cluster, serve: ServeStatus) -> dict | None:
     """The nodes' resources when a replica waits to be placed or the last reading is old; None
-    leaves the stored reading alone. A failed read costs this sync nothing else."""
+    when not asked, {} when the read failed (the stored reading stays)."""
     waiting = any(
         is_waiting(replica.state)
         for app in serve.applications.values()
@@ -91,8 +91,10 @@ def _node_resources(ray, cluster: Cluster, serve: ServeStatus) -> dict | None:
     try:
         usage = ray.resource_usage()
     except RayError as exc:
+        # The attempt still counts: a dashboard that cannot answer is asked again when a replica
+        # waits or the reading is old, not at every sync.
         log.warning("cluster %s: node resources not read: %s", cluster.pk, exc.message)
-        return None
+        return {}
     return {ip: {name: list(figures) for name, figures in sorted(res.items())} for ip, res in sorted(usage.items())}
 
 
@@ -110,7 +112,7 @@ def apply_observation(
             cluster_changes["last_change_seen_at"] = now
         cluster_changes.update(last_sync_at=now, last_sync_duration_ms=duration_ms)
         if resources is not None:
-            cluster_changes.update(node_resources=resources, node_resources_at=now)
+            cluster_changes.update(node_resources_at=now, **({"node_resources": resources} if resources else {}))
         Cluster.objects.filter(pk=cluster_id).update(**cluster_changes)
     return outcome
 

@@ -84,7 +84,7 @@ def subjects(cluster: Cluster) -> list[tuple[Deployment, rules.Subject]]:
                     waiting_since_s=dep.waiting_since_s,
                     waiting_for_s=max(now_s - dep.waiting_since_s, 0.0) if dep.waiting_since_s else None,
                     waiting_threshold_s=settings.FLEETDECK_WAITING_REPLICA_S,
-                    node_resources=cluster.node_resources if cluster.node_resources_at else None,
+                    node_resources=cluster.node_resources or None,
                     autoscaling_detail=dep.autoscaling_detail,
                     p99_processing_ms=max(p99s) if p99s else None,
                 ),
