@@ -145,6 +145,7 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("application-detail", "GET"): READ,
     ("deployment-list", "GET"): READ,
     ("deployment-detail", "GET"): READ,
+    ("deployment-scaling", "GET"): READ,
     ("configrevision-list", "GET"): READ,
     ("configrevision-detail", "GET"): READ,
     ("configrevision-diff", "GET"): READ,
