@@ -307,7 +307,7 @@ def seen_by(user, rollouts: QuerySet[Rollout]) -> QuerySet[Rollout]:
     mine = (
         access.visible(user, Change)
         .select_related("cluster")
-        .only("rollout", "cluster__name", "wave", "targets", "state", "error")
+        .only("rollout", "cluster__name", "wave", "targets", "state", "error", "client_impact")
     )
     return rollouts.annotate(change_total=Count("changes")).prefetch_related(Prefetch("changes", queryset=mine))
 

@@ -7,8 +7,7 @@ from rest_framework.response import Response
 
 from apps.accounts import access
 from apps.accounts.audit import Actor
-from apps.accounts.drf import CONFLICT, require_role
-from apps.accounts.models import Role
+from apps.accounts.drf import CONFLICT
 from apps.calibration import services as calibrations
 from apps.incidents.models import Incident
 from apps.remediation import findings, remedy_checks, verification, wizards
@@ -232,9 +231,9 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def _respond(self, wizard, code=status.HTTP_200_OK):
         return Response(WizardSerializer(self.get_queryset().get(pk=wizard.pk)).data, status=code)
 
-    def _operable(self, request, what: str):
+    def _operable(self, request, operation: str):
         wizard = self.get_object()
-        require_role(request, wizard.cluster.team, Role.OPERATOR, what)
+        access.demand(request.user, wizard.cluster.team, wizards.OPERATIONS[operation])
         return wizard
 
     @extend_schema(
@@ -279,7 +278,7 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def apply(self, request, pk=None):
         """Apply config step(s) through the change protocol (one change). Poll the wizard for the result."""
-        wizard = self._operable(request, "apply remedies")
+        wizard = self._operable(request, "apply")
         body = ApplySerializer(data=request.data)
         body.is_valid(raise_exception=True)
         wizards.apply(
@@ -290,8 +289,8 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         )
         return self._respond(wizard, status.HTTP_202_ACCEPTED)
 
-    def _step_action(self, request, fn, what, extra):
-        wizard = self._operable(request, what)
+    def _step_action(self, request, fn, operation, extra):
+        wizard = self._operable(request, operation)
         body = StepSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
@@ -302,30 +301,26 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def confirm(self, request, pk=None):
         """Mark a code-level remedy as done, with a note."""
-        return self._step_action(
-            request, wizards.confirm, "confirm remedies", extra=lambda d: {"note": d.get("note", "")}
-        )
+        return self._step_action(request, wizards.confirm, "confirm", extra=lambda d: {"note": d.get("note", "")})
 
     @extend_schema(request=StepSerializer, responses={200: WizardSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def skip(self, request, pk=None):
         """Skip a remedy; `note` says why (required)."""
-        return self._step_action(request, wizards.skip, "skip remedies", extra=lambda d: {"reason": d.get("note", "")})
+        return self._step_action(request, wizards.skip, "skip", extra=lambda d: {"reason": d.get("note", "")})
 
     @extend_schema(request=StepSerializer, responses={200: WizardSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def check(self, request, pk=None):
         """Run a code-level remedy's automatic check (R3 oversized input, R6 cold start, R7, R8, R9)."""
-        return self._step_action(
-            request, remedy_checks.run, "run checks", extra=lambda d: {"params": d.get("params") or {}}
-        )
+        return self._step_action(request, remedy_checks.run, "check", extra=lambda d: {"params": d.get("params") or {}})
 
     @extend_schema(request=WizardCalibrateSerializer, responses={202: WizardSerializer, 400: CONFLICT, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def calibrate(self, request, pk=None):
         """Measure the deployment's memory at rising concurrency with a calibration job on its cluster,
         through its own interface; the values are recomputed when it ends. Poll the wizard."""
-        wizard = self._operable(request, "calibrate deployments")
+        wizard = self._operable(request, "calibrate")
         body = WizardCalibrateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
@@ -342,7 +337,7 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def replan(self, request, pk=None):
         """Recompute the diagnosis and the values of steps not yet applied (e.g. after a calibration)."""
-        wizard = self._operable(request, "re-plan wizards")
+        wizard = self._operable(request, "replan")
         body = RevisionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         wizards.replan(Actor.from_request(request), wizard, revision=body.validated_data.get("revision"))
@@ -352,7 +347,7 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def verify(self, request, pk=None):
         """Start the verification window; the worker concludes it (or call `evaluate`)."""
-        wizard = self._operable(request, "verify fixes")
+        wizard = self._operable(request, "verify")
         body = VerifySerializer(data=request.data)
         body.is_valid(raise_exception=True)
         verification.start(
@@ -367,14 +362,14 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def evaluate(self, request, pk=None):
         """Measure the verification window now: fails at once on an OOM kill, concludes when the window is over."""
-        wizard = self._operable(request, "verify fixes")
+        wizard = self._operable(request, "evaluate")
         verification.evaluate(wizard.pk)
         return self._respond(wizard)
 
     @extend_schema(request=AbandonSerializer, responses={200: WizardSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def abandon(self, request, pk=None):
-        wizard = self._operable(request, "abandon wizards")
+        wizard = self._operable(request, "abandon")
         body = AbandonSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         wizards.abandon(

@@ -5,7 +5,7 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db.models import Count, F, Window
 from django.db.models.functions import RowNumber
@@ -198,8 +198,7 @@ def wizard_action(request, pk: int, action: str):
     wizard = get_object_or_404(_wizards(request), pk=pk)
     if action not in ACTIONS:
         raise Http404("No such wizard action.")
-    if not has_role(request.user, wizard.cluster.team, Role.OPERATOR):
-        raise PermissionDenied("Only operators act on remediation wizards.")
+    access.demand(request.user, wizard.cluster.team, wizards.OPERATIONS[action])
     error = ""
     try:
         revision = int(request.POST["revision"]) if request.POST.get("revision") else None

@@ -32,6 +32,18 @@ Status = WizardStep.Status
 
 
 START = Permission(Role.OPERATOR, "start remediation wizards")
+# What each operation on a started wizard needs: the wizard page and the API demand the same one.
+OPERATIONS = {
+    "apply": Permission(Role.OPERATOR, "apply remedies"),
+    "confirm": Permission(Role.OPERATOR, "confirm remedies"),
+    "skip": Permission(Role.OPERATOR, "skip remedies"),
+    "check": Permission(Role.OPERATOR, "run checks"),
+    "calibrate": Permission(Role.OPERATOR, "calibrate deployments"),
+    "replan": Permission(Role.OPERATOR, "re-plan wizards"),
+    "verify": Permission(Role.OPERATOR, "verify fixes"),
+    "evaluate": Permission(Role.OPERATOR, "verify fixes"),
+    "abandon": Permission(Role.OPERATOR, "abandon wizards"),
+}
 
 
 class WizardError(ValidationError):

@@ -54,3 +54,11 @@ def test_the_diagnosis_shows_the_settings_now_in_words(client, people, incident)
     chips = re.search(r"<th>Settings now</th><td>(.*?)</td>", html, re.S).group(1)
     assert "max_ongoing_requests: " in chips
     assert not REPR.findall(html)
+
+
+def test_the_wizard_page_and_the_api_demand_the_same_permission_for_each_operation():
+    from apps.remediation import api, views, wizards
+
+    assert set(views.ACTIONS) == set(wizards.OPERATIONS)
+    api_actions = {name for name in wizards.OPERATIONS if callable(getattr(api.WizardViewSet, name, None))}
+    assert api_actions == set(wizards.OPERATIONS)
