@@ -8,7 +8,7 @@ from rest_framework.response import Response
 
 from apps.accounts import access
 from apps.accounts.audit import Actor
-from apps.accounts.drf import CONFLICT, Conflict, VisiblePrimaryKeyRelatedField, VisibleSlugRelatedField, require_role
+from apps.accounts.drf import CONFLICT, VisiblePrimaryKeyRelatedField, VisibleSlugRelatedField, require_role
 from apps.accounts.models import Role, Team
 from apps.changes import presets, protocol, rollouts
 from apps.changes.filters import ChangeFilter
@@ -338,29 +338,22 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
             protocol.request_apply(Actor.from_request(request), change, confirm=body.validated_data.get("confirm"))
         except protocol.ConfirmationMismatch as exc:
             raise serializers.ValidationError({"confirm": exc.messages}) from exc
-        except DjangoValidationError as exc:
-            raise Conflict(" ".join(exc.messages)) from exc
         return Response(ChangeSerializer(self.get_queryset().get(pk=change.pk)).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: ChangeSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def rollback(self, request, pk=None):
-        """Restore the applications this change touched to their config before it, as a new change."""
+        """Restore the applications this change touched to their config before it, as a new change.
+        400 when the cluster already runs that config; 409 while another change holds the cluster."""
         change = self._act(request, "roll back changes")
-        try:
-            restore = protocol.roll_back_change(Actor.from_request(request), change)
-        except DjangoValidationError as exc:
-            raise Conflict(" ".join(exc.messages)) from exc
+        restore = protocol.roll_back_change(Actor.from_request(request), change)
         return Response(ChangeSerializer(self.get_queryset().get(pk=restore.pk)).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={200: ChangeSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         change = self._act(request, "cancel changes")
-        try:
-            protocol.cancel(Actor.from_request(request), change)
-        except DjangoValidationError as exc:
-            raise Conflict(" ".join(exc.messages)) from exc
+        protocol.cancel(Actor.from_request(request), change)
         return Response(ChangeSerializer(self.get_queryset().get(pk=change.pk)).data)
 
     @extend_schema(request=RestoreSerializer, responses={201: ChangeSerializer})
@@ -545,18 +538,12 @@ class RolloutViewSet(
     @action(detail=True, methods=["post"])
     def start(self, request, pk=None):
         rollout = self._require_may_run(request, self.get_object())
-        try:
-            rollouts.start(Actor.from_request(request), rollout)
-        except DjangoValidationError as exc:
-            raise Conflict(" ".join(exc.messages)) from exc
+        rollouts.start(Actor.from_request(request), rollout)
         return Response(RolloutSerializer(self.get_queryset().get(pk=rollout.pk)).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={200: RolloutSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         rollout = self._require_may_run(request, self.get_object())
-        try:
-            rollouts.cancel(Actor.from_request(request), rollout)
-        except DjangoValidationError as exc:
-            raise Conflict(" ".join(exc.messages)) from exc
+        rollouts.cancel(Actor.from_request(request), rollout)
         return Response(RolloutSerializer(self.get_queryset().get(pk=rollout.pk)).data)

@@ -25,6 +25,7 @@ from apps.changes.validation import preset_or_options, validate_options
 from apps.clusters.models import Cluster
 from apps.clusters.services import dashboard_for
 from apps.core import jobs
+from apps.core.errors import Conflict
 from apps.core.jobs import Job
 from apps.fleet import client_impact
 from apps.fleet.configs import config_hash, unified_diff
@@ -37,6 +38,10 @@ log = logging.getLogger(__name__)
 
 class ChangeRefused(ValidationError):
     """A change cannot be planned or applied; nothing was pushed."""
+
+
+class ChangeBusy(Conflict):
+    """The change is no longer planned, or another change holds its cluster; nothing was pushed."""
 
 
 class ConfirmationMismatch(ChangeRefused):
@@ -180,14 +185,14 @@ def request_apply(actor: Actor, change: Change, *, confirm: str | None = None) -
                 state=ChangeState.QUEUED, applied_by=actor.user, heartbeat_at=timezone.now()
             )
             if not claimed:
-                raise ChangeRefused(f"Change #{change.pk} is {change.get_state_display().lower()}, not planned.")
+                raise ChangeBusy(f"Change #{change.pk} is {change.get_state_display().lower()}, not planned.")
             change.refresh_from_db()
             _step(change, f"Apply requested by {actor.name}.")
             record(actor, "change.apply", change, team=change.cluster.team, changes={"reason": change.reason})
             transaction.on_commit(lambda: _enqueue(jobs.RUN_CHANGE, change.pk))
     except IntegrityError as exc:
         active = Change.objects.filter(cluster_id=change.cluster_id, state__in=ACTIVE_STATES).first()
-        raise ChangeRefused(
+        raise ChangeBusy(
             f"Change #{active.pk if active else '?'} is already in progress on {change.cluster.name}; "
             "changes to one cluster never interleave. Apply this one when it has finished."
         ) from exc
@@ -198,7 +203,7 @@ def cancel(actor: Actor, change: Change) -> Change:
     if not Change.objects.filter(pk=change.pk, state=ChangeState.PLANNED).update(
         state=ChangeState.CANCELLED, finished_at=timezone.now()
     ):
-        raise ChangeRefused("Only a planned change can be cancelled.")
+        raise ChangeBusy("Only a planned change can be cancelled.")
     change.refresh_from_db()
     _step(change, f"Cancelled by {actor.name}.")
     record(actor, "change.cancel", change, team=change.cluster.team)

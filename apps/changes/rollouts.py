@@ -15,6 +15,7 @@ from apps.changes import protocol
 from apps.changes.models import Change, ChangeState, Preset, Rollout
 from apps.changes.validation import preset_or_options, validate_options
 from apps.clusters.models import Cluster
+from apps.core.errors import Conflict
 from apps.fleet import client_impact
 from apps.fleet.models import Deployment
 
@@ -154,7 +155,7 @@ def start(actor: Actor, rollout: Rollout) -> Rollout:
     if not Rollout.objects.filter(pk=rollout.pk, state=Rollout.State.PLANNED).update(
         state=Rollout.State.RUNNING, started_at=timezone.now()
     ):
-        raise ValidationError("Only a planned rollout can be started.")
+        raise Conflict("Only a planned rollout can be started.")
     rollout.refresh_from_db()
     record(actor, "rollout.start", rollout, changes={"reason": rollout.reason})
     _apply_wave(actor, rollout, 0)
@@ -165,7 +166,7 @@ def cancel(actor: Actor, rollout: Rollout) -> Rollout:
     if not Rollout.objects.filter(pk=rollout.pk, state__in=[Rollout.State.PLANNED, Rollout.State.RUNNING]).update(
         state=Rollout.State.CANCELLED, finished_at=timezone.now()
     ):
-        raise ValidationError("The rollout has already finished.")
+        raise Conflict("The rollout has already finished.")
     _cancel_planned(rollout)
     record(actor, "rollout.cancel", rollout)
     rollout.refresh_from_db()
