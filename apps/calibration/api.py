@@ -7,7 +7,7 @@ from rest_framework.response import Response
 from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.drf import VisiblePrimaryKeyRelatedField
-from apps.calibration import services
+from apps.calibration import inputs, services
 from apps.calibration.curve import AXES
 from apps.calibration.filters import CalibrationFilter
 from apps.calibration.models import MemoryCalibration
@@ -69,8 +69,8 @@ class CalibrateSerializer(serializers.Serializer):
     levels = serializers.ListField(
         child=serializers.IntegerField(),
         required=False,
-        help_text=f"Concurrency levels (1–{services.MAX_LEVEL}; default {list(services.DEFAULT_LEVELS)}) or "
-        f"token sums (1–{services.MAX_TOKEN_SUM}; default {list(services.DEFAULT_TOKEN_SUMS)}).",
+        help_text=f"Concurrency levels (1–{inputs.MAX_LEVEL}; default {list(inputs.DEFAULT_LEVELS)}) or "
+        f"token sums (1–{inputs.MAX_TOKEN_SUM}; default {list(inputs.DEFAULT_TOKEN_SUMS)}).",
     )
     call = serializers.JSONField(
         required=False,
@@ -78,7 +78,7 @@ class CalibrateSerializer(serializers.Serializer):
         help_text="A handle call with this one argument (concurrency axis only); the same as request "
         '{"kind": "handle", "args": [call]}.',
     )
-    request = serializers.JSONField(required=False, allow_null=True, help_text=services.REPRESENTATIVE_REQUEST_HELP)
+    request = serializers.JSONField(required=False, allow_null=True, help_text=inputs.REPRESENTATIVE_REQUEST_HELP)
 
 
 class CalibrationViewSet(

@@ -4,7 +4,7 @@ import json
 
 from django import forms
 
-from apps.calibration import services
+from apps.calibration import inputs
 
 
 class CalibrateForm(forms.Form):
@@ -22,8 +22,7 @@ class CalibrateForm(forms.Form):
         widget=forms.TextInput(
             attrs={
                 "placeholder": (
-                    f"{','.join(map(str, services.DEFAULT_LEVELS))} or "
-                    f"{','.join(map(str, services.DEFAULT_TOKEN_SUMS))}"
+                    f"{','.join(map(str, inputs.DEFAULT_LEVELS))} or {','.join(map(str, inputs.DEFAULT_TOKEN_SUMS))}"
                 ),
             }
         ),
@@ -32,7 +31,7 @@ class CalibrateForm(forms.Form):
     method = forms.ChoiceField(
         label="HTTP method",
         required=False,
-        choices=[("", "—"), *((m, m) for m in services.HTTP_METHODS)],
+        choices=[("", "—"), *((m, m) for m in inputs.HTTP_METHODS)],
         help_text="An HTTP request for a Starlette or FastAPI deployment; empty with no path: the default request.",
     )
     path = forms.CharField(
@@ -85,7 +84,7 @@ class CalibrateForm(forms.Form):
             raise forms.ValidationError(
                 f"Not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}). A string needs quotes."
             ) from exc
-        services.validate_call(call)
+        inputs.validate_call(call)
         return call
 
     def clean_headers(self) -> dict:
@@ -120,7 +119,7 @@ class CalibrateForm(forms.Form):
         if cleaned.get("body"):
             request["body"] = cleaned["body"]
         try:
-            return services.validate_request(request)
+            return inputs.validate_request(request)
         except forms.ValidationError as exc:
             self.add_error(None, exc)
             return None
@@ -132,8 +131,8 @@ class CalibrateForm(forms.Form):
         axis, levels = cleaned.get("axis"), cleaned.get("levels")
         if axis and "levels" in cleaned:
             try:
-                cleaned["levels"] = services.validate_levels(
-                    services.DEFAULTS_BY_AXIS[axis] if levels is None else levels, axis
+                cleaned["levels"] = inputs.validate_levels(
+                    inputs.DEFAULTS_BY_AXIS[axis] if levels is None else levels, axis
                 )
             except forms.ValidationError as exc:
                 self.add_error("levels", exc)

@@ -1,15 +1,12 @@
 """Memory calibration: submit the measuring job, follow it to a result, and hand the curve to
-whoever sizes the deployment (`latest_curve`). The htmx views, the API and the worker call these."""
+whoever sizes the deployment (`latest_curve`). The htmx views, the API and the worker call these;
+what is measured is checked in `inputs.py`, the job itself is built in `job_spec.py`."""
 
 from __future__ import annotations
 
-import base64
-import json
 import secrets
-import shlex
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -20,49 +17,31 @@ from django.utils import timezone
 from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
 from apps.accounts.models import Role
-from apps.calibration.curve import AXES, MIB, CalibrationOutputError, Curve, parse_output, reported_error
+from apps.calibration.curve import CalibrationOutputError, Curve, parse_output, reported_error
+from apps.calibration.inputs import (
+    DEFAULTS_BY_AXIS,
+    default_request,
+    validate_axis,
+    validate_call,
+    validate_levels,
+    validate_request,
+)
+from apps.calibration.job_spec import build_entrypoint, fitting_nodes, import_target, job_runtime_env, stop_at_bytes
 from apps.calibration.models import MemoryCalibration
 from apps.clusters.services import dashboard_for
 from apps.core import jobs
 from apps.core.jobs import Job
-from apps.fleet import vouched_requests
 from apps.fleet.models import Deployment
 from integrations.ray.errors import RayError, RayJobNotFound, RayTimeout, RayUnreachable
-from integrations.ray.payloads import JobInfo, NodeMemory
+from integrations.ray.payloads import JobInfo
 
 __all__ = ["Curve", "latest_curve", "parse_output", "poll", "request_calibration"]
 
 CALIBRATE = Permission(Role.OPERATOR, "calibrate deployments")
-JOB_SCRIPT = Path(__file__).with_name("job_script.py")
-DEFAULT_LEVELS = (1, 2, 4)
-MAX_LEVEL = 64
-# Around the batch limits deployments commonly run (the reference app's is 1,024), so the limit the
-# wizard computes falls inside the measured range, not far past it.
-DEFAULT_TOKEN_SUMS = (256, 1024, 4096)
-# Past any batch one replica runs; larger sums would only keep the job busy for minutes.
-MAX_TOKEN_SUM = 65_536
-DEFAULTS_BY_AXIS = {"concurrency": DEFAULT_LEVELS, "token_sum": DEFAULT_TOKEN_SUMS}
-MAX_BY_AXIS = {"concurrency": MAX_LEVEL, "token_sum": MAX_TOKEN_SUM}
-LEVEL_NAMES = {"concurrency": "concurrency levels", "token_sum": "token sums"}
-MAX_LEVELS = 8
-# The call argument and the representative request travel inside the job's command line.
-MAX_CALL_BYTES = 16 * 1024
-HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
-REQUEST_KEYS = {"http": {"kind", "method", "path", "query", "headers", "body", "json"}, "handle": {"kind", "args"}}
-# Ray's memory monitor kills at this share of a node's memory unless the cluster sets otherwise.
-RAY_KILL_THRESHOLD = 0.95
-# The share of the room below Ray's threshold a calibration may fill: the rest stays for the
-# node's other work, which keeps moving while the job runs.
-BUDGET_SHARE = 0.8
 LOG_TAIL_CHARS = 8000
 # A job Ray does not know after this long was never submitted (the submit timed out unanswered).
 UNKNOWN_JOB_GRACE_S = 60
 State = MemoryCalibration.State
-
-
-def _python() -> str:
-    """The interpreter the job runs: the cluster's own Python, which has Ray and the app's code."""
-    return settings.FLEETDECK_CALIBRATION_PYTHON
 
 
 def timeout_s() -> float:
@@ -76,276 +55,6 @@ def poll_interval_s() -> float:
 def stale_after_s() -> float:
     """A calibration not polled for this long lost its poll chain; the tick polls it."""
     return max(poll_interval_s() * 10, 30.0)
-
-
-# --- validation ----------------------------------------------------------------------------
-
-
-def validate_axis(axis) -> str:
-    if axis not in AXES:
-        raise ValidationError(f"The axis must be one of {', '.join(AXES)}, not {axis!r}.")
-    return axis
-
-
-def validate_levels(levels, axis: str = "concurrency") -> list[int]:
-    names = LEVEL_NAMES[validate_axis(axis)]
-    if not isinstance(levels, (list, tuple)) or not levels:
-        raise ValidationError(f"Give at least one of the {names}.")
-    if any(isinstance(k, bool) or not isinstance(k, int) for k in levels):
-        raise ValidationError(f"The {names} must be whole numbers.")
-    clean = sorted(set(levels))
-    if clean[0] < 1 or clean[-1] > MAX_BY_AXIS[axis]:
-        raise ValidationError(f"The {names} must be between 1 and {MAX_BY_AXIS[axis]:,}.")
-    if len(clean) > MAX_LEVELS:
-        raise ValidationError(f"At most {MAX_LEVELS} {names} per calibration.")
-    return clean
-
-
-def validate_call(call) -> None:
-    try:
-        size = len(json.dumps(call))
-    except (TypeError, ValueError) as exc:
-        raise ValidationError("The request argument must be JSON.") from exc
-    if size > MAX_CALL_BYTES:
-        raise ValidationError(
-            f"The request argument is {size} bytes of JSON; at most {MAX_CALL_BYTES} fit in the job's command line."
-        )
-
-
-def validate_request(request) -> dict:
-    """The representative request, checked and normalised: {"kind": "http", "method", "path",
-    "query", "headers", "body" (text) or "json"} or {"kind": "handle", "args": [...]}."""
-    if not isinstance(request, dict):
-        raise ValidationError('The representative request must be an object with "kind" "http" or "handle".')
-    kind = request.get("kind")
-    if kind not in REQUEST_KEYS:
-        raise ValidationError(f'The representative request\'s kind must be "http" or "handle", not {kind!r}.')
-    unknown = sorted(set(request) - REQUEST_KEYS[kind])
-    if unknown:
-        raise ValidationError(
-            f"A{'n' if kind == 'http' else ''} {kind} request has no {', '.join(unknown)}; "
-            f"it takes {', '.join(sorted(REQUEST_KEYS[kind] - {'kind'}))}."
-        )
-    if kind == "handle":
-        args = request.get("args", [])
-        if not isinstance(args, list):
-            raise ValidationError("The handle call's args must be a list of JSON values.")
-        clean = {"kind": "handle", "args": args}
-    else:
-        method = request.get("method", "GET")
-        if not isinstance(method, str) or method.upper() not in HTTP_METHODS:
-            raise ValidationError(f"The HTTP method must be one of {', '.join(HTTP_METHODS)}, not {method!r}.")
-        path = request.get("path", "/")
-        if not isinstance(path, str) or not path.startswith("/") or "?" in path or any(c.isspace() for c in path):
-            raise ValidationError(
-                f"The path must start with / and hold no spaces nor query string, not {path!r}; "
-                "give the query string apart."
-            )
-        query = request.get("query", "")
-        if not isinstance(query, str) or any(c.isspace() for c in query):
-            raise ValidationError("The query string must be text without spaces, such as a=1&b=2 (no leading ?).")
-        headers = request.get("headers", {}) or {}
-        if not isinstance(headers, dict) or not all(
-            isinstance(k, str) and k.strip() and isinstance(v, str) for k, v in headers.items()
-        ):
-            raise ValidationError("The headers must be an object of header names to text values.")
-        if any(
-            not name.isascii() or not value.isascii() or "\n" in value or "\r" in value
-            for name, value in headers.items()
-        ):
-            raise ValidationError("Header names and values must be single-line ASCII.")
-        if "body" in request and "json" in request:
-            raise ValidationError('Give the body as text ("body") or as JSON ("json"), not both.')
-        body = request.get("body")
-        if body is not None and not isinstance(body, str):
-            raise ValidationError('The body must be text; give JSON under "json".')
-        clean = {
-            "kind": "http",
-            "method": method.upper(),
-            "path": path,
-            "query": query.removeprefix("?"),
-            "headers": headers,
-        }
-        if body:
-            clean["body"] = body
-        if "json" in request:
-            clean["json"] = request["json"]
-    try:
-        size = len(json.dumps(clean))
-    except (TypeError, ValueError) as exc:
-        raise ValidationError("The representative request must be JSON.") from exc
-    if size > MAX_CALL_BYTES:
-        raise ValidationError(
-            f"The representative request is {size} bytes of JSON; at most {MAX_CALL_BYTES} fit in the job's "
-            "command line."
-        )
-    return clean
-
-
-REPRESENTATIVE_REQUEST_HELP = (
-    'The representative request each call sends (concurrency axis only): {"kind": "http", "method": "GET", "path": '
-    '"/route/sub", "query": "a=1", "headers": {...}, "body": "text"} (or "json": {...} instead of body) for a '
-    'Starlette or FastAPI deployment, or {"kind": "handle", "args": [...]}. Absent or null: the application\'s first '
-    "warmup request, else a GET of its route prefix for its ingress, else a handle call with no arguments. {n} "
-    "anywhere in the query, body or args is replaced by each call's number, so an app that caches its answers computes "
-    "every one."
-)
-
-
-def default_request(deployment: Deployment, ingress: str | None) -> dict:
-    """What a calibration sends when the operator gives nothing: the first warmup request of the
-    application if it has a profile (a request the operator already vouched for), else a GET of
-    the route prefix for the application's ingress, else a handle call without arguments."""
-    application = deployment.application
-    is_ingress = ingress == deployment.name or (ingress is None and application.deployments.count() == 1)
-    vouched = vouched_requests.first(application) if is_ingress else None
-    if vouched is not None:
-        path, _, query = vouched["path"].partition("?")
-        # A profile's path already includes the route prefix (validate_profile insists on it).
-        request = {
-            "kind": "http",
-            "method": vouched["method"].upper(),
-            "path": path,
-            "query": query,
-            "headers": dict(vouched["headers"] or {}),
-        }
-        if vouched["body"] is not None:
-            request["json"] = vouched["body"]
-        return validate_request(request)
-    if is_ingress and application.route_prefix:
-        return {"kind": "http", "method": "GET", "path": application.route_prefix, "query": "", "headers": {}}
-    return {"kind": "handle", "args": []}
-
-
-def stop_at_bytes(nodes: list[NodeMemory], cluster_name: str) -> int:
-    """Node memory used that the job must not cross: on the tightest node it may run on, what is
-    used now plus BUDGET_SHARE of the room below Ray's kill threshold."""
-    if not nodes:
-        raise ValidationError(
-            f"Cluster {cluster_name} reports no node memory, so a calibration could not be kept below "
-            "Ray's memory threshold: nothing was calibrated."
-        )
-    stops = []
-    for node in nodes:
-        used = node.total_bytes - node.available_bytes
-        room = RAY_KILL_THRESHOLD * node.total_bytes - used
-        if room <= 0:
-            raise ValidationError(
-                f"Node {node.node_ip or '?'} of {cluster_name} already uses {used / MIB:.0f} MiB of "
-                f"{node.total_bytes / MIB:.0f} MiB, at or past Ray's memory threshold ({RAY_KILL_THRESHOLD:.0%}): a "
-                "calibration there could only cause an OOM kill. Free memory first."
-            )
-        stops.append(int(used + BUDGET_SHARE * room))
-    return min(stops)
-
-
-def _fits(usage: dict[str, tuple[float, float]], needs: dict[str, float]) -> bool:
-    return all(
-        total - used >= amount
-        for resource, amount in needs.items()
-        if amount
-        for used, total in [usage.get(resource, (0.0, 0.0))]
-    )
-
-
-def fitting_nodes(
-    usage_by_node: dict[str, dict[str, tuple[float, float]]], needs: dict[str, float], cluster_name: str
-) -> set[str]:
-    """IPs of the nodes with `needs` free ("" for a cluster-wide report); none: a clear refusal,
-    since the job would wait unscheduled until it timed out."""
-    fitting = {ip for ip, usage in usage_by_node.items() if _fits(usage, needs)}
-    if fitting:
-        return fitting
-    wanted = " and ".join(f"{amount:g} {resource}" for resource, amount in needs.items() if amount)
-    in_use = "; ".join(
-        ", ".join(
-            f"{usage.get(resource, (0.0, 0.0))[0]:g} of {usage.get(resource, (0.0, 0.0))[1]:g} {resource} in use"
-            for resource, amount in needs.items()
-            if amount
-        )
-        + (f" on {ip}" if ip else "")
-        for ip, usage in usage_by_node.items()
-    )
-    raise ValidationError(
-        f"No node of {cluster_name} has {wanted} free for a calibration replica ({in_use}): free some, "
-        "or calibrate when the cluster is quieter."
-    )
-
-
-def import_target(deployment: Deployment) -> str:
-    """`module:DeploymentName` from the application's import path (`module:app` or `module.app`)."""
-    application = deployment.application
-    path = (application.import_path or "").strip()
-    module = path.split(":", 1)[0] if ":" in path else path.rpartition(".")[0]
-    if not module:
-        raise ValidationError(
-            f"The import path of application {application.name} is unknown"
-            f"{f' ({path!r})' if path else ''}: sync the cluster, then calibrate."
-        )
-    return f"{module}:{deployment.name}"
-
-
-def job_runtime_env(deployment: Deployment) -> dict | None:
-    """The runtime_env the deployment's replicas get, so the job can import the same code:
-    the application's, overlaid with the deployment's own (env_vars merged), as Serve does."""
-    app_env = (deployment.application.deployed_app_config or {}).get("runtime_env") or {}
-    actor_options = (
-        deployment.effective_config.get("ray_actor_options")
-        or deployment.submitted_config.get("ray_actor_options")
-        or {}
-    )
-    own_env = actor_options.get("runtime_env") or {}
-    merged = {**app_env, **own_env}
-    env_vars = {**(app_env.get("env_vars") or {}), **(own_env.get("env_vars") or {})}
-    if env_vars:
-        merged["env_vars"] = env_vars
-    return merged or None
-
-
-def build_entrypoint(
-    import_path: str,
-    *,
-    user_config,
-    call=None,
-    levels: list[int],
-    axis: str = "concurrency",
-    python: str | None = None,
-    request: dict | None = None,
-    stop_at_bytes: int | None = None,
-    route_prefix: str | None = None,
-    app_name: str = "",
-    deployment_name: str = "",
-) -> str:
-    """The job's shell command: the measuring script shipped inline, so nothing is installed on the
-    cluster beforehand. Every argument is shell-quoted."""
-    code = base64.b64encode(JOB_SCRIPT.read_bytes()).decode("ascii")
-    loader = f"import base64,sys;exec(compile(base64.b64decode('{code}'),'fleetdeck_calibrate','exec'))"
-    args = [
-        python or _python(),
-        "-c",
-        loader,
-        "--import-path",
-        import_path,
-        "--user-config",
-        json.dumps(user_config),
-        "--axis",
-        axis,
-        "--levels",
-        ",".join(str(k) for k in levels),
-    ]
-    if call is not None:
-        args += ["--call", json.dumps(call)]
-    if request is not None:
-        args += ["--request", json.dumps(request)]
-    if stop_at_bytes is not None:
-        args += ["--stop-at-bytes", str(stop_at_bytes)]
-    if route_prefix:
-        args += ["--route-prefix", route_prefix]
-    if app_name:
-        args += ["--app-name", app_name]
-    if deployment_name:
-        args += ["--deployment-name", deployment_name]
-    return shlex.join(args)
 
 
 # --- requesting ----------------------------------------------------------------------------

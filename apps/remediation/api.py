@@ -8,7 +8,7 @@ from rest_framework.response import Response
 from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.drf import CONFLICT
-from apps.calibration import services as calibrations
+from apps.calibration import inputs as calibration_inputs
 from apps.incidents.models import Incident
 from apps.remediation import findings, remedy_checks, verification, wizards
 from apps.remediation.filters import FindingFilter
@@ -193,7 +193,9 @@ class StepSerializer(RevisionSerializer):
 
 
 class WizardCalibrateSerializer(RevisionSerializer):
-    request = serializers.JSONField(required=False, allow_null=True, help_text=calibrations.REPRESENTATIVE_REQUEST_HELP)
+    request = serializers.JSONField(
+        required=False, allow_null=True, help_text=calibration_inputs.REPRESENTATIVE_REQUEST_HELP
+    )
     levels = serializers.ListField(
         child=serializers.IntegerField(min_value=1, max_value=64),
         required=False,

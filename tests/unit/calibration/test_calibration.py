@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from apps.accounts.audit import Actor
 from apps.accounts.models import AuditEvent
-from apps.calibration import services
+from apps.calibration import inputs, job_spec, services
 from apps.calibration.curve import CalibrationOutputError, Curve, parse_output
 from apps.calibration.models import MemoryCalibration
 from apps.clusters.models import Cluster
@@ -255,7 +255,7 @@ def fake_app(tmp_path):
 
 
 def run_job(fake_app, import_path, *, user_config=None, call=None, levels=(1, 2, 4), axis="concurrency", timeout=60):
-    entrypoint = services.build_entrypoint(
+    entrypoint = job_spec.build_entrypoint(
         import_path, user_config=user_config, call=call, levels=list(levels), axis=axis, python=sys.executable
     )
     return subprocess.run(
@@ -358,7 +358,7 @@ def test_bad_levels_end_in_the_error_line_not_an_argparse_exit():
 
 
 def test_the_entrypoint_quotes_every_argument_for_the_shell():
-    entrypoint = services.build_entrypoint(
+    entrypoint = job_spec.build_entrypoint(
         "m:Cls", user_config={"q": "it's $HOME"}, call={"t": "a b"}, levels=[1, 2], python="python"
     )
     argv = shlex.split(entrypoint)
@@ -605,7 +605,7 @@ def test_a_token_sum_calibration_submits_the_axis_with_its_default_sums_and_reco
 def test_token_sums_are_validated_by_their_own_rules(model, operator, axis, levels, call, message):
     with pytest.raises(ValidationError, match=re.escape(message)):
         services.request_calibration(operator, model, axis=axis, levels=levels, call=call)
-    assert services.validate_levels([65_536, 64], "token_sum") == [64, 65_536]
+    assert inputs.validate_levels([65_536, 64], "token_sum") == [64, 65_536]
 
 
 def test_a_job_that_measured_another_axis_than_requested_fails(model, operator, use_replay):
