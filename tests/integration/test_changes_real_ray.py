@@ -107,7 +107,7 @@ def test_a_second_change_on_the_same_cluster_is_refused_while_one_is_active(clus
     second = protocol.plan_change(operator, cluster, targets=MODEL, options={"max_ongoing_requests": 5}, reason="two")
     protocol.request_apply(operator, first)
 
-    with pytest.raises(protocol.ChangeRefused, match="already in progress"):
+    with pytest.raises(protocol.ChangeBusy, match="already in progress"):
         protocol.request_apply(operator, second)
 
     second.refresh_from_db()
