@@ -7,7 +7,10 @@ from controlplane.local_ray import free_ports
 
 
 class Repeating:
-    """A random source that picks the same port again before moving on, as a real one can."""
+    """A random source that picks the same port again before moving on, as a real one can.
+
+    It replaces the module's private `_PICK` (and `_PORTS_FROM`, to reach a port the OS handed
+    out): free_ports takes no source, and nothing outside it can make a random pick repeat."""
 
     def __init__(self, values):
         self.values = list(values)

@@ -266,6 +266,8 @@ def test_two_syncs_that_write_at_the_same_time_wait_for_each_other(monkeypatch, 
             pass  # the other sync waits for our transaction to end: nothing to meet
         return upsert(*args)
 
+    # Kept private: the race is between the row's read and the write inside one transaction, and
+    # apply_observation takes parsed payloads, so no transport stands between the two.
     monkeypatch.setattr(sync, "_upsert_applications", after_the_read)
     version = VersionInfo("2.60.0", "abc", "session_1")
     serve = parse_serve_status(ray_fixture("serve_applications_two_apps.json"))

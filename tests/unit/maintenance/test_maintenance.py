@@ -24,6 +24,7 @@ from apps.fleet import sync
 from apps.fleet.models import Deployment
 from apps.maintenance import dispatch, execution, recovery, run_log, schedules, timing, warmup_results
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
+from integrations import serve_http
 from integrations.serve_http import Sample
 from tests.conftest import ray_fixture
 from tests.fake_ray import FakeRay
@@ -659,17 +660,14 @@ def test_the_warmup_after_a_recycle_runs_once_however_long_it_takes(
     ServeThroughRecycles(use_replay)
     seen = []
 
-    def slow_warmup(follow):
+    def slow_requests(base_url, **request):
         # An hour later, as far as the tick can tell: a queued follow-up would look lost and be sent again.
-        seen.append(
-            (
-                MaintenanceRun.objects.get(pk=follow.pk).state,
-                recovery.requeue_lost(now=timezone.now() + timedelta(hours=1)),
-            )
-        )
-        run_log.end_run(follow, MaintenanceRun.State.SUCCEEDED, "warm")
+        follow = MaintenanceRun.objects.get(after=run)
+        seen.append((follow.state, recovery.requeue_lost(now=timezone.now() + timedelta(hours=1))))
+        return [Sample(0, 200, 12.0)]
 
-    monkeypatch.setattr(execution, "_warmup", slow_warmup)
+    # The warmup's requests go to Serve's HTTP route, which no replay stands in for: its adapter does.
+    monkeypatch.setattr(serve_http, "send", slow_requests)
     execution.execute(run.pk)
 
     assert MaintenanceRun.objects.get(pk=run.pk).state == MaintenanceRun.State.SUCCEEDED
@@ -755,6 +753,8 @@ def test_the_heartbeat_stops_once_a_run_outlives_the_longest_it_could_take(
     deployment, operator, monkeypatch, use_replay
 ):
     monkeypatch.setattr(execution, "HEARTBEAT_S", 0.05)
+    # Kept private: the longest a recycle may take is at least 300 s by its formula, and no setting
+    # brings it under a second without also breaking the change it waits for.
     monkeypatch.setattr(execution, "_longest_s", lambda run: 0.2)
     run = queued_recycle(deployment)
     beats = []
