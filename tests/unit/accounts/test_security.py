@@ -10,7 +10,7 @@ from django.test import Client
 from django.urls import reverse
 
 from apps.accounts.models import AuditEvent
-from apps.clusters.models import Cluster
+from tests.factories import ClusterFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -32,7 +32,7 @@ def test_every_inline_script_of_a_chart_page_has_the_nonce(client, people, team)
 
     from apps.incidents.models import Incident
 
-    cluster = Cluster.objects.create(name="c", team=team, dashboard_url="http://ray.test:8265")
+    cluster = ClusterFactory(name="c", team=team)
     now = timezone.now()
     incident = Incident.objects.create(
         kind="latency_spike",
@@ -122,7 +122,7 @@ def test_behind_the_proxy_the_address_is_the_one_it_appended(client, people, set
 
 
 def test_an_htmx_post_without_the_csrf_token_is_refused(people, team, use_replay):
-    cluster = Cluster.objects.create(name="c", team=team, dashboard_url="http://ray.test:8265")
+    cluster = ClusterFactory(name="c", team=team)
     browser = Client(enforce_csrf_checks=True)
     browser.force_login(people["operator"])
     page = browser.get(reverse("fleet:cluster", args=[cluster.pk]))

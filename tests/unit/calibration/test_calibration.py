@@ -29,6 +29,7 @@ from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.fleet.models import Deployment
 from tests.conftest import ray_fixture
+from tests.factories import ClusterFactory
 
 MIB = 2**20
 WHEN = datetime(2026, 11, 30, 12, 0, tzinfo=dt_timezone.utc)
@@ -459,7 +460,7 @@ def test_the_reference_generator_is_calibrated_by_token_sum_outside_serve():
 
 @pytest.fixture
 def cluster(team, use_replay):
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
+    cluster = ClusterFactory(name="vision-prod", team=team)
     assert sync.sync_cluster(cluster.pk).ok
     use_replay.routes["/api/jobs/"] = "jobs_submit_response.json"
     use_replay.routes["/api/cluster_status"] = "cluster_status.json"

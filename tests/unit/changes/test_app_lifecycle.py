@@ -18,10 +18,10 @@ from apps.changes import lifecycle, protocol
 from apps.changes.app_validation import validate_application
 from apps.changes.models import Change, ChangeState
 from apps.changes.planner import PlanError
-from apps.clusters.models import Cluster
 from apps.fleet import sync
 from integrations.ray.parsing import parse_serve_status
 from tests.conftest import ray_fixture
+from tests.factories import ClusterFactory
 
 NEW_APP = {
     "name": "echo3",
@@ -222,9 +222,7 @@ def ray(use_replay, settings):
 
 @pytest.fixture
 def cluster(db, team, ray):
-    cluster = Cluster.objects.create(
-        name="vision-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0"
-    )
+    cluster = ClusterFactory(name="vision-prod", team=team)
     sync.sync_cluster(cluster.pk)
     return cluster
 

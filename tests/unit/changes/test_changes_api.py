@@ -13,6 +13,7 @@ from apps.accounts.models import AuditEvent
 from apps.changes.models import Change, ChangeState, Preset
 from apps.clusters.models import Cluster
 from apps.fleet import sync
+from tests.factories import ClusterFactory
 
 pytestmark = pytest.mark.django_db
 MODEL = [{"application": "demo", "deployment": "Model"}]
@@ -20,9 +21,7 @@ MODEL = [{"application": "demo", "deployment": "Model"}]
 
 @pytest.fixture
 def cluster(team, use_replay):
-    cluster = Cluster.objects.create(
-        name="vision-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0"
-    )
+    cluster = ClusterFactory(name="vision-prod", team=team)
     sync.sync_cluster(cluster.pk)
     return cluster
 

@@ -13,6 +13,7 @@ from apps.fleet import client_impact, sync
 from integrations import ray_metrics
 from integrations.ray_metrics import Sample, Scrape
 from tests.conftest import ray_fixture
+from tests.factories import ClusterFactory
 from tests.fake_ray import FakeRay, serving
 
 REQUESTS, ERRORS = "ray_serve_num_http_requests_total", "ray_serve_num_http_error_requests_total"
@@ -82,9 +83,7 @@ def applied(cluster: Cluster, options: dict) -> Change:
 @pytest.mark.django_db
 def test_a_verified_change_records_what_its_clients_saw_at_the_proxy(team, scrapes, quick):
     with serving(FakeRay()) as fake:
-        cluster = Cluster.objects.create(
-            name="c", team=team, dashboard_url=fake.url, ray_version="2.60.0", metrics_url="http://metrics.test/m"
-        )
+        cluster = ClusterFactory(name="c", team=team, dashboard_url=fake.url, metrics_url="http://metrics.test/m")
         assert sync.sync_cluster(cluster.pk).ok
         scrapes[:] = [proxy(100.0, ok=500), proxy(140.0, ok=780, failed={"500": 3})]
         change = applied(cluster, {"max_queued_requests": 10})
@@ -100,7 +99,7 @@ def test_a_verified_change_records_what_its_clients_saw_at_the_proxy(team, scrap
 @pytest.mark.django_db
 def test_a_cluster_without_metrics_says_its_clients_were_not_measured(team, scrapes, quick):
     with serving(FakeRay()) as fake:
-        cluster = Cluster.objects.create(name="c", team=team, dashboard_url=fake.url, ray_version="2.60.0")
+        cluster = ClusterFactory(name="c", team=team, dashboard_url=fake.url)
         assert sync.sync_cluster(cluster.pk).ok
         change = applied(cluster, {"max_queued_requests": 10})
     assert change.state == ChangeState.SUCCEEDED
@@ -114,9 +113,7 @@ def test_a_cluster_without_metrics_says_its_clients_were_not_measured(team, scra
 @pytest.mark.django_db
 def test_an_endpoint_down_at_the_end_leaves_the_change_verified_and_says_why(team, scrapes, quick):
     with serving(FakeRay()) as fake:
-        cluster = Cluster.objects.create(
-            name="c", team=team, dashboard_url=fake.url, ray_version="2.60.0", metrics_url="http://metrics.test/m"
-        )
+        cluster = ClusterFactory(name="c", team=team, dashboard_url=fake.url, metrics_url="http://metrics.test/m")
         assert sync.sync_cluster(cluster.pk).ok
         scrapes[:] = [proxy(100.0, ok=500)]
         change = applied(cluster, {"max_queued_requests": 10})
@@ -131,9 +128,7 @@ def test_an_endpoint_down_at_the_end_leaves_the_change_verified_and_says_why(tea
 def fleet(team, use_replay):
     made = []
     for name in ("eu-prod", "us-prod", "ap-prod"):
-        cluster = Cluster.objects.create(
-            name=name, team=team, dashboard_url=f"http://{name}.test:8265", ray_version="2.60.0"
-        )
+        cluster = ClusterFactory(name=name, team=team, dashboard_url=f"http://{name}.test:8265")
         sync.sync_cluster(cluster.pk)
         made.append(cluster)
     return made

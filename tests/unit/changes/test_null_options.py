@@ -16,11 +16,11 @@ from apps.changes.models import Change, ChangeState
 from apps.changes.planner import not_taken, plan_patch
 from apps.changes.serve_options import autoscaling_defaults
 from apps.changes.validation import validate_options
-from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.remediation import diagnosis
 from integrations.ray.parsing import parse_serve_status
 from tests.conftest import ray_fixture
+from tests.factories import ClusterFactory
 from tests.fake_ray import FakeRay, serving
 
 MODEL = [{"application": "demo", "deployment": "Model"}]
@@ -33,9 +33,7 @@ def model_entry(config: dict) -> dict:
 
 @pytest.fixture
 def replayed_cluster(db, team, use_replay):
-    cluster = Cluster.objects.create(
-        name="vision-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0"
-    )
+    cluster = ClusterFactory(name="vision-prod", team=team)
     sync.sync_cluster(cluster.pk)
     return cluster
 
@@ -267,7 +265,7 @@ def quick_verification(settings):
 
 
 def change_on(fake: FakeRay, team, options: dict) -> Change:
-    cluster = Cluster.objects.create(name="nulls", team=team, dashboard_url=fake.url, ray_version="2.60.0")
+    cluster = ClusterFactory(name="nulls", team=team, dashboard_url=fake.url)
     assert sync.sync_cluster(cluster.pk).ok
     operator = Actor.system(via="cli")
     change = protocol.plan_change(operator, cluster, targets=MODEL, options=options, reason="null test")

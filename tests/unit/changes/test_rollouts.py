@@ -10,8 +10,8 @@ from django.urls import reverse
 from apps.accounts.audit import Actor
 from apps.changes import rollouts
 from apps.changes.models import Change, ChangeState, Preset, Rollout
-from apps.clusters.models import Cluster
 from apps.fleet import sync
+from tests.factories import ClusterFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -20,9 +20,7 @@ pytestmark = pytest.mark.django_db
 def clusters(team, use_replay):
     made = []
     for name, labels in (("eu-prod", {"env": "prod"}), ("us-prod", {"env": "prod"}), ("dev", {"env": "dev"})):
-        cluster = Cluster.objects.create(
-            name=name, team=team, dashboard_url=f"http://{name}.test:8265", ray_version="2.60.0", labels=labels
-        )
+        cluster = ClusterFactory(name=name, team=team, dashboard_url=f"http://{name}.test:8265", labels=labels)
         sync.sync_cluster(cluster.pk)
         made.append(cluster)
     return made
@@ -207,12 +205,8 @@ def test_a_rollout_across_teams_shows_each_viewer_only_their_teams_changes(
 ):
     from apps.accounts.models import Membership
 
-    speech = Cluster.objects.create(
-        name="speech-prod",
-        team=other_team,
-        dashboard_url="http://speech-prod.test:8265",
-        ray_version="2.60.0",
-        labels={"env": "prod"},
+    speech = ClusterFactory(
+        name="speech-prod", team=other_team, dashboard_url="http://speech-prod.test:8265", labels={"env": "prod"}
     )
     sync.sync_cluster(speech.pk)
     Membership.objects.create(user=people["admin"], team=other_team, role="operator")
@@ -253,12 +247,8 @@ def across_two_teams(people, other_team) -> Rollout:
     """A rollout over the prod clusters of two teams, planned by an admin who operates the second."""
     from apps.accounts.models import Membership
 
-    speech = Cluster.objects.create(
-        name="speech-prod",
-        team=other_team,
-        dashboard_url="http://speech-prod.test:8265",
-        ray_version="2.60.0",
-        labels={"env": "prod"},
+    speech = ClusterFactory(
+        name="speech-prod", team=other_team, dashboard_url="http://speech-prod.test:8265", labels={"env": "prod"}
     )
     sync.sync_cluster(speech.pk)
     Membership.objects.create(user=people["admin"], team=other_team, role="operator")

@@ -31,7 +31,7 @@ def register(client, **overrides):
 
 @pytest.fixture
 def cluster(team, use_replay):
-    return Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
+    return ClusterFactory(name="vision-prod", team=team)
 
 
 # To an outsider the team does not exist: 400, as for a made-up slug, not a 403 that confirms it.
@@ -173,7 +173,7 @@ def test_a_broker_that_refuses_the_message_delays_the_first_sync_and_fails_nothi
 
 
 def test_viewers_read_clusters_of_their_team_and_outsiders_see_nothing(api_as, cluster, other_team):
-    Cluster.objects.create(name="speech-prod", team=other_team, dashboard_url="http://speech.test:8265")
+    ClusterFactory(name="speech-prod", team=other_team, dashboard_url="http://speech.test:8265")
 
     assert [c["name"] for c in api_as("viewer").get(URL).json()["results"]] == ["vision-prod"]
     assert api_as("outsider").get(URL).json()["results"] == []
@@ -228,7 +228,7 @@ def test_events_are_listed_newest_first(api_as, cluster):
 
 def test_clusters_filter_by_team_label_and_health(api_as, team, other_team):
     ClusterFactory(name="a", team=team, labels={"env": "prod"}, reachability="ok")
-    ClusterFactory(name="b", team=team, labels={"env": "dev"})
+    ClusterFactory(name="b", team=team, labels={"env": "dev"}, dashboard_url="http://b.test:8265")
     ClusterFactory(name="c", team=other_team, labels={"env": "prod"})
     root = api_as("root")
 

@@ -10,6 +10,7 @@ from apps.accounts.models import AuditEvent
 from apps.clusters.models import Cluster, Reachability
 from apps.fleet import sync
 from apps.fleet.models import ConfigRevision
+from tests.factories import ClusterFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -25,9 +26,7 @@ def login(client, people):
 
 @pytest.fixture
 def synced(team, use_replay):
-    cluster = Cluster.objects.create(
-        name="vision-prod", team=team, dashboard_url="http://ray.test:8265", labels={"env": "prod"}
-    )
+    cluster = ClusterFactory(name="vision-prod", team=team, labels={"env": "prod"})
     sync.sync_cluster(cluster.pk)
     cluster.refresh_from_db()
     return cluster
@@ -58,7 +57,7 @@ def test_an_empty_fleet_tells_a_viewer_whom_to_ask(login):
 
 
 def test_the_fleet_page_lists_clusters_with_counts_and_filters(login, synced, other_team):
-    Cluster.objects.create(name="speech-dev", team=other_team, dashboard_url="http://s.test", labels={"env": "dev"})
+    ClusterFactory(name="speech-dev", team=other_team, dashboard_url="http://s.test", labels={"env": "dev"})
     client = login("root")
 
     page = client.get(reverse("fleet:overview")).content.decode()

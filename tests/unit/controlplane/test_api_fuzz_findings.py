@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.factories import ClusterFactory
+
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("value", ["-1.7976931348623157e+308", "0.5", "99999999999999999999"])
@@ -31,9 +33,8 @@ def test_a_preset_with_remedies_that_are_not_a_list_is_refused(api_as, team):
 
 @pytest.mark.django_db
 def test_a_dashboard_token_that_cannot_travel_in_a_header_is_refused(api_as, team, use_replay):
-    from apps.clusters.models import Cluster
 
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
+    cluster = ClusterFactory(name="vision-prod", team=team)
     response = api_as("admin").patch(f"/api/v1/clusters/{cluster.pk}/", {"token": "T±;Ò"}, format="json")
     assert response.status_code == 400 and "printable ASCII" in response.json()["token"][0]
 

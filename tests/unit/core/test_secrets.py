@@ -7,9 +7,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from apps.accounts.models import AuditEvent
-from apps.clusters.models import Cluster
 from apps.core import secrets
 from apps.incidents.models import Webhook
+from tests.factories import ClusterFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -22,9 +22,7 @@ def test_a_secret_is_stored_encrypted_and_reads_back(settings):
 
 def test_rotation_re_encrypts_every_stored_secret_under_the_new_key(settings, team, capsys):
     settings.FLEETDECK_ENCRYPTION_KEYS = ["old-key"]
-    cluster = Cluster.objects.create(
-        name="c", team=team, dashboard_url="http://ray.test:8265", token_ciphertext=secrets.encrypt("tok")
-    )
+    cluster = ClusterFactory(name="c", team=team, token_ciphertext=secrets.encrypt("tok"))
     hook = Webhook.objects.create(team=team, url="https://hooks.test/x", secret_ciphertext=secrets.encrypt("hmac"))
 
     settings.FLEETDECK_ENCRYPTION_KEYS = ["new-key", "old-key"]
@@ -41,9 +39,7 @@ def test_rotation_re_encrypts_every_stored_secret_under_the_new_key(settings, te
 
 def test_without_the_old_key_nothing_is_lost_and_the_operator_is_told(settings, team):
     settings.FLEETDECK_ENCRYPTION_KEYS = ["lost-key"]
-    cluster = Cluster.objects.create(
-        name="c", team=team, dashboard_url="http://ray.test:8265", token_ciphertext=secrets.encrypt("tok")
-    )
+    cluster = ClusterFactory(name="c", team=team, token_ciphertext=secrets.encrypt("tok"))
     settings.FLEETDECK_ENCRYPTION_KEYS = ["new-key"]
     with pytest.raises(CommandError, match="1 stored secret"):
         call_command("rotate_secrets")

@@ -15,10 +15,10 @@ from django.core.management import CommandError, call_command
 
 from apps.accounts.models import AuditEvent
 from apps.changes.models import Change, ChangeState
-from apps.clusters.models import Cluster
 from apps.demo.management.commands.runlocal import memory_monitor_line, oom_headroom_gib
 from controlplane.local_ray import GIB, REFERENCE_APP_DIR, memory_monitor_env, memory_usage, threshold_for_headroom
 from tests.conftest import ray_fixture
+from tests.factories import ClusterFactory
 
 # --- the memory monitor's threshold ---------------------------------------------------------
 
@@ -155,7 +155,7 @@ def demo(db, team, use_replay, settings):
     settings.FLEETDECK_CHANGE_POLL_S = 0.05
     ray = ReferenceRay(shipped("reference"))
     use_replay.routes["/api/serve/applications/"] = ray
-    Cluster.objects.create(name="local-demo", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0")
+    ClusterFactory(name="local-demo", team=team)
     return ray
 
 

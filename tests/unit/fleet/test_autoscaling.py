@@ -19,6 +19,7 @@ from apps.fleet.models import Deployment, ScalingSample
 from apps.incidents.models import Incident
 from integrations.ray.parsing import parse_serve_status
 from tests.conftest import ray_fixture
+from tests.factories import ClusterFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -28,7 +29,7 @@ UPSCALED = "serve_applications_autoscaling_upscaled.json"
 
 @pytest.fixture
 def cluster(team):
-    return Cluster.objects.create(name="scaled", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0")
+    return ClusterFactory(name="scaled", team=team)
 
 
 def waiting_now(name: str = WAITING, *, waited_s: float = 120.0) -> dict:

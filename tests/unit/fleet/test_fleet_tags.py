@@ -10,9 +10,9 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 
 from apps.changes.models import Change
-from apps.clusters.models import Cluster
 from apps.fleet.templatetags.fleet_tags import human, mib, weekdays
 from apps.remediation.models import Finding
+from tests.factories import ClusterFactory
 
 # What str() of a Python dict, None or a bool looks like on a page.
 REPR = re.compile(r"\{'|\bNone\b|\bTrue\b|\bFalse\b")
@@ -90,9 +90,7 @@ def test_no_template_uses_filesizeformat_whose_units_read_as_decimal():
 
 @pytest.fixture
 def cluster(db, team):
-    return Cluster.objects.create(
-        name="gpu-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0"
-    )
+    return ClusterFactory(name="gpu-prod", team=team)
 
 
 def test_the_change_page_shows_its_options_without_python_reprs(client, people, cluster):

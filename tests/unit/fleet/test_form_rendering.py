@@ -8,18 +8,18 @@ import re
 import pytest
 from django.urls import reverse
 
-from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.fleet.models import Deployment
 from apps.kubernetes.forms import ConnectionForm
 from apps.maintenance.forms import ProfileForm, ScheduleForm
+from tests.factories import ClusterFactory
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def deployment(team, use_replay):
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
+    cluster = ClusterFactory(name="vision-prod", team=team)
     sync.sync_cluster(cluster.pk)
     return Deployment.objects.select_related("application").filter(application__cluster=cluster).first()
 

@@ -9,25 +9,20 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from apps.clusters.models import Cluster, ClusterEvent, Reachability
+from apps.clusters.models import ClusterEvent, Reachability
 from apps.fleet import sync
 from apps.fleet.models import Application, ConfigRevision, Deployment
 from integrations.ray.parsing import parse_serve_status
 from integrations.ray.payloads import VersionInfo
 from tests.conftest import ray_fixture
+from tests.factories import ClusterFactory
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def cluster(team):
-    return Cluster.objects.create(
-        name="vision-prod",
-        team=team,
-        dashboard_url="http://ray.test:8265",
-        ray_version="2.60.0",
-        session_name=ray_fixture("version.json")["session_name"],
-    )
+    return ClusterFactory(name="vision-prod", team=team, session_name=ray_fixture("version.json")["session_name"])
 
 
 def writes(queries) -> list[str]:
@@ -219,7 +214,7 @@ def test_a_deleted_cluster_is_skipped_quietly(db):
 
 def test_due_clusters_are_claimed_once(team):
     for name in ("a", "b"):
-        Cluster.objects.create(name=name, team=team, dashboard_url=f"http://{name}.test:8265")
+        ClusterFactory(name=name, team=team, dashboard_url=f"http://{name}.test:8265")
 
     first = sync.claim_due_clusters()
     second = sync.claim_due_clusters()
@@ -229,8 +224,8 @@ def test_due_clusters_are_claimed_once(team):
 
 
 def test_one_broken_cluster_does_not_stop_the_others(monkeypatch, team, replay_ray):
-    good = Cluster.objects.create(name="good", team=team, dashboard_url="http://good.test:8265")
-    bad = Cluster.objects.create(name="bad", team=team, dashboard_url="http://bad.test:8265")
+    good = ClusterFactory(name="good", team=team, dashboard_url="http://good.test:8265")
+    bad = ClusterFactory(name="bad", team=team, dashboard_url="http://bad.test:8265")
 
     def route(request):
         if request.url.host == "bad.test":
@@ -253,8 +248,7 @@ def test_two_syncs_that_write_at_the_same_time_wait_for_each_other(monkeypatch, 
     # Both read their cluster row, then both write: on SQLite a deferred transaction failed at once
     # with "database is locked" here, so a worker pool of two lost syncs.
     clusters = [
-        Cluster.objects.create(name=f"twin-{i}", team=team, dashboard_url=f"http://twin-{i}.test:8265")
-        for i in range(2)
+        ClusterFactory(name=f"twin-{i}", team=team, dashboard_url=f"http://twin-{i}.test:8265") for i in range(2)
     ]
     both_read = threading.Barrier(2)
     upsert = sync._upsert_applications

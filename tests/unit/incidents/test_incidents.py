@@ -21,6 +21,7 @@ from apps.incidents.oom import culprit, oom_kills, replica_of
 from integrations import ray_metrics
 from integrations.ray.parsing import parse_actor
 from tests.conftest import FIXTURES, ray_fixture
+from tests.factories import ClusterFactory
 
 DEAD = "state_actors_dead_oom_t1_modelonly_detail.json"
 
@@ -102,13 +103,7 @@ def test_an_unreachable_metrics_endpoint_is_reported_transient():
 def cluster(team, use_replay, monkeypatch):
     use_replay.routes["/api/serve/applications/"] = "serve_applications_oom_t1_modelonly_after_recovery.json"
     use_replay.routes["/api/v0/actors"] = DEAD
-    cluster = Cluster.objects.create(
-        name="gpu-prod",
-        team=team,
-        dashboard_url="http://ray.test:8265",
-        ray_version="2.60.0",
-        metrics_url="http://ray.test:8080/metrics",
-    )
+    cluster = ClusterFactory(name="gpu-prod", team=team, metrics_url="http://ray.test:8080/metrics")
     sync.sync_cluster(cluster.pk)
     monkeypatch.setattr(
         services.ray_metrics, "scrape", lambda url, timeout_s: metrics("metrics_after_oom_kills_filtered.prom")

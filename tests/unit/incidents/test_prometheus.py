@@ -12,6 +12,7 @@ from apps.clusters.models import Cluster
 from apps.incidents import prometheus_readings, services
 from apps.incidents.models import SignalWindow
 from integrations import prometheus, ray_metrics
+from tests.factories import ClusterFactory
 
 CAPTURED = Path(__file__).resolve().parents[2] / "fixtures" / "prometheus"
 
@@ -105,12 +106,8 @@ def test_a_selector_that_matches_nothing_is_a_visible_warning():
 
 @pytest.mark.django_db
 def test_a_cluster_with_prometheus_reads_it_instead_of_scraping(team, monkeypatch):
-    cluster = Cluster.objects.create(
-        name="p",
-        team=team,
-        dashboard_url="http://ray.test:8265",
-        prometheus_url="http://prom.test:9090",
-        prometheus_selector='cluster="local-demo"',
+    cluster = ClusterFactory(
+        name="p", team=team, prometheus_url="http://prom.test:9090", prometheus_selector='cluster="local-demo"'
     )
     real_read = prometheus_readings.read
     monkeypatch.setattr(

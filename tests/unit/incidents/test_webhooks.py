@@ -18,6 +18,7 @@ from apps.fleet import sync
 from apps.incidents import services, webhooks
 from apps.incidents.models import WebhookDelivery
 from integrations import webhook_client
+from tests.factories import ClusterFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -65,9 +66,7 @@ def endpoint():
 def oom_cluster(team, use_replay, monkeypatch):
     use_replay.routes["/api/serve/applications/"] = "serve_applications_oom_t1_modelonly_after_recovery.json"
     use_replay.routes["/api/v0/actors"] = "state_actors_dead_oom_t1_modelonly_detail.json"
-    cluster = Cluster.objects.create(
-        name="gpu-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0"
-    )
+    cluster = ClusterFactory(name="gpu-prod", team=team)
     sync.sync_cluster(cluster.pk)
     return cluster
 

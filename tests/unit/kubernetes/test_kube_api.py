@@ -9,6 +9,7 @@ import yaml
 from apps.accounts.models import AuditEvent
 from apps.clusters.models import Cluster
 from apps.kubernetes.models import KubeConnection, KubeLink
+from tests.factories import ClusterFactory
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)
 from tests.unit.integrations.test_kube_adapter import TOKEN, fixture, kubeconfig
 
@@ -118,7 +119,7 @@ def test_register_refuses_a_taken_cluster_name_and_a_resource_that_is_gone(api_a
     kube.kmock[f"get {ML}/rayservices/gone"] << failure(
         404, "NotFound", 'rayservices.ray.io "gone" not found', name="gone"
     )
-    Cluster.objects.create(name="taken", team=team, dashboard_url="http://ray.test:8265")
+    ClusterFactory(name="taken", team=team)
     created = connection(kube, team)
     body = {"kind": "RayService", "namespace": "ml", "name": "gone"}
 
@@ -148,7 +149,7 @@ def test_register_refuses_a_token_no_header_can_carry(api_as, kube, team, use_re
 @pytest.mark.parametrize("who, status", [("admin", 201), ("operator", 403)])
 def test_only_admins_link_clusters(api_as, kube, team, who, status):
     kube.serve_rayservice(fixture("rayservice_vision.json"))
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
+    cluster = ClusterFactory(name="vision-prod", team=team)
     created = connection(kube, team)
 
     response = api_as(who).post(
@@ -163,7 +164,7 @@ def test_only_admins_link_clusters(api_as, kube, team, who, status):
 
 
 def test_another_teams_cluster_cannot_be_named_for_a_link(api_as, kube, team, other_team):
-    cluster = Cluster.objects.create(name="speech", team=other_team, dashboard_url="http://ray.test:8265")
+    cluster = ClusterFactory(name="speech", team=other_team)
     response = api_as("admin").post(
         f"{URL}{connection(kube, team).pk}/link/",
         {"cluster": cluster.pk, "kind": "RayService", "namespace": "ml", "name": "vision"},
@@ -180,7 +181,7 @@ def test_another_teams_cluster_cannot_be_named_for_a_link(api_as, kube, team, ot
 
 @pytest.fixture
 def linked(team, kube):
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
+    cluster = ClusterFactory(name="vision-prod", team=team)
     return KubeLink.objects.create(
         cluster=cluster,
         connection=connection(kube, team),

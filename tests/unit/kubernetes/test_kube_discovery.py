@@ -15,6 +15,7 @@ from apps.clusters.models import Cluster
 from apps.core import secrets
 from apps.kubernetes import discovery, services
 from apps.kubernetes.models import KubeConnection, KubeLink
+from tests.factories import ClusterFactory
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)
 from tests.unit.integrations.test_kube_adapter import failure, fixture, forbidden, kubeconfig
 
@@ -221,7 +222,7 @@ def test_a_namespace_outside_the_connection_is_refused(kube, team, people, use_r
 
 def test_linking_an_existing_cluster_to_a_rayservice_makes_it_rayservice_owned(kube, team, people):
     kube.serve_rayservice(fixture("rayservice_vision.json"))
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
+    cluster = ClusterFactory(name="vision-prod", team=team)
 
     link = services.link_cluster(
         admin(people), connection(kube, team), cluster, kind="RayService", namespace="ml", name="vision"
@@ -236,7 +237,7 @@ def test_linking_an_existing_cluster_to_a_rayservice_makes_it_rayservice_owned(k
 
 
 def test_a_connection_links_only_its_own_teams_clusters(kube, team, other_team, people):
-    cluster = Cluster.objects.create(name="speech", team=other_team, dashboard_url="http://ray.test:8265")
+    cluster = ClusterFactory(name="speech", team=other_team)
     with pytest.raises(ValidationError, match="belongs to team Vision"):
         services.link_cluster(
             admin(people), connection(kube, team), cluster, kind="RayService", namespace="ml", name="vision"

@@ -10,7 +10,6 @@ import httpx
 import pytest
 
 from apps.accounts.audit import Actor
-from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.incidents.models import Incident, PodKillRecord
 from apps.kubernetes import inspection, services
@@ -19,6 +18,7 @@ from apps.remediation import findings
 from apps.remediation.models import Finding
 from apps.remediation.rules import KUBE_IDS
 from tests.conftest import ray_fixture
+from tests.factories import ClusterFactory
 from tests.kubeapi import connection, kube, serve_namespace  # noqa: F401  (fixture)
 from tests.unit.integrations.test_kube_adapter import fixture, forbidden
 
@@ -30,9 +30,7 @@ STUCK_POD = "vision-raycluster-7x9kq-gpu-workers-worker-p2w8d"
 
 @pytest.fixture
 def cluster(team, use_replay):
-    cluster = Cluster.objects.create(
-        name="vision-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0"
-    )
+    cluster = ClusterFactory(name="vision-prod", team=team)
     sync.sync_cluster(cluster.pk)
     cluster.refresh_from_db()
     return cluster

@@ -13,6 +13,7 @@ from apps.incidents.models import Incident, PodKillRecord
 from apps.kubernetes.checks import Finding as KubeFinding
 from apps.kubernetes.models import KubeConnection, KubeLink
 from apps.remediation import findings
+from tests.factories import ClusterFactory
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)
 from tests.unit.integrations.test_kube_adapter import failure, fixture, forbidden, kubeconfig
 
@@ -158,7 +159,7 @@ def test_a_dashboard_that_does_not_answer_is_explained_on_the_register_form(logi
 
 def test_linking_from_discovery_links_an_existing_cluster(login, kube, team):
     kube.serve_rayservice(fixture("rayservice_vision.json"))
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
+    cluster = ClusterFactory(name="vision-prod", team=team)
     created = connection(kube, team)
 
     response = login("admin").post(
@@ -171,15 +172,13 @@ def test_linking_from_discovery_links_an_existing_cluster(login, kube, team):
 
 
 def test_the_cluster_page_card_without_a_link_says_how_to_get_one(login, team):
-    cluster = Cluster.objects.create(
-        name="vision-prod", team=team, dashboard_url="http://ray.test:8265", serve_config_owner="rayservice"
-    )
+    cluster = ClusterFactory(name="vision-prod", team=team, serve_config_owner="rayservice")
     shown = page(login("viewer"), "fleet:cluster", cluster.pk)
     assert "Not linked to a KubeRay resource." in shown and "changes are refused until it is linked" in shown
 
 
 def test_the_cluster_page_card_shows_pods_limits_restarts_and_the_last_oomkilled(login, kube, team):
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
+    cluster = ClusterFactory(name="vision-prod", team=team)
     KubeLink.objects.create(
         cluster=cluster,
         connection=connection(kube, team),
@@ -238,7 +237,7 @@ def test_the_cluster_page_card_shows_pods_limits_restarts_and_the_last_oomkilled
 
 
 def test_a_failed_inspection_is_on_the_card(login, kube, team):
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
+    cluster = ClusterFactory(name="vision-prod", team=team)
     KubeLink.objects.create(
         cluster=cluster,
         connection=connection(kube, team),
@@ -257,7 +256,7 @@ def test_a_failed_inspection_is_on_the_card(login, kube, team):
 
 
 def test_kubernetes_findings_are_on_the_findings_page_with_their_subject(login, kube, team):
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
+    cluster = ClusterFactory(name="vision-prod", team=team)
     findings.recompute_kube(
         cluster,
         [
@@ -281,7 +280,7 @@ def test_kubernetes_findings_are_on_the_findings_page_with_their_subject(login, 
 
 
 def test_the_incident_page_lists_kernel_oom_kills(login, team):
-    cluster = Cluster.objects.create(name="vision-prod", team=team, dashboard_url="http://ray.test:8265")
+    cluster = ClusterFactory(name="vision-prod", team=team)
     now = timezone.now()
     incident = Incident.objects.create(
         kind="oom_kill",

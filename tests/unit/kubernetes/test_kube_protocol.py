@@ -17,6 +17,7 @@ from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.kubernetes.models import KubeLink
 from tests.conftest import ray_fixture
+from tests.factories import ClusterFactory
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)
 from tests.unit.integrations.test_kube_adapter import failure, fixture, forbidden
 
@@ -33,13 +34,7 @@ def quick_verification(settings):
 
 @pytest.fixture
 def cluster(team, use_replay):
-    cluster = Cluster.objects.create(
-        name="vision-prod",
-        team=team,
-        dashboard_url="http://ray.test:8265",
-        ray_version="2.60.0",
-        serve_config_owner=Cluster.ConfigOwner.RAYSERVICE,
-    )
+    cluster = ClusterFactory(name="vision-prod", team=team, serve_config_owner=Cluster.ConfigOwner.RAYSERVICE)
     sync.sync_cluster(cluster.pk)
     return cluster
 

@@ -27,6 +27,7 @@ from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfi
 from integrations import serve_http
 from integrations.serve_http import Sample
 from tests.conftest import ray_fixture
+from tests.factories import ClusterFactory
 from tests.fake_ray import FakeRay
 
 UTC = dt_timezone.utc
@@ -118,9 +119,7 @@ def test_warmup_results_separate_the_first_request_from_the_steady_state():
 
 @pytest.fixture
 def deployment(team, use_replay):
-    cluster = Cluster.objects.create(
-        name="vision-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0"
-    )
+    cluster = ClusterFactory(name="vision-prod", team=team)
     sync.sync_cluster(cluster.pk)
     return Deployment.objects.get(application__cluster=cluster, name="Model")
 

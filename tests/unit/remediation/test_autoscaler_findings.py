@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.remediation import rules
 from apps.remediation.models import Finding
 from tests.conftest import ray_fixture
+from tests.factories import ClusterFactory
 
 
 def captured(app: str, dep: str) -> dict:
@@ -145,7 +145,7 @@ def test_a_graceful_shutdown_shorter_than_the_p99_gets_a_computed_timeout():
 @pytest.mark.django_db
 def test_a_sync_opens_the_finding_and_resolves_it_once_the_replica_runs(use_replay, team, settings):
     settings.FLEETDECK_WAITING_REPLICA_S = 30
-    cluster = Cluster.objects.create(name="c", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0")
+    cluster = ClusterFactory(name="c", team=team)
     body = ray_fixture("serve_applications_autoscaling_waiting.json")
     body["applications"]["huge"]["deployments"]["Echo"]["replicas"][0]["start_time_s"] = time.time() - 45
     use_replay.routes["/api/serve/applications/"] = body
@@ -164,7 +164,7 @@ def test_a_sync_opens_the_finding_and_resolves_it_once_the_replica_runs(use_repl
 @pytest.mark.django_db
 def test_a_cluster_whose_nodes_report_nothing_gets_the_message_through_a_sync(use_replay, team, settings):
     settings.FLEETDECK_WAITING_REPLICA_S = 30
-    cluster = Cluster.objects.create(name="c", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0")
+    cluster = ClusterFactory(name="c", team=team)
     body = ray_fixture("serve_applications_autoscaling_waiting.json")
     body["applications"]["huge"]["deployments"]["Echo"]["replicas"][0]["start_time_s"] = time.time() - 45
     status = ray_fixture("cluster_status_replica_waiting.json")

@@ -12,7 +12,6 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.clusters.models import Cluster
 from apps.fleet import metric_readings
 from apps.incidents import prometheus_readings, services
 from apps.incidents.models import Incident, OomKillRecord, SignalWindow
@@ -20,6 +19,7 @@ from apps.remediation import presentation, verification
 from apps.remediation.models import Wizard, WizardStep
 from integrations import ray_metrics
 from tests.conftest import FIXTURES
+from tests.factories import ClusterFactory
 
 OOM = "metrics_after_oom_kills_filtered.prom"
 HEALTHY = "metrics_after_200_requests_filtered.prom"
@@ -167,13 +167,7 @@ def test_prometheus_gives_the_same_client_figures():
 
 @pytest.fixture
 def cluster(team):
-    return Cluster.objects.create(
-        name="gpu-prod",
-        team=team,
-        dashboard_url="http://ray.test:8265",
-        ray_version="2.60.0",
-        metrics_url="http://ray.test:8080/metrics",
-    )
+    return ClusterFactory(name="gpu-prod", team=team, metrics_url="http://ray.test:8080/metrics")
 
 
 @pytest.mark.django_db

@@ -25,6 +25,7 @@ from apps.maintenance.models import RecycleSchedule
 from apps.remediation import findings, remedy_checks, verification, wizards
 from apps.remediation.models import Finding, Wizard, WizardStep
 from tests.conftest import ray_fixture
+from tests.factories import ClusterFactory
 
 pytestmark = pytest.mark.django_db
 LIVE = "serve_applications_oom_t2_demo_via_ingress_after_recovery.json"
@@ -58,9 +59,7 @@ def live(use_replay):
 
 @pytest.fixture
 def cluster(team, live):
-    cluster = Cluster.objects.create(
-        name="gpu-prod", team=team, dashboard_url="http://ray.test:8265", ray_version="2.60.0"
-    )
+    cluster = ClusterFactory(name="gpu-prod", team=team)
     assert sync.sync_cluster(cluster.pk).ok
     return Cluster.objects.get(pk=cluster.pk)
 
