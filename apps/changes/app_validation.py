@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 from django.core.exceptions import ValidationError
 
-from apps.changes.validation import validate_options
+from apps.changes.validation import schema_errors, validate_options
 
 # Every key a Serve application config may carry: Serve drops any other without a word.
 APPLICATION_KEYS = frozenset(
@@ -132,16 +132,6 @@ def _deployment_problems(deployments: Any) -> list[str]:
 
 
 def serve_application_errors(app: dict) -> list[str]:
-    from pydantic import ValidationError as PydanticError
     from ray.serve.schema import ServeApplicationSchema
 
-    try:
-        ServeApplicationSchema(**app)
-    except PydanticError as exc:
-        return [
-            f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" if error["loc"] else error["msg"]
-            for error in exc.errors()
-        ]
-    except (TypeError, ValueError) as exc:
-        return [str(exc)]
-    return []
+    return schema_errors(ServeApplicationSchema, **app)

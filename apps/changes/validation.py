@@ -108,11 +108,17 @@ def _without_nulls(options: dict) -> dict:
 
 
 def serve_schema_errors(options: dict) -> list[str]:
-    from pydantic import ValidationError as PydanticError
     from ray.serve.schema import DeploymentSchema
 
+    return schema_errors(DeploymentSchema, name="fleetdeck-validation", **options)
+
+
+def schema_errors(schema, **fields) -> list[str]:
+    """What one of Serve's own pydantic schemas says of `fields`, one line per error, at its path."""
+    from pydantic import ValidationError as PydanticError
+
     try:
-        DeploymentSchema(name="fleetdeck-validation", **options)
+        schema(**fields)
     except PydanticError as exc:
         return [
             f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" if error["loc"] else error["msg"]
