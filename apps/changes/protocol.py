@@ -19,6 +19,7 @@ from apps.accounts.audit import Actor, record
 from apps.changes import lifecycle, planner
 from apps.changes.app_validation import validate_application
 from apps.changes.config_writers import WriterUnavailable, owner_waiting_for, writer_for
+from apps.changes.llm_validation import changed_llm_problems
 from apps.changes.models import ACTIVE_STATES, Change, ChangeState, ChangeStep, Preset
 from apps.changes.signals import change_finished
 from apps.changes.validation import preset_or_options, validate_options
@@ -119,6 +120,8 @@ def _make_plan(cluster: Cluster, build, nothing_to_do: str) -> planner.Plan:
         raise ChangeRefused(str(exc)) from exc
     if not plan.changes_anything:
         raise ChangeRefused(nothing_to_do)
+    if problems := changed_llm_problems(plan.base_config, plan.new_config):
+        raise ChangeRefused(problems)
     return plan
 
 

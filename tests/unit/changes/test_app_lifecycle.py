@@ -408,3 +408,41 @@ def test_the_pages_plan_a_deployment_and_a_deletion_that_is_applied_with_its_nam
     client.post(reverse("changes:action", args=[change.pk, "apply"]), {"confirm": "echo2"})
     change.refresh_from_db()
     assert change.state == ChangeState.QUEUED
+
+
+LLM_APP = {
+    "name": "llm",
+    "route_prefix": "/llm",
+    "import_path": "ray.serve.llm:build_openai_app",
+    "args": {
+        "llm_configs": [
+            {
+                "model_loading_config": {"model_id": "meta-llama/Meta-Llama-3-8B-Instruct"},
+                "accelerator_type": "H100",
+                "engine_kwargs": {"max_model_len": 8192, "gpu_memory_utilisation": 0.9},
+            }
+        ]
+    },
+}
+
+
+def test_a_serve_llm_app_with_an_unknown_engine_argument_is_refused_and_nothing_is_pushed(cluster, operator, ray):
+    with pytest.raises(protocol.ChangeRefused) as refused:
+        protocol.plan_create_app(operator, cluster, app=LLM_APP, reason="serve llama")
+
+    (message,) = refused.value.messages
+    assert message.startswith(
+        "llm: llm_configs[0].engine_kwargs: unknown vLLM engine argument 'gpu_memory_utilisation'"
+    )
+    assert 'serve.llm fails with "Unknown engine argument: gpu_memory_utilisation"' in message
+    assert not ray.pushes and not Change.objects.exists()
+
+
+def test_a_valid_serve_llm_app_is_planned(cluster, operator, ray):
+    app = copy.deepcopy(LLM_APP)
+    kwargs = app["args"]["llm_configs"][0]["engine_kwargs"]
+    kwargs["gpu_memory_utilization"] = kwargs.pop("gpu_memory_utilisation")
+
+    change = protocol.plan_create_app(operator, cluster, app=app, reason="serve llama")
+
+    assert change.kind == Change.Kind.CREATE_APP and change.targets == ["llm"] and not ray.pushes
