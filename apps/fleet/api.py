@@ -7,6 +7,8 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from apps.accounts import access
+from apps.accounts.audit import Actor
+from apps.fleet import llm
 from apps.fleet.filters import ApplicationFilter, ConfigRevisionFilter, DeploymentFilter
 from apps.fleet.history import previous_revision, revision_diff
 from apps.fleet.models import Application, ConfigRevision, Deployment
@@ -42,6 +44,11 @@ class ApplicationSerializer(serializers.ModelSerializer):
 class DeploymentSerializer(serializers.ModelSerializer):
     cluster = serializers.IntegerField(source="application.cluster_id", read_only=True)
     application_name = serializers.CharField(source="application.name", read_only=True)
+    llm = serializers.SerializerMethodField(
+        help_text="For a serve.llm deployment: the model, TP/PP, accelerator, engine and Serve settings with their "
+        "sources, and the GPU memory / KV-cache plan (or what it needs: the model's config.json, the GPU memory); "
+        "null for any other deployment."
+    )
 
     class Meta:
         model = Deployment
@@ -70,10 +77,20 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "waiting_since_s",
             "effective_config",
             "submitted_config",
+            "llm",
+            "llm_gpu_memory_gib",
             "first_seen_at",
             "updated_at",
             "removed_at",
         ]
+
+    def get_llm(self, obj: Deployment) -> dict | None:
+        return llm.describe(obj)
+
+
+class LLMPlanInputsSerializer(serializers.Serializer):
+    gpu_memory_gib = serializers.FloatField(required=False, allow_null=True, min_value=0.001)
+    model_config = serializers.DictField(required=False, allow_null=True, help_text="The model's config.json")
 
 
 class ConfigRevisionSerializer(serializers.ModelSerializer):
@@ -153,6 +170,26 @@ class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
                 ],
             }
         )
+
+    @extend_schema(request=LLMPlanInputsSerializer, responses=DeploymentSerializer)
+    @action(detail=True, methods=["post"], url_path="llm-inputs", url_name="llminputs")
+    def llm_inputs(self, request, pk=None):
+        """Give what the LLM memory plan needs and Fleetdeck cannot know: the GPU memory of an accelerator type
+        it does not know, and the model's config.json (never downloaded). Both replace what was given; audited."""
+        deployment = self.get_object()
+        access.demand(request.user, deployment.application.cluster.team, llm.SET_PLAN_INPUTS)
+        body = LLMPlanInputsSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            llm.set_plan_inputs(
+                Actor.from_request(request),
+                deployment,
+                gpu_memory_gib=body.validated_data.get("gpu_memory_gib"),
+                model_config=body.validated_data.get("model_config"),
+            )
+        except ValueError as exc:
+            raise serializers.ValidationError({"detail": str(exc)}) from exc
+        return Response(DeploymentSerializer(deployment, context=self.get_serializer_context()).data)
 
 
 class ConfigRevisionViewSet(viewsets.ReadOnlyModelViewSet):

@@ -65,6 +65,10 @@ class Deployment(models.Model):
     # waits, in Ray's clock (its start_time_s).
     waiting_replicas = models.PositiveIntegerField(default=0)
     waiting_since_s = models.FloatField(null=True, blank=True)
+    # What an operator gave for planning an LLM deployment's GPU memory, where Fleetdeck cannot know it:
+    # the GPU's memory (an accelerator type it does not know) and the model's config.json.
+    llm_gpu_memory_gib = models.FloatField(null=True, blank=True)
+    llm_model_config = models.JSONField(null=True, blank=True)
 
     first_seen_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

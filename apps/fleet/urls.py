@@ -8,6 +8,7 @@ urlpatterns = [
     path("clusters/<int:pk>/", views.cluster_detail, name="cluster"),
     path("clusters/<int:pk>/status/", views.cluster_status, name="cluster_status"),
     path("deployments/<int:pk>/", views.deployment_detail, name="deployment"),
+    path("deployments/<int:pk>/llm-inputs/", views.llm_plan_inputs, name="llm_inputs"),
     path("applications/<int:pk>/history/", views.application_history, name="history"),
     path("revisions/<int:pk>/", views.revision_detail, name="revision"),
 ]

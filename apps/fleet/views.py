@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Prefetch
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
 
 from apps.accounts import access
+from apps.accounts.audit import Actor
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role, teams_where, visible_teams
 from apps.clusters.filters import ClusterFilter
 from apps.clusters.models import Cluster
+from apps.fleet import llm
+from apps.fleet.forms import LLMPlanInputsForm
 from apps.fleet.history import previous_revision, revision_diff
 from apps.fleet.models import Application, ConfigRevision, Deployment
 from apps.fleet.scaling_history import scaling_series
@@ -53,6 +58,8 @@ def _cluster_context(request, cluster: Cluster) -> dict:
         .prefetch_related(Prefetch("deployments", queryset=Deployment.objects.filter(removed_at__isnull=True)))
         .order_by("name")
     )
+    for app in applications:
+        app.llm_models = llm.application_models(app, list(app.deployments.all()))
     return {
         "cluster": cluster,
         "applications": applications,
@@ -94,6 +101,7 @@ def deployment_detail(request, pk: int):
         "findings": deployment.findings.filter(resolved_at__isnull=True, muted_at__isnull=True),
         "scaling": scaling_series(deployment),
         "can_operate": has_role(request.user, deployment.application.cluster.team, Role.OPERATOR),
+        "llm": llm.describe(deployment),
     }
     template = "fleet/partials/deployment_live.html" if request.htmx else "fleet/deployment_detail.html"
     return render(request, template, context)
@@ -126,3 +134,29 @@ def revision_detail(request, pk: int):
         "can_operate": has_role(request.user, revision.cluster.team, Role.OPERATOR),
     }
     return render(request, "fleet/revision_detail.html", context)
+
+
+@login_required
+@require_POST
+def llm_plan_inputs(request, pk: int):
+    """Store the GPU memory and model config that the LLM memory plan needs and Fleetdeck cannot know."""
+    deployment = access.get_visible_or_404(
+        request.user, Deployment.objects.select_related("application__cluster__team"), pk=pk
+    )
+    access.demand(request.user, deployment.application.cluster.team, llm.SET_PLAN_INPUTS)
+    form = LLMPlanInputsForm(request.POST)
+    if form.is_valid():
+        try:
+            llm.set_plan_inputs(
+                Actor.from_request(request),
+                deployment,
+                gpu_memory_gib=form.cleaned_data["gpu_memory_gib"],
+                model_config=form.cleaned_data["model_config"],
+            )
+        except ValueError as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, "Saved: the memory plan uses what you gave.")
+    else:
+        messages.error(request, " ".join(e for errors in form.errors.values() for e in errors))
+    return redirect("fleet:deployment", pk=deployment.pk)

@@ -58,6 +58,7 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("fleet:deployment", "GET"): READ,
     ("fleet:history", "GET"): READ,
     ("fleet:revision", "GET"): READ,
+    ("fleet:llm_inputs", "POST"): OPERATE,
     # cluster registry pages
     ("clusters:create", "GET"): ADMINISTER,
     ("clusters:create", "POST"): ADMINISTER,
@@ -146,6 +147,7 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("deployment-list", "GET"): READ,
     ("deployment-detail", "GET"): READ,
     ("deployment-scaling", "GET"): READ,
+    ("deployment-llminputs", "POST"): OPERATE,
     ("configrevision-list", "GET"): READ,
     ("configrevision-detail", "GET"): READ,
     ("configrevision-diff", "GET"): READ,
@@ -319,6 +321,8 @@ BODIES: dict[tuple[str, str], Callable[[Refs], dict]] = {
         "options_text": "max_ongoing_requests: 3",
     },
     ("maintenance:schedule", "POST"): lambda r: {"enabled": "on", "every_hours": 4},
+    ("fleet:llm_inputs", "POST"): lambda r: {"gpu_memory_gib": "80"},
+    ("deployment-llminputs", "POST"): lambda r: {"gpu_memory_gib": 80},
     ("maintenance:warmups", "POST"): lambda r: {
         "name": "w2",
         "method": "GET",
