@@ -4,16 +4,17 @@
 BUILTIN_PRESETS = [
     {
         "slug": "heavy-gpu-model",
-        "name": "Heavy GPU model (LLM)",
+        "name": "Heavy GPU model (no batching engine)",
         "remedies": ["R1", "R2", "R10"],
         "description": (
-            "For models that hold gigabytes per request (LLMs, large batches). Each replica takes at "
-            "most two requests at once, so a burst cannot multiply per-request temporaries into an OOM "
-            "kill (OOM-2); autoscaling follows the queue with a target of one request per replica, keeps "
-            "two replicas so a restart or recycle is never a cold start for everyone (LAT-1), scales up "
-            "within seconds and down only after a minute of calm; the queue is bounded so overload fails "
-            "fast with 503 instead of building minutes of latency (LAT-2). Constants trade OOM kills for "
-            "rejections: calibrate from measured per-request memory where you can."
+            "For models that hold gigabytes per request and do not batch them (a hand-written model server, large"
+            " batches); a vLLM engine batches, so serve.llm deployments take vllm-engine. Each replica takes at "
+            "most two requests at once, so a burst cannot multiply per-request temporaries into an OOM kill "
+            "(OOM-2); autoscaling follows the queue with a target of one request per replica, keeps two replicas "
+            "so a restart or recycle is never a cold start for everyone (LAT-1), scales up within seconds and "
+            "down only after a minute of calm; the queue is bounded so overload fails fast with 503 instead of "
+            "building minutes of latency (LAT-2). Constants trade OOM kills for rejections: calibrate from "
+            "measured per-request memory where you can."
         ),
         "options": {
             "max_ongoing_requests": 2,
@@ -68,6 +69,33 @@ BUILTIN_PRESETS = [
                 "target_ongoing_requests": 8,
                 "upscale_delay_s": 10,
                 "downscale_delay_s": 120,
+            },
+        },
+    },
+    {
+        "slug": "vllm-engine",
+        "name": "LLM on a vLLM engine (serve.llm)",
+        "remedies": ["R1", "R2", "R9", "R10"],
+        "description": (
+            "For serve.llm deployments, whose vLLM engine batches requests and bounds them by its KV cache rather "
+            "than by a small constant. max_ongoing_requests 256 is vLLM's smallest max_num_seqs default, so a "
+            "replica takes no more than its engine runs at once instead of serve.llm's unbounded 1e9 (ray#54070); "
+            "autoscaling targets half a batch per replica, not one request, which would add a GPU per request; "
+            "two replicas cover restarts, and the slow downscale spares minutes-long model loads (LAT-1); the "
+            "health check waits 30 s rather than 10, so it does not kill a busy replica whose first tokens are "
+            "slow; the queue is bounded. Set max_ongoing_requests to the engine's own max_num_seqs where it differs "
+            "(1024 on 80 GB GPUs other than A100)."
+        ),
+        "options": {
+            "max_ongoing_requests": 256,
+            "max_queued_requests": 512,
+            "health_check_timeout_s": 30,
+            "autoscaling_config": {
+                "min_replicas": 2,
+                "max_replicas": 8,
+                "target_ongoing_requests": 128,
+                "upscale_delay_s": 30,
+                "downscale_delay_s": 600,
             },
         },
     },

@@ -16,8 +16,10 @@ from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
 from apps.accounts.models import Role
 from apps.clusters.models import Cluster
+from apps.fleet import llm
 from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, SignalWindow
+from apps.llm.recognise import LLMModel
 from apps.maintenance.models import RecycleSchedule, WarmupProfile
 from apps.remediation import rules
 from apps.remediation.models import Finding
@@ -55,10 +57,14 @@ def subjects(cluster: Cluster) -> list[tuple[Deployment, rules.Subject]]:
     ratchet = (
         Incident.objects.filter(cluster=cluster, kind=Incident.Kind.MEMORY_RATCHET).exclude(status="resolved").exists()
     )
+    llm_models = _llm_models(deployments)
     out = []
     now_s = time.time()
     for dep in deployments:
         points = windows.get((dep.application.name, dep.name), [])
+        model = llm_models.get(dep.pk)
+        plan = llm.memory_plan(dep, model)[0] if model and model.engine else None
+        ttfts = [p["ttft_p99"] for p in points if p.get("ttft_p99") is not None]
         cold, ratio = cold_start_ratio(points)
         p99s = [p["p99"] for p in points if p.get("p99")]
         out.append(
@@ -87,9 +93,25 @@ def subjects(cluster: Cluster) -> list[tuple[Deployment, rules.Subject]]:
                     node_resources=cluster.node_resources or None,
                     autoscaling_detail=dep.autoscaling_detail,
                     p99_processing_ms=max(p99s) if p99s else None,
+                    llm=model,
+                    llm_plan=plan,
+                    llm_gpu_memory_gib=dep.llm_gpu_memory_gib,
+                    p99_ttft_s=max(ttfts) if ttfts else None,
                 ),
             )
         )
+    return out
+
+
+def _llm_models(deployments: list[Deployment]) -> dict[int, LLMModel]:
+    """The serve.llm model of each deployment that serves one, by deployment id."""
+    by_app: dict[int, list[Deployment]] = {}
+    for dep in deployments:
+        by_app.setdefault(dep.application_id, []).append(dep)
+    out = {}
+    for deps in by_app.values():
+        models = {m.deployment_name: m for m in llm.application_models(deps[0].application, deps)}
+        out |= {dep.pk: models[dep.name] for dep in deps if dep.name in models}
     return out
 
 

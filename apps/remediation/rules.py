@@ -9,7 +9,9 @@ from datetime import datetime, timezone
 from typing import Callable
 
 from apps.changes.serve_options import parse_version, unknown_fields
-from apps.remediation import schedulable
+from apps.llm.planner import MemoryPlan
+from apps.llm.recognise import LLMModel
+from apps.remediation import llm_rules, schedulable
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,11 @@ class Subject:
     node_resources: dict | None = None
     autoscaling_detail: dict | None = None
     p99_processing_ms: float | None = None  # the highest p99 of the deployment's kept readings
+    # A serve.llm deployment: what it serves, its memory plan when one can be made, and vLLM's measured p99 TTFT.
+    llm: LLMModel | None = None
+    llm_plan: MemoryPlan | None = None
+    llm_gpu_memory_gib: float | None = None
+    p99_ttft_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,8 @@ def _gpus(s: Subject) -> float:
 
 
 def gpu_concurrency(s: Subject) -> Hit | None:
+    if s.llm:  # a vLLM engine batches: its own rules size it (llm-ongoing-unbounded)
+        return None
     cap = s.effective.get("max_ongoing_requests")
     if _gpus(s) > 0 and isinstance(cap, int) and cap > 2:
         patch = {"max_ongoing_requests": 2}
@@ -80,7 +89,7 @@ def gpu_concurrency(s: Subject) -> Hit | None:
 
 
 def heavy_autoscaling(s: Subject) -> Hit | None:
-    if _gpus(s) <= 0:
+    if _gpus(s) <= 0 or s.llm:  # a target of 1 is wrong for a batching engine (llm-target-one)
         return None
     auto = _auto(s)
     if auto is None:
@@ -425,6 +434,49 @@ RULES = [
         "graceful_shutdown_timeout_s for the requests in flight, then kills the replica: requests slower than "
         "that fail. The wait loop only sets how often it looks; the timeout is what cuts.",
         graceful_shutdown_short,
+    ),
+    Rule(
+        "llm-ongoing-unbounded",
+        "LLM deployment takes far more requests than its engine batches",
+        "R1",
+        "serve.llm sets max_ongoing_requests to 1e9: Serve keeps sending requests to a replica whose vLLM engine "
+        "runs at most max_num_seqs of them, the rest wait inside it, latency grows without bound and the health "
+        "check times out behind them (ray#54070: 951 pending, a restart every 30 minutes). max_num_seqs lets Serve "
+        "queue and route the excess to other replicas.",
+        llm_rules.ongoing_unbounded,
+    ),
+    Rule(
+        "llm-gpu-memory-utilization",
+        "gpu_memory_utilization outside the safe range for the GPU and its sharing",
+        "",
+        "vLLM preallocates gpu_memory_utilization of the GPU. Too high and there is no room left for CUDA graphs "
+        "and the CUDA context, captured after the KV cache: OOM at start. Too low and the weights leave nothing "
+        "for the cache. On a shared or fractional GPU nothing keeps replicas apart (vllm PR#1821).",
+        llm_rules.gpu_memory_utilization,
+    ),
+    Rule(
+        "llm-max-model-len",
+        "max_model_len unset or more than the KV cache holds",
+        "",
+        "vLLM refuses to start when one max_model_len sequence does not fit the KV cache (vllm#2418), and an unset "
+        "max_model_len takes the model's whole context, which OOMed Ray's own quickstart (ray PR#58463).",
+        llm_rules.max_model_len,
+    ),
+    Rule(
+        "llm-health-check-short",
+        "Health-check timeout shorter than the p99 time to first token",
+        "R9",
+        "serve.llm's health check times out at 10 s. Under load it waits like any request; when the slowest first "
+        "tokens take longer, the check fails and Serve kills a replica that was working.",
+        llm_rules.health_check_short,
+    ),
+    Rule(
+        "llm-target-one",
+        "Autoscaling target of one request on a batching LLM engine",
+        "R2",
+        "A vLLM engine serves many sequences in one batch; a target of one request per replica adds a GPU replica "
+        "for every request and leaves each batch nearly empty.",
+        llm_rules.target_of_one,
     ),
 ]
 

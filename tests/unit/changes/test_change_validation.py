@@ -251,9 +251,9 @@ def test_valid_options_are_returned_unchanged():
 PRESETS = {preset["slug"]: preset for preset in BUILTIN_PRESETS}
 
 
-def test_there_are_three_built_in_presets_with_distinct_slugs():
-    assert sorted(PRESETS) == ["heavy-gpu-model", "light-cpu", "vision-gpu"]
-    assert len(BUILTIN_PRESETS) == 3
+def test_there_are_four_built_in_presets_with_distinct_slugs():
+    assert sorted(PRESETS) == ["heavy-gpu-model", "light-cpu", "vision-gpu", "vllm-engine"]
+    assert len(BUILTIN_PRESETS) == 4
 
 
 @pytest.mark.parametrize("slug", sorted(PRESETS))
@@ -274,6 +274,15 @@ def test_each_built_in_preset_has_a_name_a_description_and_remedies(slug):
 @pytest.mark.parametrize("slug", sorted(PRESETS))
 def test_each_built_in_preset_bounds_its_queue(slug):
     assert PRESETS[slug]["options"]["max_queued_requests"] > 0
+
+
+def test_the_vllm_preset_passes_the_llm_rules_it_follows():
+    from apps.remediation import llm_rules
+
+    options = PRESETS["vllm-engine"]["options"]
+    assert options["max_ongoing_requests"] == llm_rules.FALLBACK_MAX_NUM_SEQS
+    assert options["autoscaling_config"]["target_ongoing_requests"] == options["max_ongoing_requests"] // 2
+    assert options["health_check_timeout_s"] > 10  # serve.llm's default, below slow first tokens
 
 
 def test_the_heavy_model_preset_caps_concurrency_and_scales_on_the_queue():
