@@ -134,6 +134,7 @@ class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
         return (
             access.visible(self.request.user, Deployment)
             .select_related("application")
+            .prefetch_related(llm.live_deployments())
             .order_by("application__cluster__name", "application__name", "name")
         )
 

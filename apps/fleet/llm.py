@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from django.db.models import Prefetch
+
 from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
 from apps.accounts.models import Role
@@ -29,11 +31,24 @@ CONFIG_NEEDED = (
 def application_models(app: Application, deployments: list[Deployment] | None = None) -> list[LLMModel]:
     """The serve.llm models of an application, [] for any other; `deployments` are its live ones when known."""
     if deployments is None:
+        # A list prefetches them (LIVE_DEPLOYMENTS): one query for the page, not one per LLM deployment.
+        deployments = getattr(app, "live_deployments", None)
+    if deployments is None:
         deployments = list(app.deployments.filter(removed_at__isnull=True).only("name", "effective_config"))
     config = app.deployed_app_config or {"name": app.name, "import_path": app.import_path}
     running = {d.name: {"deployment_config": d.effective_config} for d in deployments}
     recognised = recognise_app_config(config, running=running, name=app.name)
     return list(recognised.models) if recognised else []
+
+
+def live_deployments() -> Prefetch:
+    """What a list of deployments prefetches so each LLM deployment's description reads its
+    application's live deployments without a query of its own."""
+    return Prefetch(
+        "application__deployments",
+        queryset=Deployment.objects.filter(removed_at__isnull=True).only("application_id", "name", "effective_config"),
+        to_attr="live_deployments",
+    )
 
 
 def recognised_model(deployment: Deployment) -> LLMModel | None:

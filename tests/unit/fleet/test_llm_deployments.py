@@ -126,3 +126,20 @@ def test_the_cluster_page_names_the_model_and_its_settings(cluster, people):
 
     assert f"<strong>{MODEL_ID}</strong> in {SERVER}" in page
     assert "TP 2 × PP 1 · H100 · gpu_memory_utilization 0.9 · max_model_len 8192 · max_num_seqs 64" in page
+
+
+def test_listing_llm_deployments_costs_the_same_queries_for_one_application_or_five(cluster, api_as):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def count() -> int:
+        with CaptureQueriesContext(connection) as queries:
+            body = api_as("viewer").get("/api/v1/deployments/").json()
+        assert all(d["llm"] for d in body["results"] if d["name"] == SERVER)
+        return len(queries)
+
+    llm_deployment(cluster, openai_app() | {"name": "llm-0"})
+    one = count()
+    for n in range(1, 5):
+        llm_deployment(cluster, openai_app() | {"name": f"llm-{n}"})
+    assert count() == one
