@@ -17,6 +17,8 @@ CAUSES = {
     "LAT-6": "GC or memory-pressure pauses",
     "LAT-7": "Synchronous logging or metrics per request",
     "LAT-8": "Hot tenant or hot key on one replica",
+    "LAT-9": "LLM engine's KV cache full: sequences wait or are preempted",
+    "LLM-1": "LLM engine stuck while its replica looks healthy",
 }
 
 REMEDIES = {
@@ -48,6 +50,8 @@ REMEDIES_FOR = {
     "LAT-6": ["R1", "R7", "R8"],
     "LAT-7": [],
     "LAT-8": [],
+    "LAT-9": ["R1", "R3"],
+    "LLM-1": ["R8"],
 }
 
 

@@ -51,6 +51,30 @@ def live_deployments() -> Prefetch:
     )
 
 
+def deployments_by_model(cluster_id: int, models: set[str]) -> dict[str, tuple[str, str]]:
+    """The (application, deployment) serving each of `models` (vLLM's `model_name`, serve.llm's
+    model id) on the cluster: how an engine's metrics find their deployment."""
+    if not models:
+        return {}
+    found = {}
+    apps = Application.objects.filter(cluster_id=cluster_id, removed_at__isnull=True).prefetch_related(
+        Prefetch(
+            "deployments",
+            queryset=Deployment.objects.filter(removed_at__isnull=True).only(
+                "application_id", "name", "effective_config"
+            ),
+            to_attr="live_deployments",
+        )
+    )
+    for app in apps:
+        if builder_of(app.import_path) is None and not any(deployment_role(d.name) for d in app.live_deployments):
+            continue
+        for model in application_models(app):
+            if model.model_id in models:
+                found.setdefault(model.model_id, (app.name, model.deployment_name))
+    return found
+
+
 def recognised_model(deployment: Deployment) -> LLMModel | None:
     """The serve.llm model this deployment serves, or None when it is not a serve.llm deployment."""
     app = deployment.application

@@ -31,6 +31,16 @@ GRAM_USED, GRAM_AVAILABLE = "ray_node_gram_used", "ray_node_gram_available"
 # "ray::ServeReplica:<app>:<deployment>" at rest, gains ".<method>" while it runs one, and is
 # "ray::SERVE_REPLICA::<app>#<deployment>#<id>:ServeReplica:<app>:<deployment>.__init__" while it
 # starts (left out: it reports no requests yet); a title no process carries any more is reported as 0.
+# vLLM's engine metrics as Ray re-exports them (vllm/v1/metrics/ray_wrappers.py: `vllm:` names
+# sanitised to `_`, Ray's `ray_` prefix, `_total` on counters), the names Ray's own LLM dashboard
+# reads (ray/dashboard/modules/metrics/dashboards/data_llm_dashboard_panels.py). The engine runs in
+# a worker of its own, so its series carry `model_name` and `WorkerId`, and an empty `ReplicaId`.
+VLLM_RUNNING = "ray_vllm_num_requests_running"
+VLLM_WAITING = "ray_vllm_num_requests_waiting"
+VLLM_KV_USAGE = "ray_vllm_kv_cache_usage_perc"
+VLLM_GENERATED = "ray_vllm_generation_tokens_total"
+VLLM_PREEMPTIONS = "ray_vllm_num_preemptions_total"
+VLLM_TTFT = "ray_vllm_time_to_first_token_seconds"
 COMPONENT_RSS = "ray_component_rss_mb"
 REPLICA_TITLE = "ServeReplica:"
 
@@ -93,12 +103,25 @@ class NodeSignals:
 
 
 @dataclass
+class EngineSignals:
+    """One served model's vLLM engines, all replicas together."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float | None = None  # the fullest engine's KV cache, 0-1
+    generated_tokens: float = 0.0
+    preemptions: float = 0.0
+    ttft_p99_ms: float | None = None
+
+
+@dataclass
 class Reading:
     seconds: float
     deployments: dict[Key, DeploymentSignals]
     nodes: dict[str, NodeSignals]
     warnings: list[str]
     applications: dict[str, ApplicationSignals] = field(default_factory=dict)  # at the proxy; absent if it exports none
+    engines: dict[str, EngineSignals] = field(default_factory=dict)  # by vLLM's model_name; absent without serve.llm
 
 
 def _series_key(labels: dict[str, str], *drop: str) -> tuple:
@@ -263,7 +286,30 @@ def read(prev: Scrape, cur: Scrape) -> Reading:
         nodes=nodes,
         warnings=warnings,
         applications=applications,
+        engines=_engines(prev, cur, warnings),
     )
+
+
+def _model(labels: dict) -> str | None:
+    return labels.get("model_name") or None
+
+
+def _engines(prev: Scrape, cur: Scrape, warnings: list[str]) -> dict[str, EngineSignals]:
+    engines: dict[str, EngineSignals] = defaultdict(EngineSignals)
+    for name, attr in ((VLLM_RUNNING, "running"), (VLLM_WAITING, "waiting")):
+        for sample in cur.named(name):
+            if model := _model(sample.labels):
+                setattr(engines[model], attr, getattr(engines[model], attr) + sample.value)
+    for sample in cur.named(VLLM_KV_USAGE):
+        if model := _model(sample.labels):
+            engines[model].kv_usage = max(engines[model].kv_usage or 0.0, sample.value)
+    for name, attr in ((VLLM_GENERATED, "generated_tokens"), (VLLM_PREEMPTIONS, "preemptions")):
+        for labels, delta in _deltas(prev, cur, name, warnings):
+            if model := _model(labels):
+                setattr(engines[model], attr, getattr(engines[model], attr) + delta)
+    for model, (_, _, p99, _) in _percentiles(prev, cur, VLLM_TTFT, _model, warnings).items():
+        engines[model].ttft_p99_ms = p99 * 1000 if p99 is not None else None
+    return dict(engines)
 
 
 KEPT = (
@@ -281,6 +327,12 @@ KEPT = (
     HTTP_REQUESTS,
     HTTP_ERRORS,
     f"{HTTP_LATENCY}_bucket",
+    VLLM_RUNNING,
+    VLLM_WAITING,
+    VLLM_KV_USAGE,
+    VLLM_GENERATED,
+    VLLM_PREEMPTIONS,
+    f"{VLLM_TTFT}_bucket",
 )
 
 
@@ -296,7 +348,13 @@ def relevant(scrape: Scrape) -> Scrape:
     )
 
 
-def point(at: float, seconds: float, d: DeploymentSignals, app: ApplicationSignals | None = None) -> dict:
+def point(
+    at: float,
+    seconds: float,
+    d: DeploymentSignals,
+    app: ApplicationSignals | None = None,
+    engine: EngineSignals | None = None,
+) -> dict:
     """A deployment's reading; `app` is what its application's clients saw at the proxy, copied
     into every deployment of the application because a wizard watches one deployment, rarely the
     ingress. Without proxy series the http keys are absent, which is not the same as zero."""
@@ -324,6 +382,16 @@ def point(at: float, seconds: float, d: DeploymentSignals, app: ApplicationSigna
         }
         if app.p99_between_ms is not None:
             out["http_p99_between"] = list(app.p99_between_ms)
+    if engine is not None:
+        # The serve.llm deployment's engines: what they hold and whether they produce anything.
+        out |= {
+            "llm_running": engine.running,
+            "llm_waiting": engine.waiting,
+            "kv_usage": round(engine.kv_usage, 4) if engine.kv_usage is not None else None,
+            "gen_tokens": engine.generated_tokens,
+            "preemptions": engine.preemptions,
+            "ttft_p99": round(engine.ttft_p99_ms / 1000, 3) if engine.ttft_p99_ms is not None else None,
+        }
     return out
 
 
@@ -342,7 +410,7 @@ def _r(value):
     return round(value, 1) if value is not None else None
 
 
-SUMMED = {"errors", "starts", "evictions", "seconds", "http"}
+SUMMED = {"errors", "starts", "evictions", "seconds", "http", "gen_tokens", "preemptions"}
 SUMMED_BY_KEY = {"http_errors"}
 AVERAGED = {"rps"}
 

@@ -136,6 +136,8 @@ class LatencyContext:
     running_replicas: int | None
     at_max_replicas: bool
     memory_pressure: bool
+    kv_cache_full: bool = False  # a serve.llm engine's KV cache at 95 % or more
+    preemptions: float = 0.0  # sequences its engines preempted in the recent readings
 
 
 def rank_latency_causes(ctx: LatencyContext) -> list[dict]:
@@ -166,6 +168,16 @@ def rank_latency_causes(ctx: LatencyContext) -> list[dict]:
                 f"{ctx.queued:.0f} requests queued and {ctx.ongoing:.0f} in flight: the queue grows {where}.",
             )
         )
+    if ctx.kv_cache_full or ctx.preemptions:
+        found.append(
+            (
+                0,
+                "LAT-9",
+                f"The engine's KV cache was {'full' if ctx.kv_cache_full else 'short'}"
+                f"{f' and it preempted {ctx.preemptions:.0f} sequence(s)' if ctx.preemptions else ''}: requests wait "
+                "for cache blocks, and preempted ones start their prefill again.",
+            )
+        )
     if ctx.memory_pressure:
         found.append(
             (2, "LAT-6", "A node is above 90 % memory: collection and memory-pressure pauses slow every request.")
@@ -187,6 +199,18 @@ def rank_latency_causes(ctx: LatencyContext) -> list[dict]:
     )
     found.sort(key=lambda item: item[0])
     return [cause(cause_id, reason, rank) for rank, (_, cause_id, reason) in enumerate(found, start=1)]
+
+
+def rank_engine_stuck_causes() -> list[dict]:
+    return [
+        cause(
+            "LLM-1",
+            "Requests wait in the engine and no token is generated, while the replica answers its health check: "
+            "the engine core died or hangs under a live replica. Restarting the replica (a recycle) brings a new "
+            "engine; a health check that asks the engine for a token catches it next time.",
+            1,
+        )
+    ]
 
 
 def rank_pressure_causes(busy: list[tuple[str, str, int]]) -> list[dict]:

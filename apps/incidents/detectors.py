@@ -114,3 +114,26 @@ def memory_ratchet(
         values[0],
         f"Node memory rose from {values[0]:.0%} to {values[-1]:.0%} over {hours:.1f} h without coming back down.",
     )
+
+
+# The KV cache counts as full from here: vLLM then queues new sequences or preempts running ones.
+KV_FULL = 0.95
+STUCK_READINGS = 3
+
+
+def engine_stuck(points: list[dict], readings: int = STUCK_READINGS) -> Finding | None:
+    """A serve.llm engine with requests waiting and no token generated for `readings` readings in a
+    row: its engine core is dead or wedged while the replica's health check still answers 200."""
+    recent = points[-readings:]
+    if len(recent) < readings or not all((p.get("llm_waiting") or 0) > 0 and p.get("gen_tokens") == 0 for p in recent):
+        return None
+    waiting = max(p["llm_waiting"] for p in recent)
+    seconds = sum(p.get("seconds") or 0 for p in recent)
+    return Finding(
+        "engine_stuck",
+        recent[0]["t"],
+        waiting,
+        None,
+        f"{waiting:.0f} request(s) waiting in the engine and no token generated for {readings} readings "
+        f"({seconds:.0f} s), while Serve reports the replica healthy.",
+    )

@@ -17,6 +17,7 @@ class Incident(models.Model):
         QUEUE_BUILDUP = "queue_buildup", "Queue build-up"
         MEMORY_PRESSURE = "memory_pressure", "Memory pressure"
         MEMORY_RATCHET = "memory_ratchet", "Memory ratchet"
+        ENGINE_STUCK = "engine_stuck", "LLM engine stuck"
 
     class Status(models.TextChoices):
         OPEN = "open", "Open"

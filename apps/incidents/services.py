@@ -16,13 +16,14 @@ from apps.accounts.audit import Actor, record
 from apps.accounts.models import Role
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
 from apps.clusters.services import dashboard_for
-from apps.fleet import metric_readings
+from apps.fleet import llm, metric_readings
 from apps.fleet.models import Deployment
 from apps.incidents import cluster_history, detectors, prometheus_readings, webhooks
 from apps.incidents.causes import (
     LatencyContext,
     OomContext,
     change_in_effect,
+    rank_engine_stuck_causes,
     rank_latency_causes,
     rank_oom_causes,
     rank_pressure_causes,
@@ -371,11 +372,22 @@ def _apply_reading(cluster: Cluster, at: float, reading: metric_readings.Reading
             if finding:
                 pressure = pressure or finding.kind == "memory_pressure"
                 touched.append(_record_node(cluster, ip, finding, window.points))
-    for (app, dep), values in sorted(reading.deployments.items()):
+    engines = {
+        where: reading.engines[model]
+        for model, where in llm.deployments_by_model(cluster.pk, set(reading.engines)).items()
+    }
+    deployments = reading.deployments | {
+        key: metric_readings.DeploymentSignals() for key in engines.keys() - set(reading.deployments)
+    }
+    for (app, dep), values in sorted(deployments.items()):
         window, _ = SignalWindow.objects.get_or_create(cluster=cluster, application_name=app, deployment_name=dep)
-        point = metric_readings.point(at, reading.seconds, values, reading.applications.get(app))
+        point = metric_readings.point(
+            at, reading.seconds, values, reading.applications.get(app), engines.get((app, dep))
+        )
         window.points = metric_readings.compact([*window.points, point], now=at)
         window.save(update_fields=["points", "updated_at"])
+        if stuck := detectors.engine_stuck(window.points):
+            touched.append(_record_engine_stuck(cluster, app, dep, stuck, window.points))
         finding = detectors.latency_spike(window.points)
         if finding:
             touched.append(_record_latency(cluster, app, dep, finding, window.points, pressure))
@@ -434,6 +446,8 @@ def _latency_context(deployment: Deployment | None, points: list[dict], *, press
             and deployment.running_replicas >= (deployment.autoscaling_max_replicas or 0)
         ),
         memory_pressure=pressure,
+        kv_cache_full=max((p.get("kv_usage") or 0) for p in recent) >= detectors.KV_FULL,
+        preemptions=sum(p.get("preemptions") or 0 for p in recent),
     )
 
 
@@ -454,6 +468,28 @@ def _record_queue(cluster: Cluster, app: str, dep: str, finding, points: list[di
             build=build,
             deployment=deployment,
             severity_for=lambda total: "major" if finding.peak >= 50 else "warning",
+            detected=finding.summary,
+            extended=finding.summary,
+        )
+    return incident.pk
+
+
+def _record_engine_stuck(cluster: Cluster, app: str, dep: str, finding, points: list[dict]) -> int:
+    deployment = _deployment(cluster, app, dep)
+
+    def build():
+        return rank_engine_stuck_causes(), {"summary": finding.summary, "series": points[-60:]}
+
+    with transaction.atomic():
+        incident = _open_or_extend(
+            cluster,
+            app,
+            dep,
+            Incident.Kind.ENGINE_STUCK,
+            count=1,
+            build=build,
+            deployment=deployment,
+            severity_for=lambda total: "critical" if finding.peak >= 10 else "major",
             detected=finding.summary,
             extended=finding.summary,
         )
