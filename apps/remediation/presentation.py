@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import yaml
 
+from apps.fleet import llm
 from apps.fleet.configs import unified_diff
 from apps.remediation import diagnosis
 from apps.remediation.models import Wizard, WizardStep
@@ -55,6 +56,8 @@ def wizard_context(wizard: Wizard, position, *, can_operate: bool) -> dict:
         "can_operate": can_operate and wizard.is_active,
         "polling": wizard.state == Wizard.State.VERIFYING or any(s.status == Status.APPLYING for s in steps),
         "deployment": wizard.deployment,
+        # A serve.llm deployment's GPU memory and KV-cache plan, as on its own page.
+        "llm": llm.describe(wizard.deployment) if wizard.deployment else None,
     }
     if current.kind == WizardStep.Kind.CONFIG:
         context.update(_config(wizard, current, steps))

@@ -133,3 +133,22 @@ def test_recompute_stores_llm_findings_with_their_patches(cluster):
     # Without the model's config.json the rule still judges against the accelerator's safe value.
     assert stored["llm-gpu-memory-utilization"].patch is None
     assert "gpu-concurrency" not in stored
+
+
+def test_a_wizard_on_an_llm_deployment_shows_its_gpu_memory_and_kv_cache_plan(cluster, people):
+    from django.test import Client
+    from django.urls import reverse
+
+    from apps.remediation.models import Wizard
+
+    dep = llm_deployment(cluster, openai_app(llm_config(max_num_seqs=256)))
+    findings.recompute(cluster.pk)
+    finding = Finding.objects.get(deployment=dep, rule="llm-ongoing-unbounded")
+    client = Client()
+    client.force_login(people["operator"])
+
+    assert client.post(reverse("remediation:wizard_start"), {"finding": finding.pk}).status_code == 302
+    page = client.get(reverse("remediation:wizard", args=[Wizard.objects.get(finding=finding).pk]))
+
+    assert b"GPU memory and KV cache, per GPU" in page.content
+    assert b"config.json is needed to plan GPU memory" in page.content
