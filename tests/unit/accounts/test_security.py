@@ -10,7 +10,7 @@ from django.test import Client
 from django.urls import reverse
 
 from apps.accounts.models import AuditEvent
-from tests.factories import ClusterFactory
+from tests.factories import ClusterFactory, IncidentFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -30,18 +30,15 @@ def test_pages_carry_a_strict_script_policy_and_their_inline_scripts_its_nonce(c
 def test_every_inline_script_of_a_chart_page_has_the_nonce(client, people, team):
     from django.utils import timezone
 
-    from apps.incidents.models import Incident
-
     cluster = ClusterFactory(name="c", team=team)
     now = timezone.now()
-    incident = Incident.objects.create(
+    incident = IncidentFactory(
         kind="latency_spike",
         cluster=cluster,
         application_name="a",
         deployment_name="d",
         title="slow",
         started_at=now,
-        last_signal_at=now,
         evidence={"series": [{"t": 1, "p50": 10, "p99": 50, "ongoing": 1, "queued": 0, "rps": 1}]},
     )
     client.force_login(people["viewer"])

@@ -8,9 +8,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from apps.accounts.models import AuditEvent
-from apps.incidents.models import Incident
 from controlplane import pagination
-from tests.factories import ClusterFactory
+from tests.factories import ClusterFactory, IncidentFactory
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/audit-events/"
@@ -65,8 +64,7 @@ def test_incidents_page_by_keyset_newest_signal_first(team, api_as):
     cluster = ClusterFactory(team=team)
     now = timezone.now()
     made = [
-        Incident.objects.create(
-            kind="oom_kill",
+        IncidentFactory(
             cluster=cluster,
             application_name=f"app{n}",
             title=f"OOM {n}",

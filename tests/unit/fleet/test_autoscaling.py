@@ -16,10 +16,9 @@ from ray.serve.schema import DeploymentAutoscalingDetail
 from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.fleet.models import Deployment, ScalingSample
-from apps.incidents.models import Incident
 from integrations.ray.parsing import parse_serve_status
 from tests.conftest import ray_fixture
-from tests.factories import ClusterFactory
+from tests.factories import ClusterFactory, IncidentFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -216,27 +215,23 @@ def test_an_incident_page_charts_its_deployment_s_replicas(scaled, client, peopl
     client.force_login(people["viewer"])
     model = Deployment.objects.get(application__cluster=scaled, application__name="scaled", name="Model")
     now = timezone.now()
-    incident = Incident.objects.create(
+    incident = IncidentFactory(
         kind="latency_spike",
         cluster=scaled,
         deployment=model,
         application_name="scaled",
-        deployment_name="Model",
         title="Latency",
         started_at=now - timedelta(minutes=1),
         last_signal_at=now,
     )
     page = client.get(reverse("incidents:detail", args=[incident.pk])).content.decode()
     assert 'id="scaling-chart-data"' in page and "chart.umd.min.js" in page
-    elsewhere = Incident.objects.create(
-        kind="oom_kill",
+    elsewhere = IncidentFactory(
         cluster=scaled,
         deployment=model,
         application_name="scaled",
-        deployment_name="Model",
         title="Last week",
         started_at=now - timedelta(days=7),
-        last_signal_at=now - timedelta(days=7),
         resolved_at=now - timedelta(days=6),
     )
     page = client.get(reverse("incidents:detail", args=[elsewhere.pk])).content.decode()

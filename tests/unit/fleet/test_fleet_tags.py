@@ -9,10 +9,9 @@ import pytest
 from django.template.loader import render_to_string
 from django.urls import reverse
 
-from apps.changes.models import Change
 from apps.fleet.templatetags.fleet_tags import human, mib, weekdays
 from apps.remediation.models import Finding
-from tests.factories import ClusterFactory
+from tests.factories import ChangeFactory, ClusterFactory
 
 # What str() of a Python dict, None or a bool looks like on a page.
 REPR = re.compile(r"\{'|\bNone\b|\bTrue\b|\bFalse\b")
@@ -95,9 +94,8 @@ def cluster(db, team):
 
 def test_the_change_page_shows_its_options_without_python_reprs(client, people, cluster):
     config = {"applications": [{"name": "demo", "deployments": [{"name": "Model", "num_replicas": 1}]}]}
-    change = Change.objects.create(
+    change = ChangeFactory(
         cluster=cluster,
-        targets=[{"application": "demo", "deployment": "Model"}],
         patch={"num_replicas": 1, "autoscaling_config": None},
         reason="pin one replica",
         base_hash="a" * 64,

@@ -21,7 +21,7 @@ from apps.kubernetes.models import KubeConnection, KubeLink
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
 from apps.remediation.models import Finding, Wizard, WizardStep
 from controlplane.urls import router
-from tests.factories import ClusterFactory
+from tests.factories import ChangeFactory, ClusterFactory, IncidentFactory, KubeLinkFactory
 
 pytestmark = pytest.mark.django_db
 _serial = itertools.count()
@@ -41,18 +41,13 @@ def add_rows(team, user, count: int) -> None:
             slug=f"preset-{n}", name=f"Preset {n}", options={"max_ongoing_requests": 2}, team=team, created_by=user
         )
         rollout = Rollout.objects.create(reason="bench", preset=preset, created_by=user)
-        change = Change.objects.create(
+        change = ChangeFactory(
             cluster=cluster,
-            targets=[{"application": "demo", "deployment": "Model"}],
             reason="tune",
             preset=preset,
             rollout=rollout,
             wave=0,
             state="succeeded",
-            base_hash="a",
-            base_config={},
-            new_config={},
-            new_hash="b",
             created_by=user,
             applied_by=user,
             started_at=now,
@@ -70,15 +65,11 @@ def add_rows(team, user, count: int) -> None:
             change=change,
             requested_by=user,
         )
-        incident = Incident.objects.create(
-            kind="oom_kill",
+        incident = IncidentFactory(
             cluster=cluster,
-            application_name="demo",
-            deployment_name="Model",
             deployment=dep,
             title=f"OOM kill {n}",
             started_at=now,
-            last_signal_at=now,
             causes=[{"id": "OOM-2", "title": "Too many requests at once"}],
         )
         OomKillRecord.objects.create(incident=incident, actor_id=f"actor-{n}", replica="r1")
@@ -116,7 +107,7 @@ def add_rows(team, user, count: int) -> None:
         WizardStep.objects.create(wizard=wizard, position=1, kind="config", title="Cap concurrency", change=change)
         AuditEvent.objects.create(actor=user, actor_name=user.username, action="cluster.create", team=team)
         kube = KubeConnection.objects.create(team=team, name=f"kube-{n}", namespaces=["ray"], created_by=user)
-        KubeLink.objects.create(
+        KubeLinkFactory(
             cluster=cluster,
             connection=kube,
             kind=KubeLink.Kind.RAYCLUSTER,
@@ -134,15 +125,8 @@ def add_to_cluster(cluster, user, count: int) -> None:
         app = Application.objects.create(cluster=cluster, name=f"app-{n}", status="RUNNING")
         dep = Deployment.objects.create(application=app, name="Model", status="HEALTHY")
         ClusterEvent.objects.create(cluster=cluster, kind=ClusterEvent.Kind.RECOVERED)
-        Incident.objects.create(
-            kind="oom_kill",
-            cluster=cluster,
-            application_name=app.name,
-            deployment_name="Model",
-            deployment=dep,
-            title=f"OOM kill {n}",
-            started_at=now,
-            last_signal_at=now,
+        IncidentFactory(
+            cluster=cluster, application_name=app.name, deployment=dep, title=f"OOM kill {n}", started_at=now
         )
 
 

@@ -21,7 +21,7 @@ from apps.incidents.oom import culprit, oom_kills, replica_of
 from integrations import ray_metrics
 from integrations.ray.parsing import parse_actor
 from tests.conftest import FIXTURES, ray_fixture
-from tests.factories import ClusterFactory
+from tests.factories import ChangeFactory, ClusterFactory
 
 DEAD = "state_actors_dead_oom_t1_modelonly_detail.json"
 
@@ -182,15 +182,11 @@ def test_the_same_kill_seen_again_changes_nothing_and_a_new_one_extends_the_inci
 
 @pytest.mark.django_db
 def test_a_kill_right_after_a_change_suspects_the_rollout_first(cluster, people):
-    Change.objects.create(
+    ChangeFactory(
         cluster=cluster,
         targets=[{"application": "modelonly", "deployment": "Model"}],
         reason="bigger batches",
         state="succeeded",
-        base_hash="a",
-        base_config={},
-        new_config={},
-        new_hash="b",
         started_at=timezone.now() - timedelta(minutes=3),
     )
     [incident_id] = services.detect(cluster.pk)
@@ -486,25 +482,18 @@ def test_the_timeline_shows_the_changes_and_recycles_around_the_incident(cluster
     from apps.maintenance.models import MaintenanceRun
 
     deployment = Deployment.objects.get(application__cluster=cluster, application__name="modelonly", name="Model")
-    change = Change.objects.create(
+    change = ChangeFactory(
         cluster=cluster,
         targets=[{"application": "modelonly", "deployment": "Model"}],
         reason="bigger batches",
         state="succeeded",
-        base_hash="a",
-        base_config={},
-        new_config={},
-        new_hash="b",
         started_at=timezone.now(),
     )
-    Change.objects.create(
+    ChangeFactory(
         cluster=cluster,
         targets=[{"application": "demo", "deployment": "Echo"}],
         reason="other app",
         state="succeeded",
-        base_hash="a",
-        base_config={},
-        new_config={},
         new_hash="c",
     )
     run = MaintenanceRun.objects.create(
@@ -622,15 +611,11 @@ def serve_with(max_ongoing_requests: int, controller_started: float | None = Non
 
 def pushed_change(cluster, minutes_ago: float) -> Change:
     at = timezone.now() - timedelta(minutes=minutes_ago)
-    return Change.objects.create(
+    return ChangeFactory(
         cluster=cluster,
         targets=[{"application": "modelonly", "deployment": "Model"}],
         reason="bigger batches",
         state="succeeded",
-        base_hash="a",
-        base_config={},
-        new_config={},
-        new_hash="b",
         started_at=at,
         pushed_at=at,
         finished_at=at + timedelta(seconds=20),
@@ -692,15 +677,11 @@ def test_a_config_pushed_outside_fleetdeck_after_a_change_clears_the_change_but_
 
 @pytest.mark.django_db
 def test_a_change_that_never_reached_the_cluster_is_not_a_cause(cluster):
-    Change.objects.create(
+    ChangeFactory(
         cluster=cluster,
         targets=[{"application": "modelonly", "deployment": "Model"}],
         reason="bigger batches",
         state="drifted",
-        base_hash="a",
-        base_config={},
-        new_config={},
-        new_hash="b",
         started_at=timezone.now() - timedelta(minutes=3),
     )
     [incident_id] = services.detect(cluster.pk)

@@ -9,7 +9,7 @@ import yaml
 from apps.accounts.models import AuditEvent
 from apps.clusters.models import Cluster
 from apps.kubernetes.models import KubeConnection, KubeLink
-from tests.factories import ClusterFactory
+from tests.factories import ClusterFactory, KubeLinkFactory
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)
 from tests.unit.integrations.test_kube_adapter import TOKEN, fixture, kubeconfig
 
@@ -182,12 +182,9 @@ def test_another_teams_cluster_cannot_be_named_for_a_link(api_as, kube, team, ot
 @pytest.fixture
 def linked(team, kube):
     cluster = ClusterFactory(name="vision-prod", team=team)
-    return KubeLink.objects.create(
+    return KubeLinkFactory(
         cluster=cluster,
         connection=connection(kube, team),
-        kind="RayService",
-        namespace="ml",
-        name="vision",
         snapshot={"pods": [{"name": "head", "memory_limit": "16Gi", "restarts": 0}]},
     )
 

@@ -18,7 +18,7 @@ from apps.remediation import findings
 from apps.remediation.models import Finding
 from apps.remediation.rules import KUBE_IDS
 from tests.conftest import ray_fixture
-from tests.factories import ClusterFactory
+from tests.factories import ClusterFactory, KubeLinkFactory
 from tests.kubeapi import connection, kube, serve_namespace  # noqa: F401  (fixture)
 from tests.unit.integrations.test_kube_adapter import fixture, forbidden
 
@@ -58,13 +58,7 @@ def link_vision(kube, cluster, **serve) -> KubeLink:
         hpas=fixture("hpas_ml.json")["items"],
         **serve,
     )
-    return KubeLink.objects.create(
-        cluster=cluster,
-        connection=connection(kube, cluster.team),
-        kind=KubeLink.Kind.RAYSERVICE,
-        namespace="ml",
-        name="vision",
-    )
+    return KubeLinkFactory(cluster=cluster, connection=connection(kube, cluster.team))
 
 
 def open_kube_findings(cluster) -> dict[tuple[str, str], Finding]:
@@ -110,12 +104,8 @@ def test_k1_k2_k4_on_a_hand_written_raycluster(kube, cluster, use_replay):
         events=[],
         scaled_objects=fixture("scaledobjects_ml.json")["items"],
     )
-    KubeLink.objects.create(
-        cluster=cluster,
-        connection=connection(kube, cluster.team),
-        kind=KubeLink.Kind.RAYCLUSTER,
-        namespace="ml",
-        name="batch",
+    KubeLinkFactory(
+        cluster=cluster, connection=connection(kube, cluster.team), kind=KubeLink.Kind.RAYCLUSTER, name="batch"
     )
 
     inspection.inspect(cluster.pk)
@@ -197,13 +187,7 @@ def test_without_ray_s_view_the_oom6_reason_uses_the_ray_start_params(kube, clus
     cluster_spec = fixture("raycluster_vision.json")
     cluster_spec["spec"]["workerGroupSpecs"][0]["rayStartParams"]["memory"] = str(60 * GIB)
     serve_namespace(kube, rayservices=[service], rayclusters=[cluster_spec], hpas=[])
-    KubeLink.objects.create(
-        cluster=cluster,
-        connection=connection(kube, cluster.team),
-        kind=KubeLink.Kind.RAYSERVICE,
-        namespace="ml",
-        name="vision",
-    )
+    KubeLinkFactory(cluster=cluster, connection=connection(kube, cluster.team))
 
     inspection.inspect(cluster.pk)
 

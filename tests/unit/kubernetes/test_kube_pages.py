@@ -9,11 +9,11 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.clusters.models import Cluster
-from apps.incidents.models import Incident, PodKillRecord
+from apps.incidents.models import PodKillRecord
 from apps.kubernetes.checks import Finding as KubeFinding
 from apps.kubernetes.models import KubeConnection, KubeLink
 from apps.remediation import findings
-from tests.factories import ClusterFactory
+from tests.factories import ClusterFactory, IncidentFactory, KubeLinkFactory
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)
 from tests.unit.integrations.test_kube_adapter import failure, fixture, forbidden, kubeconfig
 
@@ -179,12 +179,9 @@ def test_the_cluster_page_card_without_a_link_says_how_to_get_one(login, team):
 
 def test_the_cluster_page_card_shows_pods_limits_restarts_and_the_last_oomkilled(login, kube, team):
     cluster = ClusterFactory(name="vision-prod", team=team)
-    KubeLink.objects.create(
+    KubeLinkFactory(
         cluster=cluster,
         connection=connection(kube, team),
-        kind="RayService",
-        namespace="ml",
-        name="vision",
         inspected_at=timezone.now(),
         partial=True,
         warnings=["Forbidden to list events in namespace ml (HTTP 403)"],
@@ -238,11 +235,10 @@ def test_the_cluster_page_card_shows_pods_limits_restarts_and_the_last_oomkilled
 
 def test_a_failed_inspection_is_on_the_card(login, kube, team):
     cluster = ClusterFactory(name="vision-prod", team=team)
-    KubeLink.objects.create(
+    KubeLinkFactory(
         cluster=cluster,
         connection=connection(kube, team),
         kind="RayCluster",
-        namespace="ml",
         name="batch",
         inspected_at=timezone.now(),
         last_error="KubeRay CRDs are not installed on this cluster",
@@ -282,15 +278,13 @@ def test_kubernetes_findings_are_on_the_findings_page_with_their_subject(login, 
 def test_the_incident_page_lists_kernel_oom_kills(login, team):
     cluster = ClusterFactory(name="vision-prod", team=team)
     now = timezone.now()
-    incident = Incident.objects.create(
-        kind="oom_kill",
+    incident = IncidentFactory(
         cluster=cluster,
         application_name="",
         deployment_name="",
         node_ip="10.42.3.21",
         title="OOM kill of node 10.42.3.21 on vision-prod",
         started_at=now,
-        last_signal_at=now,
     )
     PodKillRecord.objects.create(
         incident=incident,

@@ -17,7 +17,7 @@ from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.kubernetes.models import KubeLink
 from tests.conftest import ray_fixture
-from tests.factories import ClusterFactory
+from tests.factories import ClusterFactory, KubeLinkFactory
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)
 from tests.unit.integrations.test_kube_adapter import failure, fixture, forbidden
 
@@ -65,13 +65,7 @@ def rayservice(kube):
 
 
 def link(kube, cluster, *, read_only=False) -> KubeLink:
-    return KubeLink.objects.create(
-        cluster=cluster,
-        connection=connection(kube, cluster.team, read_only=read_only),
-        kind=KubeLink.Kind.RAYSERVICE,
-        namespace="ml",
-        name="vision",
-    )
+    return KubeLinkFactory(cluster=cluster, connection=connection(kube, cluster.team, read_only=read_only))
 
 
 def kuberay_applies(kube, replay) -> None:
@@ -228,11 +222,10 @@ def test_a_read_only_connection_refuses_the_change_with_the_reason(kube, cluster
 
 
 def test_a_cluster_linked_to_a_raycluster_is_not_pushed_through_the_dashboard_either(kube, cluster, people, use_replay):
-    KubeLink.objects.create(
+    KubeLinkFactory(
         cluster=cluster,
         connection=connection(kube, cluster.team, read_only=False),
         kind=KubeLink.Kind.RAYCLUSTER,
-        namespace="ml",
         name="batch",
     )
 

@@ -14,12 +14,12 @@ from django.utils import timezone
 
 from apps.fleet import metric_readings
 from apps.incidents import prometheus_readings, services
-from apps.incidents.models import Incident, OomKillRecord, SignalWindow
+from apps.incidents.models import OomKillRecord, SignalWindow
 from apps.remediation import presentation, verification
 from apps.remediation.models import Wizard, WizardStep
 from integrations import ray_metrics
 from tests.conftest import FIXTURES
-from tests.factories import ClusterFactory
+from tests.factories import ClusterFactory, IncidentFactory
 
 OOM = "metrics_after_oom_kills_filtered.prom"
 HEALTHY = "metrics_after_200_requests_filtered.prom"
@@ -291,15 +291,7 @@ def test_requests_admitted_but_never_answered_fail():
 @pytest.fixture
 def wizard(cluster):
     now = timezone.now()
-    incident = Incident.objects.create(
-        kind="oom_kill",
-        cluster=cluster,
-        application_name="demo",
-        deployment_name="Model",
-        title="OOM",
-        started_at=now - timedelta(minutes=5),
-        last_signal_at=now,
-    )
+    incident = IncidentFactory(cluster=cluster, title="OOM", started_at=now - timedelta(minutes=5), last_signal_at=now)
     wizard = Wizard.objects.create(cluster=cluster, application_name="demo", deployment_name="Model", incident=incident)
     for position, kind in enumerate(("verification", "outcome"), start=1):
         WizardStep.objects.create(wizard=wizard, position=position, kind=kind, title=kind)

@@ -25,7 +25,7 @@ from apps.maintenance.models import RecycleSchedule
 from apps.remediation import findings, remedy_checks, verification, wizards
 from apps.remediation.models import Finding, Wizard, WizardStep
 from tests.conftest import ray_fixture
-from tests.factories import ClusterFactory
+from tests.factories import ClusterFactory, IncidentFactory
 
 pytestmark = pytest.mark.django_db
 LIVE = "serve_applications_oom_t2_demo_via_ingress_after_recovery.json"
@@ -176,7 +176,7 @@ def test_a_second_operator_joins_the_open_wizard_instead_of_starting_another(peo
 
 
 def test_node_incidents_and_vanished_deployments_cannot_start_a_wizard(people, cluster, incident):
-    node = Incident.objects.create(
+    node = IncidentFactory(
         kind="memory_pressure",
         cluster=cluster,
         application_name="",
@@ -184,7 +184,6 @@ def test_node_incidents_and_vanished_deployments_cannot_start_a_wizard(people, c
         node_ip="10.0.0.1",
         title="pressure",
         started_at=timezone.now(),
-        last_signal_at=timezone.now(),
     )
     with pytest.raises(wizards.WizardError, match="not one deployment"):
         wizards.start(actor(people), incident=node)
