@@ -14,7 +14,7 @@ from apps.incidents import services as incidents
 from apps.incidents.models import Incident
 from apps.remediation.models import Wizard
 from tests.browser.pages import log_in
-from tests.unit.remediation.test_wizards import DEAD, Live
+from tests.unit.remediation.wizard_helpers import DEAD, Live
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -11,7 +11,7 @@ from django.urls import reverse
 from apps.remediation import verification, wizards
 from apps.remediation.models import Wizard
 from tests.unit.fleet.test_fleet_tags import REPR
-from tests.unit.remediation.test_wizards import actor, by_remedy, calibrated, cluster, incident, live  # noqa: F401 (fixtures)
+from tests.unit.remediation.wizard_helpers import actor, by_remedy
 
 pytestmark = pytest.mark.django_db
 
