@@ -116,12 +116,9 @@ def main() -> None:
             total_times.append(total)
         config_b = statistics.median(baseline)
         print(f"serve deploy → effective (baseline): median {config_b:.3f} s over {args.rounds} rounds")
-        print(
-            f"fleetdeck apply → verified:           median {statistics.median(apply_times):.3f} s  ratio {statistics.median(apply_times) / config_b:.2f}"
-        )
-        print(
-            f"fleetdeck plan + apply → verified:    median {statistics.median(total_times):.3f} s  ratio {statistics.median(total_times) / config_b:.2f}"
-        )
+        apply_median, total_median = statistics.median(apply_times), statistics.median(total_times)
+        print(f"fleetdeck apply → verified:           median {apply_median:.3f} s  ratio {apply_median / config_b:.2f}")
+        print(f"fleetdeck plan + apply → verified:    median {total_median:.3f} s  ratio {total_median / config_b:.2f}")
     finally:
         head.stop()
 

@@ -416,8 +416,9 @@ def main() -> None:
     started = time.monotonic()
     real = real_cluster(args.interval, trials, timeout_s=max(180.0, 12 * args.interval))
     print(
-        f"\nreal Ray 2.60 head on loopback ({real['engine']}; memory monitor at {real['threshold']:.1%} of the node), "
-        f"sync + detect + metrics every {args.interval:g} s, {trials} trial(s) each, {time.monotonic() - started:.0f} s:"
+        f"\nreal Ray 2.60 head on loopback ({real['engine']}; memory monitor at {real['threshold']:.1%} of the "
+        f"node), sync + detect + metrics every {args.interval:g} s, {trials} trial(s) each, "
+        f"{time.monotonic() - started:.0f} s:"
     )
     for label, rows in (("OOM kill", real["oom"]), ("latency spike", real["latency"])):
         for row in rows:
@@ -433,7 +434,8 @@ def main() -> None:
                 )
             source = row.get("from", "start of the burst")
             print(
-                f"  {label:14s} {latency:6.1f} s from the {source} = {latency / args.interval:.2f} x the interval{extra}"
+                f"  {label:14s} {latency:6.1f} s from the {source} = {latency / args.interval:.2f} x the "
+                f"interval{extra}"
             )
 
 

@@ -341,7 +341,8 @@ def run_app(app: App, args, deadline: float) -> dict:
             schedules.save_profile(ACTOR, application, dict(app.warmup))
         bench = Bench(lab, cluster, app, args)
         print(
-            f"\n{app.name}: threshold {lab.threshold_bytes / GIB:.2f} GiB (node at {bench.idle_bytes / GIB:.2f} GiB idle); "
+            f"\n{app.name}: threshold {lab.threshold_bytes / GIB:.2f} GiB "
+            f"(node at {bench.idle_bytes / GIB:.2f} GiB idle); "
             f"schedule {[(b.at_s, b.clients, b.duration_s) for b in bench.schedule]}",
             flush=True,
         )

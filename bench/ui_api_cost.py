@@ -62,7 +62,8 @@ LOAD_PROCESSES, LOAD_THREADS = 2, 4
 
 
 def captured() -> tuple[dict, dict, dict]:
-    """The demo application's submitted config and Model's effective and submitted configs, as Ray 2.60 reported them."""
+    """The demo application's submitted config and Model's effective and submitted configs, as Ray 2.60
+    reported them."""
     app = json.loads((FIXTURES / "serve_applications_two_apps.json").read_text())["applications"]["demo"]
     submitted = next(d for d in app["deployed_app_config"]["deployments"] if d["name"] == "Model")
     return app["deployed_app_config"], app["deployments"]["Model"]["deployment_config"], submitted
@@ -569,10 +570,12 @@ def main() -> None:
 
         print(
             f"database: {engine}; seeded {Cluster.objects.count()} clusters, {Deployment.objects.count()} deployments, "
-            f"{Incident.objects.count()} incidents in {seeded:.0f} s; the user is an admin of {TEAMS} teams (not a superuser)"
+            f"{Incident.objects.count()} incidents in {seeded:.0f} s; the user is an admin of {TEAMS} teams "
+            "(not a superuser)"
         )
         print(
-            f"\nserver time, ms ({repeats} requests each, at least 5 for pages slower than {SECONDS_PER_URL / repeats * 1000:.0f} ms; in-process):"
+            f"\nserver time, ms ({repeats} requests each, at least 5 for pages slower than "
+            f"{SECONDS_PER_URL / repeats * 1000:.0f} ms; in-process):"
         )
         print(f"  {'':40s} {'10 clusters':>21s} {'1,000 clusters':>21s} {'p50':>7s}")
         print(

@@ -71,8 +71,9 @@ class IncidentListSerializer(serializers.ListSerializer):
 class IncidentSerializer(serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     related_work = serializers.SerializerMethodField(
-        help_text="What happened around the incident: changes, maintenance runs, cluster and Serve controller restarts, and config "
-        "revisions Fleetdeck did not make (kind change, maintenance, cluster_restart, controller_restart, config_revision)."
+        help_text="What happened around the incident: changes, maintenance runs, cluster and Serve controller "
+        "restarts, and config revisions Fleetdeck did not make (kind change, maintenance, cluster_restart, "
+        "controller_restart, config_revision)."
     )
     oom_kills = OomKillSerializer(many=True, read_only=True)
     pod_kills = PodKillSerializer(

@@ -36,8 +36,9 @@ class KubeConnectionSerializer(serializers.ModelSerializer):
         trim_whitespace=False,
         max_length=256 * 1024,
         style={"base_template": "textarea.html"},
-        help_text="A kubeconfig (YAML) with a token or client certificate, inline (token, *-data); credential plugins, file "
-        "paths and proxy-url are refused. Stored encrypted, never returned. On update, empty keeps the stored one.",
+        help_text="A kubeconfig (YAML) with a token or client certificate, inline (token, *-data); credential "
+        "plugins, file paths and proxy-url are refused. Stored encrypted, never returned. On update, empty keeps "
+        "the stored one.",
     )
     has_kubeconfig = serializers.BooleanField(read_only=True)
     namespaces = serializers.ListField(
@@ -89,8 +90,8 @@ class KubeLinkSerializer(serializers.ModelSerializer):
     connection_name = serializers.CharField(source="connection.name", read_only=True)
     snapshot = serializers.JSONField(
         read_only=True,
-        help_text="From the last inspection: resource (state, active RayCluster), pods (memory request/limit, CPU, GPUs, "
-        "restarts, last termination, Ray's memory), pod_count, last_oomkilled, events (recent Warning events).",
+        help_text="From the last inspection: resource (state, active RayCluster), pods (memory request/limit, CPU, "
+        "GPUs, restarts, last termination, Ray's memory), pod_count, last_oomkilled, events (recent Warning events).",
     )
 
     class Meta:

@@ -97,7 +97,8 @@ class RayDashboard:
                         )
                     if time.monotonic() > deadline:
                         raise RayTimeout(
-                            f"Ray dashboard sent its answer to {label or path} too slowly (over {self._deadline_s:.0f} s)."
+                            f"Ray dashboard sent its answer to {label or path} too slowly "
+                            f"(over {self._deadline_s:.0f} s)."
                         )
         except httpx.TimeoutException as exc:
             raise RayTimeout(
