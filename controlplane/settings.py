@@ -279,6 +279,8 @@ FLEETDECK_WAITING_REPLICA_S = env_int("FLEETDECK_WAITING_REPLICA_S", 60, minimum
 # How old the nodes' resources may be before a sync reads them again while nothing waits: they
 # change with nodes, not with requests.
 FLEETDECK_NODE_RESOURCES_MAX_AGE_S = env_int("FLEETDECK_NODE_RESOURCES_MAX_AGE_S", 300, minimum=5)
+# Replica-count samples (the scaling chart) older than this are deleted by the tick.
+FLEETDECK_SCALING_HISTORY_DAYS = env_int("FLEETDECK_SCALING_HISTORY_DAYS", 30, minimum=1)
 # Comma-separated CIDRs a cluster URL may point into; empty means any routable or private
 # address. Link-local addresses (cloud metadata services) are always refused.
 FLEETDECK_CLUSTER_NETWORKS = env_list("FLEETDECK_CLUSTER_NETWORKS", [])

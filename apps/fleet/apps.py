@@ -7,6 +7,7 @@ class FleetConfig(AppConfig):
 
     def ready(self) -> None:
         from apps.core import ticks
-        from apps.fleet import sync
+        from apps.fleet import scaling_history, sync
 
         ticks.register("fleet.sync", 10, sync.due_syncs)
+        ticks.register("fleet.scaling_history", 90, scaling_history.prune)

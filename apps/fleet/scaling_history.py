@@ -3,12 +3,22 @@ and of incident pages: times in milliseconds for the browser, step lines, decisi
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
 
 from apps.fleet.models import Deployment, ScalingSample
 
 # Enough for days of a busy autoscaler at one row per change; the chart needs no more.
 MAX_SAMPLES = 2000
+
+
+def prune() -> None:
+    """Samples past the retention go, so the table stays bounded by days of changes, not by the
+    fleet's age; one indexed DELETE per tick, which finds nothing most of the time."""
+    cutoff = timezone.now() - timedelta(days=settings.FLEETDECK_SCALING_HISTORY_DAYS)
+    ScalingSample.objects.filter(observed_at__lt=cutoff).delete()
 
 
 def scaling_series(

@@ -65,4 +65,5 @@ def test_the_tick_runs_each_apps_due_work_in_its_order():
         "stale_polls",
         "evaluate_due",
         "settle_awaiting",
+        "prune",
     ]

@@ -138,6 +138,26 @@ def test_an_unchanged_sync_adds_no_sample_and_a_new_target_adds_one_with_its_mov
     assert latest.decision == {"from": 1, "to": 4, "reason": "", "at_s": None, "source": "sync"}
 
 
+def test_the_tick_deletes_samples_past_the_retention_and_keeps_the_rest(use_replay, cluster, settings):
+    from apps.core import ticks
+    from apps.fleet import scaling_history
+
+    settings.FLEETDECK_SCALING_HISTORY_DAYS = 7
+    use_replay.routes["/api/serve/applications/"] = waiting_now()
+    use_replay.routes["/api/cluster_status"] = "cluster_status_replica_waiting.json"
+    sync.sync_cluster(cluster.pk)
+    model = Deployment.objects.get(application__cluster=cluster, application__name="scaled", name="Model")
+    now = timezone.now()
+    ScalingSample.objects.create(deployment=model, observed_at=now - timedelta(days=8), target=1, running=1)
+    ScalingSample.objects.create(deployment=model, observed_at=now - timedelta(days=6), target=2, running=2)
+    assert scaling_history.prune in ticks.handlers()
+
+    scaling_history.prune()
+
+    kept = ScalingSample.objects.filter(deployment=model)
+    assert kept.count() == 2 and not kept.filter(observed_at__lt=now - timedelta(days=7)).exists()
+
+
 def test_serve_s_own_decision_explains_a_new_target(use_replay, cluster):
     use_replay.routes["/api/serve/applications/"] = waiting_now()
     sync.sync_cluster(cluster.pk)
