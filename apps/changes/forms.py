@@ -4,7 +4,7 @@ from django import forms
 from django.db.models import Q
 
 from apps.accounts.permissions import visible_teams
-from apps.changes.models import Preset
+from apps.changes.models import Preset, Rollout
 from apps.changes.validation import parse_options_text, preset_or_options, validate_options
 from apps.clusters.models import Cluster
 from apps.fleet.models import Deployment
@@ -103,11 +103,11 @@ class RolloutForm(OptionsChoice, forms.Form):
     client_error_budget_pct = forms.FloatField(
         label="Client error budget (%)",
         required=False,
-        initial=0.1,
+        initial=100 * Rollout._meta.get_field("client_error_budget").default,
         min_value=0.0,
         max_value=100.0,
         help_text="A wave whose clients see more failed requests than this at the proxies stops the rollout and "
-        "is rolled back. Default 0.1.",
+        "is rolled back.",
     )
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}))
 

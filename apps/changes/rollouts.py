@@ -190,8 +190,9 @@ def advance(rollout_id: int) -> None:
         return _stop(
             rollout, "; ".join(f"{c.cluster.name}: change #{c.pk} {c.get_state_display().lower()}" for c in failed)
         )
-    if over_budget(rollout, wave):
-        return _stop_and_roll_back(rollout, wave)
+    impact = wave_impact(wave)
+    if over_budget(rollout, impact):
+        return _stop_and_roll_back(rollout, wave, impact)
     next_wave = rollout.current_wave + 1
     if not _all_changes(rollout).filter(wave=next_wave).exists():
         Rollout.objects.filter(pk=rollout.pk, state=Rollout.State.RUNNING).update(
@@ -231,18 +232,16 @@ def wave_impact(changes: list[Change]) -> dict:
     return client_impact.combined([change.client_impact for change in changes])
 
 
-def over_budget(rollout: Rollout, wave: list[Change]) -> bool:
-    """Whether the wave's clients, all clusters together, saw more failed requests at the proxy
-    than the rollout's budget; a wave whose proxies could not be read is not judged (its changes'
-    steps say why)."""
-    share = wave_impact(wave)["share"]
+def over_budget(rollout: Rollout, impact: dict) -> bool:
+    """Whether the wave's clients (its `wave_impact`) saw more failed requests at the proxy than the
+    rollout's budget; a wave whose proxies could not be read is not judged (its changes' steps say why)."""
+    share = impact["share"]
     return share is not None and share > rollout.client_error_budget
 
 
-def _stop_and_roll_back(rollout: Rollout, wave: list[Change]) -> None:
+def _stop_and_roll_back(rollout: Rollout, wave: list[Change], total: dict) -> None:
     # Only the caller that stops the rollout rolls the wave back: advance runs from the change
     # signal and from the tick, and two rollbacks of one change would queue two restores.
-    total = wave_impact(wave)
     budget = f"{100 * rollout.client_error_budget:g} %"
     if not Rollout.objects.filter(pk=rollout.pk, state=Rollout.State.RUNNING).update(
         state=Rollout.State.FAILED,

@@ -451,49 +451,52 @@ def _latency_context(deployment: Deployment | None, points: list[dict], *, press
     )
 
 
-def _record_queue(cluster: Cluster, app: str, dep: str, finding, points: list[dict]) -> int:
+def _record_signal(cluster: Cluster, app: str, dep: str, kind: str, finding, causes, severity_for) -> int:
+    """Open or extend the deployment's incident of `kind` from a detector's finding; `causes(deployment)`
+    ranks them when the incident opens."""
     deployment = _deployment(cluster, app, dep)
+    with transaction.atomic():
+        incident = _open_or_extend(
+            cluster,
+            app,
+            dep,
+            kind,
+            count=1,
+            build=lambda: causes(deployment),
+            deployment=deployment,
+            severity_for=severity_for,
+            detected=finding.summary,
+            extended=finding.summary,
+        )
+    return incident.pk
 
-    def build():
+
+def _record_queue(cluster: Cluster, app: str, dep: str, finding, points: list[dict]) -> int:
+    def causes(deployment):
         ctx = _latency_context(deployment, points, pressure=False)
         return rank_latency_causes(ctx), {"summary": finding.summary, "series": points[-60:]}
 
-    with transaction.atomic():
-        incident = _open_or_extend(
-            cluster,
-            app,
-            dep,
-            Incident.Kind.QUEUE_BUILDUP,
-            count=1,
-            build=build,
-            deployment=deployment,
-            severity_for=lambda total: "major" if finding.peak >= 50 else "warning",
-            detected=finding.summary,
-            extended=finding.summary,
-        )
-    return incident.pk
+    return _record_signal(
+        cluster,
+        app,
+        dep,
+        Incident.Kind.QUEUE_BUILDUP,
+        finding,
+        causes,
+        lambda total: "major" if finding.peak >= 50 else "warning",
+    )
 
 
 def _record_engine_stuck(cluster: Cluster, app: str, dep: str, finding, points: list[dict]) -> int:
-    deployment = _deployment(cluster, app, dep)
-
-    def build():
-        return rank_engine_stuck_causes(), {"summary": finding.summary, "series": points[-60:]}
-
-    with transaction.atomic():
-        incident = _open_or_extend(
-            cluster,
-            app,
-            dep,
-            Incident.Kind.ENGINE_STUCK,
-            count=1,
-            build=build,
-            deployment=deployment,
-            severity_for=lambda total: "critical" if finding.peak >= 10 else "major",
-            detected=finding.summary,
-            extended=finding.summary,
-        )
-    return incident.pk
+    return _record_signal(
+        cluster,
+        app,
+        dep,
+        Incident.Kind.ENGINE_STUCK,
+        finding,
+        lambda deployment: (rank_engine_stuck_causes(), {"summary": finding.summary, "series": points[-60:]}),
+        lambda total: "critical" if finding.peak >= 10 else "major",
+    )
 
 
 def _record_latency(cluster: Cluster, app: str, dep: str, finding, points: list[dict], pressure: bool) -> int:
