@@ -11,6 +11,8 @@ registers where the policy in force comes from with `use_policy`, and a client m
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import socket
 from typing import Callable, Protocol
 
@@ -49,15 +51,11 @@ class PinnedTransport(httpx.BaseTransport):
         self.policy = policy or current_policy()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        host = request.url.host
-        port = request.url.port or (443 if request.url.scheme == "https" else 80)
+        host, port = _host_port(request)
         addresses = allowed_addresses(host, port, self.policy)
         original, extensions = request.url, request.extensions
         for index, address in enumerate(addresses):
-            if address != host:
-                # The Host header already names the host; TLS verifies the certificate against it too.
-                request.url = original.copy_with(host=address)
-                request.extensions = {**extensions, "sni_hostname": host}
+            _pin(request, original, extensions, host, address)
             try:
                 return self.inner.handle_request(request)
             except httpx.ConnectError:
@@ -70,12 +68,65 @@ class PinnedTransport(httpx.BaseTransport):
         self.inner.close()
 
 
+class AsyncPinnedTransport(httpx.AsyncBaseTransport):
+    """`PinnedTransport` for `httpx.AsyncClient`: the same checks, and names resolve off the event loop."""
+
+    def __init__(self, *, verify=True, inner: httpx.AsyncBaseTransport | None = None, policy: Policy | None = None):
+        self.inner = inner or httpx.AsyncHTTPTransport(verify=verify)
+        self.policy = policy or current_policy()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        host, port = _host_port(request)
+        addresses = await async_allowed_addresses(host, port, self.policy)
+        original, extensions = request.url, request.extensions
+        for index, address in enumerate(addresses):
+            _pin(request, original, extensions, host, address)
+            try:
+                return await self.inner.handle_async_request(request)
+            except httpx.ConnectError:
+                if index == len(addresses) - 1:
+                    raise
+        raise httpx.ConnectError(f"the host {host!r} has no address")
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _host_port(request: httpx.Request) -> tuple[str, int]:
+    return request.url.host, request.url.port or (443 if request.url.scheme == "https" else 80)
+
+
+def _pin(request: httpx.Request, original: httpx.URL, extensions: dict, host: str, address: str) -> None:
+    if address != host:
+        # The Host header already names the host; TLS verifies the certificate against it too.
+        request.url = original.copy_with(host=address)
+        request.extensions = {**extensions, "sni_hostname": host}
+
+
 def allowed_addresses(host: str, port: int, policy: Policy) -> list[str]:
     """The addresses to connect to for `host`: every address it resolves to must be allowed."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
         raise httpx.ConnectError(f"the host {host!r} cannot be resolved") from exc
+    return _vetted(host, infos, policy)
+
+
+async def async_allowed_addresses(host: str, port: int, policy: Policy) -> list[str]:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return allowed_addresses(host, port, policy)  # a literal resolves without a lookup
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise httpx.ConnectError(f"the host {host!r} cannot be resolved") from exc
+    return _vetted(host, infos, policy)
+
+
+def _vetted(host: str, infos, policy: Policy) -> list[str]:
     addresses = list(dict.fromkeys(info[4][0].split("%")[0] for info in infos))
     for address in addresses:
         reason = policy.refusal(host, address)

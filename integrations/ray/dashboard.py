@@ -38,10 +38,13 @@ MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 # A job's whole log comes back in one JSON string; only its end matters to Fleetdeck (results and
 # errors are printed last), so at most this many characters of the tail are kept.
 MAX_JOB_LOG_CHARS = 256 * 1024
+VERSION_PATH = "/api/version"
+SERVE_PATH = "/api/serve/applications/"
+ACTORS_PATH = "/api/v0/actors"
 
 
 @functools.cache
-def _tls_context() -> ssl.SSLContext:
+def tls_context() -> ssl.SSLContext:
     """httpx's default verification, built once: httpx loads the whole CA bundle for every client
     (~20 ms of CPU), and every sync builds two clients per cluster."""
     return httpx.create_ssl_context()
@@ -66,7 +69,7 @@ class RayDashboard:
             timeout=httpx.Timeout(timeout_s),
             follow_redirects=False,
             trust_env=False,
-            transport=transport or PinnedTransport(verify=_tls_context(), policy=policy),
+            transport=transport or PinnedTransport(verify=tls_context(), policy=policy),
         )
         # Timeouts apply per read; this bounds a whole answer, which a server could trickle forever.
         self._deadline_s = max(3 * timeout_s, 10.0)
@@ -83,85 +86,24 @@ class RayDashboard:
     # --- low level -------------------------------------------------------------------------
 
     def _send(self, method: str, path: str, *, label: str = "", **kwargs) -> httpx.Response:
-        """One request with its body read under a byte cap and a total deadline: reading first and
-        measuring after would hold an enormous answer in memory."""
-        deadline = time.monotonic() + self._deadline_s
+        body = Body(path, label, self._deadline_s)
         try:
             with self._client.stream(method, path, **kwargs) as response:
-                body = bytearray()
                 for chunk in response.iter_bytes():
-                    body += chunk
-                    if len(body) > MAX_RESPONSE_BYTES:
-                        raise RayBadResponse(
-                            f"{path} answered more than {MAX_RESPONSE_BYTES // 2**20} MiB, more than Fleetdeck accepts."
-                        )
-                    if time.monotonic() > deadline:
-                        raise RayTimeout(
-                            f"Ray dashboard sent its answer to {label or path} too slowly "
-                            f"(over {self._deadline_s:.0f} s)."
-                        )
+                    body.add(chunk)
         except httpx.TimeoutException as exc:
-            raise RayTimeout(
-                f"Ray dashboard did not answer {label or path} in time ({exc.__class__.__name__})."
-            ) from exc
+            raise timed_out(path, label, exc) from exc
         except httpx.TransportError as exc:
-            raise RayUnreachable(f"Cannot reach the Ray dashboard: {str(exc) or exc.__class__.__name__}.") from exc
-        # The body is already decoded: the copy must not claim an encoding or a length.
-        headers = [
-            (k, v) for k, v in response.headers.multi_items() if k.lower() not in ("content-encoding", "content-length")
-        ]
-        return httpx.Response(response.status_code, headers=headers, content=bytes(body), request=response.request)
+            raise unreachable(exc) from exc
+        return body.response(response)
 
     def _get(self, path: str, params: list[tuple[str, str]] | None = None) -> Any:
-        return self._decode(path, self._send("GET", path, params=params))
-
-    def _decode(self, path: str, response: httpx.Response) -> Any:
-        status = response.status_code
-        if status in (401, 403):
-            raise RayAuthRefused(
-                f"The Ray dashboard refused {path} with HTTP {status}: the cluster has token "
-                "authentication enabled and the token is missing or wrong.",
-                status=status,
-            )
-        if 300 <= status < 400:
-            raise RayBadResponse(
-                f"{path} answered a redirect (HTTP {status} to {response.headers.get('location', '?')}); "
-                "give the dashboard's own URL, Fleetdeck does not follow redirects.",
-                status=status,
-            )
-        if status == 404:
-            raise RayBadResponse(f"{path} is not found (HTTP 404): is this a Ray dashboard URL?", status=status)
-        if status >= 500:
-            raise RayBadResponse(
-                f"The Ray dashboard failed on {path} with HTTP {status}: {_excerpt(response.text)}",
-                status=status,
-                transient=True,
-            )
-        if status >= 400:
-            raise RayBadResponse(f"{path} answered HTTP {status}: {_excerpt(response.text)}", status=status)
-        if len(response.content) > MAX_RESPONSE_BYTES:
-            raise RayBadResponse(f"{path} answered {len(response.content)} bytes, more than Fleetdeck accepts.")
-        try:
-            return response.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise RayBadResponse(
-                f"{path} did not answer JSON (content-type {response.headers.get('content-type', 'none')}): "
-                f"{_excerpt(response.text)}",
-                status=status,
-            ) from exc
+        return decode(path, self._send("GET", path, params=params))
 
     # --- endpoints -------------------------------------------------------------------------
 
     def version(self) -> VersionInfo:
-        body = _expect_dict(self._get("/api/version"), "/api/version")
-        ray_version = body.get("ray_version")
-        if not isinstance(ray_version, str) or not ray_version:
-            raise RayBadResponse("/api/version has no ray_version: this does not look like a Ray dashboard.")
-        return VersionInfo(
-            ray_version=ray_version,
-            ray_commit=str(body.get("ray_commit") or ""),
-            session_name=str(body.get("session_name") or ""),
-        )
+        return version_info(self._get(VERSION_PATH))
 
     def authentication_mode(self) -> str:
         """'disabled', 'token', …; Ray versions that predate token auth have no such endpoint."""
@@ -174,10 +116,7 @@ class RayDashboard:
         return str(_expect_dict(body, "/api/authentication_mode").get("authentication_mode") or "unknown")
 
     def serve_applications(self) -> ServeStatus:
-        body = _expect_dict(self._get("/api/serve/applications/"), "/api/serve/applications/")
-        if not isinstance(body.get("applications"), dict):
-            raise RayBadResponse("/api/serve/applications/ has no 'applications' object.")
-        return parse_serve_status(body)
+        return serve_status(self._get(SERVE_PATH))
 
     def put_serve_applications(self, config: dict[str, Any]) -> None:
         """Replace the cluster's whole Serve config. 200 means accepted, not healthy: poll after.
@@ -188,14 +127,13 @@ class RayDashboard:
         if response.status_code == 400:
             raise RayValidationError(response.text.strip() or "Ray refused the config (HTTP 400).", status=400)
         if response.status_code >= 300:
-            self._decode(path, response)  # raises the mapped error
+            decode(path, response)  # raises the mapped error
             raise RayBadResponse(f"{path} answered HTTP {response.status_code}.", status=response.status_code)
 
     def list_actors(
         self, *, filters: list[tuple[str, str, str]] = (), detail: bool = True, limit: int = 1000
     ) -> StatePage:
-        page = self._state("/api/v0/actors", filters=filters, detail=detail, limit=limit)
-        return StatePage(page.total, page.truncated, [parse_actor(item) for item in page.items])
+        return actors_page(self._get(ACTORS_PATH, state_params(filters, detail, limit)))
 
     def list_nodes(self, *, limit: int = 1000) -> StatePage:
         page = self._state("/api/v0/nodes", filters=(), detail=False, limit=limit)
@@ -309,27 +247,142 @@ class RayDashboard:
             # The jobs API answers a refused request with a Python traceback; its last line says why.
             lines = [line.strip() for line in response.text.splitlines() if line.strip()]
             raise RayValidationError(_excerpt(lines[-1]) if lines else f"Ray refused {path} (HTTP 400).", status=400)
-        return self._decode(path, response)
+        return decode(path, response)
 
     def _state(self, path: str, *, filters, detail: bool, limit: int) -> StatePage:
-        params: list[tuple[str, str]] = [("limit", str(min(max(limit, 1), STATE_API_MAX_LIMIT)))]
-        if detail:
-            params.append(("detail", "1"))
-        for key, predicate, value in filters:
-            params += [("filter_keys", key), ("filter_predicates", predicate), ("filter_values", value)]
-        body = _expect_dict(self._get(path, params), path)
-        if body.get("result") is False:
-            raise RayBadResponse(f"{path} failed: {body.get('msg') or 'no message'}")
-        data = ((body.get("data") or {}).get("result")) or {}
-        items = data.get("result")
-        if not isinstance(items, list):
-            raise RayBadResponse(f"{path} has no result list.")
-        # `total` counts every entity before filters; the limit cuts before filtering too, so the
-        # page is short only when fewer than `total` survived truncation.
-        total = to_int(data.get("total"), len(items))
-        after_truncation = to_int(data.get("num_after_truncation"), total)
-        matching = to_int(data.get("num_filtered"), len(items))
-        return StatePage(total=matching, truncated=after_truncation < total, items=items)
+        return state_page(path, self._get(path, state_params(filters, detail, limit)))
+
+
+def state_params(filters, detail: bool, limit: int) -> list[tuple[str, str]]:
+    params: list[tuple[str, str]] = [("limit", str(min(max(limit, 1), STATE_API_MAX_LIMIT)))]
+    if detail:
+        params.append(("detail", "1"))
+    for key, predicate, value in filters:
+        params += [("filter_keys", key), ("filter_predicates", predicate), ("filter_values", value)]
+    return params
+
+
+def state_page(path: str, body: Any) -> StatePage:
+    """A state API answer's items, still raw."""
+    body = _expect_dict(body, path)
+    if body.get("result") is False:
+        raise RayBadResponse(f"{path} failed: {body.get('msg') or 'no message'}")
+    data = ((body.get("data") or {}).get("result")) or {}
+    items = data.get("result")
+    if not isinstance(items, list):
+        raise RayBadResponse(f"{path} has no result list.")
+    # `total` counts every entity before filters; the limit cuts before filtering too, so the
+    # page is short only when fewer than `total` survived truncation.
+    total = to_int(data.get("total"), len(items))
+    after_truncation = to_int(data.get("num_after_truncation"), total)
+    matching = to_int(data.get("num_filtered"), len(items))
+    return StatePage(total=matching, truncated=after_truncation < total, items=items)
+
+
+def actors_page(body: Any) -> StatePage:
+    page = state_page(ACTORS_PATH, body)
+    return StatePage(page.total, page.truncated, [parse_actor(item) for item in page.items])
+
+
+def version_info(body: Any) -> VersionInfo:
+    body = _expect_dict(body, VERSION_PATH)
+    ray_version = body.get("ray_version")
+    if not isinstance(ray_version, str) or not ray_version:
+        raise RayBadResponse("/api/version has no ray_version: this does not look like a Ray dashboard.")
+    return VersionInfo(
+        ray_version=ray_version,
+        ray_commit=str(body.get("ray_commit") or ""),
+        session_name=str(body.get("session_name") or ""),
+    )
+
+
+def serve_status(body: Any) -> ServeStatus:
+    body = _expect_dict(body, SERVE_PATH)
+    if not isinstance(body.get("applications"), dict):
+        raise RayBadResponse("/api/serve/applications/ has no 'applications' object.")
+    return parse_serve_status(body)
+
+
+class Body:
+    """An answer's body, read under a byte cap and a total deadline: reading first and measuring
+    after would hold an enormous answer in memory, and a server could trickle one forever."""
+
+    def __init__(self, path: str, label: str, deadline_s: float):
+        self.path, self.label, self.deadline_s = path, label, deadline_s
+        self.deadline = time.monotonic() + deadline_s
+        self.data = bytearray()
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        if len(self.data) > MAX_RESPONSE_BYTES:
+            raise RayBadResponse(
+                f"{self.path} answered more than {MAX_RESPONSE_BYTES // 2**20} MiB, more than Fleetdeck accepts."
+            )
+        if time.monotonic() > self.deadline:
+            raise RayTimeout(
+                f"Ray dashboard sent its answer to {self.label or self.path} too slowly (over {self.deadline_s:.0f} s)."
+            )
+
+    def response(self, streamed: httpx.Response) -> httpx.Response:
+        # The body is already decoded: the copy must not claim an encoding or a length.
+        headers = [
+            (k, v) for k, v in streamed.headers.multi_items() if k.lower() not in ("content-encoding", "content-length")
+        ]
+        return httpx.Response(streamed.status_code, headers=headers, content=bytes(self.data), request=streamed.request)
+
+
+def timed_out(path: str, label: str, exc: httpx.TimeoutException) -> RayTimeout:
+    return RayTimeout(f"Ray dashboard did not answer {label or path} in time ({exc.__class__.__name__}).")
+
+
+def unreachable(exc: httpx.TransportError) -> RayUnreachable:
+    return RayUnreachable(f"Cannot reach the Ray dashboard: {str(exc) or exc.__class__.__name__}.")
+
+
+def checked(path: str, response: httpx.Response) -> httpx.Response:
+    """The answer, when its status is one Fleetdeck reads; else the mapped error."""
+    status = response.status_code
+    if status in (401, 403):
+        raise RayAuthRefused(
+            f"The Ray dashboard refused {path} with HTTP {status}: the cluster has token "
+            "authentication enabled and the token is missing or wrong.",
+            status=status,
+        )
+    if 300 <= status < 400:
+        raise RayBadResponse(
+            f"{path} answered a redirect (HTTP {status} to {response.headers.get('location', '?')}); "
+            "give the dashboard's own URL, Fleetdeck does not follow redirects.",
+            status=status,
+        )
+    if status == 404:
+        raise RayBadResponse(f"{path} is not found (HTTP 404): is this a Ray dashboard URL?", status=status)
+    if status >= 500:
+        raise RayBadResponse(
+            f"The Ray dashboard failed on {path} with HTTP {status}: {_excerpt(response.text)}",
+            status=status,
+            transient=True,
+        )
+    if status >= 400:
+        raise RayBadResponse(f"{path} answered HTTP {status}: {_excerpt(response.text)}", status=status)
+    if len(response.content) > MAX_RESPONSE_BYTES:
+        raise RayBadResponse(f"{path} answered {len(response.content)} bytes, more than Fleetdeck accepts.")
+    return response
+
+
+def decode(path: str, response: httpx.Response) -> Any:
+    checked(path, response)
+    return json_body(path, response.content, response.headers.get("content-type", "none"), response.status_code)
+
+
+def json_body(path: str, content: bytes, content_type: str, status: int = 200) -> Any:
+    try:
+        return json.loads(content)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RayBadResponse(
+            f"{path} did not answer JSON (content-type {content_type}): "
+            f"{_excerpt(content.decode('utf-8', errors='replace'))}",
+            status=status,
+        ) from exc
 
 
 @contextmanager

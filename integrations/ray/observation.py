@@ -1,0 +1,51 @@
+"""What one sync reads from a dashboard, kept as the bytes the dashboard sent.
+
+A sync compares `digest` with the one it stored after the last sync it applied: when they match,
+nothing is parsed. The bodies parse on demand, with the errors the blocking client raises."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cached_property
+
+from integrations.ray.dashboard import (
+    SERVE_PATH,
+    VERSION_PATH,
+    actors_page,
+    json_body,
+    serve_status,
+    version_info,
+)
+from integrations.ray.payloads import ServeStatus, StatePage, VersionInfo
+
+# What OOM detection reads: every dead actor with its death cause (the Serve API shows no kills).
+DEAD_ACTORS = {"filters": [("state", "=", "DEAD")], "detail": True, "limit": 10_000}
+
+
+@dataclass(frozen=True)
+class Observation:
+    version_body: bytes
+    serve_body: bytes
+    # None when the state API did not answer: detection then has no evidence, the sync goes on.
+    dead_actors_body: bytes | None
+
+    @cached_property
+    def digest(self) -> str:
+        hashed = hashlib.blake2b(digest_size=20)
+        for body in (self.version_body, self.serve_body, self.dead_actors_body):
+            # Lengths first, so no two different triples hash alike; a missing page differs from an empty one.
+            hashed.update(b"-" if body is None else len(body).to_bytes(8, "big"))
+            hashed.update(body or b"")
+        return hashed.hexdigest()
+
+    def version(self) -> VersionInfo:
+        return version_info(json_body(VERSION_PATH, self.version_body, "application/json"))
+
+    def serve(self) -> ServeStatus:
+        return serve_status(json_body(SERVE_PATH, self.serve_body, "application/json"))
+
+    def dead_actors(self) -> StatePage | None:
+        if self.dead_actors_body is None:
+            return None
+        return actors_page(json_body("/api/v0/actors", self.dead_actors_body, "application/json"))
