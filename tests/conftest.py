@@ -9,6 +9,7 @@ from rest_framework.test import APIClient
 
 from apps.accounts.models import Membership, Role, Team
 from apps.clusters import network_policy
+from integrations.ray.async_dashboard import AsyncRayDashboard
 from integrations.ray.dashboard import RayDashboard
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ray"
@@ -52,6 +53,9 @@ class ReplayRay:
     def dashboard(self, url: str = "http://ray.test:8265", token: str = "") -> RayDashboard:
         return RayDashboard(url, token=token, transport=httpx.MockTransport(self))
 
+    def async_dashboard(self, url: str = "http://ray.test:8265", token: str = "") -> AsyncRayDashboard:
+        return AsyncRayDashboard(url, token=token, transport=httpx.MockTransport(self))
+
 
 @pytest.fixture(autouse=True)
 def fresh_network_policy():
@@ -73,8 +77,12 @@ def route_adapters_to(monkeypatch, replay: ReplayRay) -> ReplayRay:
     def fake_dashboard(base_url, *, token="", timeout_s=5.0):
         return replay.dashboard(base_url, token)
 
-    # Both the registration probe and every sync build their adapter here.
+    def fake_async_dashboard(base_url, *, token="", timeout_s=5.0):
+        return replay.async_dashboard(base_url, token)
+
+    # The registration probe and every other reader build their adapter here, the sync its async one.
     monkeypatch.setattr(cluster_services, "RayDashboard", fake_dashboard)
+    monkeypatch.setattr(cluster_services, "AsyncRayDashboard", fake_async_dashboard)
     # "ray.test" does not resolve; the policy itself is tested on its own.
     monkeypatch.setattr("apps.clusters.validation.check_network_policy", lambda url: None)
     return replay

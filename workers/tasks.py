@@ -13,7 +13,7 @@ from apps.fleet import sync
 from apps.incidents import webhooks
 from apps.incidents.webhooks import RETRY_BACKOFF_MAX_S
 from apps.kubernetes import inspection
-from apps.kubernetes.services import is_linked
+from apps.kubernetes.services import linked
 from apps.liveness import services as liveness
 from apps.liveness.models import Heartbeat
 from apps.maintenance import execution
@@ -25,12 +25,19 @@ log = logging.getLogger(__name__)
 
 @shared_task(name=jobs.SYNC_CLUSTER, ignore_result=True, acks_late=True)
 def sync_cluster(cluster_id: int) -> None:
-    outcome = sync.sync_and_announce(cluster_id)
-    if outcome is not None and not outcome.ok:
-        log.warning("sync of cluster %s failed: %s", cluster_id, outcome.error)
+    sync_batch([cluster_id])
+
+
+@shared_task(name=jobs.SYNC_BATCH, ignore_result=True, acks_late=True)
+def sync_batch(cluster_ids: list[int]) -> None:
+    """Sync a batch of clusters, their dashboards read at once."""
+    outcomes = sync.sync_and_announce(cluster_ids)
+    for outcome in outcomes:
+        if not outcome.ok:
+            log.warning("sync of cluster %s failed: %s", outcome.cluster_id, outcome.error)
     # Kubernetes is read after failed syncs too: a head pod the kernel keeps killing is exactly
     # when the dashboard does not answer.
-    if outcome is not None and is_linked(cluster_id):
+    for cluster_id in sorted(linked([outcome.cluster_id for outcome in outcomes])):
         inspect_kubernetes.delay(cluster_id)
 
 

@@ -110,6 +110,9 @@ class Cluster(models.Model):
     last_change_seen_at = models.DateTimeField(null=True, blank=True)
     next_sync_at = models.DateTimeField(null=True, blank=True, db_index=True)
     sync_requested_at = models.DateTimeField(null=True, blank=True)
+    # Digest of the dashboard's answers at the last sync that was applied and acted on; the same
+    # answers again cost one UPDATE of the sync stamps (see apps/fleet/sync.py). Empty: apply in full.
+    observed_digest = models.CharField(max_length=64, blank=True, default="")
 
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
@@ -124,6 +127,10 @@ class Cluster(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def has_metrics_source(self) -> bool:
+        return bool(self.metrics_url or self.prometheus_url)
 
     @property
     def has_token(self) -> bool:

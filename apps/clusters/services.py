@@ -15,6 +15,7 @@ from apps.accounts.models import Role, Team
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
 from apps.clusters.validation import checked_url, validate_labels
 from apps.core import jobs, secrets
+from integrations.ray.async_dashboard import AsyncRayDashboard
 from integrations.ray.dashboard import RayDashboard
 from integrations.ray.errors import RayError, RayTimeout, RayUnreachable
 from integrations.ray.payloads import ServeStatus, VersionInfo
@@ -35,6 +36,15 @@ class Probe:
 
 def dashboard_for(cluster: Cluster) -> RayDashboard:
     return RayDashboard(
+        cluster.dashboard_url,
+        token=secrets.decrypt(cluster.token_ciphertext),
+        timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S,
+    )
+
+
+def async_dashboard_for(cluster: Cluster) -> AsyncRayDashboard:
+    """The sync's reader of `cluster`, for an event loop: see apps/fleet/sync.py."""
+    return AsyncRayDashboard(
         cluster.dashboard_url,
         token=secrets.decrypt(cluster.token_ciphertext),
         timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S,
@@ -163,6 +173,8 @@ def update_cluster(
         cluster.auth_mode = result.auth_mode
     if not changes:
         return cluster
+    # Findings read the registration (authentication mode, metrics endpoints): the next sync applies in full.
+    cluster.observed_digest = ""
     with transaction.atomic():
         cluster.save()
         record(actor, "cluster.update", cluster, team=cluster.team, changes=changes)

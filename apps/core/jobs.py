@@ -15,6 +15,7 @@ log = logging.getLogger(__name__)
 
 TICK = "fleet.tick"
 SYNC_CLUSTER = "fleet.sync_cluster"
+SYNC_BATCH = "fleet.sync_batch"
 INSPECT_KUBERNETES = "kube.inspect_cluster"
 RUN_CHANGE = "changes.run"
 RECONCILE_CHANGE = "changes.reconcile"
@@ -25,6 +26,7 @@ DELIVER_WEBHOOK = "incidents.deliver_webhook"
 ALL = (
     TICK,
     SYNC_CLUSTER,
+    SYNC_BATCH,
     INSPECT_KUBERNETES,
     RUN_CHANGE,
     RECONCILE_CHANGE,

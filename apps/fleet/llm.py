@@ -13,6 +13,8 @@ from django.db.models import Prefetch
 from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
 from apps.accounts.models import Role
+from apps.clusters.models import Cluster
+from apps.fleet import sync
 from apps.fleet.models import Application, Deployment
 from apps.llm.accelerators import UnknownAccelerator
 from apps.llm.deployment_plan import plan_llm_model
@@ -155,6 +157,8 @@ def set_plan_inputs(
             raise ValueError(f"The model config cannot be read: {exc}") from exc
     deployment.llm_gpu_memory_gib, deployment.llm_model_config = gpu_memory_gib, model_config
     deployment.save(update_fields=["llm_gpu_memory_gib", "llm_model_config", "updated_at"])
+    # The LLM findings read these inputs, which no dashboard answer shows.
+    sync.apply_in_full_next(Cluster.objects.filter(pk=deployment.application.cluster_id))
     record(
         actor,
         "deployment.llm_plan_inputs",

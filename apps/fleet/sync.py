@@ -1,14 +1,28 @@
-"""Fleet inventory sync: read a cluster through the adapter, upsert what changed, nothing more.
+"""Fleet inventory sync: read clusters through the adapter, upsert what changed, nothing more.
 
-An unchanged cluster costs reads plus one UPDATE of its sync timestamps: applications,
-deployments and revisions are compared first and written only when they differ.
+A worker reads a batch of dashboards at once (asyncio, in a thread of its own) and applies each
+answer in its own short transaction as it arrives, so a hung dashboard holds one coroutine for its
+timeout and delays no other cluster.
+
+An unchanged cluster costs one conditional UPDATE of its sync stamps: when the digest of what its
+dashboard answered (version, Serve status, dead actors) equals the one stored at the last applied
+sync, nothing is parsed, compared or written, and the steps that act on a sync skip what depends
+only on those answers (see workers/tasks.py). That is safe because every row the sync derives
+(cluster, applications, deployments, revisions, cluster events) is a function of those answers and
+of the cluster's previous rows, which only the sync writes; the exceptions are handled where they
+arise: a cluster that was not reachable is applied in full (its recovery is an event), and the
+digest is stored only after the steps that act on a sync have run, so a failure there repeats them.
+Otherwise, deployments, applications and revisions are compared first and written only when they differ.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import queue
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -18,15 +32,16 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
-from apps.clusters.services import dashboard_for, mark_unreachable
+from apps.clusters.services import async_dashboard_for, mark_unreachable
 from apps.core import jobs
 from apps.core.jobs import Job
 from apps.core.secrets import SecretUnreadable
 from apps.fleet.autoscaling import detail_json, is_waiting, sample_decision, waiting_since
 from apps.fleet.configs import application_revision, config_hash, key_settings, submitted_deployment
 from apps.fleet.models import Application, ConfigRevision, Deployment, ScalingSample
-from apps.fleet.signals import cluster_synced
+from apps.fleet.signals import batch_synced, cluster_synced
 from integrations.ray.errors import RayError
+from integrations.ray.observation import Observation
 from integrations.ray.payloads import ApplicationStatus, DeploymentStatus, ServeStatus, VersionInfo
 
 log = logging.getLogger(__name__)
@@ -44,64 +59,170 @@ class SyncOutcome:
     writes: int = 0
     revisions: int = 0
     events: list[str] = field(default_factory=list)
+    # The dashboard answered exactly what the last applied sync read: nothing was parsed or written.
+    unchanged: bool = False
+    # A replica waits to be placed: what the steps after the sync conclude depends on the clock
+    # (how long it has waited), so the next sync applies in full again.
+    waiting: bool = False
+    # The row as read before the sync: registration fields (metrics endpoints) for the steps after it.
+    cluster: Cluster | None = None
+    observation: Observation | None = None
 
 
-def sync_and_announce(cluster_id: int) -> SyncOutcome | None:
-    """The worker's sync: after a cluster answered, the apps that read with every sync do."""
-    outcome = sync_cluster(cluster_id)
-    if outcome is not None and outcome.ok:
-        cluster_synced.send(sender=SyncOutcome, cluster_id=cluster_id, outcome=outcome)
-    return outcome
+def sync_and_announce(cluster_ids: list[int]) -> list[SyncOutcome]:
+    """The worker's sync of a batch: after each cluster answered, the apps that read with every sync do."""
+    outcomes = sync_clusters(cluster_ids, then=_announce)
+    batch_synced.send(sender=SyncOutcome, outcomes=outcomes)
+    return outcomes
+
+
+def _announce(outcome: SyncOutcome) -> None:
+    cluster_synced.send(sender=SyncOutcome, cluster_id=outcome.cluster_id, outcome=outcome)
 
 
 def sync_cluster(cluster_id: int) -> SyncOutcome | None:
-    cluster = Cluster.objects.filter(pk=cluster_id).select_related("team").first()
-    if cluster is None:
-        return None
-    started = time.monotonic()
+    """Sync one cluster now, without the steps that act on a sync (the local runner, tests)."""
+    outcomes = sync_clusters([cluster_id])
+    return outcomes[0] if outcomes else None
+
+
+def sync_clusters(
+    cluster_ids: Iterable[int], *, then: Callable[[SyncOutcome], None] | None = None
+) -> list[SyncOutcome]:
+    """Sync clusters whose dashboards are read at once; each is applied as its answer arrives.
+
+    `then` runs after each successful sync (detection, findings). Only once it has returned is the
+    answers' digest stored: a stored digest stands for answers whose consequences were all drawn."""
+    outcomes = []
+    for cluster, observed, duration_ms in _observations(Cluster.objects.filter(pk__in=list(cluster_ids))):
+        try:
+            outcome = _sync_one(cluster, observed, duration_ms)
+            if outcome is None:
+                continue
+            if then is not None and outcome.ok:
+                then(outcome)
+                if not outcome.unchanged:
+                    # Conditional, so a registration or schedule edit made meanwhile still counts.
+                    Cluster.objects.filter(pk=cluster.pk, observed_digest=cluster.observed_digest).update(
+                        observed_digest="" if outcome.waiting else observed.digest
+                    )
+        except Exception:
+            # One cluster's failure stays its own, as when every cluster had a task of its own.
+            log.exception("sync of cluster %s failed", cluster.pk)
+            continue
+        outcomes.append(outcome)
+    return outcomes
+
+
+def apply_in_full_next(clusters) -> None:
+    """The next sync of these clusters applies in full and runs every step after it: something
+    those steps read, and no dashboard answer reflects, changed."""
+    clusters.update(observed_digest="")
+
+
+def _sync_one(cluster: Cluster, observed: Observation | Exception, duration_ms: int) -> SyncOutcome | None:
+    if isinstance(observed, SecretUnreadable):
+        observed = RayError(str(observed))
+    if isinstance(observed, Exception) and not isinstance(observed, RayError):
+        raise observed  # a fault of the reader, not of the dashboard
+    if isinstance(observed, Exception):
+        mark_unreachable(cluster, observed, at=timezone.now())
+        return SyncOutcome(cluster.pk, ok=False, error=observed.message)
+    resources = _node_resources(cluster, observed)
+    if cluster.observed_digest == observed.digest and cluster.reachability == Reachability.OK:
+        now = timezone.now()
+        stamps = {"last_sync_at": now, "last_sync_duration_ms": duration_ms}
+        # A new reading of the nodes that says what the last one said only moves its time; one
+        # that differs is applied in full, since findings read it.
+        if resources == {} or resources == cluster.node_resources:
+            stamps["node_resources_at"] = now
+        if resources is None or "node_resources_at" in stamps:
+            stamped = Cluster.objects.filter(
+                pk=cluster.pk, observed_digest=observed.digest, reachability=Reachability.OK
+            ).update(**stamps)
+            if stamped:
+                return SyncOutcome(cluster.pk, ok=True, unchanged=True, cluster=cluster, observation=observed)
     try:
-        with dashboard_for(cluster) as ray:
-            version = ray.version()
-            serve = ray.serve_applications()
-            resources = _node_resources(ray, cluster, serve)
+        version, serve = observed.version(), observed.serve()
     except RayError as exc:
         mark_unreachable(cluster, exc, at=timezone.now())
-        return SyncOutcome(cluster_id, ok=False, error=exc.message)
-    except SecretUnreadable as exc:
-        mark_unreachable(cluster, RayError(str(exc)), at=timezone.now())
-        return SyncOutcome(cluster_id, ok=False, error=str(exc))
-    return apply_observation(
-        cluster_id, version, serve, duration_ms=int((time.monotonic() - started) * 1000), resources=resources
-    )
+        return SyncOutcome(cluster.pk, ok=False, error=exc.message)
+    try:
+        outcome = apply_observation(cluster.pk, version, serve, duration_ms=duration_ms, resources=resources)
+    except Cluster.DoesNotExist:
+        return None  # deleted while its dashboard was read
+    outcome.cluster, outcome.observation = cluster, observed
+    return outcome
 
 
-def _node_resources(ray, cluster: Cluster, serve: ServeStatus) -> dict | None:
-    """The nodes' resources when a replica waits to be placed or the last reading is old; None
-    when not asked, {} when the read failed (the stored reading stays)."""
-    waiting = any(
-        is_waiting(replica.state)
-        for app in serve.applications.values()
-        for dep in app.deployments.values()
-        for replica in dep.replicas
-    )
+def _wants_node_resources(cluster: Cluster) -> bool:
+    """Read the nodes' resources when the last reading is old, or when the last sync was not
+    settled: a replica waited to be placed (its finding names what it lacks), the cluster is new,
+    or something the findings read changed."""
     max_age = timedelta(seconds=settings.FLEETDECK_NODE_RESOURCES_MAX_AGE_S)
     fresh = cluster.node_resources_at is not None and timezone.now() - cluster.node_resources_at < max_age
-    if fresh and not waiting:
-        return None
+    return not fresh or not cluster.observed_digest
+
+
+def _node_resources(cluster: Cluster, observed: Observation) -> dict | None:
+    """The nodes' resources read with this sync; None when not asked, {} when the read failed
+    (the stored reading stays, and the attempt counts, so such a dashboard is not asked at every sync)."""
     try:
-        usage = ray.resource_usage()
+        usage = observed.resources()
     except RayError as exc:
-        # The attempt still counts: a dashboard that cannot answer is asked again when a replica
-        # waits or the reading is old, not at every sync.
         log.warning("cluster %s: node resources not read: %s", cluster.pk, exc.message)
         return {}
+    if usage is None:
+        return None
     return {ip: {name: list(figures) for name, figures in sorted(res.items())} for ip, res in sorted(usage.items())}
+
+
+def _observations(clusters: Iterable[Cluster]) -> Iterator[tuple[Cluster, Observation | Exception, int]]:
+    """(cluster, what its dashboard answered or the error, milliseconds it took), in the order the
+    answers arrive. The reads run on an event loop in a thread of their own; the ORM stays in this one."""
+    readers = []
+    for cluster in clusters:
+        try:
+            readers.append((cluster, async_dashboard_for(cluster)))
+        except SecretUnreadable as exc:
+            yield cluster, exc, 0
+    answers: queue.SimpleQueue = queue.SimpleQueue()
+
+    async def read(cluster, ray, limit: asyncio.Semaphore) -> None:
+        async with limit:
+            started, result = time.monotonic(), None
+            try:
+                async with ray:
+                    result = await ray.observe(resources=_wants_node_resources(cluster))
+            except Exception as exc:  # noqa: BLE001 - handed to the consuming thread, which records it for this cluster
+                result = exc
+            finally:
+                answers.put((cluster, result, int((time.monotonic() - started) * 1000)))
+
+    async def read_all() -> None:
+        limit = asyncio.Semaphore(settings.FLEETDECK_SYNC_CONCURRENCY)
+        await asyncio.gather(*(read(cluster, ray, limit) for cluster, ray in readers))
+
+    thread = threading.Thread(target=asyncio.run, args=(read_all(),), name="sync-reads", daemon=True)
+    thread.start()
+    try:
+        for _ in readers:
+            cluster, result, duration_ms = answers.get()
+            yield cluster, result, duration_ms
+    finally:
+        thread.join()
 
 
 def apply_observation(
     cluster_id: int, version: VersionInfo, serve: ServeStatus, *, duration_ms: int, resources: dict | None = None
 ) -> SyncOutcome:
     outcome = SyncOutcome(cluster_id, ok=True)
+    outcome.waiting = any(
+        is_waiting(replica.state)
+        for app in serve.applications.values()
+        for dep in app.deployments.values()
+        for replica in dep.replicas
+    )
     now = timezone.now()
     with transaction.atomic():
         # Serialises concurrent syncs of one cluster (a manual one racing the periodic one).
@@ -284,18 +405,26 @@ def _save_if_changed(row, fields: dict, outcome: SyncOutcome) -> bool:
 
 
 def due_syncs() -> Iterator[Job]:
-    """The tick's syncs; each expires when the next claim would send it again."""
-    for cluster_id in claim_due_clusters():
-        yield Job(jobs.SYNC_CLUSTER, (cluster_id,), options={"expires": settings.FLEETDECK_SYNC_INTERVAL_S})
+    """The tick's syncs, in batches of FLEETDECK_SYNC_BATCH clusters, one worker task each; each
+    expires when the next claim would send it again."""
+    claimed, size = claim_due_clusters(), settings.FLEETDECK_SYNC_BATCH
+    for start in range(0, len(claimed), size):
+        batch = claimed[start : start + size]
+        yield Job(jobs.SYNC_BATCH, (batch,), options={"expires": settings.FLEETDECK_SYNC_INTERVAL_S})
 
 
 def claim_due_clusters(now=None) -> list[int]:
-    """Claim clusters whose sync is due with a conditional UPDATE, so two ticks never both enqueue."""
+    """Claim clusters whose sync is due, so two ticks never both enqueue one: the due rows are
+    locked (rows another tick holds are skipped), then moved a full interval on, in one transaction."""
     now = now or timezone.now()
     due = Q(next_sync_at__isnull=True) | Q(next_sync_at__lte=now)
-    claimed = []
     next_at = now + timedelta(seconds=settings.FLEETDECK_SYNC_INTERVAL_S)
-    for cluster_id in Cluster.objects.filter(due).order_by("next_sync_at", "pk").values_list("pk", flat=True):
-        if Cluster.objects.filter(due, pk=cluster_id).update(next_sync_at=next_at) == 1:
-            claimed.append(cluster_id)
+    with transaction.atomic():
+        claimed = list(
+            Cluster.objects.select_for_update(skip_locked=True)
+            .filter(due)
+            .order_by("next_sync_at", "pk")
+            .values_list("pk", flat=True)
+        )
+        Cluster.objects.filter(pk__in=claimed).update(next_sync_at=next_at)
     return claimed

@@ -34,6 +34,7 @@ from apps.incidents.models import Incident, IncidentEvent, NodeWindow, OomKillRe
 from apps.incidents.oom import OomKill, culprit, oom_kills
 from integrations import ray_metrics
 from integrations.ray.errors import RayError
+from integrations.ray.observation import DEAD_ACTORS, Observation
 
 HANDLE = Permission(Role.OPERATOR, "handle incidents")
 
@@ -46,22 +47,37 @@ KEPT_POINTS = 120
 OPEN = [Incident.Status.OPEN, Incident.Status.ACKNOWLEDGED]
 
 
-def on_cluster_synced(sender, cluster_id: int, **kwargs) -> None:
-    # OOM evidence lives in the state API, not in Serve's status: read it with every sync, and
-    # take a metrics reading for the latency detectors.
-    detect(cluster_id)
-    collect_metrics(cluster_id)
+def on_cluster_synced(sender, cluster_id: int, outcome, **kwargs) -> None:
+    # OOM evidence lives in the state API, not in Serve's status: the sync reads the dead actors
+    # with every sync, and when they are as the last applied sync read them there is nothing new.
+    if not outcome.unchanged:
+        detect(cluster_id, outcome.observation)
+    # A metrics reading is a reading of now, for the latency detectors: taken with every sync.
+    if outcome.cluster.has_metrics_source:
+        collect_metrics(cluster_id)
 
 
-def detect(cluster_id: int) -> list[int]:
-    """Read OOM evidence from the state API and open or extend incidents. Returns incident ids touched."""
+def on_batch_synced(sender, outcomes, **kwargs) -> None:
+    # Detection resolves quiet incidents too, by the clock alone; unchanged syncs skip detection.
+    if any(outcome.ok for outcome in outcomes):
+        resolve_quiet()
+
+
+def detect(cluster_id: int, observation: Observation | None = None) -> list[int]:
+    """Read OOM evidence from the state API (or from the dead actors a sync read) and open or
+    extend incidents. Returns incident ids touched."""
     cluster = Cluster.objects.filter(pk=cluster_id, reachability=Reachability.OK).first()
     if cluster is None:
         return []
     try:
-        with dashboard_for(cluster) as ray:
-            page = ray.list_actors(filters=[("state", "=", "DEAD")], detail=True, limit=10_000)
+        if observation is None:
+            with dashboard_for(cluster) as ray:
+                page = ray.list_actors(**DEAD_ACTORS)
+        else:
+            page = observation.dead_actors()
     except RayError:
+        page = None
+    if page is None:
         return []  # the sync records reachability; no evidence, no incident
     known = set(OomKillRecord.objects.filter(incident__cluster=cluster).values_list("actor_id", flat=True))
     fresh = [kill for kill in oom_kills(page.items) if kill.actor_id not in known]

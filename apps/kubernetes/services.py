@@ -245,6 +245,10 @@ def is_linked(cluster_id: int) -> bool:
     return KubeLink.objects.filter(cluster_id=cluster_id).exists()
 
 
+def linked(cluster_ids: list[int]) -> set[int]:
+    return set(KubeLink.objects.filter(cluster_id__in=cluster_ids).values_list("cluster_id", flat=True))
+
+
 def _find(connection: KubeConnection, kind: str, namespace: str, name: str) -> discovery.Found:
     if kind not in KubeLink.Kind.values:
         raise ValidationError(f"Kind must be one of {', '.join(KubeLink.Kind.values)}.", code="kind")

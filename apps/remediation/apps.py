@@ -6,10 +6,13 @@ class RemediationConfig(AppConfig):
     label = "remediation"
 
     def ready(self) -> None:
+        from django.db.models.signals import post_delete, post_save
+
         from apps.changes.signals import change_finished
         from apps.core import ticks
         from apps.fleet.signals import cluster_synced
         from apps.kubernetes.signals import kube_findings_checked
+        from apps.maintenance.models import RecycleSchedule, WarmupProfile
         from apps.remediation import findings, verification, wizards
 
         change_finished.connect(wizards.on_change_finished, dispatch_uid="remediation.on_change_finished")
@@ -19,3 +22,8 @@ class RemediationConfig(AppConfig):
         cluster_synced.connect(findings.on_cluster_synced, dispatch_uid="remediation.on_cluster_synced")
         ticks.register("remediation.verification", 70, verification.evaluate_due)
         ticks.register("remediation.calibrations", 80, wizards.settle_awaiting)
+        for model in (RecycleSchedule, WarmupProfile):
+            for signal in (post_save, post_delete):
+                signal.connect(
+                    findings.on_recycle_or_warmup_changed, sender=model, dispatch_uid=f"remediation.{model.__name__}"
+                )

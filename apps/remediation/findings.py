@@ -16,7 +16,7 @@ from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
 from apps.accounts.models import Role
 from apps.clusters.models import Cluster
-from apps.fleet import llm
+from apps.fleet import llm, sync
 from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, SignalWindow
 from apps.llm.recognise import LLMModel
@@ -115,8 +115,13 @@ def _llm_models(deployments: list[Deployment]) -> dict[int, LLMModel]:
     return out
 
 
-def on_cluster_synced(sender, cluster_id: int, **kwargs) -> None:
-    recompute(cluster_id)
+def on_cluster_synced(sender, cluster_id: int, outcome, **kwargs) -> None:
+    # Findings read the deployments, which an unchanged sync leaves as they were, and metric
+    # windows, which only a metrics source moves; a waiting replica (read by the clock) makes no
+    # sync unchanged, and the inputs no dashboard shows (schedules, warmups, LLM inputs, the
+    # registration) make the next sync apply in full when they change.
+    if not outcome.unchanged or outcome.cluster.has_metrics_source:
+        recompute(cluster_id)
 
 
 def recompute(cluster_id: int) -> dict:
@@ -133,6 +138,15 @@ def recompute(cluster_id: int) -> dict:
         wanted[("", "", "", hit.rule)] = _Row.of_hit(None, hit)
     # Every rule but the Kubernetes checks, so a finding of a rule since retired still resolves.
     return _reconcile(cluster, wanted, owned=~Q(rule__in=rules.KUBE_IDS))
+
+
+def on_recycle_or_warmup_changed(sender, instance, **kwargs) -> None:
+    """Findings read recycle schedules and warmups, which no sync's answers show."""
+    if hasattr(instance, "deployment_id"):
+        clusters = Cluster.objects.filter(applications__deployments=instance.deployment_id)
+    else:
+        clusters = Cluster.objects.filter(applications=instance.application_id)
+    sync.apply_in_full_next(clusters)
 
 
 def on_kube_findings_checked(sender, *, cluster: Cluster, findings: list, complete: bool, **kwargs) -> None:

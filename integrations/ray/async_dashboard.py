@@ -11,14 +11,15 @@ import httpx
 from integrations.egress import AsyncPinnedTransport, Policy
 from integrations.ray.dashboard import (
     ACTORS_PATH,
+    CLUSTER_STATUS_PATH,
     SERVE_PATH,
     USER_AGENT,
     VERSION_PATH,
     Body,
-    tls_context,
     checked,
     state_params,
     timed_out,
+    tls_context,
     unreachable,
 )
 from integrations.ray.errors import RayError
@@ -70,12 +71,19 @@ class AsyncRayDashboard:
             raise unreachable(exc) from exc
         return checked(path, body.response(response)).content
 
-    async def observe(self) -> Observation:
-        """Version, Serve status and the dead actors, one after the other on one connection."""
+    async def observe(self, *, resources: bool = False) -> Observation:
+        """Version, Serve status and the dead actors, one after the other on one connection; the
+        nodes' resources too when asked. Only the first two must answer for a sync to go on."""
         version = await self._get(VERSION_PATH)
         serve = await self._get(SERVE_PATH)
         try:
             actors = await self._get(ACTORS_PATH, state_params(**DEAD_ACTORS))
         except RayError:
             actors = None
-        return Observation(version, serve, actors)
+        usage: bytes | RayError | None = None
+        if resources:
+            try:
+                usage = await self._get(CLUSTER_STATUS_PATH)
+            except RayError as exc:
+                usage = exc
+        return Observation(version, serve, actors, usage)

@@ -41,6 +41,7 @@ MAX_JOB_LOG_CHARS = 256 * 1024
 VERSION_PATH = "/api/version"
 SERVE_PATH = "/api/serve/applications/"
 ACTORS_PATH = "/api/v0/actors"
+CLUSTER_STATUS_PATH = "/api/cluster_status"
 
 
 @functools.cache
@@ -151,34 +152,8 @@ class RayDashboard:
         return nodes
 
     def resource_usage(self) -> dict[str, dict[str, tuple[float, float]]]:
-        """Logical resources per node from `/api/cluster_status`: {node IP: {resource: (used,
-        total)}}. The node IP comes from the node's own `node:<ip>` resource; a report without
-        per-node figures gives the cluster's totals under the key ""."""
-        body = _expect_dict(self._get("/api/cluster_status"), "/api/cluster_status")
-        report = ((((body.get("data") or {}).get("clusterStatus")) or {}).get("loadMetricsReport")) or {}
-
-        def pairs(usage) -> dict[str, tuple[float, float]]:
-            clean = {}
-            for resource, figures in (usage or {}).items() if isinstance(usage, dict) else ():
-                if isinstance(figures, list) and len(figures) == 2:
-                    used, total = to_float(figures[0]), to_float(figures[1])
-                    if used is not None and total is not None:
-                        clean[str(resource)] = (used, total)
-            return clean
-
-        by_node = {}
-        for usage in (report.get("usageByNode") or {}).values():
-            figures = pairs(usage)
-            ip = next(
-                (
-                    name.removeprefix("node:")
-                    for name in figures
-                    if name.startswith("node:") and not name.startswith("node:__") and name != "node:InternalHead"
-                ),
-                "",
-            )
-            by_node[ip] = figures
-        return by_node or {"": pairs(report.get("usage"))}
+        """Logical resources per node from `/api/cluster_status`: see `resource_usage`."""
+        return resource_usage(self._get(CLUSTER_STATUS_PATH))
 
     def serve_ingresses(self) -> dict[str, str]:
         """{application: its ingress deployment}, from the Serve status's deployment topology."""
@@ -282,6 +257,37 @@ def state_page(path: str, body: Any) -> StatePage:
 def actors_page(body: Any) -> StatePage:
     page = state_page(ACTORS_PATH, body)
     return StatePage(page.total, page.truncated, [parse_actor(item) for item in page.items])
+
+
+def resource_usage(body: Any) -> dict[str, dict[str, tuple[float, float]]]:
+    """Logical resources per node in a `/api/cluster_status` answer: {node IP: {resource: (used,
+    total)}}. The node IP comes from the node's own `node:<ip>` resource; a report without
+    per-node figures gives the cluster's totals under the key ""."""
+    body = _expect_dict(body, CLUSTER_STATUS_PATH)
+    report = ((((body.get("data") or {}).get("clusterStatus")) or {}).get("loadMetricsReport")) or {}
+
+    def pairs(usage) -> dict[str, tuple[float, float]]:
+        clean = {}
+        for resource, figures in (usage or {}).items() if isinstance(usage, dict) else ():
+            if isinstance(figures, list) and len(figures) == 2:
+                used, total = to_float(figures[0]), to_float(figures[1])
+                if used is not None and total is not None:
+                    clean[str(resource)] = (used, total)
+        return clean
+
+    by_node = {}
+    for usage in (report.get("usageByNode") or {}).values():
+        figures = pairs(usage)
+        ip = next(
+            (
+                name.removeprefix("node:")
+                for name in figures
+                if name.startswith("node:") and not name.startswith("node:__") and name != "node:InternalHead"
+            ),
+            "",
+        )
+        by_node[ip] = figures
+    return by_node or {"": pairs(report.get("usage"))}
 
 
 def version_info(body: Any) -> VersionInfo:

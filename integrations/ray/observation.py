@@ -10,13 +10,16 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from integrations.ray.dashboard import (
+    CLUSTER_STATUS_PATH,
     SERVE_PATH,
     VERSION_PATH,
     actors_page,
     json_body,
+    resource_usage,
     serve_status,
     version_info,
 )
+from integrations.ray.errors import RayError
 from integrations.ray.payloads import ServeStatus, StatePage, VersionInfo
 
 # What OOM detection reads: every dead actor with its death cause (the Serve API shows no kills).
@@ -29,6 +32,10 @@ class Observation:
     serve_body: bytes
     # None when the state API did not answer: detection then has no evidence, the sync goes on.
     dead_actors_body: bytes | None
+    # The nodes' resources (`/api/cluster_status`), read only when the sync asked for them: left
+    # out of the digest, since free resources move with every placement and say nothing new.
+    # None: not asked; an error: asked, and the dashboard did not answer.
+    resources_body: bytes | RayError | None = None
 
     @cached_property
     def digest(self) -> str:
@@ -44,6 +51,14 @@ class Observation:
 
     def serve(self) -> ServeStatus:
         return serve_status(json_body(SERVE_PATH, self.serve_body, "application/json"))
+
+    def resources(self) -> dict[str, dict[str, tuple[float, float]]] | None:
+        """The nodes' resources when they were asked for; the read's error raised as it would be."""
+        if isinstance(self.resources_body, RayError):
+            raise self.resources_body
+        if self.resources_body is None:
+            return None
+        return resource_usage(json_body(CLUSTER_STATUS_PATH, self.resources_body, "application/json"))
 
     def dead_actors(self) -> StatePage | None:
         if self.dead_actors_body is None:

@@ -57,7 +57,7 @@ def test_a_replica_asking_for_more_cpus_than_the_node_has_becomes_a_finding(bare
     finding = None
     deadline = time.monotonic() + 90
     while finding is None and time.monotonic() < deadline:
-        assert sync.sync_and_announce(cluster_id).ok
+        assert sync.sync_and_announce([cluster_id])[0].ok
         finding = Finding.objects.filter(cluster_id=cluster_id, rule="replicas-unschedulable").first()
         if finding is None:
             time.sleep(1)

@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from apps.clusters.models import ClusterEvent, Reachability
 from apps.fleet import sync
 from apps.fleet.models import Application, ConfigRevision, Deployment
+from integrations.ray.async_dashboard import AsyncRayDashboard
 from integrations.ray.parsing import parse_serve_status
 from integrations.ray.payloads import VersionInfo
 from tests.conftest import ray_fixture
@@ -232,10 +233,8 @@ def test_one_broken_cluster_does_not_stop_the_others(monkeypatch, team, replay_r
             return httpx.Response(502, text="<html>Bad Gateway</html>")
         return replay_ray(request)
 
-    from integrations.ray.dashboard import RayDashboard
-
     monkeypatch.setattr(
-        sync, "dashboard_for", lambda c: RayDashboard(c.dashboard_url, transport=httpx.MockTransport(route))
+        sync, "async_dashboard_for", lambda c: AsyncRayDashboard(c.dashboard_url, transport=httpx.MockTransport(route))
     )
     outcomes = {cid: sync.sync_cluster(cid) for cid in sync.claim_due_clusters()}
 
