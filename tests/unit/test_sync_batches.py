@@ -1,0 +1,185 @@
+"""The worker's sync of a batch: the digest short-cut of an unchanged cluster, and reads that overlap."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+
+import httpx
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from apps.clusters.models import Cluster, Reachability
+from apps.fleet import sync
+from apps.fleet.models import Application, Deployment
+from apps.incidents import services as incidents
+from apps.incidents.models import Incident
+from apps.maintenance.models import RecycleSchedule
+from apps.remediation import findings
+from integrations.ray.async_dashboard import AsyncRayDashboard
+from tests.conftest import ray_fixture
+from workers import tasks
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def fleet(team, use_replay):
+    return [Cluster.objects.create(name=f"c{i}", team=team, dashboard_url=f"http://c{i}.test:8265") for i in range(5)]
+
+
+def synced(clusters) -> list[int]:
+    ids = [cluster.pk for cluster in clusters]
+    tasks.sync_batch(ids)
+    return ids
+
+
+def test_an_unchanged_cluster_costs_one_update_and_the_batch_three_queries(fleet):
+    ids = synced(fleet)
+
+    with CaptureQueriesContext(connection) as queries:
+        tasks.sync_batch(ids)
+
+    updates = [q["sql"] for q in queries if q["sql"].startswith("UPDATE")]
+    assert len(updates) == len(fleet) and all('"last_sync_at"' in sql for sql in updates)
+    # The batch's own: its clusters, quiet incidents, Kubernetes links.
+    assert len(queries) == len(fleet) + 3
+    assert len(queries) <= 2 * len(fleet)
+
+
+def test_the_tick_claims_any_number_of_clusters_in_two_queries(fleet):
+    with CaptureQueriesContext(connection) as queries:
+        assert len(sync.claim_due_clusters()) == len(fleet)
+    assert len([q for q in queries if not q["sql"].startswith(("SAVEPOINT", "RELEASE"))]) == 2
+
+
+def test_a_changed_serve_status_is_applied(fleet, use_replay):
+    ids = synced(fleet)
+    use_replay.routes["/api/serve/applications/"] = "serve_applications_after_put_without_demo.json"
+
+    outcomes = sync.sync_clusters(ids, then=lambda outcome: None)
+
+    assert all(outcome.ok and not outcome.unchanged for outcome in outcomes)
+    live = set(Application.objects.filter(cluster=fleet[0], removed_at__isnull=True).values_list("name", flat=True))
+    assert live == set(ray_fixture("serve_applications_after_put_without_demo.json")["applications"])
+
+
+def test_the_digest_is_stored_only_after_the_steps_that_act_on_a_sync(fleet, monkeypatch):
+    ids = [fleet[0].pk]
+
+    def failing(outcome):
+        raise RuntimeError("detection failed")
+
+    with pytest.raises(RuntimeError):
+        sync.sync_clusters(ids, then=failing)
+    fleet[0].refresh_from_db()
+    assert fleet[0].observed_digest == ""  # the next sync applies and detects again
+
+    tasks.sync_batch(ids)
+    fleet[0].refresh_from_db()
+    assert fleet[0].observed_digest
+
+
+def test_an_unchanged_sync_still_resolves_quiet_incidents(fleet):
+    ids = synced(fleet)
+    long_ago = timezone.now() - timedelta(days=1)
+    incident = Incident.objects.create(
+        kind=Incident.Kind.OOM_KILL,
+        cluster=fleet[0],
+        application_name="demo",
+        deployment_name="Model",
+        title="OOM",
+        started_at=long_ago,
+        last_signal_at=long_ago,
+    )
+
+    tasks.sync_batch(ids)
+
+    incident.refresh_from_db()
+    assert incident.status == Incident.Status.RESOLVED
+
+
+def test_an_unchanged_sync_takes_a_metrics_reading_and_recomputes_findings(fleet, monkeypatch):
+    Cluster.objects.filter(pk=fleet[0].pk).update(metrics_url="http://c0.test:8080/metrics")
+    ids = synced(fleet)
+    read, recomputed = [], []
+    monkeypatch.setattr(incidents, "collect_metrics", lambda cluster_id: read.append(cluster_id) or [])
+    monkeypatch.setattr(findings, "recompute", lambda cluster_id: recomputed.append(cluster_id) or {})
+
+    tasks.sync_batch(ids)
+
+    # Metric windows move with the clock, whatever the dashboard answers; the others' findings cannot.
+    assert read == [fleet[0].pk] and recomputed == [fleet[0].pk]
+
+
+def test_a_new_recycle_schedule_makes_the_next_sync_recompute_findings(fleet, monkeypatch):
+    ids = synced(fleet)
+    recomputed = []
+    monkeypatch.setattr(findings, "recompute", lambda cluster_id: recomputed.append(cluster_id) or {})
+
+    RecycleSchedule.objects.create(deployment=Deployment.objects.filter(application__cluster=fleet[1]).first())
+    tasks.sync_batch(ids)
+
+    assert recomputed == [fleet[1].pk]
+
+
+def test_a_cluster_that_recovers_is_applied_in_full(fleet):
+    ids = synced(fleet)
+    Cluster.objects.filter(pk=fleet[0].pk).update(reachability=Reachability.UNREACHABLE)
+
+    outcomes = {outcome.cluster_id: outcome for outcome in sync.sync_clusters(ids)}
+
+    assert not outcomes[fleet[0].pk].unchanged and "recovered" in outcomes[fleet[0].pk].events
+    assert all(outcomes[cluster.pk].unchanged for cluster in fleet[1:])
+
+
+def test_a_hung_dashboard_delays_no_other_and_each_error_is_recorded(team, replay_ray, monkeypatch):
+    clusters = {
+        name: Cluster.objects.create(name=name, team=team, dashboard_url=f"http://{name}.test:8265")
+        for name in ("good", "hung", "refusing", "failing")
+    }
+
+    async def route(request):
+        host = request.url.host
+        if host == "hung.test":
+            await asyncio.sleep(1.0)
+            raise httpx.ReadTimeout("timed out")
+        if host == "refusing.test":
+            raise httpx.ConnectError("[Errno 111] Connection refused")
+        if host == "failing.test":
+            return httpx.Response(500, text="Traceback (most recent call last): boom")
+        return replay_ray(request)
+
+    monkeypatch.setattr(
+        sync,
+        "async_dashboard_for",
+        lambda c: AsyncRayDashboard(c.dashboard_url, transport=httpx.MockTransport(route)),
+    )
+    applied = {}
+    apply = sync.apply_observation
+
+    def timed(cluster_id, *args, **kwargs):
+        applied[cluster_id] = time.monotonic()
+        return apply(cluster_id, *args, **kwargs)
+
+    monkeypatch.setattr(sync, "apply_observation", timed)
+    started = time.monotonic()
+    outcomes = {outcome.cluster_id: outcome for outcome in sync.sync_clusters([c.pk for c in clusters.values()])}
+
+    assert applied[clusters["good"].pk] - started < 0.8  # not after the hung one's timeout
+    assert time.monotonic() - started >= 1.0
+    assert outcomes[clusters["good"].pk].ok
+    errors = {name: outcomes[cluster.pk].error for name, cluster in clusters.items() if name != "good"}
+    assert errors["hung"] == "Ray dashboard did not answer /api/version in time (ReadTimeout)."
+    assert errors["refusing"] == "Cannot reach the Ray dashboard: [Errno 111] Connection refused."
+    assert errors["failing"].startswith("The Ray dashboard failed on /api/version with HTTP 500")
+    states = dict(Cluster.objects.values_list("name", "reachability"))
+    assert states == {
+        "good": Reachability.OK,
+        "hung": Reachability.UNREACHABLE,
+        "refusing": Reachability.UNREACHABLE,
+        "failing": Reachability.ERROR,
+    }
