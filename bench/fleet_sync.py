@@ -5,7 +5,7 @@
 For each N, in a scratch database (a new PostgreSQL database on the server DATABASE_URL names,
 dropped at the end; else a throwaway SQLite file) and a fresh worker process: N clusters are
 registered, the fake fleet (bench/fake_fleet.py) serves their dashboards, and each cycle runs
-what beat and the worker run: the tick's claim (`claim_due_clusters`), then the worker task
+what beat and the worker run: the tick's claim (`due_syncs`), then the worker task
 `fleet.sync_batch` for every batch of FLEETDECK_SYNC_BATCH claimed clusters (sync, OOM detection
 from the state API, findings), each reading up to FLEETDECK_SYNC_CONCURRENCY dashboards at once,
 on a pool like Celery's: by default prefork with 2 processes, as deploy/k8s/worker.yaml runs it
@@ -253,9 +253,10 @@ def run_fleet(n: int, pool_kind: str, workers: int, repeats: int) -> dict:
         now = timezone.now() + timedelta(seconds=k * (settings.FLEETDECK_SYNC_INTERVAL_S + 1))
         before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         with connection.execute_wrapper(claim):
-            claimed = sync.claim_due_clusters(now)
+            batches = [job.args[0] for job in sync.due_syncs(now)]
         claim_s = time.perf_counter() - started
-        done = run_all(list(sync.batches(claimed)))
+        claimed = [cluster_id for batch in batches for cluster_id in batch]
+        done = run_all(batches)
         elapsed, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_SELF)
         assert len(claimed) == n, f"claimed {len(claimed)} of {n}"
         ours.send(("stats",))

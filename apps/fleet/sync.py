@@ -404,10 +404,10 @@ def _save_if_changed(row, fields: dict, outcome: SyncOutcome) -> bool:
     return True
 
 
-def due_syncs() -> Iterator[Job]:
+def due_syncs(now=None) -> Iterator[Job]:
     """The tick's syncs, in batches of FLEETDECK_SYNC_BATCH clusters, one worker task each; each
     expires when the next claim would send it again."""
-    claimed, size = claim_due_clusters(), settings.FLEETDECK_SYNC_BATCH
+    claimed, size = claim_due_clusters(now), settings.FLEETDECK_SYNC_BATCH
     for start in range(0, len(claimed), size):
         batch = claimed[start : start + size]
         yield Job(jobs.SYNC_BATCH, (batch,), options={"expires": settings.FLEETDECK_SYNC_INTERVAL_S})
