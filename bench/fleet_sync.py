@@ -113,8 +113,9 @@ def report(r: dict) -> None:
         ("unchanged, 1 % hang", r["unchanged"]),
         ("faulty (10/5/5 %)", r["faulty"]),
     ):
+        waits = c["sum_wait_s"] / (w * r["concurrency"])
         print(
-            f"  {label:24s} {c['time_s']:7.2f}s {c['ideal_s']:6.2f}s {c['sum_wait_s'] / (w * r['concurrency']):6.2f}s {c['slowest_s']:6.2f}s "
+            f"  {label:24s} {c['time_s']:7.2f}s {c['ideal_s']:6.2f}s {waits:6.2f}s {c['slowest_s']:6.2f}s "
             f"{c['time_s'] / c['ideal_s']:5.2f} {c['with_cpu_s']:6.2f}s {c['time_s'] / c['with_cpu_s']:5.2f} "
             f"{c['cpu_s'] / r['n'] * 1000:8.1f} ms {c['queries'] / r['n']:10.1f} "
             f"{sum(c['writes'].values()) + sum(c['claim_writes'].values()):6d}"
