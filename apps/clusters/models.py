@@ -113,6 +113,8 @@ class Cluster(models.Model):
     # Digest of the dashboard's answers at the last sync that was applied and acted on; the same
     # answers again cost one UPDATE of the sync stamps (see apps/fleet/sync.py). Empty: apply in full.
     observed_digest = models.CharField(max_length=64, blank=True, default="")
+    # A replica waited to be placed at the last applied sync: the next one reads the nodes' resources.
+    replica_waiting = models.BooleanField(default=False)
 
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)

@@ -156,12 +156,11 @@ def _sync_one(cluster: Cluster, observed: Observation | Exception, duration_ms: 
 
 
 def _wants_node_resources(cluster: Cluster) -> bool:
-    """Read the nodes' resources when the last reading is old, or when the last sync was not
-    settled: a replica waited to be placed (its finding names what it lacks), the cluster is new,
-    or something the findings read changed."""
+    """Read the nodes' resources when the last reading is old, or when a replica waited to be
+    placed at the last sync: its finding names the resource it lacks."""
     max_age = timedelta(seconds=settings.FLEETDECK_NODE_RESOURCES_MAX_AGE_S)
     fresh = cluster.node_resources_at is not None and timezone.now() - cluster.node_resources_at < max_age
-    return not fresh or not cluster.observed_digest
+    return not fresh or cluster.replica_waiting
 
 
 def _node_resources(cluster: Cluster, observed: Observation) -> dict | None:
@@ -231,7 +230,7 @@ def apply_observation(
         changed = _upsert_applications(cluster, serve, version.session_name, now, outcome)
         if changed or cluster_changes:
             cluster_changes["last_change_seen_at"] = now
-        cluster_changes.update(last_sync_at=now, last_sync_duration_ms=duration_ms)
+        cluster_changes.update(last_sync_at=now, last_sync_duration_ms=duration_ms, replica_waiting=outcome.waiting)
         if resources is not None:
             cluster_changes.update(node_resources_at=now, **({"node_resources": resources} if resources else {}))
         Cluster.objects.filter(pk=cluster_id).update(**cluster_changes)

@@ -182,9 +182,9 @@ def test_serve_s_own_decision_explains_a_new_target(use_replay, cluster):
 def scaled(use_replay, cluster):
     use_replay.routes["/api/serve/applications/"] = waiting_now()
     use_replay.routes["/api/cluster_status"] = "cluster_status_replica_waiting.json"
-    sync.sync_and_announce(cluster.pk)
+    sync.sync_and_announce([cluster.pk])
     use_replay.routes["/api/serve/applications/"] = waiting_now(UPSCALED)
-    sync.sync_and_announce(cluster.pk)
+    sync.sync_and_announce([cluster.pk])
     return cluster
 
 

@@ -150,13 +150,13 @@ def test_a_sync_opens_the_finding_and_resolves_it_once_the_replica_runs(use_repl
     body["applications"]["huge"]["deployments"]["Echo"]["replicas"][0]["start_time_s"] = time.time() - 45
     use_replay.routes["/api/serve/applications/"] = body
     use_replay.routes["/api/cluster_status"] = "cluster_status_replica_waiting.json"
-    sync.sync_and_announce(cluster.pk)
+    sync.sync_and_announce([cluster.pk])
     finding = Finding.objects.get(cluster=cluster, rule="replicas-unschedulable", resolved_at__isnull=True)
     assert (finding.application_name, finding.deployment_name) == ("huge", "Echo")
     assert "2.3 CPU short" in finding.message
 
     del body["applications"]["huge"]
-    sync.sync_and_announce(cluster.pk)
+    sync.sync_and_announce([cluster.pk])
     finding.refresh_from_db()
     assert finding.resolved_at is not None
 
@@ -170,6 +170,6 @@ def test_a_cluster_whose_nodes_report_nothing_gets_the_message_through_a_sync(us
     status = ray_fixture("cluster_status_replica_waiting.json")
     status["data"]["clusterStatus"]["loadMetricsReport"].update(usage={}, usageByNode={})
     use_replay.routes.update({"/api/serve/applications/": body, "/api/cluster_status": status})
-    sync.sync_and_announce(cluster.pk)
+    sync.sync_and_announce([cluster.pk])
     finding = Finding.objects.get(cluster=cluster, rule="replicas-unschedulable")
     assert finding.message.startswith("The cluster's nodes report no resources")

@@ -6,10 +6,15 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('clusters', '0002_egress_rule'),
+        ('clusters', '0003_cluster_node_resources'),
     ]
 
     operations = [
+        migrations.AddField(
+            model_name='cluster',
+            name='replica_waiting',
+            field=models.BooleanField(default=False),
+        ),
         migrations.AddField(
             model_name='cluster',
             name='observed_digest',
