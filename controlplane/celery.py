@@ -1,9 +1,11 @@
 import logging
 import os
+from functools import partial
 
 from celery import Celery
 from celery.signals import after_task_publish, beat_init
 from celery.worker.consumer import Consumer
+from kombu.message import Message
 
 from apps.core import jobs
 
@@ -28,6 +30,8 @@ class TolerantConsumer(Consumer):
         on_task_received = super().create_task_handler(*args, **kwargs)
 
         def tolerant(message):
+            # Looked up by Celery when it builds the task's ack, so this instance's own wins.
+            message.ack_log_error = partial(_ack_unless_connection_gone, message)
             try:
                 return on_task_received(message)
             except self.connection_errors + self.channel_errors:
@@ -44,6 +48,33 @@ class TolerantConsumer(Consumer):
                     message.reject_log_error(log, self.connection_errors)
 
         return tolerant
+
+    def on_connection_error_after_connected(self, exc):
+        try:
+            super().on_connection_error_after_connected(exc)
+        except AttributeError as cleanup:
+            # Celery 5.7 collects the lost connection, then closes it; with a message still unacked
+            # (an acks_late task running when the broker went away), the close puts it back through
+            # the collected transport and raises this, which Celery takes for an unrecoverable
+            # error: the worker stops consuming for good. The connection is already detached by
+            # then, so reconnecting is safe; the broker redelivers the message after its visibility
+            # timeout, or lost it with its own restart.
+            log.warning("the lost broker connection could not be closed cleanly (%s); reconnecting", cleanup)
+
+
+def _ack_unless_connection_gone(message: Message, logger, errors, multiple=False):
+    """Acknowledge a late-acknowledged task's message. When the broker connection it came on was
+    lost while the task ran, kombu's Redis channel acks through the collected connection and raises
+    AttributeError in the event loop, which Celery takes for an unrecoverable error: the worker then
+    stops consuming for good. There is nothing to acknowledge on a lost connection: the broker
+    delivers the message again after its visibility timeout (or lost it with its own restart), and
+    only tasks that may run twice are acknowledged late."""
+    try:
+        Message.ack_log_error(message, logger, errors, multiple=multiple)
+    except AttributeError as exc:
+        log.warning(
+            "a task message from a lost broker connection was not acknowledged (%s); the broker delivers it again", exc
+        )
 
 
 @app.on_after_finalize.connect
