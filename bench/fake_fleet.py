@@ -1,8 +1,8 @@
 """A simulated fleet on loopback: N fake Ray dashboards served by one asyncio process.
 
 Each dashboard listens on its own port (a real fleet has one host per dashboard, and a sync opens
-its own connections), and answers `/api/version`, `/api/serve/applications/` and the state API's
-`/api/v0/actors` with payloads built from the captured Ray 2.60 fixtures. One event loop in its own
+its own connections), and answers `/api/version`, `/api/serve/applications/`, `/api/cluster_status`
+and the state API's `/api/v0/actors` with payloads built from the captured Ray 2.60 fixtures. One event loop in its own
 process holds 1,000 listening sockets and thousands of sleeping requests for a few MB and a few
 percent of a core, which leaves the second core to the worker under test; a process or a thread
 per dashboard would not fit 1,000 on two cores.
@@ -101,6 +101,7 @@ class Fleet:
         ]
         self.serve = _response(b"200 OK", json.dumps(serve_applications_body()).encode())
         self.actors = _response(b"200 OK", json.dumps(fixture("state_actors_dead_after_rollouts_detail.json")).encode())
+        self.cluster_status = _response(b"200 OK", json.dumps(fixture("cluster_status.json")).encode())
         self.not_found = _response(b"404 Not Found", b"404: Not Found", b"text/plain")
         self.error = _response(b"500 Internal Server Error", TRACEBACK, b"text/plain")
         self.rng = random.Random(0)
@@ -134,6 +135,8 @@ class Fleet:
             return self.serve
         if path == b"/api/v0/actors":
             return self.actors
+        if path == b"/api/cluster_status":
+            return self.cluster_status
         return self.not_found
 
     async def handle(self, i: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

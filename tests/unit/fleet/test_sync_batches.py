@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from datetime import timedelta
 
@@ -12,13 +13,15 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from apps.accounts.audit import Actor
 from apps.clusters.models import Cluster, Reachability
-from apps.fleet import sync
+from apps.fleet import llm, sync
 from apps.fleet.models import Application, Deployment
 from apps.incidents import services as incidents
 from apps.incidents.models import Incident
 from apps.maintenance.models import RecycleSchedule
 from apps.remediation import findings
+from apps.remediation.models import Finding
 from integrations.ray.async_dashboard import AsyncRayDashboard
 from tests.conftest import ray_fixture
 from workers import tasks
@@ -185,3 +188,69 @@ def test_a_hung_dashboard_delays_no_other_and_each_error_is_recorded(team, repla
         "refusing": Reachability.UNREACHABLE,
         "failing": Reachability.ERROR,
     }
+
+
+def test_a_waiting_replica_keeps_every_sync_applying_in_full_until_its_finding_opens(team, use_replay, settings):
+    waiting = copy.deepcopy(ray_fixture("serve_applications_autoscaling_waiting.json"))
+    waiting["applications"]["huge"]["deployments"]["Echo"]["replicas"][0]["start_time_s"] = time.time() - 30
+    use_replay.routes["/api/serve/applications/"] = waiting
+    use_replay.routes["/api/cluster_status"] = "cluster_status_replica_waiting.json"
+    cluster = Cluster.objects.create(name="scaled", team=team, dashboard_url="http://scaled.test:8265")
+    settings.FLEETDECK_WAITING_REPLICA_S = 60
+
+    first = sync.sync_and_announce([cluster.pk])[0]
+    assert not first.unchanged and first.waiting
+    assert not Finding.objects.filter(cluster=cluster, rule="replicas-unschedulable").exists()
+
+    # The dashboard answers the same bytes; only the clock says the replica has now waited too long.
+    settings.FLEETDECK_WAITING_REPLICA_S = 10
+    reads_before = status_reads(use_replay)
+    second = sync.sync_and_announce([cluster.pk])[0]
+
+    assert not second.unchanged  # no digest was stored while it waited
+    assert status_reads(use_replay) == reads_before + 1  # the nodes are read again while it waits
+    assert Finding.objects.filter(cluster=cluster, rule="replicas-unschedulable", resolved_at__isnull=True).exists()
+
+
+def test_an_old_reading_of_the_nodes_is_read_again_and_only_moves_its_time_when_it_says_the_same(fleet, use_replay):
+    use_replay.routes["/api/cluster_status"] = "cluster_status.json"
+    ids = synced(fleet)
+    long_ago = timezone.now() - timedelta(hours=1)
+    Cluster.objects.filter(pk__in=ids).update(node_resources_at=long_ago)
+    reads_before = status_reads(use_replay)
+
+    outcomes = sync.sync_and_announce(ids)
+
+    assert status_reads(use_replay) == reads_before + len(fleet)
+    assert all(outcome.unchanged for outcome in outcomes)
+    assert not Cluster.objects.filter(pk__in=ids, node_resources_at__lte=long_ago).exists()
+
+
+def test_a_reading_of_the_nodes_that_differs_applies_the_sync_in_full(fleet, use_replay):
+    use_replay.routes["/api/cluster_status"] = "cluster_status.json"
+    ids = synced(fleet)
+    Cluster.objects.filter(pk=fleet[0].pk).update(node_resources_at=timezone.now() - timedelta(hours=1))
+    use_replay.routes["/api/cluster_status"] = "cluster_status_after_oom.json"
+
+    outcomes = {outcome.cluster_id: outcome for outcome in sync.sync_and_announce(ids)}
+
+    assert not outcomes[fleet[0].pk].unchanged
+    assert all(outcomes[cluster.pk].unchanged for cluster in fleet[1:])
+    fleet[0].refresh_from_db()
+    assert fleet[0].node_resources == sync._node_resources(fleet[0], outcomes[fleet[0].pk].observation)
+
+
+def test_an_operator_s_llm_inputs_make_the_next_sync_recompute_findings(fleet, monkeypatch):
+    ids = synced(fleet)
+    recomputed = []
+    monkeypatch.setattr(findings, "recompute", lambda cluster_id: recomputed.append(cluster_id) or {})
+
+    deployment = Deployment.objects.filter(application__cluster=fleet[2]).first()
+    llm.set_plan_inputs(Actor.system(via="test"), deployment, gpu_memory_gib=80.0, model_config=None)
+    tasks.sync_batch(ids)
+
+    assert recomputed == [fleet[2].pk]
+
+
+def status_reads(replay) -> int:
+    return sum(1 for request in replay.requests if request.url.path == "/api/cluster_status")
