@@ -196,23 +196,25 @@ def _reconcile(cluster: Cluster, wanted: dict, *, owned: Q, resolve_missing: boo
             (f.application_name, f.deployment_name, f.subject, f.rule): f
             for f in Finding.objects.filter(owned, cluster=cluster, resolved_at__isnull=True)
         }
+        new = []
         for key, row in wanted.items():
             finding = current.get(key)
             if finding is None:
-                Finding.objects.create(
-                    cluster=cluster,
-                    deployment=row.deployment,
-                    application_name=key[0],
-                    deployment_name=key[1],
-                    subject=key[2],
-                    rule=key[3],
-                    severity=row.severity,
-                    evidence=row.evidence,
-                    patch=row.patch,
-                    action=row.action,
-                    message=row.message,
+                new.append(
+                    Finding(
+                        cluster=cluster,
+                        deployment=row.deployment,
+                        application_name=key[0],
+                        deployment_name=key[1],
+                        subject=key[2],
+                        rule=key[3],
+                        severity=row.severity,
+                        evidence=row.evidence,
+                        patch=row.patch,
+                        action=row.action,
+                        message=row.message,
+                    )
                 )
-                opened += 1
             elif (finding.evidence, finding.patch, finding.severity, finding.message) != (
                 row.evidence,
                 row.patch,
@@ -222,6 +224,8 @@ def _reconcile(cluster: Cluster, wanted: dict, *, owned: Q, resolve_missing: boo
                 Finding.objects.filter(pk=finding.pk).update(
                     evidence=row.evidence, patch=row.patch, severity=row.severity, message=row.message
                 )
+        # One statement for a new cluster's tens of findings.
+        opened = len(Finding.objects.bulk_create(new))
         gone = [f.pk for key, f in current.items() if key not in wanted] if resolve_missing else []
         if gone:
             resolved = Finding.objects.filter(pk__in=gone).update(resolved_at=now)
