@@ -273,7 +273,7 @@ FLEETDECK_SYNC_INTERVAL_S = env_int("FLEETDECK_SYNC_INTERVAL_S", 30, minimum=5)
 # Clusters per sync task, whose dashboards one worker process reads at once (at most
 # FLEETDECK_SYNC_CONCURRENCY at a time): large enough that a few hung dashboards overlap.
 FLEETDECK_SYNC_BATCH = env_int("FLEETDECK_SYNC_BATCH", 500, minimum=1)
-FLEETDECK_SYNC_CONCURRENCY = env_int("FLEETDECK_SYNC_CONCURRENCY", 200, minimum=1)
+FLEETDECK_SYNC_CONCURRENCY = env_int("FLEETDECK_SYNC_CONCURRENCY", 500, minimum=1)
 FLEETDECK_TICK_INTERVAL_S = env_int("FLEETDECK_TICK_INTERVAL_S", 10, minimum=1)
 FLEETDECK_RAY_TIMEOUT_S = env_float("FLEETDECK_RAY_TIMEOUT_S", 5.0, minimum=0.1)
 # A replica Ray has not started after this long is "waiting": the sync reads the nodes' free
