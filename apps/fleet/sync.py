@@ -5,14 +5,19 @@ answer in its own short transaction as it arrives, so a hung dashboard holds one
 timeout and delays no other cluster.
 
 An unchanged cluster costs one conditional UPDATE of its sync stamps: when the digest of what its
-dashboard answered (version, Serve status, dead actors) equals the one stored at the last applied
-sync, nothing is parsed, compared or written, and the steps that act on a sync skip what depends
-only on those answers (see workers/tasks.py). That is safe because every row the sync derives
-(cluster, applications, deployments, revisions, cluster events) is a function of those answers and
-of the cluster's previous rows, which only the sync writes; the exceptions are handled where they
-arise: a cluster that was not reachable is applied in full (its recovery is an event), and the
-digest is stored only after the steps that act on a sync have run, so a failure there repeats them.
-Otherwise, deployments, applications and revisions are compared first and written only when they differ.
+dashboard answered (Serve status, dead actors) equals the one stored at the last applied sync,
+nothing is parsed, compared or written, the version is not even asked, and the steps that act on a
+sync skip what depends only on those answers (see workers/tasks.py). That is safe because every
+row the sync derives (cluster, applications, deployments, revisions, cluster events) is a function
+of those answers and of the cluster's previous rows, which only the sync writes; the exceptions
+are handled where they arise: a cluster that was not reachable is applied in full (its recovery is
+an event); a digest is stored only while Serve runs (its controller's actor and worker ids in the
+Serve status change with every restart, so the same answers mean the same session) and no replica
+waits to be placed (a finding depends on how long it has waited); inputs of the steps that no
+answer shows (schedules, warmups, LLM inputs, the registration) clear it when they change; and it
+is stored only after the steps that act on a sync have run, so a failure there repeats them.
+Otherwise, deployments, applications and revisions are compared first and written only when they
+differ, and new ones are inserted one statement per table.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
-from apps.clusters.services import async_dashboard_for, mark_unreachable
+from apps.clusters.services import async_dashboard_for, dashboard_for, mark_unreachable
 from apps.core import jobs
 from apps.core.jobs import Job
 from apps.core.secrets import SecretUnreadable
@@ -64,9 +69,17 @@ class SyncOutcome:
     # A replica waits to be placed: what the steps after the sync conclude depends on the clock
     # (how long it has waited), so the next sync applies in full again.
     waiting: bool = False
+    # Serve runs: its controller's identity in the Serve status changes with every restart, so the
+    # same Serve status and dead actors mean the same session, and the version need not be read.
+    serve_running: bool = False
     # The row as read before the sync: registration fields (metrics endpoints) for the steps after it.
     cluster: Cluster | None = None
     observation: Observation | None = None
+
+    @property
+    def settled(self) -> bool:
+        """The same answers next time may skip everything: see `serve_running` and `waiting`."""
+        return self.serve_running and not self.waiting
 
 
 def sync_and_announce(cluster_ids: list[int]) -> list[SyncOutcome]:
@@ -104,7 +117,7 @@ def sync_clusters(
                 if not outcome.unchanged:
                     # Conditional, so a registration or schedule edit made meanwhile still counts.
                     Cluster.objects.filter(pk=cluster.pk, observed_digest=cluster.observed_digest).update(
-                        observed_digest="" if outcome.waiting else observed.digest
+                        observed_digest=observed.digest if outcome.settled else ""
                     )
         except Exception:
             # One cluster's failure stays its own, as when every cluster had a task of its own.
@@ -143,7 +156,7 @@ def _sync_one(cluster: Cluster, observed: Observation | Exception, duration_ms: 
             if stamped:
                 return SyncOutcome(cluster.pk, ok=True, unchanged=True, cluster=cluster, observation=observed)
     try:
-        version, serve = observed.version(), observed.serve()
+        version, serve = _version(cluster, observed), observed.serve()
     except RayError as exc:
         mark_unreachable(cluster, exc, at=timezone.now())
         return SyncOutcome(cluster.pk, ok=False, error=exc.message)
@@ -153,6 +166,20 @@ def _sync_one(cluster: Cluster, observed: Observation | Exception, duration_ms: 
         return None  # deleted while its dashboard was read
     outcome.cluster, outcome.observation = cluster, observed
     return outcome
+
+
+def _version(cluster: Cluster, observed: Observation) -> VersionInfo:
+    if observed.version_body is not None:
+        return observed.version()
+    # The answers matched the last applied sync when read, but the row changed since (an edit
+    # cleared its digest): applying in full needs the version too.
+    with dashboard_for(cluster) as ray:
+        return ray.version()
+
+
+def _expected_digest(cluster: Cluster) -> str:
+    """The digest an unchanged answer would have; empty when the sync applies in full anyway."""
+    return cluster.observed_digest if cluster.reachability == Reachability.OK else ""
 
 
 def _wants_node_resources(cluster: Cluster) -> bool:
@@ -180,7 +207,8 @@ def _observations(clusters: Iterable[Cluster]) -> Iterator[tuple[Cluster, Observ
     """(cluster, what its dashboard answered or the error, milliseconds it took), in the order the
     answers arrive. The reads run on an event loop in a thread of their own; the ORM stays in this one."""
     readers = []
-    for cluster in clusters:
+    # Dashboards that failed last time first: a hung one's timeout then overlaps the others' reads.
+    for cluster in sorted(clusters, key=lambda c: c.reachability == Reachability.OK):
         try:
             readers.append((cluster, async_dashboard_for(cluster)))
         except SecretUnreadable as exc:
@@ -192,7 +220,9 @@ def _observations(clusters: Iterable[Cluster]) -> Iterator[tuple[Cluster, Observ
             started, result = time.monotonic(), None
             try:
                 async with ray:
-                    result = await ray.observe(resources=_wants_node_resources(cluster))
+                    result = await ray.observe(
+                        resources=_wants_node_resources(cluster), expected_digest=_expected_digest(cluster)
+                    )
             except Exception as exc:  # noqa: BLE001 - handed to the consuming thread, which records it for this cluster
                 result = exc
             finally:
@@ -215,7 +245,7 @@ def _observations(clusters: Iterable[Cluster]) -> Iterator[tuple[Cluster, Observ
 def apply_observation(
     cluster_id: int, version: VersionInfo, serve: ServeStatus, *, duration_ms: int, resources: dict | None = None
 ) -> SyncOutcome:
-    outcome = SyncOutcome(cluster_id, ok=True)
+    outcome = SyncOutcome(cluster_id, ok=True, serve_running=serve.running)
     outcome.waiting = any(
         is_waiting(replica.state)
         for app in serve.applications.values()
@@ -288,16 +318,31 @@ def _cluster_changes(cluster: Cluster, version: VersionInfo, serve: ServeStatus,
 
 
 def _upsert_applications(cluster: Cluster, serve: ServeStatus, session: str, now, outcome: SyncOutcome) -> bool:
+    """Update changed rows one by one; insert new ones in one statement per table, since a new
+    cluster brings tens of applications and deployments at once."""
     existing = {app.name: app for app in Application.objects.filter(cluster=cluster)}
     deployments_by_app: dict[int, dict[str, Deployment]] = {}
     for deployment in Deployment.objects.filter(application__cluster=cluster):
         deployments_by_app.setdefault(deployment.application_id, {})[deployment.name] = deployment
     changed = False
+    new_apps = []
     for name, observed in serve.applications.items():
-        app = existing.get(name) or Application(cluster=cluster, name=name)
-        changed |= _save_if_changed(app, _application_fields(observed), outcome)
-        changed |= _upsert_deployments(app, observed, deployments_by_app.get(app.pk, {}), now, outcome)
-        changed |= _record_revision(app, observed, session, outcome)
+        app = existing.get(name)
+        if app is None:
+            new_apps.append(Application(cluster=cluster, name=name, **_application_fields(observed)))
+        else:
+            changed |= _save_if_changed(app, _application_fields(observed), outcome)
+    Application.objects.bulk_create(new_apps)
+    outcome.writes += len(new_apps)
+    changed |= bool(new_apps)
+    rows = NewRows()
+    for app in [*existing.values(), *new_apps]:
+        observed = serve.applications.get(app.name)
+        if observed is None:
+            continue
+        changed |= _upsert_deployments(app, observed, deployments_by_app.get(app.pk, {}), now, outcome, rows)
+        changed |= _record_revision(app, observed, session, outcome, rows)
+    rows.save(outcome)
     for name, app in existing.items():
         if name not in serve.applications and app.removed_at is None:
             Application.objects.filter(pk=app.pk).update(removed_at=now, status="REMOVED")
@@ -305,6 +350,26 @@ def _upsert_applications(cluster: Cluster, serve: ServeStatus, session: str, now
             outcome.writes += 1
             changed = True
     return changed
+
+
+@dataclass
+class NewRows:
+    """Rows a sync inserts, written one statement per table once every application is seen."""
+
+    deployments: list[Deployment] = field(default_factory=list)
+    samples: list[ScalingSample] = field(default_factory=list)
+    revisions: list[ConfigRevision] = field(default_factory=list)
+
+    def save(self, outcome: SyncOutcome) -> None:
+        # Deployments first: their samples need their ids.
+        for model, objs in (
+            (Deployment, self.deployments),
+            (ScalingSample, self.samples),
+            (ConfigRevision, self.revisions),
+        ):
+            if objs:
+                model.objects.bulk_create(objs)
+                outcome.writes += 1
 
 
 def _application_fields(observed: ApplicationStatus) -> dict:
@@ -318,31 +383,35 @@ def _application_fields(observed: ApplicationStatus) -> dict:
     }
 
 
-def _upsert_deployments(app: Application, observed: ApplicationStatus, existing: dict, now, outcome) -> bool:
+def _upsert_deployments(
+    app: Application, observed: ApplicationStatus, existing: dict, now, outcome, rows: NewRows
+) -> bool:
     changed = False
-    samples = []
     for name, dep in observed.deployments.items():
-        row = existing.get(name) or Deployment(application=app, name=name)
-        before = (row.target_replicas, row.running_replicas, row.waiting_replicas) if row.pk else None
         fields = _deployment_fields(dep, submitted_deployment(observed.deployed_app_config, name))
-        if _save_if_changed(row, fields, outcome):
-            changed = True
-            after = (row.target_replicas, row.running_replicas, row.waiting_replicas)
-            if after != before:
-                decision = sample_decision(dep.autoscaling_detail, before[0] if before else None, row.target_replicas)
-                samples.append(
-                    ScalingSample(
-                        deployment=row,
-                        observed_at=now,
-                        target=after[0],
-                        running=after[1],
-                        waiting=after[2],
-                        decision=decision,
-                    )
+        row = existing.get(name)
+        if row is None:
+            row = Deployment(application=app, name=name, **fields)
+            rows.deployments.append(row)
+            before = None
+        else:
+            before = (row.target_replicas, row.running_replicas, row.waiting_replicas)
+            if not _save_if_changed(row, fields, outcome):
+                continue
+        changed = True
+        after = (row.target_replicas, row.running_replicas, row.waiting_replicas)
+        if after != before:
+            decision = sample_decision(dep.autoscaling_detail, before[0] if before else None, row.target_replicas)
+            rows.samples.append(
+                ScalingSample(
+                    deployment=row,
+                    observed_at=now,
+                    target=after[0],
+                    running=after[1],
+                    waiting=after[2],
+                    decision=decision,
                 )
-    if samples:
-        ScalingSample.objects.bulk_create(samples)
-        outcome.writes += 1
+            )
     # During a rebuild Ray lists no deployments at all; that is not a removal.
     if observed.deployments:
         gone = [row.pk for name, row in existing.items() if name not in observed.deployments and row.removed_at is None]
@@ -372,7 +441,9 @@ def _deployment_fields(dep: DeploymentStatus, submitted: dict) -> dict:
     }
 
 
-def _record_revision(app: Application, observed: ApplicationStatus, session: str, outcome: SyncOutcome) -> bool:
+def _record_revision(
+    app: Application, observed: ApplicationStatus, session: str, outcome: SyncOutcome, rows: NewRows
+) -> bool:
     if observed.status in TRANSIENT_APP_STATUSES or not observed.deployments:
         return False
     config = application_revision(
@@ -381,12 +452,14 @@ def _record_revision(app: Application, observed: ApplicationStatus, session: str
     digest = config_hash(config)
     if digest == app.config_hash:
         return False
-    ConfigRevision.objects.create(
-        application=app, cluster_id=app.cluster_id, config_hash=digest, config=config, ray_session=session
+    rows.revisions.append(
+        ConfigRevision(
+            application=app, cluster_id=app.cluster_id, config_hash=digest, config=config, ray_session=session
+        )
     )
     Application.objects.filter(pk=app.pk).update(config_hash=digest)
     app.config_hash = digest
-    outcome.writes += 2
+    outcome.writes += 1
     outcome.revisions += 1
     return True
 

@@ -63,10 +63,12 @@ class AsyncRayDashboard:
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
 
-    async def observe(self, *, resources: bool = False) -> Observation:
-        """Version, Serve status and the dead actors, one after the other on one connection; the
-        nodes' resources too when asked. Only the first two must answer for a sync to go on."""
-        version = await self._get(VERSION_PATH)
+    async def observe(self, *, resources: bool = False, expected_digest: str = "") -> Observation:
+        """The Serve status and the dead actors, the version, and the nodes' resources when asked,
+        one after the other on one connection. Only the Serve status and the version must answer
+        for a sync to go on. When the first two match `expected_digest` (the last applied sync's),
+        the version is not asked: nothing is new, and a restart would have changed the Serve status."""
+        version = None if expected_digest else await self._get(VERSION_PATH)
         serve = await self._get(SERVE_PATH)
         try:
             actors = await self._get(ACTORS_PATH, state_params(**DEAD_ACTORS))
@@ -78,7 +80,10 @@ class AsyncRayDashboard:
                 usage = await self._get(CLUSTER_STATUS_PATH)
             except RayError as exc:
                 usage = exc
-        return Observation(version, serve, actors, usage)
+        observed = Observation(version, serve, actors, usage)
+        if version is None and observed.digest != expected_digest:
+            observed = Observation(await self._get(VERSION_PATH), serve, actors, usage)
+        return observed
 
     async def _get(self, path: str, params: list[tuple[str, str]] | None = None) -> bytes:
         """The body of a GET whose status Fleetdeck reads; the mapped error otherwise."""

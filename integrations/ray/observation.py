@@ -28,7 +28,9 @@ DEAD_ACTORS = {"filters": [("state", "=", "DEAD")], "detail": True, "limit": 10_
 
 @dataclass(frozen=True)
 class Observation:
-    version_body: bytes
+    # None when the digest matched the one the sync expected, so the version was not asked: a new
+    # session (a restart) shows in the Serve status too, as a new controller (see apps/fleet/sync.py).
+    version_body: bytes | None
     serve_body: bytes
     # None when the state API did not answer: detection then has no evidence, the sync goes on.
     dead_actors_body: bytes | None
@@ -40,13 +42,15 @@ class Observation:
     @cached_property
     def digest(self) -> str:
         hashed = hashlib.blake2b(digest_size=20)
-        for body in (self.version_body, self.serve_body, self.dead_actors_body):
-            # Lengths first, so no two different triples hash alike; a missing page differs from an empty one.
+        for body in (self.serve_body, self.dead_actors_body):
+            # Lengths first, so no two different pairs hash alike; a missing page differs from an empty one.
             hashed.update(b"-" if body is None else len(body).to_bytes(8, "big"))
             hashed.update(body or b"")
         return hashed.hexdigest()
 
     def version(self) -> VersionInfo:
+        if self.version_body is None:
+            raise ValueError("the version was not read: the answers were expected unchanged")
         return version_info(json_body(VERSION_PATH, self.version_body, "application/json"))
 
     def serve(self) -> ServeStatus:

@@ -254,3 +254,67 @@ def test_an_operator_s_llm_inputs_make_the_next_sync_recompute_findings(fleet, m
 
 def status_reads(replay) -> int:
     return sum(1 for request in replay.requests if request.url.path == "/api/cluster_status")
+
+
+def reads_of(replay, path: str) -> int:
+    return sum(1 for request in replay.requests if request.url.path == path)
+
+
+def test_an_unchanged_sync_does_not_ask_for_the_version(fleet, use_replay):
+    ids = synced(fleet)
+    versions, statuses = reads_of(use_replay, "/api/version"), reads_of(use_replay, "/api/serve/applications/")
+
+    outcomes = sync.sync_and_announce(ids)
+
+    assert all(outcome.unchanged for outcome in outcomes)
+    assert reads_of(use_replay, "/api/version") == versions
+    assert reads_of(use_replay, "/api/serve/applications/") == statuses + len(fleet)
+
+
+def test_a_restart_shows_in_the_serve_status_so_the_skipped_version_misses_no_session(fleet, use_replay):
+    ids = synced(fleet)
+    restarted = copy.deepcopy(ray_fixture("serve_applications_two_apps.json"))
+    # A new session starts a new controller: Ray gives its actor and worker new ids.
+    restarted["controller_info"].update(actor_id="f" * 32, worker_id="e" * 56)
+    version = {**ray_fixture("version.json"), "session_name": "session_2026_12_03_08_00_00_000000_1"}
+    use_replay.routes["/api/serve/applications/"] = restarted
+    use_replay.routes["/api/version"] = version
+
+    outcomes = sync.sync_and_announce(ids)
+
+    assert all("session_changed" in outcome.events for outcome in outcomes)
+    assert set(Cluster.objects.filter(pk__in=ids).values_list("session_name", flat=True)) == {version["session_name"]}
+
+
+def test_a_cluster_without_serve_stores_no_digest_and_reads_its_version_at_every_sync(fleet, use_replay):
+    use_replay.routes["/api/serve/applications/"] = "serve_applications_no_serve.json"
+    ids = synced(fleet)
+    versions = reads_of(use_replay, "/api/version")
+
+    outcomes = sync.sync_and_announce(ids)
+
+    # Nothing in an empty Serve status tells one session from the next: only the version does.
+    assert not any(outcome.unchanged for outcome in outcomes)
+    assert reads_of(use_replay, "/api/version") == versions + len(fleet)
+    assert set(Cluster.objects.filter(pk__in=ids).values_list("observed_digest", flat=True)) == {""}
+
+
+def test_a_digest_cleared_while_the_dashboards_were_read_still_applies_in_full_with_the_version(
+    fleet, use_replay, monkeypatch
+):
+    ids = synced(fleet)
+    versions = reads_of(use_replay, "/api/version")
+    observations = sync._observations
+
+    def cleared_meanwhile(clusters):
+        for cluster, observed, duration_ms in observations(clusters):
+            Cluster.objects.filter(pk=cluster.pk).update(observed_digest="")  # e.g. a new recycle schedule
+            yield cluster, observed, duration_ms
+
+    monkeypatch.setattr(sync, "_observations", cleared_meanwhile)
+    outcomes = sync.sync_and_announce(ids)
+
+    assert all(outcome.ok and not outcome.unchanged for outcome in outcomes)
+    assert reads_of(use_replay, "/api/version") == versions + len(fleet)  # asked after all
+    # The edit made meanwhile still counts: the next sync applies in full again.
+    assert set(Cluster.objects.filter(pk__in=ids).values_list("observed_digest", flat=True)) == {""}
