@@ -33,7 +33,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Case, F, IntegerField, Q, Value, When
 from django.utils import timezone
 
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
@@ -102,29 +102,99 @@ def sync_cluster(cluster_id: int) -> SyncOutcome | None:
 def sync_clusters(
     cluster_ids: Iterable[int], *, then: Callable[[SyncOutcome], None] | None = None
 ) -> list[SyncOutcome]:
-    """Sync clusters whose dashboards are read at once; each is applied as its answer arrives.
+    """Sync clusters whose dashboards are read at once; each is applied as its answer arrives,
+    and unchanged ones are stamped together whenever no other answer is waiting.
 
     `then` runs after each successful sync (detection, findings). Only once it has returned is the
     answers' digest stored: a stored digest stands for answers whose consequences were all drawn."""
-    outcomes = []
-    for cluster, observed, duration_ms in _observations(Cluster.objects.filter(pk__in=list(cluster_ids))):
+    outcomes: list[SyncOutcome] = []
+    unchanged: list[tuple[Cluster, Observation, int, bool]] = []
+
+    def settle(cluster: Cluster, observed, outcome: SyncOutcome | None) -> None:
+        if outcome is None:
+            return
+        if then is not None and outcome.ok:
+            then(outcome)
+            if not outcome.unchanged:
+                # Conditional, so a registration or schedule edit made meanwhile still counts.
+                Cluster.objects.filter(pk=cluster.pk, observed_digest=cluster.observed_digest).update(
+                    observed_digest=observed.digest if outcome.settled else ""
+                )
+        outcomes.append(outcome)
+
+    def guarded(cluster: Cluster, step: Callable[[], None]) -> None:
         try:
-            outcome = _sync_one(cluster, observed, duration_ms)
-            if outcome is None:
-                continue
-            if then is not None and outcome.ok:
-                then(outcome)
-                if not outcome.unchanged:
-                    # Conditional, so a registration or schedule edit made meanwhile still counts.
-                    Cluster.objects.filter(pk=cluster.pk, observed_digest=cluster.observed_digest).update(
-                        observed_digest=observed.digest if outcome.settled else ""
-                    )
+            step()
         except Exception:
             # One cluster's failure stays its own, as when every cluster had a task of its own.
             log.exception("sync of cluster %s failed", cluster.pk)
-            continue
-        outcomes.append(outcome)
+
+    def flush() -> None:
+        stamped = _stamp_unchanged(unchanged)
+        for cluster, observed, duration_ms, _ in unchanged:
+            if cluster.pk in stamped:
+                outcome = SyncOutcome(cluster.pk, ok=True, unchanged=True, cluster=cluster, observation=observed)
+                guarded(cluster, lambda: settle(cluster, observed, outcome))
+            else:  # its row changed while it was read: applied in full
+                guarded(cluster, lambda: settle(cluster, observed, _sync_one(cluster, observed, duration_ms)))
+        unchanged.clear()
+
+    for cluster, observed, duration_ms, more in _observations(Cluster.objects.filter(pk__in=list(cluster_ids))):
+        refreshed = _unchanged(cluster, observed)
+        if refreshed is not None:
+            unchanged.append((cluster, observed, duration_ms, refreshed))
+        else:
+            guarded(cluster, lambda: settle(cluster, observed, _sync_one(cluster, observed, duration_ms)))
+        if unchanged and (not more or len(unchanged) >= STAMP_BATCH):
+            flush()
     return outcomes
+
+
+# Unchanged clusters stamped in one UPDATE: enough to make the statement's cost per cluster small,
+# few enough that no cluster's steps wait long behind others.
+STAMP_BATCH = 100
+
+
+def _unchanged(cluster: Cluster, observed) -> bool | None:
+    """None when the answers must be applied; else whether a reading of the nodes taken with them
+    says what the stored one says (its time then moves). A reading that differs is applied in full,
+    since findings read it."""
+    if isinstance(observed, Exception) or cluster.reachability != Reachability.OK:
+        return None
+    if not cluster.observed_digest or cluster.observed_digest != observed.digest:
+        return None
+    resources = _node_resources(cluster, observed)
+    if resources is None:
+        return False
+    if resources == {} or resources == cluster.node_resources:
+        return True
+    return None
+
+
+def _stamp_unchanged(unchanged: list) -> set[int]:
+    """One UPDATE of the sync stamps of clusters whose answers were unchanged, each still on the
+    condition that its row is as it was read (same digest, reachable): the ids it stamped."""
+    if not unchanged:
+        return set()
+    now = timezone.now()
+    condition = Q()
+    for cluster, observed, _, _ in unchanged:
+        condition |= Q(pk=cluster.pk, observed_digest=observed.digest)
+    refreshed = [cluster.pk for cluster, _, _, fresh in unchanged if fresh]
+    rows = Cluster.objects.filter(condition, reachability=Reachability.OK)
+    stamped = rows.update(
+        last_sync_at=now,
+        last_sync_duration_ms=Case(
+            *(When(pk=cluster.pk, then=Value(ms)) for cluster, _, ms, _ in unchanged),
+            output_field=IntegerField(),
+        ),
+        node_resources_at=Case(When(pk__in=refreshed, then=Value(now)), default=F("node_resources_at")),
+    )
+    if stamped == len(unchanged):
+        return {cluster.pk for cluster, *_ in unchanged}
+    # Rare: a row changed while its dashboard was read. Which ones were stamped is read back.
+    ids = [cluster.pk for cluster, *_ in unchanged]
+    return set(Cluster.objects.filter(pk__in=ids, last_sync_at=now).values_list("pk", flat=True))
 
 
 def apply_in_full_next(clusters) -> None:
@@ -142,19 +212,6 @@ def _sync_one(cluster: Cluster, observed: Observation | Exception, duration_ms: 
         mark_unreachable(cluster, observed, at=timezone.now())
         return SyncOutcome(cluster.pk, ok=False, error=observed.message)
     resources = _node_resources(cluster, observed)
-    if cluster.observed_digest == observed.digest and cluster.reachability == Reachability.OK:
-        now = timezone.now()
-        stamps = {"last_sync_at": now, "last_sync_duration_ms": duration_ms}
-        # A new reading of the nodes that says what the last one said only moves its time; one
-        # that differs is applied in full, since findings read it.
-        if resources == {} or resources == cluster.node_resources:
-            stamps["node_resources_at"] = now
-        if resources is None or "node_resources_at" in stamps:
-            stamped = Cluster.objects.filter(
-                pk=cluster.pk, observed_digest=observed.digest, reachability=Reachability.OK
-            ).update(**stamps)
-            if stamped:
-                return SyncOutcome(cluster.pk, ok=True, unchanged=True, cluster=cluster, observation=observed)
     try:
         version, serve = _version(cluster, observed), observed.serve()
     except RayError as exc:
@@ -203,16 +260,17 @@ def _node_resources(cluster: Cluster, observed: Observation) -> dict | None:
     return {ip: {name: list(figures) for name, figures in sorted(res.items())} for ip, res in sorted(usage.items())}
 
 
-def _observations(clusters: Iterable[Cluster]) -> Iterator[tuple[Cluster, Observation | Exception, int]]:
-    """(cluster, what its dashboard answered or the error, milliseconds it took), in the order the
-    answers arrive. The reads run on an event loop in a thread of their own; the ORM stays in this one."""
+def _observations(clusters: Iterable[Cluster]) -> Iterator[tuple[Cluster, Observation | Exception, int, bool]]:
+    """(cluster, what its dashboard answered or the error, milliseconds it took, whether another
+    answer is already waiting), in the order the answers arrive. The reads run on an event loop in
+    a thread of their own; the ORM stays in this one."""
     readers = []
     # Dashboards that failed last time first: a hung one's timeout then overlaps the others' reads.
     for cluster in sorted(clusters, key=lambda c: c.reachability == Reachability.OK):
         try:
             readers.append((cluster, async_dashboard_for(cluster)))
         except SecretUnreadable as exc:
-            yield cluster, exc, 0
+            yield cluster, exc, 0, True
     answers: queue.SimpleQueue = queue.SimpleQueue()
 
     async def read(cluster, ray, limit: asyncio.Semaphore) -> None:
@@ -235,9 +293,9 @@ def _observations(clusters: Iterable[Cluster]) -> Iterator[tuple[Cluster, Observ
     thread = threading.Thread(target=asyncio.run, args=(read_all(),), name="sync-reads", daemon=True)
     thread.start()
     try:
-        for _ in readers:
+        for left in range(len(readers) - 1, -1, -1):
             cluster, result, duration_ms = answers.get()
-            yield cluster, result, duration_ms
+            yield cluster, result, duration_ms, left > 0 and not answers.empty()
     finally:
         thread.join()
 

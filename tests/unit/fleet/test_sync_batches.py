@@ -40,17 +40,52 @@ def synced(clusters) -> list[int]:
     return ids
 
 
-def test_an_unchanged_cluster_costs_one_update_and_the_batch_three_queries(fleet):
+def test_unchanged_clusters_cost_at_most_one_update_each_and_the_batch_three_queries(fleet):
     ids = synced(fleet)
 
     with CaptureQueriesContext(connection) as queries:
         tasks.sync_batch(ids)
 
     updates = [q["sql"] for q in queries if q["sql"].startswith("UPDATE")]
-    assert len(updates) == len(fleet) and all('"last_sync_at"' in sql for sql in updates)
+    # Stamped together when their answers arrive together; never more than one each.
+    assert 1 <= len(updates) <= len(fleet) and all('"last_sync_at"' in sql for sql in updates)
+    assert Cluster.objects.filter(pk__in=ids, last_sync_at__gte=timezone.now() - timedelta(seconds=30)).count() == 5
     # The batch's own: its clusters, quiet incidents, Kubernetes links.
-    assert len(queries) == len(fleet) + 3
-    assert len(queries) <= 2 * len(fleet)
+    assert len(queries) == len(updates) + 3
+
+
+def test_unchanged_clusters_whose_answers_wait_together_are_stamped_in_one_update(fleet, monkeypatch):
+    ids = synced(fleet)
+    observations = sync._observations
+
+    def all_waiting(clusters):
+        answers = list(observations(clusters))
+        for index, (cluster, observed, duration_ms, _) in enumerate(answers):
+            yield cluster, observed, duration_ms, index < len(answers) - 1
+
+    monkeypatch.setattr(sync, "_observations", all_waiting)
+    with CaptureQueriesContext(connection) as queries:
+        outcomes = sync.sync_and_announce(ids)
+
+    assert all(outcome.unchanged for outcome in outcomes) and len(outcomes) == len(fleet)
+    assert len([q for q in queries if q["sql"].startswith("UPDATE")]) == 1
+
+
+def test_a_row_changed_while_its_answer_waited_is_applied_in_full_and_the_rest_stamped(fleet, monkeypatch):
+    ids = synced(fleet)
+    observations = sync._observations
+
+    def one_edited(clusters):
+        answers = list(observations(clusters))
+        Cluster.objects.filter(pk=fleet[3].pk).update(observed_digest="")  # e.g. its registration edited
+        for index, (cluster, observed, duration_ms, _) in enumerate(answers):
+            yield cluster, observed, duration_ms, index < len(answers) - 1
+
+    monkeypatch.setattr(sync, "_observations", one_edited)
+    outcomes = {outcome.cluster_id: outcome for outcome in sync.sync_and_announce(ids)}
+
+    assert not outcomes[fleet[3].pk].unchanged and outcomes[fleet[3].pk].ok
+    assert all(outcomes[cluster.pk].unchanged for cluster in fleet if cluster != fleet[3])
 
 
 def test_the_tick_claims_any_number_of_clusters_in_two_queries(fleet):
@@ -307,9 +342,9 @@ def test_a_digest_cleared_while_the_dashboards_were_read_still_applies_in_full_w
     observations = sync._observations
 
     def cleared_meanwhile(clusters):
-        for cluster, observed, duration_ms in observations(clusters):
+        for cluster, observed, duration_ms, more in observations(clusters):
             Cluster.objects.filter(pk=cluster.pk).update(observed_digest="")  # e.g. a new recycle schedule
-            yield cluster, observed, duration_ms
+            yield cluster, observed, duration_ms, more
 
     monkeypatch.setattr(sync, "_observations", cleared_meanwhile)
     outcomes = sync.sync_and_announce(ids)
