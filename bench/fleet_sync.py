@@ -85,7 +85,9 @@ def measure(n: int, args) -> dict:
                 "FLEETDECK_LOG_LEVEL": "ERROR",
                 "FLEETDECK_VAR_DIR": var,
             }
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+            # A first sync of 10,000 clusters alone takes several minutes on 2 cores.
+            limit_s = max(900, n * 0.6)
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=limit_s)
     finally:
         shutil.rmtree(var, ignore_errors=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
@@ -182,7 +184,7 @@ class Statements:
             key = f"{verb} {table}"
             if verb == "UPDATE":
                 assignments = sql.split(" SET ", 1)[1].split(" WHERE ", 1)[0]
-                key += " SET " + ", ".join(re.findall(r'"(\w+)" = ', assignments))
+                key += " SET " + ", ".join(re.findall(r'(?:^|, )"(\w+)" = ', assignments))
             self.writes[key] += 1
         return execute(sql, params, many, context)
 
