@@ -336,6 +336,10 @@ KEPT = (
 )
 
 
+# What a scrape parses at all: the readings' series and the per-process memory they pick replicas from.
+SCRAPED = frozenset((*KEPT, COMPONENT_RSS))
+
+
 def relevant(scrape: Scrape) -> Scrape:
     """Only the series the readings use: a busy node exposes ~760 KB, we keep a few KB."""
     return Scrape(
@@ -428,7 +432,13 @@ def compact(
     summarized = []
     for bucket in sorted(old):
         group = old[bucket]
-        summary = {"t": group[-1]["t"], "summary": len(group)}
+        if len(group) == 1 and "summary" in group[0]:
+            # Summarised when it aged past `raw_s`: a summary of one summary is itself.
+            summarized.append(group[0])
+            continue
+        # A bucket gains one aged raw point per reading: a summary so far counts as the readings it holds.
+        weights = [g.get("summary", 1) for g in group]
+        summary = {"t": group[-1]["t"], "summary": sum(weights)}
         for key in {k for g in group for k in g} - {"t", "summary"}:
             values = [g[key] for g in group if isinstance(g.get(key), (int, float))]
             if key in SUMMED_BY_KEY:
@@ -440,7 +450,8 @@ def compact(
             elif key in SUMMED:
                 summary[key] = sum(values)
             elif key in AVERAGED:
-                summary[key] = round(sum(values) / len(values), 3) if values else None
+                pairs = [(g[key], w) for g, w in zip(group, weights) if isinstance(g.get(key), (int, float))]
+                summary[key] = round(sum(v * w for v, w in pairs) / sum(w for _, w in pairs), 3) if pairs else None
             else:
                 summary[key] = max(values) if values else None
         summarized.append(summary)

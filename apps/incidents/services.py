@@ -101,7 +101,9 @@ def _metrics_evidence(cluster: Cluster) -> dict:
     try:
         reading = metric_readings.read(
             ray_metrics.Scrape(at=0),
-            ray_metrics.scrape(cluster.metrics_url, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S),
+            ray_metrics.scrape(
+                cluster.metrics_url, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S, names=metric_readings.SCRAPED
+            ),
         )
     except ray_metrics.MetricsUnavailable as exc:
         return {"metrics_warning": exc.message}
@@ -347,7 +349,9 @@ def _scrape_reading(cluster: Cluster):
     state = ScrapeState.objects.filter(cluster=cluster).first()
     try:
         current = metric_readings.relevant(
-            ray_metrics.scrape(cluster.metrics_url, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S)
+            ray_metrics.scrape(
+                cluster.metrics_url, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S, names=metric_readings.SCRAPED
+            )
         )
     except ray_metrics.MetricsUnavailable as exc:
         ScrapeState.objects.update_or_create(

@@ -133,7 +133,7 @@ def test_a_stuck_engine_behind_a_healthy_replica_opens_an_incident_on_its_deploy
     llm_deployment(cluster)
     frozen = dict(running=0, waiting=6, kv=0.2, generated=5000, preempted=0, ttft={0.5: 40})
     scrapes = iter(scrape(100.0 + 30 * i, engine("w1", **frozen)) for i in range(5))
-    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s: next(scrapes))
+    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
 
     touched = [services.collect_metrics(cluster.pk) for _ in range(4)]
 

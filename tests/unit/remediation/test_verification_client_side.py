@@ -174,7 +174,7 @@ def cluster(team):
 def test_collected_points_of_every_deployment_carry_what_the_applications_clients_saw(cluster, monkeypatch):
     base = metrics(HEALTHY, at=1000)
     scrapes = iter([base, proxy_answers(base, 1030, {"200": 44, "503": 690, "500": 4}, bucket_ms=5000.0)])
-    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s: next(scrapes))
+    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
     services.collect_metrics(cluster.pk)
     services.collect_metrics(cluster.pk)
     for dep in ("Model", "Echo"):
