@@ -423,11 +423,15 @@ def compact(
     points: list[dict], now: float, *, raw_s: float = 3600, bucket_s: float = 300, retention_s: float = 86400
 ) -> list[dict]:
     """Raw points for `raw_s`, then one point per `bucket_s`, nothing older than `retention_s`.
-    Summaries keep the worst of gauges and latencies, the sum of counts (per status code too), the mean of rates."""
-    recent = [p for p in points if p["t"] >= now - raw_s]
+    Summaries keep the worst of gauges and latencies, the sum of counts (per status code too), the mean of rates.
+    A raw point is summarised with its whole bucket, once all of it is older than `raw_s` (so the
+    raw part spans up to `raw_s + bucket_s`): the summaries then change once a bucket, not at every
+    reading, and a window stored in two parts (incidents.models.Window) rewrites only the raw one."""
+    cutoff = (now - raw_s) // bucket_s * bucket_s
+    recent = [p for p in points if p["t"] >= cutoff]
     old: dict[int, list[dict]] = {}
     for p in points:
-        if now - retention_s <= p["t"] < now - raw_s:
+        if now - retention_s <= p["t"] < cutoff:
             old.setdefault(int(p["t"] // bucket_s), []).append(p)
     summarized = []
     for bucket in sorted(old):

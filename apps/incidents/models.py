@@ -135,15 +135,43 @@ class IncidentEvent(models.Model):
         ordering = ["at", "id"]
 
 
-class SignalWindow(models.Model):
+class Window(models.Model):
+    """Signal points in time order, in two columns: `recent`, the raw readings of the last hour,
+    rewritten by every reading, and `summaries`, one point per 5 minutes before that, which
+    change only when a 5-minute bucket leaves the hour or the retention. PostgreSQL keeps a large
+    value out of line and an UPDATE that does not set it keeps it as it is, so a reading writes
+    the hour, not the day."""
+
+    recent = models.JSONField(default=list)
+    summaries = models.JSONField(default=list)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        abstract = True
+
+    @property
+    def points(self) -> list[dict]:
+        return [*self.summaries, *self.recent]
+
+    @points.setter
+    def points(self, points: list[dict]) -> None:
+        self.summaries = [p for p in points if "summary" in p]
+        self.recent = [p for p in points if "summary" not in p]
+
+    def save_points(self, points: list[dict]) -> None:
+        """Store `points` (a compacted window), writing only the columns that changed."""
+        summaries = self.summaries
+        self.points = points
+        self.save(update_fields=["recent", "updated_at", *(["summaries"] if self.summaries != summaries else [])])
+
+
+class SignalWindow(Window):
     """A deployment's recent signal points, one row per deployment: raw readings for the last
     hour, 5-minute summaries before that, nothing past the retention."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="signal_windows")
     application_name = models.CharField(max_length=200)
     deployment_name = models.CharField(max_length=200)
-    points = models.JSONField(default=list)
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         constraints = [
@@ -153,13 +181,11 @@ class SignalWindow(models.Model):
         ]
 
 
-class NodeWindow(models.Model):
+class NodeWindow(Window):
     """A node's recent memory readings (fraction of total, GPU memory when Ray reports it)."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="node_windows")
     node_ip = models.CharField(max_length=64)
-    points = models.JSONField(default=list)
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["cluster", "node_ip"], name="one_window_per_node")]

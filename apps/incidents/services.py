@@ -382,8 +382,7 @@ def _apply_reading(cluster: Cluster, at: float, reading: metric_readings.Reading
     touched, pressure = [], False
     for ip, node in sorted(reading.nodes.items()):
         window, _ = NodeWindow.objects.get_or_create(cluster=cluster, node_ip=ip)
-        window.points = metric_readings.compact([*window.points, metric_readings.node_point(at, node)], now=at)
-        window.save(update_fields=["points", "updated_at"])
+        window.save_points(metric_readings.compact([*window.points, metric_readings.node_point(at, node)], now=at))
         for finding in (
             detectors.memory_pressure(window.points),
             detectors.memory_pressure(window.points, key="gpu"),
@@ -404,8 +403,7 @@ def _apply_reading(cluster: Cluster, at: float, reading: metric_readings.Reading
         point = metric_readings.point(
             at, reading.seconds, values, reading.applications.get(app), engines.get((app, dep))
         )
-        window.points = metric_readings.compact([*window.points, point], now=at)
-        window.save(update_fields=["points", "updated_at"])
+        window.save_points(metric_readings.compact([*window.points, point], now=at))
         if stuck := detectors.engine_stuck(window.points):
             touched.append(_record_engine_stuck(cluster, app, dep, stuck, window.points))
         finding = detectors.latency_spike(window.points)
