@@ -16,7 +16,14 @@ from controlplane.celery import app
 from workers import tasks
 
 REPO = Path(__file__).resolve().parents[3]
-IDEMPOTENT = [tasks.sync_cluster, tasks.tick, tasks.reconcile_change, tasks.poll_calibration, tasks.inspect_kubernetes]
+IDEMPOTENT = [
+    tasks.sync_cluster,
+    tasks.sync_batch,
+    tasks.tick,
+    tasks.reconcile_change,
+    tasks.poll_calibration,
+    tasks.inspect_kubernetes,
+]
 # A second run would push twice, recycle twice or notify twice; their rows carry the recovery.
 ONCE = [tasks.run_change, tasks.run_maintenance, tasks.deliver_webhook]
 
