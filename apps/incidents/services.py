@@ -51,7 +51,7 @@ def on_cluster_synced(sender, cluster_id: int, outcome, **kwargs) -> None:
     # OOM evidence lives in the state API, not in Serve's status: the sync reads the dead actors
     # with every sync, and when they are as the last applied sync read them there is nothing new.
     if not outcome.unchanged:
-        detect(cluster_id, outcome.observation)
+        detect(cluster_id, outcome.observation, resolve=False)
     # A metrics reading is a reading of now, for the latency detectors: taken with every sync.
     if outcome.cluster.has_metrics_source:
         collect_metrics(cluster_id)
@@ -63,9 +63,10 @@ def on_batch_synced(sender, outcomes, **kwargs) -> None:
         resolve_quiet()
 
 
-def detect(cluster_id: int, observation: Observation | None = None) -> list[int]:
+def detect(cluster_id: int, observation: Observation | None = None, *, resolve: bool = True) -> list[int]:
     """Read OOM evidence from the state API (or from the dead actors a sync read) and open or
-    extend incidents. Returns incident ids touched."""
+    extend incidents, then resolve quiet ones unless `resolve` is False (a batch sync resolves
+    them once for all its clusters). Returns incident ids touched."""
     cluster = Cluster.objects.filter(pk=cluster_id, reachability=Reachability.OK).first()
     if cluster is None:
         return []
@@ -90,7 +91,8 @@ def detect(cluster_id: int, observation: Observation | None = None) -> list[int]
     touched = [
         _record_oom(cluster, app, dep, kills, crowded, metrics) for (app, dep), kills in sorted(by_deployment.items())
     ]
-    resolve_quiet()
+    if resolve:
+        resolve_quiet()
     return touched
 
 
