@@ -3,9 +3,10 @@ from rest_framework import serializers, viewsets
 from apps.accounts import access
 from apps.accounts.models import AuditEvent
 from controlplane.pagination import PageOrKeysetPagination
+from controlplane.rows import FastRows
 
 
-class AuditEventSerializer(serializers.ModelSerializer):
+class AuditEventSerializer(FastRows, serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
 
     class Meta:

@@ -17,6 +17,7 @@ from apps.changes.validation import parse_options_text, preset_or_options, valid
 from apps.clusters.models import Cluster
 from apps.fleet import client_impact
 from apps.fleet.models import ConfigRevision
+from controlplane.rows import FastRows
 
 
 class PresetSerializer(serializers.ModelSerializer):
@@ -110,13 +111,13 @@ class PresetViewSet(viewsets.ModelViewSet):
         return Response(PresetSerializer(clone).data, status=status.HTTP_201_CREATED)
 
 
-class ChangeStepSerializer(serializers.ModelSerializer):
+class ChangeStepSerializer(FastRows, serializers.ModelSerializer):
     class Meta:
         model = ChangeStep
         fields = ["at", "state", "message"]
 
 
-class ChangeSerializer(serializers.ModelSerializer):
+class ChangeSerializer(FastRows, serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     preset = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
     created_by = serializers.CharField(source="created_by.username", read_only=True, default=None, allow_null=True)
@@ -396,7 +397,7 @@ class RolloutChangeSerializer(serializers.ModelSerializer):
         }
 
 
-class RolloutSerializer(serializers.ModelSerializer):
+class RolloutSerializer(FastRows, serializers.ModelSerializer):
     preset = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
     changes = RolloutChangeSerializer(many=True, read_only=True, help_text="The changes on clusters of your teams.")
     error = serializers.SerializerMethodField(

@@ -16,9 +16,10 @@ from apps.fleet.scaling_history import scaling_series
 from apps.remediation.models import Finding
 from apps.remediation.rules import WHY_NOT_AT_TARGET
 from controlplane.pagination import PageOrKeysetPagination
+from controlplane.rows import FastRows
 
 
-class ApplicationSerializer(serializers.ModelSerializer):
+class ApplicationSerializer(FastRows, serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
 
     class Meta:
@@ -41,7 +42,7 @@ class ApplicationSerializer(serializers.ModelSerializer):
         ]
 
 
-class DeploymentSerializer(serializers.ModelSerializer):
+class DeploymentSerializer(FastRows, serializers.ModelSerializer):
     cluster = serializers.IntegerField(source="application.cluster_id", read_only=True)
     application_name = serializers.CharField(source="application.name", read_only=True)
     llm = serializers.SerializerMethodField(
@@ -93,7 +94,7 @@ class LLMPlanInputsSerializer(serializers.Serializer):
     model_config = serializers.DictField(required=False, allow_null=True, help_text="The model's config.json")
 
 
-class ConfigRevisionSerializer(serializers.ModelSerializer):
+class ConfigRevisionSerializer(FastRows, serializers.ModelSerializer):
     application_name = serializers.CharField(source="application.name", read_only=True)
 
     class Meta:

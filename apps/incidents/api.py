@@ -17,11 +17,12 @@ from apps.incidents.filters import IncidentFilter
 from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, PodKillRecord, Webhook, WebhookDelivery
 from apps.incidents.timeline import related_work, related_work_for
 from controlplane.pagination import PageOrKeysetPagination
+from controlplane.rows import FastRows
 
 RECENT_DELIVERIES = 10
 
 
-class OomKillSerializer(serializers.ModelSerializer):
+class OomKillSerializer(FastRows, serializers.ModelSerializer):
     class Meta:
         model = OomKillRecord
         fields = [
@@ -36,7 +37,7 @@ class OomKillSerializer(serializers.ModelSerializer):
         ]
 
 
-class PodKillSerializer(serializers.ModelSerializer):
+class PodKillSerializer(FastRows, serializers.ModelSerializer):
     class Meta:
         model = PodKillRecord
         fields = [
@@ -53,7 +54,7 @@ class PodKillSerializer(serializers.ModelSerializer):
         ]
 
 
-class EventSerializer(serializers.ModelSerializer):
+class EventSerializer(FastRows, serializers.ModelSerializer):
     author = serializers.CharField(source="author.username", default=None, read_only=True, allow_null=True)
 
     class Meta:
@@ -68,7 +69,7 @@ class IncidentListSerializer(serializers.ListSerializer):
         return super().to_representation(incidents)
 
 
-class IncidentSerializer(serializers.ModelSerializer):
+class IncidentSerializer(FastRows, serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     related_work = serializers.SerializerMethodField(
         help_text="What happened around the incident: changes, maintenance runs, cluster and Serve controller "

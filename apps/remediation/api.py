@@ -14,9 +14,10 @@ from apps.remediation import findings, remedy_checks, verification, wizards
 from apps.remediation.filters import FindingFilter
 from apps.remediation.models import Finding, Wizard, WizardStep
 from apps.remediation.rules import BY_ID
+from controlplane.rows import FastRows
 
 
-class FindingSerializer(serializers.ModelSerializer):
+class FindingSerializer(FastRows, serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     title = serializers.SerializerMethodField()
     why = serializers.SerializerMethodField()
