@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import Prefetch
 from django.db.models.manager import BaseManager
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -116,6 +116,26 @@ class IncidentSerializer(FastRows, serializers.ModelSerializer):
         return [{**item, "at": item["at"].isoformat()} for item in items]
 
 
+# What the default list and the detail show and a summary row leaves out: reading them costs five
+# queries a page and most of its Python time (the related work reads every change, run, event and
+# revision of the page's clusters).
+HEAVY_FIELDS = ("evidence", "oom_kills", "pod_kills", "timeline", "related_work")
+
+
+class IncidentSummarySerializer(FastRows, serializers.ModelSerializer):
+    """An incident as `incidents?view=summary` lists it: every field of the default list but the
+    heavy ones (`evidence`, `oom_kills`, `pod_kills`, `timeline`, `related_work`), which the detail
+    (`incidents/ID/`) always has. Added in Fleetdeck 0.x (issue 19) for clients that poll the list;
+    the default list keeps its shape."""
+
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+
+    class Meta:
+        model = Incident
+        fields = [f for f in IncidentSerializer.Meta.fields if f not in HEAVY_FIELDS]
+        read_only_fields = fields
+
+
 class NoteSerializer(serializers.Serializer):
     text = serializers.CharField(max_length=4000)
 
@@ -127,13 +147,38 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = IncidentFilter
     pagination_class = PageOrKeysetPagination
 
+    def _summary(self) -> bool:
+        return self.action == "list" and self.request.query_params.get("view") == "summary"
+
     def get_queryset(self):
-        return (
-            access.visible(self.request.user, Incident)
-            .select_related("cluster")
-            .prefetch_related("oom_kills", "pod_kills", "timeline__author")
-            .order_by("-last_signal_at", "-id")
-        )
+        incidents = access.visible(self.request.user, Incident).order_by("-last_signal_at", "-id")
+        if self._summary():
+            return incidents.select_related("cluster").only(
+                *(f.name for f in Incident._meta.concrete_fields if f.name != "evidence"), "cluster__name"
+            )
+        return incidents.select_related("cluster").prefetch_related("oom_kills", "pod_kills", "timeline__author")
+
+    def get_serializer_class(self):
+        return IncidentSummarySerializer if self._summary() else IncidentSerializer
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "view",
+                str,
+                enum=["summary"],
+                description="`summary`: each incident without `evidence`, `oom_kills`, `pod_kills`, `timeline` and "
+                "`related_work`, several times cheaper a page; the detail always has them.",
+            )
+        ],
+        responses=PolymorphicProxySerializer(
+            "IncidentListItem",
+            serializers=[IncidentSerializer, IncidentSummarySerializer],
+            resource_type_field_name=None,
+        ),
+    )
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
 
     def _transition(self, request, status):
         incident = self.get_object()
