@@ -17,7 +17,7 @@ from apps.changes.validation import parse_options_text, preset_or_options, valid
 from apps.clusters.models import Cluster
 from apps.fleet import client_impact
 from apps.fleet.models import ConfigRevision
-from controlplane.rows import FastRows
+from controlplane.rows import FastRows, narrow
 
 
 class PresetSerializer(serializers.ModelSerializer):
@@ -268,8 +268,11 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
             .prefetch_related("steps")
             .order_by("-created_at", "-id")
         )
-        # The serializer shows no config; the actions push and restore them.
-        return changes.defer(*Change.CONFIGS) if self.action == "list" else changes
+        if self.action != "list":
+            return changes
+        # The serializer shows no config (the actions push and restore them) and one name of each related row.
+        related = ("cluster__name", "preset__slug", "created_by__username", "applied_by__username")
+        return narrow(changes, *related).defer(*Change.CONFIGS)
 
     @extend_schema(request=PlanSerializer, responses={201: ChangeSerializer})
     def create(self, request, *args, **kwargs):

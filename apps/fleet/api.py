@@ -16,7 +16,7 @@ from apps.fleet.scaling_history import scaling_series
 from apps.remediation.models import Finding
 from apps.remediation.rules import WHY_NOT_AT_TARGET
 from controlplane.pagination import PageOrKeysetPagination
-from controlplane.rows import FastRows
+from controlplane.rows import FastRows, narrow
 
 
 class ApplicationSerializer(FastRows, serializers.ModelSerializer):
@@ -119,9 +119,10 @@ class ApplicationViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["name", "status", "updated_at"]
 
     def get_queryset(self):
-        return (
+        applications = (
             access.visible(self.request.user, Application).select_related("cluster").order_by("cluster__name", "name")
         )
+        return narrow(applications, "cluster__name") if self.action == "list" else applications
 
 
 class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
@@ -132,12 +133,17 @@ class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["name", "status", "updated_at", "max_ongoing_requests"]
 
     def get_queryset(self):
-        return (
+        deployments = (
             access.visible(self.request.user, Deployment)
             .select_related("application")
             .prefetch_related(llm.live_deployments())
             .order_by("application__cluster__name", "application__name", "name")
         )
+        if self.action != "list":
+            return deployments
+        # The row shows the application's name and cluster; `llm.describe` reads its import path and config.
+        related = ("name", "cluster", "import_path", "deployed_app_config")
+        return narrow(deployments, *(f"application__{field}" for field in related))
 
     @extend_schema(
         responses=inline_serializer(
@@ -203,11 +209,12 @@ class ConfigRevisionViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["observed_at"]
 
     def get_queryset(self):
-        return (
+        revisions = (
             access.visible(self.request.user, ConfigRevision)
             .select_related("application")
             .order_by("-observed_at", "-id")
         )
+        return narrow(revisions, "application__name") if self.action == "list" else revisions
 
     @extend_schema(
         parameters=[

@@ -17,7 +17,7 @@ from apps.incidents.filters import IncidentFilter
 from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, PodKillRecord, Webhook, WebhookDelivery
 from apps.incidents.timeline import related_work, related_work_for
 from controlplane.pagination import PageOrKeysetPagination
-from controlplane.rows import FastRows
+from controlplane.rows import FastRows, narrow
 
 RECENT_DELIVERIES = 10
 
@@ -152,11 +152,11 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         incidents = access.visible(self.request.user, Incident).order_by("-last_signal_at", "-id")
+        incidents = incidents.select_related("cluster")
         if self._summary():
-            return incidents.select_related("cluster").only(
-                *(f.name for f in Incident._meta.concrete_fields if f.name != "evidence"), "cluster__name"
-            )
-        return incidents.select_related("cluster").prefetch_related("oom_kills", "pod_kills", "timeline__author")
+            return narrow(incidents, "cluster__name").defer("evidence")
+        incidents = incidents.prefetch_related("oom_kills", "pod_kills", "timeline__author")
+        return narrow(incidents, "cluster__name") if self.action == "list" else incidents
 
     def get_serializer_class(self):
         return IncidentSummarySerializer if self._summary() else IncidentSerializer
