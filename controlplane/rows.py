@@ -19,7 +19,7 @@ from typing import Any
 from django.core.exceptions import ObjectDoesNotExist
 from django.db.models.manager import BaseManager
 from rest_framework import relations, serializers
-from rest_framework.fields import empty, is_simple_callable
+from rest_framework.fields import SkipField, empty, is_simple_callable
 
 DRF_WALK = False
 SKIP = object()
@@ -31,14 +31,33 @@ class FastRows:
     """Mixin for read-only (Model)Serializers; put it first: `class X(FastRows, serializers.ModelSerializer)`."""
 
     def to_representation(self, instance):
+        return self.write_row(instance)
+
+    def write_row(self, instance, given: dict | None = None) -> dict:
+        """The row; `given` names fields whose values the caller has (they are not read)."""
         if DRF_WALK:
-            return super().to_representation(instance)
+            return super().to_representation(instance) if not given else self._walk_except(instance, given)
         plan = type(self).__dict__.get("_row_plan") or _compile(type(self))
         row = {}
         for name, write in plan:
-            value = write(self, instance)
+            value = given[name] if given and name in given else write(self, instance)
             if value is not SKIP:
                 row[name] = value
+        return row
+
+    def _walk_except(self, instance, given: dict) -> dict:
+        row = {}
+        for name, field in self.fields.items():
+            if field.write_only:
+                continue
+            if name in given:
+                row[name] = given[name]
+                continue
+            try:
+                attribute = field.get_attribute(instance)
+            except SkipField:
+                continue
+            row[name] = None if attribute is None else field.to_representation(attribute)
         return row
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models.manager import BaseManager
 from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -400,6 +401,30 @@ class RolloutChangeSerializer(serializers.ModelSerializer):
         }
 
 
+class RolloutListSerializer(serializers.ListSerializer):
+    """A page of rollouts reads their changes as plain rows in one query (`rollouts.change_rows_seen_by`)
+    instead of prefetching them as objects; each rollout writes what the prefetch would have."""
+
+    def to_representation(self, data):
+        page = list(data.all() if isinstance(data, BaseManager) else data)
+        self.context["change_rows"] = rollouts.change_rows_seen_by(self.context["request"].user, page)
+        return super().to_representation(page)
+
+
+def _change_row(row: dict) -> dict:
+    """What `RolloutChangeSerializer` writes, from a row of `rollouts.change_rows_seen_by`."""
+    return {
+        "id": row["id"],
+        "cluster": row["cluster"],
+        "cluster_name": row["cluster__name"],
+        "wave": row["wave"],
+        "targets": row["targets"],
+        "state": row["state"],
+        "error": row["error"],
+        "client_impact": client_impact.public(row["client_impact"]),
+    }
+
+
 class RolloutSerializer(FastRows, serializers.ModelSerializer):
     preset = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
     changes = RolloutChangeSerializer(many=True, read_only=True, help_text="The changes on clusters of your teams.")
@@ -425,6 +450,18 @@ class RolloutSerializer(FastRows, serializers.ModelSerializer):
             "changes",
         ]
         read_only_fields = fields
+        list_serializer_class = RolloutListSerializer
+
+    def to_representation(self, rollout):
+        rows = self.context.get("change_rows")
+        if rows is None or rollout.pk not in rows:
+            return super().to_representation(rollout)
+        mine = rows[rollout.pk]
+        given = {
+            "error": rollouts.error_cut_to(rollout, {change["cluster__name"] for change in mine}, len(mine)),
+            "changes": [_change_row(change) for change in mine],
+        }
+        return self.write_row(rollout, given)
 
     def get_error(self, rollout: Rollout) -> str:
         return rollouts.error_seen_by(rollout)
@@ -492,7 +529,8 @@ class RolloutViewSet(
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user
             return Rollout.objects.none()
         visible = access.visible(self.request.user, Rollout).select_related("preset")
-        seen = rollouts.counted_for if self._counts_only() else rollouts.seen_by
+        # A list reads its changes as rows (RolloutListSerializer); the detail and actions prefetch them.
+        seen = rollouts.counted_for if self.action == "list" else rollouts.seen_by
         return seen(self.request.user, visible).order_by("-created_at", "-id")
 
     def get_serializer_class(self):

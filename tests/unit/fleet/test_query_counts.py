@@ -287,3 +287,15 @@ def test_the_openapi_schema_documents_the_incident_summary(client):
     assert any(p["name"] == "view" and p["schema"].get("enum") == ["summary"] for p in listing["parameters"])
     assert "IncidentSummary" in schema["components"]["schemas"]
     assert "evidence" not in schema["components"]["schemas"]["IncidentSummary"]["properties"]
+
+
+def test_the_rollout_list_shows_each_rollout_as_its_detail_does(api_as, people, team):
+    add_rows(team, people["admin"], 3)
+    rollout = Rollout.objects.first()
+    Change.objects.filter(pk__in=Change.objects.order_by("id").values("id")[:2]).update(rollout=rollout, wave=1)
+    Rollout.objects.filter(pk=rollout.pk).update(error="row-000: change #1 rolled back; elsewhere: change #9 failed")
+    client = api_as("admin")
+    listed = client.get(reverse("rollout-list")).json()["results"]
+    assert any(len(row["changes"]) >= 2 for row in listed)
+    for row in listed:
+        assert row == client.get(reverse("rollout-detail", args=[row["id"]])).json()
