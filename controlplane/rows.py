@@ -64,19 +64,24 @@ class FastRows:
 def _compile(cls) -> list[tuple[str, Writer]]:
     probe = cls()
     model = getattr(getattr(cls, "Meta", None), "model", None)
-    plan = [(name, _writer(field, model)) for name, field in probe.fields.items() if not field.write_only]
+    prefetched = getattr(getattr(cls, "Meta", None), "prefetched_as", {})
+    plan = [
+        (name, _writer(field, model, prefetched.get(name)))
+        for name, field in probe.fields.items()
+        if not field.write_only
+    ]
     cls._row_plan = plan
     return plan
 
 
-def _writer(field, model) -> Writer:
+def _writer(field, model, prefetched_as: str | None = None) -> Writer:
     if isinstance(field, serializers.SerializerMethodField):
         method = field.method_name
         return lambda ser, obj: getattr(ser, method)(obj)
     if field.source == "*":
         raise TypeError(f"{field.field_name}: source='*' has no fast row")
     if isinstance(field, serializers.ListSerializer):
-        return _nested_many(field)
+        return _nested_many(field, prefetched_as)
     if isinstance(field, serializers.BaseSerializer):
         raise TypeError(f"{field.field_name}: a nested single serializer has no fast row")
     get = _getter(field, model)
@@ -93,9 +98,20 @@ def _writer(field, model) -> Writer:
     return converted
 
 
-def _nested_many(field) -> Writer:
+def _nested_many(field, prefetched_as: str | None) -> Writer:
+    """`prefetched_as`: the attribute a `Prefetch(..., to_attr=...)` fills with the rows, when the
+    queryset has one (a plain list: Django then builds no manager and queryset per row); else the
+    rows are read from the source as DRF does."""
     child = type(field.child)
-    get = _getter(field, None)
+    source = _getter(field, None)
+    if prefetched_as is None:
+        get = source
+    else:
+
+        def get(obj):
+            rows = getattr(obj, prefetched_as, None)
+            return source(obj) if rows is None else rows
+
     if not issubclass(child, FastRows):
         # DRF's list of the child's own rows (a child may write its rows itself).
         return lambda ser, obj: field.to_representation(get(obj))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import Prefetch
 from django.db.models.manager import BaseManager
 from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -161,6 +162,8 @@ class ChangeSerializer(FastRows, serializers.ModelSerializer):
             "steps",
         ]
         read_only_fields = fields
+        # Filled by ChangeViewSet's prefetch (a plain list); without it, read from the relation.
+        prefetched_as = {"steps": "step_rows"}
 
     def get_client_impact(self, change: Change) -> dict:
         return client_impact.public(change.client_impact)
@@ -266,7 +269,7 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
         changes = (
             access.visible(self.request.user, Change)
             .select_related("cluster", "preset", "created_by", "applied_by")
-            .prefetch_related("steps")
+            .prefetch_related(Prefetch("steps", to_attr="step_rows"))
             .order_by("-created_at", "-id")
         )
         if self.action != "list":

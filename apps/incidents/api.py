@@ -109,6 +109,8 @@ class IncidentSerializer(FastRows, serializers.ModelSerializer):
         ]
         read_only_fields = fields
         list_serializer_class = IncidentListSerializer
+        # Filled by IncidentViewSet's prefetches (plain lists); without them, read from the relations.
+        prefetched_as = {"oom_kills": "oom_kill_rows", "pod_kills": "pod_kill_rows", "timeline": "timeline_rows"}
 
     def get_related_work(self, obj) -> list[dict]:
         by_incident = self.context.get("related_work") or {}
@@ -155,7 +157,11 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
         incidents = incidents.select_related("cluster")
         if self._summary():
             return narrow(incidents, "cluster__name").defer("evidence")
-        incidents = incidents.prefetch_related("oom_kills", "pod_kills", "timeline__author")
+        incidents = incidents.prefetch_related(
+            Prefetch("oom_kills", to_attr="oom_kill_rows"),
+            Prefetch("pod_kills", to_attr="pod_kill_rows"),
+            Prefetch("timeline", IncidentEvent.objects.select_related("author"), to_attr="timeline_rows"),
+        )
         return narrow(incidents, "cluster__name") if self.action == "list" else incidents
 
     def get_serializer_class(self):
