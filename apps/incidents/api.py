@@ -70,6 +70,9 @@ class IncidentListSerializer(serializers.ListSerializer):
 
 
 class IncidentSerializer(FastRows, serializers.ModelSerializer):
+    """An incident with everything about it, as the detail and the default list show it. A page of
+    these costs several times a page of `IncidentSummarySerializer` (`?view=summary`)."""
+
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     related_work = serializers.SerializerMethodField(
         help_text="What happened around the incident: changes, maintenance runs, cluster and Serve controller "
@@ -127,8 +130,8 @@ HEAVY_FIELDS = ("evidence", "oom_kills", "pod_kills", "timeline", "related_work"
 class IncidentSummarySerializer(FastRows, serializers.ModelSerializer):
     """An incident as `incidents?view=summary` lists it: every field of the default list but the
     heavy ones (`evidence`, `oom_kills`, `pod_kills`, `timeline`, `related_work`), which the detail
-    (`incidents/ID/`) always has. Added in Fleetdeck 0.x (issue 19) for clients that poll the list;
-    the default list keeps its shape."""
+    (`incidents/ID/`) always has. A form added next to the default list (issue 19) for clients
+    that poll it; the default list and the detail keep their shape."""
 
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
 
@@ -143,7 +146,8 @@ class NoteSerializer(serializers.Serializer):
 
 
 class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
-    """Incidents with their evidence and ranked suspected causes (playbook ids)."""
+    """Incidents with their evidence and ranked suspected causes (playbook ids). `?view=summary`
+    lists them without the evidence, kills, timeline and related work."""
 
     serializer_class = IncidentSerializer
     filterset_class = IncidentFilter
