@@ -32,15 +32,22 @@ def test_a_list_without_filter_parameters_skips_the_filter_set(api_as, people, t
     assert built == ["incident"]
 
 
-def test_a_filter_set_that_filters_by_itself_still_runs(api_as, people, team):
+def test_removed_rows_stay_hidden_without_the_filter_set(api_as, people, team, monkeypatch):
     add_rows(team, people["admin"], 2)
+    original = DjangoFilterBackend.filter_queryset
+    built = []
+    monkeypatch.setattr(
+        DjangoFilterBackend, "filter_queryset", lambda *args: built.append(args[-1].basename) or original(*args)
+    )
     gone = Application.objects.first()
     Application.objects.filter(pk=gone.pk).update(removed_at=timezone.now())
     client = api_as("admin")
     listed = {row["id"] for row in client.get(reverse("application-list")).json()["results"]}
     assert gone.pk not in listed and listed
+    assert built == []
     everything = client.get(reverse("application-list") + "?include_removed=true").json()["results"]
     assert gone.pk in {row["id"] for row in everything}
+    assert built == ["application"]
 
 
 def test_a_range_parameter_counts_as_naming_its_filter(rf):
