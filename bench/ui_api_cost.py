@@ -51,7 +51,13 @@ PAGES = {
 }
 LOADED = ["clusters", "applications", "deployments", "incidents", "findings", "changes"]
 # The other forms of a list: keyset pages, and rollouts with their changes counted.
-FORMS = ["/api/v1/incidents/?cursor=", "/api/v1/audit-events/?cursor=", "/api/v1/rollouts/?changes=counts"]
+FORMS = [
+    "/api/v1/incidents/?cursor=",
+    "/api/v1/incidents/?view=summary",
+    "/api/v1/incidents/?view=summary&cursor=",
+    "/api/v1/audit-events/?cursor=",
+    "/api/v1/rollouts/?changes=counts",
+]
 KINDS = ["oom_kill", "latency_spike", "queue_buildup", "memory_pressure", "memory_ratchet"]
 RULES = ["gpu-concurrency", "heavy-autoscaling", "unbounded-queue", "single-replica", "cap-below-target"]
 DEPLOYMENTS = ("Ingress", "Model", "Postprocess")

@@ -3,9 +3,10 @@ from rest_framework import serializers, viewsets
 from apps.accounts import access
 from apps.accounts.models import AuditEvent
 from controlplane.pagination import PageOrKeysetPagination
+from controlplane.rows import FastRows, narrow
 
 
-class AuditEventSerializer(serializers.ModelSerializer):
+class AuditEventSerializer(FastRows, serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
 
     class Meta:
@@ -35,4 +36,5 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user
             return AuditEvent.objects.none()
-        return access.visible(self.request.user, AuditEvent).select_related("team").order_by("-created_at", "-id")
+        events = access.visible(self.request.user, AuditEvent).select_related("team").order_by("-created_at", "-id")
+        return narrow(events, "team__slug") if self.action == "list" else events

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import Prefetch
+from django.db.models.manager import BaseManager
 from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -17,6 +19,7 @@ from apps.changes.validation import parse_options_text, preset_or_options, valid
 from apps.clusters.models import Cluster
 from apps.fleet import client_impact
 from apps.fleet.models import ConfigRevision
+from controlplane.rows import FastRows, narrow
 
 
 class PresetSerializer(serializers.ModelSerializer):
@@ -110,13 +113,13 @@ class PresetViewSet(viewsets.ModelViewSet):
         return Response(PresetSerializer(clone).data, status=status.HTTP_201_CREATED)
 
 
-class ChangeStepSerializer(serializers.ModelSerializer):
+class ChangeStepSerializer(FastRows, serializers.ModelSerializer):
     class Meta:
         model = ChangeStep
         fields = ["at", "state", "message"]
 
 
-class ChangeSerializer(serializers.ModelSerializer):
+class ChangeSerializer(FastRows, serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     preset = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
     created_by = serializers.CharField(source="created_by.username", read_only=True, default=None, allow_null=True)
@@ -159,6 +162,8 @@ class ChangeSerializer(serializers.ModelSerializer):
             "steps",
         ]
         read_only_fields = fields
+        # Filled by ChangeViewSet's prefetch (a plain list); without it, read from the relation.
+        prefetched_as = {"steps": "step_rows"}
 
     def get_client_impact(self, change: Change) -> dict:
         return client_impact.public(change.client_impact)
@@ -264,11 +269,14 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
         changes = (
             access.visible(self.request.user, Change)
             .select_related("cluster", "preset", "created_by", "applied_by")
-            .prefetch_related("steps")
+            .prefetch_related(Prefetch("steps", to_attr="step_rows"))
             .order_by("-created_at", "-id")
         )
-        # The serializer shows no config; the actions push and restore them.
-        return changes.defer(*Change.CONFIGS) if self.action == "list" else changes
+        if self.action != "list":
+            return changes
+        # The serializer shows no config (the actions push and restore them) and one name of each related row.
+        related = ("cluster__name", "preset__slug", "created_by__username", "applied_by__username")
+        return narrow(changes, *related).defer(*Change.CONFIGS)
 
     @extend_schema(request=PlanSerializer, responses={201: ChangeSerializer})
     def create(self, request, *args, **kwargs):
@@ -396,7 +404,31 @@ class RolloutChangeSerializer(serializers.ModelSerializer):
         }
 
 
-class RolloutSerializer(serializers.ModelSerializer):
+class RolloutListSerializer(serializers.ListSerializer):
+    """A page of rollouts reads their changes as plain rows in one query (`rollouts.change_rows_seen_by`)
+    instead of prefetching them as objects; each rollout writes what the prefetch would have."""
+
+    def to_representation(self, data):
+        page = list(data.all() if isinstance(data, BaseManager) else data)
+        self.context["change_rows"] = rollouts.change_rows_seen_by(self.context["request"].user, page)
+        return super().to_representation(page)
+
+
+def _change_row(row: dict) -> dict:
+    """What `RolloutChangeSerializer` writes, from a row of `rollouts.change_rows_seen_by`."""
+    return {
+        "id": row["id"],
+        "cluster": row["cluster"],
+        "cluster_name": row["cluster__name"],
+        "wave": row["wave"],
+        "targets": row["targets"],
+        "state": row["state"],
+        "error": row["error"],
+        "client_impact": client_impact.public(row["client_impact"]),
+    }
+
+
+class RolloutSerializer(FastRows, serializers.ModelSerializer):
     preset = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
     changes = RolloutChangeSerializer(many=True, read_only=True, help_text="The changes on clusters of your teams.")
     error = serializers.SerializerMethodField(
@@ -421,6 +453,18 @@ class RolloutSerializer(serializers.ModelSerializer):
             "changes",
         ]
         read_only_fields = fields
+        list_serializer_class = RolloutListSerializer
+
+    def to_representation(self, rollout):
+        rows = self.context.get("change_rows")
+        if rows is None or rollout.pk not in rows:
+            return super().to_representation(rollout)
+        mine = rows[rollout.pk]
+        given = {
+            "error": rollouts.error_cut_to(rollout, {change["cluster__name"] for change in mine}, len(mine)),
+            "changes": [_change_row(change) for change in mine],
+        }
+        return self.write_row(rollout, given)
 
     def get_error(self, rollout: Rollout) -> str:
         return rollouts.error_seen_by(rollout)
@@ -488,7 +532,8 @@ class RolloutViewSet(
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user
             return Rollout.objects.none()
         visible = access.visible(self.request.user, Rollout).select_related("preset")
-        seen = rollouts.counted_for if self._counts_only() else rollouts.seen_by
+        # A list reads its changes as rows (RolloutListSerializer); the detail and actions prefetch them.
+        seen = rollouts.counted_for if self.action == "list" else rollouts.seen_by
         return seen(self.request.user, visible).order_by("-created_at", "-id")
 
     def get_serializer_class(self):

@@ -15,9 +15,10 @@ from apps.clusters.filters import ClusterFilter
 from apps.clusters.models import EDITABLE_FIELDS, UPDATABLE_FIELDS, Cluster, ClusterEvent
 from apps.clusters.validation import normalize_dashboard_url, normalize_optional_url, validate_labels, validate_token
 from apps.fleet.selectors import cluster_listing
+from controlplane.rows import FastRows
 
 
-class ClusterSerializer(serializers.ModelSerializer):
+class ClusterSerializer(FastRows, serializers.ModelSerializer):
     team = VisibleSlugRelatedField(slug_field="slug", queryset=Team.objects.all())
     # A plain string so the URL check below explains what is wrong instead of "Enter a valid URL".
     dashboard_url = serializers.CharField(max_length=300)

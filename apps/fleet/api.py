@@ -16,9 +16,10 @@ from apps.fleet.scaling_history import scaling_series
 from apps.remediation.models import Finding
 from apps.remediation.rules import WHY_NOT_AT_TARGET
 from controlplane.pagination import PageOrKeysetPagination
+from controlplane.rows import FastRows, narrow
 
 
-class ApplicationSerializer(serializers.ModelSerializer):
+class ApplicationSerializer(FastRows, serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
 
     class Meta:
@@ -41,7 +42,7 @@ class ApplicationSerializer(serializers.ModelSerializer):
         ]
 
 
-class DeploymentSerializer(serializers.ModelSerializer):
+class DeploymentSerializer(FastRows, serializers.ModelSerializer):
     cluster = serializers.IntegerField(source="application.cluster_id", read_only=True)
     application_name = serializers.CharField(source="application.name", read_only=True)
     llm = serializers.SerializerMethodField(
@@ -93,7 +94,7 @@ class LLMPlanInputsSerializer(serializers.Serializer):
     model_config = serializers.DictField(required=False, allow_null=True, help_text="The model's config.json")
 
 
-class ConfigRevisionSerializer(serializers.ModelSerializer):
+class ConfigRevisionSerializer(FastRows, serializers.ModelSerializer):
     application_name = serializers.CharField(source="application.name", read_only=True)
 
     class Meta:
@@ -118,9 +119,10 @@ class ApplicationViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["name", "status", "updated_at"]
 
     def get_queryset(self):
-        return (
+        applications = (
             access.visible(self.request.user, Application).select_related("cluster").order_by("cluster__name", "name")
         )
+        return narrow(applications, "cluster__name") if self.action == "list" else applications
 
 
 class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
@@ -131,12 +133,17 @@ class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["name", "status", "updated_at", "max_ongoing_requests"]
 
     def get_queryset(self):
-        return (
+        deployments = (
             access.visible(self.request.user, Deployment)
             .select_related("application")
             .prefetch_related(llm.live_deployments())
             .order_by("application__cluster__name", "application__name", "name")
         )
+        if self.action != "list":
+            return deployments
+        # The row shows the application's name and cluster; `llm.describe` reads its import path and config.
+        related = ("name", "cluster", "import_path", "deployed_app_config")
+        return narrow(deployments, *(f"application__{field}" for field in related))
 
     @extend_schema(
         responses=inline_serializer(
@@ -202,11 +209,12 @@ class ConfigRevisionViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["observed_at"]
 
     def get_queryset(self):
-        return (
+        revisions = (
             access.visible(self.request.user, ConfigRevision)
             .select_related("application")
             .order_by("-observed_at", "-id")
         )
+        return narrow(revisions, "application__name") if self.action == "list" else revisions
 
     @extend_schema(
         parameters=[

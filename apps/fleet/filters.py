@@ -14,8 +14,14 @@ class HidesRemoved(django_filters.FilterSet):
 
     def filter_queryset(self, queryset):
         if not self.form.cleaned_data.get("include_removed"):
-            queryset = queryset.filter(removed_at__isnull=True)
+            queryset = self.when_unfiltered(queryset)
         return super().filter_queryset(queryset)
+
+    @staticmethod
+    def when_unfiltered(queryset):
+        """What the set does to a list whose request names none of its filters: the API's filter
+        backend then applies this alone, without building the form."""
+        return queryset.filter(removed_at__isnull=True)
 
 
 class ApplicationFilter(HidesRemoved):

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import Prefetch
 from django.db.models.manager import BaseManager
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -17,11 +17,12 @@ from apps.incidents.filters import IncidentFilter
 from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, PodKillRecord, Webhook, WebhookDelivery
 from apps.incidents.timeline import related_work, related_work_for
 from controlplane.pagination import PageOrKeysetPagination
+from controlplane.rows import FastRows, narrow
 
 RECENT_DELIVERIES = 10
 
 
-class OomKillSerializer(serializers.ModelSerializer):
+class OomKillSerializer(FastRows, serializers.ModelSerializer):
     class Meta:
         model = OomKillRecord
         fields = [
@@ -36,7 +37,7 @@ class OomKillSerializer(serializers.ModelSerializer):
         ]
 
 
-class PodKillSerializer(serializers.ModelSerializer):
+class PodKillSerializer(FastRows, serializers.ModelSerializer):
     class Meta:
         model = PodKillRecord
         fields = [
@@ -53,7 +54,7 @@ class PodKillSerializer(serializers.ModelSerializer):
         ]
 
 
-class EventSerializer(serializers.ModelSerializer):
+class EventSerializer(FastRows, serializers.ModelSerializer):
     author = serializers.CharField(source="author.username", default=None, read_only=True, allow_null=True)
 
     class Meta:
@@ -68,7 +69,10 @@ class IncidentListSerializer(serializers.ListSerializer):
         return super().to_representation(incidents)
 
 
-class IncidentSerializer(serializers.ModelSerializer):
+class IncidentSerializer(FastRows, serializers.ModelSerializer):
+    """An incident with everything about it, as the detail and the default list show it. A page of
+    these costs several times a page of `IncidentSummarySerializer` (`?view=summary`)."""
+
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     related_work = serializers.SerializerMethodField(
         help_text="What happened around the incident: changes, maintenance runs, cluster and Serve controller "
@@ -108,6 +112,8 @@ class IncidentSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
         list_serializer_class = IncidentListSerializer
+        # Filled by IncidentViewSet's prefetches (plain lists); without them, read from the relations.
+        prefetched_as = {"oom_kills": "oom_kill_rows", "pod_kills": "pod_kill_rows", "timeline": "timeline_rows"}
 
     def get_related_work(self, obj) -> list[dict]:
         by_incident = self.context.get("related_work") or {}
@@ -115,24 +121,74 @@ class IncidentSerializer(serializers.ModelSerializer):
         return [{**item, "at": item["at"].isoformat()} for item in items]
 
 
+# What the default list and the detail show and a summary row leaves out: reading them costs five
+# queries a page and most of its Python time (the related work reads every change, run, event and
+# revision of the page's clusters).
+HEAVY_FIELDS = ("evidence", "oom_kills", "pod_kills", "timeline", "related_work")
+
+
+class IncidentSummarySerializer(FastRows, serializers.ModelSerializer):
+    """An incident as `incidents?view=summary` lists it: every field of the default list but the
+    heavy ones (`evidence`, `oom_kills`, `pod_kills`, `timeline`, `related_work`), which the detail
+    (`incidents/ID/`) always has. A form added next to the default list (issue 19) for clients
+    that poll it; the default list and the detail keep their shape."""
+
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+
+    class Meta:
+        model = Incident
+        fields = [f for f in IncidentSerializer.Meta.fields if f not in HEAVY_FIELDS]
+        read_only_fields = fields
+
+
 class NoteSerializer(serializers.Serializer):
     text = serializers.CharField(max_length=4000)
 
 
 class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
-    """Incidents with their evidence and ranked suspected causes (playbook ids)."""
+    """Incidents with their evidence and ranked suspected causes (playbook ids). `?view=summary`
+    lists them without the evidence, kills, timeline and related work."""
 
     serializer_class = IncidentSerializer
     filterset_class = IncidentFilter
     pagination_class = PageOrKeysetPagination
 
+    def _summary(self) -> bool:
+        return self.action == "list" and self.request.query_params.get("view") == "summary"
+
     def get_queryset(self):
-        return (
-            access.visible(self.request.user, Incident)
-            .select_related("cluster")
-            .prefetch_related("oom_kills", "pod_kills", "timeline__author")
-            .order_by("-last_signal_at", "-id")
+        incidents = access.visible(self.request.user, Incident).order_by("-last_signal_at", "-id")
+        incidents = incidents.select_related("cluster")
+        if self._summary():
+            return narrow(incidents, "cluster__name").defer("evidence")
+        incidents = incidents.prefetch_related(
+            Prefetch("oom_kills", to_attr="oom_kill_rows"),
+            Prefetch("pod_kills", to_attr="pod_kill_rows"),
+            Prefetch("timeline", IncidentEvent.objects.select_related("author"), to_attr="timeline_rows"),
         )
+        return narrow(incidents, "cluster__name") if self.action == "list" else incidents
+
+    def get_serializer_class(self):
+        return IncidentSummarySerializer if self._summary() else IncidentSerializer
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "view",
+                str,
+                enum=["summary"],
+                description="`summary`: each incident without `evidence`, `oom_kills`, `pod_kills`, `timeline` and "
+                "`related_work`, several times cheaper a page; the detail always has them.",
+            )
+        ],
+        responses=PolymorphicProxySerializer(
+            "IncidentListItem",
+            serializers=[IncidentSerializer, IncidentSummarySerializer],
+            resource_type_field_name=None,
+        ),
+    )
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
 
     def _transition(self, request, status):
         incident = self.get_object()

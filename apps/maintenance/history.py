@@ -9,7 +9,12 @@ from apps.maintenance.models import MaintenanceRun
 
 
 def runs_since(clusters: set[int], since: datetime) -> list[Activity]:
-    runs = MaintenanceRun.objects.filter(cluster_id__in=clusters, created_at__gte=since).order_by("created_at", "id")
+    # Only what an item shows: a run's results and replica lists are JSON an incident page never reads.
+    runs = (
+        MaintenanceRun.objects.filter(cluster_id__in=clusters, created_at__gte=since)
+        .only("cluster", "deployment", "created_at", "started_at", "kind", "state")
+        .order_by("created_at", "id")
+    )
     return [
         Activity(
             cluster_id=run.cluster_id,

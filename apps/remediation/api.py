@@ -14,9 +14,10 @@ from apps.remediation import findings, remedy_checks, verification, wizards
 from apps.remediation.filters import FindingFilter
 from apps.remediation.models import Finding, Wizard, WizardStep
 from apps.remediation.rules import BY_ID
+from controlplane.rows import FastRows, narrow
 
 
-class FindingSerializer(serializers.ModelSerializer):
+class FindingSerializer(FastRows, serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     title = serializers.SerializerMethodField()
     why = serializers.SerializerMethodField()
@@ -74,7 +75,8 @@ class FindingViewSet(viewsets.ReadOnlyModelViewSet):
         queryset = access.visible(self.request.user, Finding).select_related("cluster")
         if "open" not in self.request.query_params:
             queryset = queryset.filter(resolved_at__isnull=True)
-        return queryset.order_by("rule", "cluster__name", "application_name", "deployment_name", "id")
+        queryset = queryset.order_by("rule", "cluster__name", "application_name", "deployment_name", "id")
+        return narrow(queryset, "cluster__name") if self.action == "list" else queryset
 
     @extend_schema(request=MuteSerializer, responses=FindingSerializer)
     @action(detail=True, methods=["post"])

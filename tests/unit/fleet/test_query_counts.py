@@ -180,6 +180,8 @@ def test_a_list_endpoint_issues_the_same_queries_for_2_and_20_rows(api_as, peopl
 # The other forms of a list: keyset pages, and rollouts with their changes counted.
 LIST_FORMS = [
     ("incident", "?cursor="),
+    ("incident", "?view=summary"),
+    ("incident", "?view=summary&cursor="),
     ("auditevent", "?cursor="),
     ("configrevision", "?cursor="),
     ("rollout", "?changes=counts"),
@@ -263,3 +265,37 @@ def test_the_rollout_list_answers_for_a_rollout_across_more_than_a_thousand_clus
     assert len(listed["changes"]) == 1001 and {c["cluster_name"] for c in listed["changes"]} == {
         c.name for c in clusters
     }
+
+
+def test_the_incident_summary_lists_every_field_of_the_default_list_but_the_heavy_ones(api_as, people, team):
+    from apps.incidents.api import HEAVY_FIELDS
+
+    add_rows(team, people["admin"], 3)
+    client = api_as("admin")
+    full = client.get(reverse("incident-list")).json()["results"]
+    summary = client.get(reverse("incident-list") + "?view=summary").json()["results"]
+    assert [row["id"] for row in summary] == [row["id"] for row in full]
+    for long, short in zip(full, summary, strict=True):
+        assert short == {key: value for key, value in long.items() if key not in HEAVY_FIELDS}
+    detail = client.get(reverse("incident-detail", args=[summary[0]["id"]]) + "?view=summary").json()
+    assert set(HEAVY_FIELDS) <= set(detail)
+
+
+def test_the_openapi_schema_documents_the_incident_summary(client):
+    schema = client.get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    listing = schema["paths"]["/api/v1/incidents/"]["get"]
+    assert any(p["name"] == "view" and p["schema"].get("enum") == ["summary"] for p in listing["parameters"])
+    assert "IncidentSummary" in schema["components"]["schemas"]
+    assert "evidence" not in schema["components"]["schemas"]["IncidentSummary"]["properties"]
+
+
+def test_the_rollout_list_shows_each_rollout_as_its_detail_does(api_as, people, team):
+    add_rows(team, people["admin"], 3)
+    rollout = Rollout.objects.first()
+    Change.objects.filter(pk__in=Change.objects.order_by("id").values("id")[:2]).update(rollout=rollout, wave=1)
+    Rollout.objects.filter(pk=rollout.pk).update(error="row-000: change #1 rolled back; elsewhere: change #9 failed")
+    client = api_as("admin")
+    listed = client.get(reverse("rollout-list")).json()["results"]
+    assert any(len(row["changes"]) >= 2 for row in listed)
+    for row in listed:
+        assert row == client.get(reverse("rollout-detail", args=[row["id"]])).json()

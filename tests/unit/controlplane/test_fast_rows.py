@@ -1,0 +1,55 @@
+"""List rows written by `controlplane.rows.FastRows` are what DRF's field walk writes: every list
+endpoint under /api/v1/, its other forms and the detail of each row answer the same JSON both ways."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from controlplane import rows
+from controlplane.urls import router
+from tests.unit.fleet.test_query_counts import LIST_FORMS, add_rows
+
+pytestmark = pytest.mark.django_db
+
+URLS = [(basename, "") for _, _, basename in sorted(router.registry)] + LIST_FORMS
+
+
+def both_ways(client, url: str, monkeypatch) -> tuple:
+    fast = client.get(url)
+    assert fast.status_code == 200, (url, fast.status_code)
+    monkeypatch.setattr(rows, "DRF_WALK", True)
+    try:
+        walked = client.get(url)
+    finally:
+        monkeypatch.setattr(rows, "DRF_WALK", False)
+    return fast.json(), walked.json()
+
+
+@pytest.mark.parametrize(("basename", "query"), URLS)
+def test_fast_rows_answer_what_drf_writes(api_as, people, team, basename, query, monkeypatch):
+    add_rows(team, people["admin"], 3)
+    client = api_as("admin")
+    fast, walked = both_ways(client, reverse(f"{basename}-list") + query, monkeypatch)
+    assert fast == walked
+    results = fast["results"] if isinstance(fast, dict) and "results" in fast else fast
+    for row in results[:2]:
+        if isinstance(row, dict) and "id" in row:
+            detail, walked_detail = both_ways(client, reverse(f"{basename}-detail", args=[row["id"]]), monkeypatch)
+            assert detail == walked_detail
+
+
+def test_a_field_type_without_a_fast_row_is_refused():
+    from rest_framework import serializers
+
+    from apps.fleet.models import Application
+
+    class Linked(rows.FastRows, serializers.ModelSerializer):
+        cluster = serializers.HyperlinkedRelatedField(view_name="cluster-detail", read_only=True)
+
+        class Meta:
+            model = Application
+            fields = ["id", "cluster"]
+
+    with pytest.raises(TypeError, match="HyperlinkedRelatedField"):
+        Linked().to_representation(Application(pk=1, cluster_id=1))
