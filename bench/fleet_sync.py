@@ -239,10 +239,14 @@ def run_fleet(n: int, pool_kind: str, workers: int, repeats: int) -> dict:
             for i, port in enumerate(ports)
         ]
     )
+    from controlplane import heap
+
+    # As the worker does (controlplane/celery.py): the heap loaded so far is frozen before the pool forks.
+    heap.freeze()
     if pool_kind == "prefork":
         # Like Celery's default pool: long-lived forked processes, each with its own connection.
         connections.close_all()
-        processes = multiprocessing.get_context("fork").Pool(workers)
+        processes = multiprocessing.get_context("fork").Pool(workers, initializer=heap.freeze)
         run_all = lambda ids: processes.map(run_task, ids, chunksize=1)  # noqa: E731
     else:
         threads = ThreadPoolExecutor(workers, thread_name_prefix="worker")

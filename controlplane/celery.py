@@ -3,11 +3,12 @@ import os
 from functools import partial
 
 from celery import Celery
-from celery.signals import after_task_publish, beat_init
+from celery.signals import after_task_publish, beat_init, worker_init, worker_process_init
 from celery.worker.consumer import Consumer
 from kombu.message import Message
 
 from apps.core import jobs
+from controlplane import heap
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,17 @@ def _install_beat_schedule(sender, **kwargs):
     from workers.schedule import beat_schedule
 
     sender.conf.beat_schedule = beat_schedule()
+
+
+@worker_init.connect
+def _freeze_before_the_pool_forks(sender=None, **kwargs):
+    # The pool's processes inherit a frozen heap: see controlplane/heap.py.
+    heap.freeze()
+
+
+@worker_process_init.connect
+def _freeze_in_each_pool_process(**kwargs):
+    heap.freeze()
 
 
 @beat_init.connect
