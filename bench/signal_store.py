@@ -45,11 +45,12 @@ LABEL = re.compile(r'application="([^"]*)"(.*?)deployment="([^"]*)"')
 def fleet_scrape(deployments: int) -> str:
     """The captured endpoint with its per-deployment series repeated under new names."""
     lines = SCRAPE.read_text().splitlines()
-    base = {(m.group(1), m.group(3)) for line in lines if (m := LABEL.search(line))}
+    base = {(m.group(1), m.group(3)) for line in lines if (m := LABEL.search(line)) and m.group(3)}
     copies = max(1, -(-deployments // max(len(base), 1)))
     out = []
     for line in lines:
-        if not LABEL.search(line):
+        match = LABEL.search(line)
+        if not match or not match.group(3):  # series of no deployment (the proxy's own) stay one
             out.append(line)
             continue
         for k in range(copies):
