@@ -130,7 +130,13 @@ def sync_clusters(
             log.exception("sync of cluster %s failed", cluster.pk)
 
     def flush() -> None:
-        stamped = _stamp_unchanged(unchanged)
+        try:
+            stamped = _stamp_unchanged(unchanged)
+        except Exception:
+            # As a failed sync of each: logged, and the next cycle reads them again.
+            log.exception("stamping %d unchanged clusters failed", len(unchanged))
+            unchanged.clear()
+            return
         for cluster, observed, duration_ms, _ in unchanged:
             if cluster.pk in stamped:
                 outcome = SyncOutcome(cluster.pk, ok=True, unchanged=True, cluster=cluster, observation=observed)

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import httpx
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -353,3 +353,16 @@ def test_a_digest_cleared_while_the_dashboards_were_read_still_applies_in_full_w
     assert reads_of(use_replay, "/api/version") == versions + len(fleet)  # asked after all
     # The edit made meanwhile still counts: the next sync applies in full again.
     assert set(Cluster.objects.filter(pk__in=ids).values_list("observed_digest", flat=True)) == {""}
+
+
+def test_a_failed_stamp_is_logged_and_the_batch_goes_on(fleet, monkeypatch, caplog):
+    ids = synced(fleet)
+
+    def broken(unchanged):
+        raise DatabaseError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(sync, "_stamp_unchanged", broken)
+    outcomes = sync.sync_and_announce(ids)
+
+    assert outcomes == []  # none was stamped, so none is reported synced; the next cycle reads them again
+    assert "stamping" in caplog.text and "server closed the connection" in caplog.text
