@@ -54,3 +54,16 @@ def document_errors(result: dict, generator, request, public) -> dict:
                 if code.isdigit() and int(code) >= 400 and "content" not in response:
                     response["content"] = _ref("ValidationError" if code == "400" else "Error")
     return result
+
+
+# Lists whose rows come in forms, a full row or a lean one with a subset of its fields
+# (`?view=summary`): a full row is also a valid lean one, so "exactly one of" could never hold.
+ROW_FORMS = ("IncidentListItem",)
+
+
+def rows_in_forms(result: dict, generator, request, public) -> dict:
+    schemas = result.get("components", {}).get("schemas", {})
+    for name in ROW_FORMS:
+        if "oneOf" in schemas.get(name, {}):
+            schemas[name]["anyOf"] = schemas[name].pop("oneOf")
+    return result

@@ -220,12 +220,17 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "controlplane.openapi.document_errors"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "controlplane.openapi.document_errors",
+        "controlplane.openapi.rows_in_forms",
+    ],
     "ENUM_NAME_OVERRIDES": {
         "ChangeStateEnum": "apps.changes.models.ChangeState",
         "RolloutStateEnum": "apps.changes.models.Rollout.State",
         "MaintenanceRunStateEnum": "apps.maintenance.models.MaintenanceRun.State",
         "IncidentStatusEnum": "apps.incidents.models.Incident.Status",
+        "IncidentKindEnum": "apps.incidents.models.Incident.Kind",
         "KubeResourceKindEnum": "apps.kubernetes.models.KubeLink.Kind",
     },
 }
