@@ -241,10 +241,6 @@ def request_inspection(actor: Actor, link: KubeLink) -> KubeLink:
     return link
 
 
-def is_linked(cluster_id: int) -> bool:
-    return KubeLink.objects.filter(cluster_id=cluster_id).exists()
-
-
 def linked(cluster_ids: list[int]) -> set[int]:
     return set(KubeLink.objects.filter(cluster_id__in=cluster_ids).values_list("cluster_id", flat=True))
 
