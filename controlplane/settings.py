@@ -194,6 +194,10 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": [
+        "controlplane.renderers.FastJSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
     "DEFAULT_PAGINATION_CLASS": "controlplane.pagination.CappedCountPagination",
     "PAGE_SIZE": env_int("FLEETDECK_API_PAGE_SIZE", 50, minimum=1),
     "DEFAULT_FILTER_BACKENDS": [

@@ -53,3 +53,32 @@ def test_a_field_type_without_a_fast_row_is_refused():
 
     with pytest.raises(TypeError, match="HyperlinkedRelatedField"):
         Linked().to_representation(Application(pk=1, cluster_id=1))
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin", "America/St_Johns"])
+def test_datetimes_are_written_as_drf_writes_them_in_the_current_zone(zone):
+    """The datetime writer looks the time zone up once per serializer: a page, nested rows
+    included, reads as DRF's per-value lookup does whatever zone is active."""
+    from datetime import UTC, datetime, timedelta
+    from zoneinfo import ZoneInfo
+
+    from django.utils import timezone
+    from rest_framework import serializers
+
+    from apps.incidents.models import Incident
+
+    class Rows(rows.FastRows, serializers.ModelSerializer):
+        class Meta:
+            model = Incident
+            fields = ["id", "started_at", "last_signal_at", "resolved_at"]
+
+    at = datetime(2026, 3, 29, 0, 59, 59, 123456, tzinfo=UTC)
+    incidents = [
+        Incident(pk=n, started_at=at + timedelta(hours=n), last_signal_at=at, resolved_at=None if n else at)
+        for n in range(3)
+    ]
+    with timezone.override(ZoneInfo(zone)):
+        fast = Rows(incidents, many=True).data
+        walked = [serializers.ModelSerializer.to_representation(Rows(), incident) for incident in incidents]
+    assert fast == walked
+    assert fast[0]["resolved_at"] is not None and fast[1]["resolved_at"] is None
