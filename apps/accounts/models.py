@@ -3,6 +3,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from apps.core.fields import JSONField
+
 
 class Role(models.TextChoices):
     VIEWER = "viewer", "Viewer"
@@ -53,7 +55,7 @@ class AuditEvent(models.Model):
     object_type = models.CharField(max_length=64, blank=True)
     object_id = models.CharField(max_length=64, blank=True)
     object_repr = models.CharField(max_length=200, blank=True)
-    changes = models.JSONField(default=dict, blank=True)
+    changes = JSONField(default=dict, blank=True)
     source_ip = models.GenericIPAddressField(null=True, blank=True)
     user_agent = models.CharField(max_length=300, blank=True)
     via = models.CharField(max_length=16, default="ui")  # ui, api, worker, cli

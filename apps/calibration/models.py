@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import models
 
 from apps.clusters.models import Cluster
+from apps.core.fields import JSONField
 from apps.fleet.models import Deployment
 
 
@@ -38,13 +39,13 @@ class MemoryCalibration(models.Model):
     # Why the run stopped before its last level (the memory budget); empty when it did not.
     limit_reason = models.TextField(blank=True)
     # [{"x": 1, "peak_bytes": N, "uss_peak_bytes": N, "service_s": s}, ...], sorted by x.
-    points = models.JSONField(default=list, blank=True)
+    points = JSONField(default=list, blank=True)
     monotone = models.BooleanField(null=True, blank=True)
-    warnings = models.JSONField(default=list, blank=True)
-    levels = models.JSONField(default=list, blank=True)
+    warnings = JSONField(default=list, blank=True)
+    levels = JSONField(default=list, blank=True)
     # What was measured: import path, user_config, the representative request, runtime_env,
     # resources and the memory stop.
-    request = models.JSONField(default=dict, blank=True)
+    request = JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
     log_tail = models.TextField(blank=True)
     created_by = models.ForeignKey(

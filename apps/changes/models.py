@@ -10,6 +10,7 @@ from django.db.models import Q
 
 from apps.accounts.models import Team
 from apps.clusters.models import Cluster
+from apps.core.fields import JSONField
 from apps.fleet import client_impact
 
 
@@ -20,8 +21,8 @@ class Preset(models.Model):
     slug = models.SlugField(max_length=80, unique=True)
     name = models.CharField(max_length=120)
     description = models.TextField(blank=True, default="", help_text="Why these values: the causes they prevent.")
-    options = models.JSONField(help_text="Deployment options, as in a Serve config's deployment entry.")
-    remedies = models.JSONField(default=list, blank=True, help_text="Playbook remedy ids, e.g. R1, R2.")
+    options = JSONField(help_text="Deployment options, as in a Serve config's deployment entry.")
+    remedies = JSONField(default=list, blank=True, help_text="Playbook remedy ids, e.g. R1, R2.")
     builtin = models.BooleanField(default=False)
     team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE, related_name="presets")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
@@ -88,8 +89,8 @@ class Rollout(models.Model):
 
     reason = models.TextField()
     preset = models.ForeignKey(Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="rollouts")
-    options = models.JSONField(default=dict)
-    selection = models.JSONField(default=dict, help_text="The filters that chose the deployments.")
+    options = JSONField(default=dict)
+    selection = JSONField(default=dict, help_text="The filters that chose the deployments.")
     state = models.CharField(max_length=16, choices=State.choices, default=State.PLANNED, db_index=True)
     current_wave = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
@@ -142,8 +143,8 @@ class Change(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.PATCH)
     # [{"application": "demo", "deployment": "Model"}, ...] for patches; application names for restores,
     # and the one application a create or delete adds or removes.
-    targets = models.JSONField(default=list)
-    patch = models.JSONField(default=dict, blank=True)
+    targets = JSONField(default=list)
+    patch = JSONField(default=dict, blank=True)
     preset = models.ForeignKey(Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="changes")
     restores = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="restored_by")
     rollout = models.ForeignKey(Rollout, null=True, blank=True, on_delete=models.SET_NULL, related_name="changes")
@@ -153,18 +154,18 @@ class Change(models.Model):
     state = models.CharField(max_length=20, choices=ChangeState.choices, default=ChangeState.PLANNED, db_index=True)
     ray_version = models.CharField(max_length=32, blank=True)
     base_hash = models.CharField(max_length=64)
-    base_config = models.JSONField()
-    new_config = models.JSONField()
+    base_config = JSONField()
+    new_config = JSONField()
     new_hash = models.CharField(max_length=64)
-    json_patch = models.JSONField(default=list)
-    warnings = models.JSONField(default=list, blank=True)
+    json_patch = JSONField(default=list)
+    warnings = JSONField(default=list, blank=True)
     # Per touched application: its last_deployed_time_s at the re-check, to tell its new deploy apart.
-    base_deploy_times = models.JSONField(default=dict, blank=True)
+    base_deploy_times = JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
-    drift = models.JSONField(default=list, blank=True)
+    drift = JSONField(default=list, blank=True)
     # What clients saw at the proxy while the change ran (apps.fleet.client_impact): the opening
     # counters while it runs, then requests and failures by code per application.
-    client_impact = models.JSONField(default=dict, blank=True)
+    client_impact = JSONField(default=dict, blank=True)
 
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -226,7 +227,7 @@ class ChangeStep(models.Model):
     at = models.DateTimeField(auto_now_add=True)
     state = models.CharField(max_length=20, choices=ChangeState.choices)
     message = models.TextField()
-    data = models.JSONField(default=dict, blank=True)
+    data = JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["at", "id"]

@@ -7,6 +7,7 @@ from django.db import models
 from apps.accounts.access import visible
 from apps.accounts.models import Team
 from apps.clusters.egress_rules import normalize_rule
+from apps.core.fields import JSONField
 
 
 class Reachability(models.TextChoices):
@@ -56,7 +57,7 @@ class Cluster(models.Model):
     dashboard_url = models.URLField(max_length=300)
     # Fernet ciphertext of the Ray dashboard bearer token; never leaves the server.
     token_ciphertext = models.TextField(blank=True, default="")
-    labels = models.JSONField(default=dict, blank=True)
+    labels = JSONField(default=dict, blank=True)
 
     class ConfigOwner(models.TextChoices):
         DASHBOARD = "dashboard", "Ray dashboard (Fleetdeck pushes through the REST API)"
@@ -99,7 +100,7 @@ class Cluster(models.Model):
     serve_http_port = models.PositiveIntegerField(null=True, blank=True)
     # Each node's logical resources, {node IP: {resource: [used, total]}}, from /api/cluster_status:
     # read by the sync only when a replica waits or the last reading is old (apps.fleet.sync).
-    node_resources = models.JSONField(default=dict, blank=True)
+    node_resources = JSONField(default=dict, blank=True)
     node_resources_at = models.DateTimeField(null=True, blank=True)
 
     reachability = models.CharField(max_length=16, choices=Reachability.choices, default=Reachability.UNKNOWN)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models
 
 from apps.clusters.models import Cluster
+from apps.core.fields import JSONField
 
 
 class Application(models.Model):
@@ -15,7 +16,7 @@ class Application(models.Model):
     route_prefix = models.CharField(max_length=300, blank=True, null=True)
     import_path = models.CharField(max_length=300, blank=True)
     # What was submitted (Ray echoes only the fields that were set).
-    deployed_app_config = models.JSONField(null=True, blank=True)
+    deployed_app_config = JSONField(null=True, blank=True)
     last_deployed_time_s = models.FloatField(null=True, blank=True)
     config_hash = models.CharField(max_length=64, blank=True)
     first_seen_at = models.DateTimeField(auto_now_add=True)
@@ -41,10 +42,10 @@ class Deployment(models.Model):
     status_trigger = models.CharField(max_length=64, blank=True)
     message = models.TextField(blank=True)
     # Effective config: every option with Serve's defaults filled in. This is what runs.
-    effective_config = models.JSONField(default=dict, blank=True)
+    effective_config = JSONField(default=dict, blank=True)
     # What the operator submitted for this deployment (may hold fields Serve ignored).
-    submitted_config = models.JSONField(default=dict, blank=True)
-    replica_states = models.JSONField(default=dict, blank=True)
+    submitted_config = JSONField(default=dict, blank=True)
+    replica_states = JSONField(default=dict, blank=True)
     running_replicas = models.PositiveIntegerField(default=0)
     target_replicas = models.PositiveIntegerField(null=True, blank=True)
 
@@ -57,10 +58,10 @@ class Deployment(models.Model):
     num_cpus = models.FloatField(null=True, blank=True)
     num_gpus = models.FloatField(null=True, blank=True)
     # What Ray reserves per replica (CPU, GPU, memory, custom resources).
-    required_resources = models.JSONField(default=dict, blank=True)
+    required_resources = JSONField(default=dict, blank=True)
     # Serve's autoscaling_detail as last reported (scaling status, recent decisions, metrics
     # health, errors); null when Serve reports none, as the 2.60.0 controller does.
-    autoscaling_detail = models.JSONField(null=True, blank=True)
+    autoscaling_detail = JSONField(null=True, blank=True)
     # Replicas Ray has not started yet (STARTING, PENDING_*), and since when the oldest of them
     # waits, in Ray's clock (its start_time_s).
     waiting_replicas = models.PositiveIntegerField(default=0)
@@ -68,7 +69,7 @@ class Deployment(models.Model):
     # What an operator gave for planning an LLM deployment's GPU memory, where Fleetdeck cannot know it:
     # the GPU's memory (an accelerator type it does not know) and the model's config.json.
     llm_gpu_memory_gib = models.FloatField(null=True, blank=True)
-    llm_model_config = models.JSONField(null=True, blank=True)
+    llm_model_config = JSONField(null=True, blank=True)
 
     first_seen_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -101,7 +102,7 @@ class ScalingSample(models.Model):
     target = models.PositiveIntegerField(null=True, blank=True)
     running = models.PositiveIntegerField(default=0)
     waiting = models.PositiveIntegerField(default=0)
-    decision = models.JSONField(null=True, blank=True)
+    decision = JSONField(null=True, blank=True)
 
     team_path = "deployment__application__cluster__team"
 
@@ -118,7 +119,7 @@ class ConfigRevision(models.Model):
     application = models.ForeignKey(Application, on_delete=models.CASCADE, related_name="revisions")
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="config_revisions")
     config_hash = models.CharField(max_length=64)
-    config = models.JSONField()
+    config = JSONField()
     ray_session = models.CharField(max_length=128, blank=True)
     observed_at = models.DateTimeField(auto_now_add=True, db_index=True)
 

@@ -7,6 +7,7 @@ from django.db import models
 from django.utils import timezone
 
 from apps.clusters.models import Cluster
+from apps.core.fields import JSONField
 from apps.fleet.models import Deployment
 
 
@@ -47,8 +48,8 @@ class Incident(models.Model):
     resolved_at = models.DateTimeField(null=True, blank=True)
     signal_count = models.PositiveIntegerField(default=1)
     # Copied in, so the history outlives signal retention.
-    evidence = models.JSONField(default=dict)
-    causes = models.JSONField(default=list, help_text="[{id, title, reason, rank}] from the playbook.")
+    evidence = JSONField(default=dict)
+    causes = JSONField(default=list, help_text="[{id, title, reason, rank}] from the playbook.")
 
     # How a row reaches the team that owns it (apps.accounts.access).
     team_path = "cluster__team"
@@ -142,8 +143,8 @@ class Window(models.Model):
     value out of line and an UPDATE that does not set it keeps it as it is, so a reading writes
     the hour, not the day."""
 
-    recent = models.JSONField(default=list)
-    summaries = models.JSONField(default=list)
+    recent = JSONField(default=list)
+    summaries = JSONField(default=list)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -196,8 +197,8 @@ class ScrapeState(models.Model):
 
     cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="scrape_state")
     at = models.FloatField()
-    samples = models.JSONField(default=list)
-    warnings = models.JSONField(default=list, blank=True)
+    samples = JSONField(default=list)
+    warnings = JSONField(default=list, blank=True)
     error = models.TextField(blank=True)
 
 

@@ -7,6 +7,7 @@ from django.db import models
 from apps.accounts.access import visible
 from apps.accounts.models import Team
 from apps.clusters.models import Cluster
+from apps.core.fields import JSONField
 
 
 class KubeConnectionQuerySet(models.QuerySet):
@@ -33,12 +34,12 @@ class KubeConnection(models.Model):
     kubeconfig_ciphertext = models.TextField(blank=True, default="")
     context = models.CharField(max_length=253, blank=True, help_text="Empty: the kubeconfig's current-context.")
     # Listed explicitly: Fleetdeck never lists the namespaces of a cluster it was not told about.
-    namespaces = models.JSONField(default=list)
+    namespaces = JSONField(default=list)
     # Writes (patching a RayService's serveConfigV2) are refused unless someone turns this off.
     read_only = models.BooleanField(default=True)
     last_checked_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
-    last_warnings = models.JSONField(default=list, blank=True)
+    last_warnings = JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -80,10 +81,10 @@ class KubeLink(models.Model):
     inspected_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     partial = models.BooleanField(default=False)
-    warnings = models.JSONField(default=list, blank=True)
+    warnings = JSONField(default=list, blank=True)
     # What the cluster page shows (pods with their limits and restarts, the last OOMKilled, recent
     # Warning events), kept from the last inspection so the page never calls Kubernetes.
-    snapshot = models.JSONField(default=dict, blank=True)
+    snapshot = JSONField(default=dict, blank=True)
 
     # How a row reaches the team that owns it (apps.accounts.access).
     team_path = "cluster__team"

@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from apps.changes.models import Change
 from apps.clusters.models import Cluster
+from apps.core.fields import JSONField
 from apps.fleet.models import Application, Deployment
 
 
@@ -15,7 +16,7 @@ class Window(models.Model):
     """When maintenance may run: weekdays (0 = Monday) and an hour range in a time zone.
     An end before the start wraps past midnight (22–04)."""
 
-    window_days = models.JSONField(default=list, blank=True, help_text="Weekdays 0–6 (Monday = 0); empty: every day.")
+    window_days = JSONField(default=list, blank=True, help_text="Weekdays 0–6 (Monday = 0); empty: every day.")
     window_start_hour = models.PositiveSmallIntegerField(default=0)
     window_end_hour = models.PositiveSmallIntegerField(default=24)
     timezone = models.CharField(max_length=64, default="UTC")
@@ -29,8 +30,8 @@ class WarmupProfile(Window):
     name = models.CharField(max_length=100)
     method = models.CharField(max_length=8, default="GET")
     path = models.CharField(max_length=500, help_text="Under the application's route prefix.")
-    headers = models.JSONField(default=dict, blank=True)
-    body = models.JSONField(null=True, blank=True)
+    headers = JSONField(default=dict, blank=True)
+    body = JSONField(null=True, blank=True)
     requests = models.PositiveIntegerField(default=20)
     concurrency = models.PositiveIntegerField(default=2)
     timeout_s = models.FloatField(default=10.0)
@@ -116,11 +117,11 @@ class MaintenanceRun(models.Model):
     override_reason = models.TextField(blank=True)
     skip_reason = models.TextField(blank=True)
     error = models.TextField(blank=True)
-    replicas_before = models.JSONField(default=list, blank=True)
-    replicas_after = models.JSONField(default=list, blank=True)
+    replicas_before = JSONField(default=list, blank=True)
+    replicas_after = JSONField(default=list, blank=True)
     cold_start_s = models.FloatField(null=True, blank=True)
-    results = models.JSONField(default=dict, blank=True)
-    log = models.JSONField(default=list, blank=True)
+    results = JSONField(default=dict, blank=True)
+    log = JSONField(default=list, blank=True)
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

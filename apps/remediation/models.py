@@ -4,6 +4,7 @@ from django.conf import settings
 from django.db import models
 
 from apps.clusters.models import Cluster
+from apps.core.fields import JSONField
 from apps.fleet.models import Deployment
 
 
@@ -23,8 +24,8 @@ class Finding(models.Model):
     severity = models.CharField(max_length=16)
     # The check's own explanation of this occurrence; config lint explains itself through its rule.
     message = models.TextField(blank=True)
-    evidence = models.JSONField(default=dict)
-    patch = models.JSONField(null=True, blank=True)
+    evidence = JSONField(default=dict)
+    patch = JSONField(null=True, blank=True)
     action = models.CharField(max_length=16, blank=True)
     first_seen_at = models.DateTimeField(auto_now_add=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
@@ -76,12 +77,10 @@ class Wizard(models.Model):
     finding = models.ForeignKey(Finding, null=True, blank=True, on_delete=models.SET_NULL, related_name="wizards")
     state = models.CharField(max_length=16, choices=State.choices, default=State.OPEN, db_index=True)
     revision = models.PositiveIntegerField(default=1)
-    diagnosis = models.JSONField(
-        default=dict, help_text="Evidence, ranked causes and the measurements the values come from."
-    )
+    diagnosis = JSONField(default=dict, help_text="Evidence, ranked causes and the measurements the values come from.")
     # The deployment's settings the computed values were based on; a live config that differs
     # (other than by this wizard's own changes) makes the wizard stale.
-    basis = models.JSONField(default=dict)
+    basis = JSONField(default=dict)
     latency_objective_ms = models.PositiveIntegerField(
         default=10_000, help_text="p99 the clients may see, end to end (ms)."
     )
@@ -90,10 +89,10 @@ class Wizard(models.Model):
     verification_window_s = models.PositiveIntegerField(default=600)
     verify_started_at = models.DateTimeField(null=True, blank=True)
     verify_ends_at = models.DateTimeField(null=True, blank=True, db_index=True)
-    before = models.JSONField(default=dict, blank=True)
-    after = models.JSONField(default=dict, blank=True)
+    before = JSONField(default=dict, blank=True)
+    after = JSONField(default=dict, blank=True)
     outcome = models.TextField(blank=True)
-    next_steps = models.JSONField(default=list, blank=True)
+    next_steps = JSONField(default=list, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -144,15 +143,15 @@ class WizardStep(models.Model):
     remedy = models.CharField(max_length=8, blank=True)
     title = models.CharField(max_length=200)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
-    values = models.JSONField(default=dict, blank=True, help_text="Computed values with the reason for each.")
-    patch = models.JSONField(null=True, blank=True)
+    values = JSONField(default=dict, blank=True, help_text="Computed values with the reason for each.")
+    patch = JSONField(null=True, blank=True)
     change = models.ForeignKey(
         "changes.Change", null=True, blank=True, on_delete=models.SET_NULL, related_name="wizard_steps"
     )
     calibration = models.ForeignKey(
         "calibration.MemoryCalibration", null=True, blank=True, on_delete=models.SET_NULL, related_name="wizard_steps"
     )
-    check_result = models.JSONField(default=dict, blank=True)
+    check_result = JSONField(default=dict, blank=True)
     note = models.TextField(blank=True)
     updated_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
