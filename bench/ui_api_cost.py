@@ -226,6 +226,7 @@ def seed(first: int, count: int, teams: list, user) -> None:
         [
             Finding(
                 cluster_id=dep.application.cluster_id,
+                cluster_name=dep.application.cluster.name,
                 deployment=dep,
                 application_name=dep.application.name,
                 deployment_name=dep.name,

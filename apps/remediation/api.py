@@ -14,11 +14,10 @@ from apps.remediation import findings, remedy_checks, verification, wizards
 from apps.remediation.filters import FindingFilter
 from apps.remediation.models import Finding, Wizard, WizardStep
 from apps.remediation.rules import BY_ID
-from controlplane.rows import FastRows, narrow
+from controlplane.rows import FastRows
 
 
 class FindingSerializer(FastRows, serializers.ModelSerializer):
-    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     title = serializers.SerializerMethodField()
     why = serializers.SerializerMethodField()
     remedy = serializers.SerializerMethodField()
@@ -72,11 +71,12 @@ class FindingViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = FindingFilter
 
     def get_queryset(self):
-        queryset = access.visible(self.request.user, Finding).select_related("cluster")
+        queryset = access.visible(self.request.user, Finding)
         if "open" not in self.request.query_params:
             queryset = queryset.filter(resolved_at__isnull=True)
-        queryset = queryset.order_by("rule", "cluster__name", "application_name", "deployment_name", "id")
-        return narrow(queryset, "cluster__name") if self.action == "list" else queryset
+        queryset = queryset.order_by("rule", "cluster_name", "application_name", "deployment_name", "id")
+        # A list row names its cluster from its own column; the detail's actions read the cluster.
+        return queryset if self.action == "list" else queryset.select_related("cluster")
 
     @extend_schema(request=MuteSerializer, responses=FindingSerializer)
     @action(detail=True, methods=["post"])

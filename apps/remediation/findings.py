@@ -203,6 +203,7 @@ def _reconcile(cluster: Cluster, wanted: dict, *, owned: Q, resolve_missing: boo
                 new.append(
                     Finding(
                         cluster=cluster,
+                        cluster_name=cluster.name,
                         deployment=row.deployment,
                         application_name=key[0],
                         deployment_name=key[1],

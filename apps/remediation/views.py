@@ -47,7 +47,7 @@ def fix_url(finding: Finding) -> str:
 # The fleet page shows this many places per rule; "show all" pages through one rule.
 FINDINGS_PER_GROUP = 25
 FINDINGS_PER_PAGE = 100
-FINDING_ORDER = ("cluster__name", "application_name", "deployment_name", "pk")
+FINDING_ORDER = ("cluster_name", "application_name", "deployment_name", "pk")
 
 
 @login_required

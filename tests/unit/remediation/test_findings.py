@@ -198,6 +198,7 @@ def test_a_rule_with_many_places_shows_its_first_ones_and_pages_through_all(clus
         [
             Finding(
                 cluster=cluster,
+                cluster_name=cluster.name,
                 application_name=f"app{i:03}",
                 deployment_name="Model",
                 rule="unbounded-queue",
@@ -220,3 +221,17 @@ def test_a_rule_with_many_places_shows_its_first_ones_and_pages_through_all(clus
     assert "← Every rule" in one
     # An unknown rule is the whole page, not an error.
     assert client.get(reverse("remediation:findings"), {"rule": "nope"}).status_code == 200
+
+
+def test_findings_list_by_rule_then_cluster_name_whatever_order_the_clusters_came_in(cluster, api_as):
+    """The lists sort by the name kept on each finding: reconcile writes it, and a finding saved
+    on its own fills it."""
+    later = Cluster.objects.create(name="aaa-registered-later", team=cluster.team, dashboard_url="http://10.0.0.9:8265")
+    for c in (cluster, later):
+        Finding.objects.create(cluster=c, application_name="app", deployment_name="Model", rule="unbounded-queue")
+    findings.recompute(cluster.pk)
+    assert set(Finding.objects.filter(cluster=cluster).values_list("cluster_name", flat=True)) == {cluster.name}
+
+    rows = api_as("admin").get(reverse("finding-list"), {"rule": "unbounded-queue"}).json()["results"]
+    names = [row["cluster_name"] for row in rows]
+    assert names[0] == "aaa-registered-later" and names == sorted(names) and cluster.name in names
