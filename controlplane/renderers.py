@@ -12,8 +12,8 @@ DRF's strict renderer failed the whole response.
 from __future__ import annotations
 
 import orjson
-from rest_framework.utils.encoders import JSONEncoder
 from rest_framework.renderers import JSONRenderer
+from rest_framework.utils.encoders import JSONEncoder
 
 OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
