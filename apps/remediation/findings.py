@@ -6,7 +6,6 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import yaml
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
@@ -16,6 +15,7 @@ from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
 from apps.accounts.models import Role
 from apps.clusters.models import Cluster
+from apps.core import yamltext
 from apps.fleet import llm, sync
 from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, SignalWindow
@@ -256,4 +256,4 @@ def unmute(actor: Actor, finding: Finding) -> Finding:
 
 
 def patch_text(finding: Finding) -> str:
-    return yaml.safe_dump(finding.patch, sort_keys=False) if finding.patch else ""
+    return yamltext.dump(finding.patch, sort_keys=False) if finding.patch else ""

@@ -24,6 +24,7 @@ from apps.remediation.filters import FindingFilter
 from apps.remediation.models import Finding, Wizard
 from apps.remediation.presentation import wizard_context
 from apps.remediation.rules import BY_ID
+from controlplane.rows import narrow
 
 
 def fix_url(finding: Finding) -> str:
@@ -56,8 +57,10 @@ def finding_list(request):
     show_muted = request.GET.get("muted") == "1"
     queryset = FindingFilter(
         {"open": "true"} if show_muted else {"open": "true", "muted": "false"},
-        queryset=access.visible(request.user, Finding).select_related("cluster", "deployment__application"),
+        queryset=access.visible(request.user, Finding).select_related("cluster", "deployment"),
     ).qs
+    # A row shows its cluster's name and links its deployment: not the deployment's configs.
+    queryset = narrow(queryset, "cluster__name", "cluster__team", "deployment__application")
     counts = dict(queryset.order_by().values_list("rule").annotate(n=Count("pk")))
     only = request.GET.get("rule")
     page = None
@@ -68,9 +71,13 @@ def finding_list(request):
         rows = list(page.object_list)
     else:
         only = None
-        # The first places of every rule in one query, whatever the size of the fleet.
+        # The first places of every rule, whatever the size of the fleet: numbered over the
+        # findings' keys alone, then read in full. Numbering the full rows (each with its
+        # deployment's and application's configs) sorted 27 MB on disk at 10,000 findings, and as
+        # a subquery the planner joined every row's configs before keeping the 125 it shows.
         place = Window(RowNumber(), partition_by=[F("rule")], order_by=[F(field).asc() for field in FINDING_ORDER])
-        rows = list(queryset.annotate(place=place).filter(place__lte=FINDINGS_PER_GROUP).order_by(*FINDING_ORDER))
+        first = queryset.annotate(place=place).filter(place__lte=FINDINGS_PER_GROUP).values_list("pk", flat=True)
+        rows = list(queryset.filter(pk__in=list(first)).order_by(*FINDING_ORDER))
     # Roles once per page, not a team and a membership query per finding.
     operable = set(teams_where(request.user, Role.OPERATOR).values_list("pk", flat=True))
     by_rule = defaultdict(list)
@@ -111,8 +118,10 @@ def _wizards(request):
 
 @login_required
 def wizard_list(request):
-    active = _wizards(request).filter(state__in=[Wizard.State.OPEN, Wizard.State.VERIFYING]).order_by("-updated_at")
-    page = Paginator(_wizards(request).exclude(pk__in=active).order_by("-updated_at", "-id"), 50).get_page(
+    # A row names its cluster and its source: not the incident's evidence or the deployment's configs.
+    wizards = narrow(access.visible(request.user, Wizard).select_related("cluster"), "cluster__name")
+    active = wizards.filter(state__in=[Wizard.State.OPEN, Wizard.State.VERIFYING]).order_by("-updated_at")
+    page = Paginator(wizards.exclude(pk__in=active).order_by("-updated_at", "-id"), 50).get_page(
         request.GET.get("page")
     )
     return render(request, "remediation/wizard_list.html", {"active": active, "page": page})

@@ -1,8 +1,9 @@
 import calendar
 import json
 
-import yaml
 from django import template
+
+from apps.core import yamltext
 
 register = template.Library()
 
@@ -47,7 +48,9 @@ def human(value, style: str = "words") -> str:
     style "yaml", for patches, where a null is sent as null and is no removal:
     {'num_replicas': 1, 'autoscaling_config': None} → {num_replicas: 1, autoscaling_config: null}."""
     if style == "yaml":
-        text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=float("inf"), allow_unicode=True)
+        text = yamltext.dump(
+            value, default_flow_style=True, sort_keys=False, width=yamltext.NO_FOLDING, allow_unicode=True
+        )
         return text.strip().removesuffix("...").strip()
     if isinstance(value, dict):
         return ", ".join(f"{key}: {_nested(item)}" for key, item in value.items()) or "none"
