@@ -103,6 +103,8 @@ def seed(first: int, count: int, teams: list, user) -> None:
                 serve_running=True,
                 last_sync_at=now,
                 auth_mode="token",
+                application_count=10,
+                deployment_count=30,
             )
             for c in range(first, first + count)
         ]

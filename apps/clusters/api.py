@@ -34,8 +34,6 @@ class ClusterSerializer(FastRows, serializers.ModelSerializer):
     has_token = serializers.BooleanField(read_only=True)
     dashboard_auth_enabled = serializers.BooleanField(read_only=True, allow_null=True)
     sync_pending = serializers.BooleanField(read_only=True)
-    application_count = serializers.IntegerField(read_only=True)
-    deployment_count = serializers.IntegerField(read_only=True)
 
     class Meta:
         model = Cluster
@@ -74,6 +72,8 @@ class ClusterSerializer(FastRows, serializers.ModelSerializer):
             "last_sync_at",
             "last_sync_duration_ms",
             "sync_requested_at",
+            "application_count",
+            "deployment_count",
             "created_at",
         ]
 

@@ -116,6 +116,11 @@ class Cluster(models.Model):
     observed_digest = models.CharField(max_length=64, blank=True, default="")
     # A replica waited to be placed at the last applied sync: the next one reads the nodes' resources.
     replica_waiting = models.BooleanField(default=False)
+    # Live Serve applications and deployments, written with them by the sync that applies them
+    # (apps.fleet.sync): the cluster lists show them, and counting them per row cost the clusters
+    # API more than the rest of its page.
+    application_count = models.PositiveIntegerField(default=0)
+    deployment_count = models.PositiveIntegerField(default=0)
 
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)

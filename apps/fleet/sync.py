@@ -322,6 +322,12 @@ def apply_observation(
         cluster = Cluster.objects.select_for_update().get(pk=cluster_id)
         cluster_changes = _cluster_changes(cluster, version, serve, outcome)
         changed = _upsert_applications(cluster, serve, version.session_name, now, outcome)
+        # What is live now is what was observed: every other row was just marked removed.
+        counts = {
+            "application_count": len(serve.applications),
+            "deployment_count": sum(len(app.deployments) for app in serve.applications.values()),
+        }
+        cluster_changes.update({name: n for name, n in counts.items() if getattr(cluster, name) != n})
         if changed or cluster_changes:
             cluster_changes["last_change_seen_at"] = now
         cluster_changes.update(last_sync_at=now, last_sync_duration_ms=duration_ms, replica_waiting=outcome.waiting)

@@ -53,6 +53,7 @@ def test_a_first_sync_creates_applications_deployments_and_one_revision_each(use
     assert cluster.reachability == Reachability.OK
     assert cluster.serve_running and cluster.serve_http_port == 8000
     assert cluster.last_sync_at is not None
+    assert (cluster.application_count, cluster.deployment_count) == (2, Deployment.objects.count())
 
 
 def test_an_unchanged_cluster_costs_no_inventory_writes(use_replay, cluster):
@@ -100,6 +101,9 @@ def test_an_application_that_disappears_is_marked_removed_and_keeps_its_history(
     demo = Application.objects.get(cluster=cluster, name="demo")
     assert demo.removed_at is not None and demo.status == "REMOVED"
     assert demo.revisions.count() == 1
+    cluster.refresh_from_db()
+    live = Deployment.objects.filter(application__cluster=cluster, removed_at__isnull=True)
+    assert (cluster.application_count, cluster.deployment_count) == (1, live.count()) and live.exists()
     assert all(dep.removed_at is not None for dep in demo.deployments.all())
     assert Application.objects.get(cluster=cluster, name="echo2").removed_at is None
 
