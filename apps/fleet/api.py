@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.db.models.manager import BaseManager
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
@@ -42,6 +43,13 @@ class ApplicationSerializer(FastRows, serializers.ModelSerializer):
         ]
 
 
+class DeploymentListSerializer(serializers.ListSerializer):
+    def to_representation(self, data):
+        deployments = list(data.all() if isinstance(data, BaseManager) else data)
+        llm.read_for_descriptions(deployments)
+        return super().to_representation(deployments)
+
+
 class DeploymentSerializer(FastRows, serializers.ModelSerializer):
     cluster = serializers.IntegerField(source="application.cluster_id", read_only=True)
     application_name = serializers.CharField(source="application.name", read_only=True)
@@ -53,6 +61,7 @@ class DeploymentSerializer(FastRows, serializers.ModelSerializer):
 
     class Meta:
         model = Deployment
+        list_serializer_class = DeploymentListSerializer
         fields = [
             "id",
             "cluster",
@@ -136,14 +145,13 @@ class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
         deployments = (
             access.visible(self.request.user, Deployment)
             .select_related("application")
-            .prefetch_related(llm.live_deployments())
             .order_by("application__cluster__name", "application__name", "name")
         )
         if self.action != "list":
             return deployments
-        # The row shows the application's name and cluster; `llm.describe` reads its import path and config.
-        related = ("name", "cluster", "import_path", "deployed_app_config")
-        return narrow(deployments, *(f"application__{field}" for field in related))
+        # The row shows the application's name and cluster; `llm.describe` reads its import path, and
+        # the page reads configs only for the rows that could be LLM deployments (DeploymentListSerializer).
+        return narrow(deployments, *(f"application__{field}" for field in ("name", "cluster", "import_path")))
 
     @extend_schema(
         responses=inline_serializer(

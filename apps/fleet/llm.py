@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from django.db.models import Prefetch
+from django.db.models import Prefetch, prefetch_related_objects
 
 from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
@@ -33,7 +33,7 @@ CONFIG_NEEDED = (
 def application_models(app: Application, deployments: list[Deployment] | None = None) -> list[LLMModel]:
     """The serve.llm models of an application, [] for any other; `deployments` are its live ones when known."""
     if deployments is None:
-        # A list prefetches them (LIVE_DEPLOYMENTS): one query for the page, not one per LLM deployment.
+        # A list reads them for its page (read_for_descriptions): not one query per LLM deployment.
         deployments = getattr(app, "live_deployments", None)
     if deployments is None:
         deployments = list(app.deployments.filter(removed_at__isnull=True).only("name", "effective_config"))
@@ -43,13 +43,33 @@ def application_models(app: Application, deployments: list[Deployment] | None = 
     return list(recognised.models) if recognised else []
 
 
-def live_deployments() -> Prefetch:
-    """What a list of deployments prefetches so each LLM deployment's description reads its
-    application's live deployments without a query of its own."""
-    return Prefetch(
-        "application__deployments",
-        queryset=Deployment.objects.filter(removed_at__isnull=True).only("application_id", "name", "effective_config"),
-        to_attr="live_deployments",
+def could_serve_llm(deployment: Deployment) -> bool:
+    """Built by a serve.llm builder or named like a serve.llm deployment: only then does a
+    description read the application's config and its live deployments."""
+    return builder_of(deployment.application.import_path) is not None or deployment_role(deployment.name) is not None
+
+
+def read_for_descriptions(deployments: list[Deployment]) -> None:
+    """What describing a page of deployments reads, for the few that could be LLM deployments, in
+    two queries: their applications' configs and live deployments. Every row used to carry its
+    application's config and every live sibling's config, decoded for rows that never read them.
+    A list defers `application__deployed_app_config`; this fills it where it is needed."""
+    # Each row has an application object of its own, even where two rows share the application.
+    apps = [d.application for d in deployments if could_serve_llm(d)]
+    if not apps:
+        return
+    configs = dict(Application.objects.filter(pk__in={app.pk for app in apps}).values_list("pk", "deployed_app_config"))
+    for app in apps:
+        app.deployed_app_config = configs.get(app.pk)
+    prefetch_related_objects(
+        apps,
+        Prefetch(
+            "deployments",
+            queryset=Deployment.objects.filter(removed_at__isnull=True).only(
+                "application_id", "name", "effective_config"
+            ),
+            to_attr="live_deployments",
+        ),
     )
 
 
@@ -79,9 +99,8 @@ def deployments_by_model(cluster_id: int, models: set[str]) -> dict[str, tuple[s
 
 def recognised_model(deployment: Deployment) -> LLMModel | None:
     """The serve.llm model this deployment serves, or None when it is not a serve.llm deployment."""
-    app = deployment.application
-    if builder_of(app.import_path) is None and deployment_role(deployment.name) is None:
-        return None  # neither built by a serve.llm builder nor named like a serve.llm deployment
+    if not could_serve_llm(deployment):
+        return None
     models = application_models(deployment.application)
     return next((m for m in models if m.deployment_name == deployment.name), None)
 

@@ -11,7 +11,9 @@ from django.urls import reverse
 
 from apps.accounts.models import AuditEvent
 from apps.clusters.models import Cluster
+from tests.factories import ClusterFactory
 from tests.llm_world import MODEL_ID, SERVER, llama_config, llm_config, llm_deployment, openai_app
+from tests.unit.fleet.test_query_counts import add_to_cluster
 
 
 @pytest.fixture
@@ -143,3 +145,16 @@ def test_listing_llm_deployments_costs_the_same_queries_for_one_application_or_f
     for n in range(1, 5):
         llm_deployment(cluster, openai_app() | {"name": f"llm-{n}"})
     assert count() == one
+
+
+def test_a_list_row_describes_each_deployment_as_its_detail_does(cluster, api_as):
+    """A list reads configs only for the rows that could be LLM deployments, and two rows of one
+    application each read them."""
+    llm_deployment(cluster, openai_app(llm_config(tensor_parallel_size=2)))
+    other = ClusterFactory(team=cluster.team, name="plain")
+    add_to_cluster(other, None, 2)
+    api = api_as("viewer")
+    rows = api.get("/api/v1/deployments/").json()["results"]
+    assert any(row["llm"] for row in rows) and any(row["llm"] is None for row in rows)
+    for row in rows:
+        assert row["llm"] == api.get(f"/api/v1/deployments/{row['id']}/").json()["llm"], row["name"]
