@@ -16,7 +16,8 @@ Then gunicorn (4 sync workers, the pinned version) serves the 1,000-cluster data
 bench/server_settings.py, which adds a trivial DRF endpoint (same authentication, permission
 and throttling, no queries of its own); a load generator (2 processes x 4 threads, token auth)
 reports requests per second of the main list endpoints and those forms as a ratio to that trivial
-endpoint.
+endpoint, each measured in 1 s slices alternating with the trivial endpoint so that the ratio
+holds on a machine whose speed drifts.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ DEPLOYMENTS = ("Ingress", "Model", "Postprocess")
 TEAMS = 10
 GUNICORN_WORKERS = 4
 SECONDS_PER_URL = 8.0
+TRIVIAL = "/bench/trivial/"
+SLICE_SECONDS = 1.0
 LOAD_PROCESSES, LOAD_THREADS = 2, 4
 
 
@@ -475,7 +478,21 @@ def requests_per_second(port: int, path: str, token: str, seconds: float) -> tup
     return sum(ok for ok, _ in totals) / seconds, sum(failed for _, failed in totals)
 
 
-def load(env: dict, token: str, seconds: float) -> dict[str, tuple[float, int]]:
+def paired(port: int, path: str, token: str, seconds: float) -> tuple[float, int, float]:
+    """Requests per second of `path` and of the trivial endpoint measured in alternating slices
+    of SLICE_SECONDS, `seconds` each in all: a shared machine's speed drifts by tens of percent
+    within minutes, and a baseline measured once, minutes before, moved the ratio with it."""
+    done = failed = trivial = 0.0
+    for _ in range(max(1, round(seconds / SLICE_SECONDS))):
+        rate, _ = requests_per_second(port, TRIVIAL, token, SLICE_SECONDS)
+        trivial += rate
+        rate, lost = requests_per_second(port, path, token, SLICE_SECONDS)
+        done, failed = done + rate, failed + lost
+    slices = max(1, round(seconds / SLICE_SECONDS))
+    return done / slices, int(failed), trivial / slices
+
+
+def load(env: dict, token: str, seconds: float) -> dict[str, tuple[float, int, float]]:
     from controlplane.local_ray import free_port
 
     port = free_port()
@@ -510,13 +527,12 @@ def load(env: dict, token: str, seconds: float) -> dict[str, tuple[float, int]]:
                 raise SystemExit(f"gunicorn did not start:\n{server.stderr.read().decode()[-3000:]}")
             time.sleep(0.3)
         paths = {
-            "trivial DRF endpoint (baseline)": "/bench/trivial/",
             **{name: f"/api/v1/{name}/" for name in LOADED},
             **{url.removeprefix("/api/v1/"): url for url in FORMS},
         }
-        for path in paths.values():  # every worker imports and warms its code paths first
+        for path in [TRIVIAL, *paths.values()]:  # every worker imports and warms its code paths first
             requests_per_second(port, path, token, 0.5)
-        return {label: requests_per_second(port, path, token, seconds) for label, path in paths.items()}
+        return {label: paired(port, path, token, seconds) for label, path in paths.items()}
     finally:
         server.terminate()
         try:
@@ -596,13 +612,15 @@ def main() -> None:
         connection.close()
         rates = load(env, token, seconds)
         shutil.rmtree(var, ignore_errors=True)
-    base = rates["trivial DRF endpoint (baseline)"][0]
     print(
         f"\nrequests per second against gunicorn {GUNICORN_WORKERS} sync workers, 1,000 clusters, "
-        f"{LOAD_PROCESSES}x{LOAD_THREADS} concurrent clients, {seconds:g} s each:"
+        f"{LOAD_PROCESSES}x{LOAD_THREADS} concurrent clients, {seconds:g} s each in {SLICE_SECONDS:g} s slices "
+        "alternating with the trivial DRF endpoint (the baseline: same authentication, permission and throttling, "
+        "no queries):"
     )
-    for label, (rate, failed) in rates.items():
-        print(f"  {label:40s} {rate:8.1f} req/s  ratio {rate / base:5.2f}" + (f"  ({failed} failed)" if failed else ""))
+    print(f"  {'':40s} {'req/s':>8s} {'trivial':>8s} {'ratio':>6s}")
+    for label, (rate, failed, base) in rates.items():
+        print(f"  {label:40s} {rate:8.1f} {base:8.1f} {rate / base:6.2f}" + (f"  ({failed} failed)" if failed else ""))
 
 
 if __name__ == "__main__":
