@@ -7,8 +7,8 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.db.models import Count, F, Window
-from django.db.models.functions import RowNumber
+from django.db import connection
+from django.db.models import Count
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -51,6 +51,23 @@ FINDINGS_PER_PAGE = 100
 FINDING_ORDER = ("cluster_name", "application_name", "deployment_name", "pk")
 
 
+def _first_places(findings, rules: list[str]) -> list[int]:
+    """The keys of the first FINDINGS_PER_GROUP places of each rule, whatever the size of the
+    fleet: each rule's read off the index in the lists' order (Finding.Meta.indexes), in one
+    UNION ALL where the database takes ordered, sliced parts (PostgreSQL), else one query per rule
+    (SQLite). Numbering every open finding with a window function sorted all of them: 19 ms of a
+    page at 10,000 findings, and 140 ms when it read the full rows."""
+    parts = [
+        findings.filter(rule=rule).order_by(*FINDING_ORDER).values_list("pk", flat=True)[:FINDINGS_PER_GROUP]
+        for rule in rules
+    ]
+    if not parts:
+        return []
+    if connection.features.supports_slicing_ordering_in_compound:
+        return list(parts[0].union(*parts[1:], all=True))
+    return [pk for part in parts for pk in part]
+
+
 @login_required
 def finding_list(request):
     # Open findings only; the page's `muted=1` shows muted ones as well as the rest.
@@ -71,13 +88,7 @@ def finding_list(request):
         rows = list(page.object_list)
     else:
         only = None
-        # The first places of every rule, whatever the size of the fleet: numbered over the
-        # findings' keys alone, then read in full. Numbering the full rows (each with its
-        # deployment's and application's configs) sorted 27 MB on disk at 10,000 findings, and as
-        # a subquery the planner joined every row's configs before keeping the 125 it shows.
-        place = Window(RowNumber(), partition_by=[F("rule")], order_by=[F(field).asc() for field in FINDING_ORDER])
-        first = queryset.annotate(place=place).filter(place__lte=FINDINGS_PER_GROUP).values_list("pk", flat=True)
-        rows = list(queryset.filter(pk__in=list(first)).order_by(*FINDING_ORDER))
+        rows = list(queryset.filter(pk__in=_first_places(queryset, list(counts))).order_by(*FINDING_ORDER))
     # Roles once per page, not a team and a membership query per finding.
     operable = set(teams_where(request.user, Role.OPERATOR).values_list("pk", flat=True))
     by_rule = defaultdict(list)
@@ -89,9 +100,10 @@ def finding_list(request):
         {"rule": BY_ID[rule], "findings": items, "count": counts[rule], "hidden": counts[rule] - len(items)}
         for rule, items in sorted(by_rule.items(), key=lambda kv: (-counts[kv[0]], kv[0]))
     ]
-    return render(
-        request, "remediation/findings.html", {"groups": groups, "show_muted": show_muted, "only": only, "page": page}
-    )
+    context = {"groups": groups, "show_muted": show_muted, "only": only, "page": page}
+    # The same for every row: reversed once, not once per finding.
+    context["wizard_start_url"] = reverse("remediation:wizard_start")
+    return render(request, "remediation/findings.html", context)
 
 
 @login_required
