@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from urllib.parse import urlencode
 
 from django.contrib import messages
@@ -18,6 +19,7 @@ from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role, teams_where
+from apps.core import links
 from apps.incidents.models import Incident
 from apps.remediation import findings, remedy_checks, verification, wizards
 from apps.remediation.filters import FindingFilter
@@ -27,8 +29,9 @@ from apps.remediation.rules import BY_ID
 from controlplane.rows import narrow
 
 
-def fix_url(finding: Finding) -> str:
-    """Where "plan this fix" leads: the change planner prefilled, or the schedule/warmup page."""
+def fix_url(finding: Finding, plan: Callable[[int], str] | None = None) -> str:
+    """Where "plan this fix" leads: the change planner prefilled, or the schedule/warmup page.
+    `plan`: the planner's link by cluster, for a page of findings (`links.by_key`)."""
     if finding.patch and finding.deployment_name:
         query = urlencode(
             {
@@ -37,7 +40,7 @@ def fix_url(finding: Finding) -> str:
                 "reason": f"Finding: {BY_ID[finding.rule].title}",
             }
         )
-        return f"{reverse('changes:plan', args=[finding.cluster_id])}?{query}"
+        return f"{(plan or links.by_key('changes:plan'))(finding.cluster_id)}?{query}"
     if finding.action == "schedule" and finding.deployment_id:
         return reverse("maintenance:schedule", args=[finding.deployment_id])
     if finding.action == "warmup" and finding.deployment_id:
@@ -92,8 +95,14 @@ def finding_list(request):
     # Roles once per page, not a team and a membership query per finding.
     operable = set(teams_where(request.user, Role.OPERATOR).values_list("pk", flat=True))
     by_rule = defaultdict(list)
+    plan, cluster_url, deployment_url, mute_url = (
+        links.by_key(name) for name in ("changes:plan", "fleet:cluster", "fleet:deployment", "remediation:mute")
+    )
     for finding in rows:
-        finding.fix_url = fix_url(finding)
+        finding.fix_url = fix_url(finding, plan)
+        finding.cluster_url = cluster_url(finding.cluster_id)
+        finding.deployment_url = deployment_url(finding.deployment_id) if finding.deployment_id else ""
+        finding.mute_url = mute_url(finding.pk)
         finding.can_operate = finding.cluster.team_id in operable
         by_rule[finding.rule].append(finding)
     groups = [
