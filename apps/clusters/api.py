@@ -15,7 +15,20 @@ from apps.clusters.filters import ClusterFilter
 from apps.clusters.models import EDITABLE_FIELDS, UPDATABLE_FIELDS, Cluster, ClusterEvent
 from apps.clusters.validation import normalize_dashboard_url, normalize_optional_url, validate_labels, validate_token
 from apps.fleet.selectors import cluster_listing
-from controlplane.rows import FastRows
+from controlplane.rows import FastRows, narrow
+
+
+# What the sync keeps on a cluster for itself; no cluster row shows it.
+SYNC_STATE = (
+    "serve_controller_start_time",
+    "node_resources",
+    "node_resources_at",
+    "last_change_seen_at",
+    "next_sync_at",
+    "observed_digest",
+    "replica_waiting",
+    "created_by",
+)
 
 
 class ClusterSerializer(FastRows, serializers.ModelSerializer):
@@ -126,7 +139,12 @@ class ClusterViewSet(
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
     def get_queryset(self):
-        return cluster_listing(self.request.user)
+        clusters = cluster_listing(self.request.user)
+        if self.action != "list":
+            return clusters
+        # A row shows its team's slug, and none of what the sync keeps for itself (the nodes'
+        # resources, the digest, the schedule).
+        return narrow(clusters, "team__slug").defer(*SYNC_STATE)
 
     def perform_create(self, serializer):
         data = serializer.validated_data
