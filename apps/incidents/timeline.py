@@ -98,6 +98,8 @@ def _related(
             continue
         items.append({"at": item.at, "kind": item.kind, "id": item.id, "text": item.text})
     for event in events:
+        if event.created_at < since:
+            continue
         text = event.get_kind_display() + (f": {event.message}" if event.message else "")
         items.append({"at": event.created_at, "kind": KINDS[event.kind], "id": event.pk, "text": text})
     for revision in foreign:
