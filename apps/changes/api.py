@@ -269,14 +269,19 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
         changes = (
             access.visible(self.request.user, Change)
             .select_related("cluster", "preset", "created_by", "applied_by")
-            .prefetch_related(Prefetch("steps", to_attr="step_rows"))
             .order_by("-created_at", "-id")
         )
         if self.action != "list":
-            return changes
-        # The serializer shows no config (the actions push and restore them) and one name of each related row.
+            return changes.prefetch_related(Prefetch("steps", to_attr="step_rows"))
+        # The serializer shows no config (the actions push and restore them), one name of each related
+        # row, and of each step what ChangeStepSerializer shows (not its data).
         related = ("cluster__name", "preset__slug", "created_by__username", "applied_by__username")
-        return narrow(changes, *related).defer(*Change.CONFIGS)
+        steps = ChangeStep.objects.only("change", "at", "state", "message")
+        return (
+            narrow(changes, *related)
+            .defer(*Change.CONFIGS)
+            .prefetch_related(Prefetch("steps", queryset=steps, to_attr="step_rows"))
+        )
 
     @extend_schema(request=PlanSerializer, responses={201: ChangeSerializer})
     def create(self, request, *args, **kwargs):

@@ -17,7 +17,6 @@ from apps.clusters.validation import normalize_dashboard_url, normalize_optional
 from apps.fleet.selectors import cluster_listing
 from controlplane.rows import FastRows, narrow
 
-
 # What the sync keeps on a cluster for itself; no cluster row shows it.
 SYNC_STATE = (
     "serve_controller_start_time",
