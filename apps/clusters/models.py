@@ -119,8 +119,12 @@ class Cluster(models.Model):
     # Live Serve applications and deployments, written with them by the sync that applies them
     # (apps.fleet.sync): the cluster lists show them, and counting them per row cost the clusters
     # API more than the rest of its page.
-    application_count = models.PositiveIntegerField(default=0)
-    deployment_count = models.PositiveIntegerField(default=0)
+    application_count = models.PositiveIntegerField(
+        default=0, help_text="Live Serve applications, as the last applied sync saw them."
+    )
+    deployment_count = models.PositiveIntegerField(
+        default=0, help_text="Live Serve deployments, as the last applied sync saw them."
+    )
 
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)

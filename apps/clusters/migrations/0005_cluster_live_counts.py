@@ -13,11 +13,11 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='cluster',
             name='application_count',
-            field=models.PositiveIntegerField(default=0),
+            field=models.PositiveIntegerField(default=0, help_text='Live Serve applications, as the last applied sync saw them.'),
         ),
         migrations.AddField(
             model_name='cluster',
             name='deployment_count',
-            field=models.PositiveIntegerField(default=0),
+            field=models.PositiveIntegerField(default=0, help_text='Live Serve deployments, as the last applied sync saw them.'),
         ),
     ]
