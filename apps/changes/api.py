@@ -536,10 +536,9 @@ class RolloutViewSet(
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user
             return Rollout.objects.none()
-        visible = access.visible(self.request.user, Rollout).select_related("preset")
+        visible = access.visible(self.request.user, Rollout).select_related("preset").order_by("-created_at", "-id")
         # A list reads its changes as rows (RolloutListSerializer); the detail and actions prefetch them.
-        seen = rollouts.counted_for if self.action == "list" else rollouts.seen_by
-        return seen(self.request.user, visible).order_by("-created_at", "-id")
+        return visible if self.action == "list" else rollouts.seen_by(self.request.user, visible)
 
     def get_serializer_class(self):
         return RolloutSummarySerializer if self._counts_only() else RolloutSerializer

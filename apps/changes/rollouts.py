@@ -320,6 +320,7 @@ def change_rows_seen_by(user, page: list[Rollout]) -> dict[int, list[dict]]:
     rows: dict[int, list[dict]] = {rollout.pk: [] for rollout in page}
     if not rows:
         return rows
+    read_totals(page)
     mine = access.visible(user, Change).filter(rollout__in=list(rows)).order_by(*Change._meta.ordering)
     fields = ("id", "rollout", "cluster", "cluster__name", "wave", "targets", "state", "error", "client_impact")
     for row in mine.values(*fields):
@@ -345,14 +346,23 @@ def error_cut_to(rollout: Rollout, clusters: set[str], seen: int) -> str:
     return "; ".join(parts) or "The rollout stopped at a change on a cluster of another team."
 
 
-def counted_for(user, rollouts: QuerySet[Rollout]) -> QuerySet[Rollout]:
-    """Rollouts with the total of their changes and none of them fetched (`summaries`)."""
-    return rollouts.annotate(change_total=Count("changes"))
+def read_totals(page: list[Rollout]) -> None:
+    """`change_total` on each rollout of a list page that stopped with an error, the only ones
+    whose error is cut by it (`error_cut_to`), in one query. Counting every rollout's changes in
+    the list's own query grouped all the page's changes, in the paginator's count as well."""
+    failed = [rollout for rollout in page if rollout.error and not hasattr(rollout, "change_total")]
+    if not failed:
+        return
+    counted = Change.objects.filter(rollout__in=failed).order_by().values("rollout").annotate(n=Count("id"))
+    totals = {row["rollout"]: row["n"] for row in counted}
+    for rollout in failed:
+        rollout.change_total = totals.get(rollout.pk, 0)
 
 
 def summaries(user, page: list[Rollout]) -> dict[int, tuple[dict[str, int], str]]:
-    """For each rollout of a page, in two queries whatever the rollouts' size: how many of the
+    """For each rollout of a page, in at most three queries whatever the rollouts' size: how many of the
     changes the user may see are in each state, and its error as far as it concerns them."""
+    read_totals(page)
     mine = access.visible(user, Change).filter(rollout__in=page)
     counts: dict[int, dict[str, int]] = {rollout.pk: {} for rollout in page}
     for row in mine.order_by().values("rollout", "state").annotate(n=Count("id")):
