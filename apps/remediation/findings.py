@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Q
+from django.db import connection, transaction
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from apps.accounts.access import Permission
@@ -231,6 +231,20 @@ def _reconcile(cluster: Cluster, wanted: dict, *, owned: Q, resolve_missing: boo
         if gone:
             resolved = Finding.objects.filter(pk__in=gone).update(resolved_at=now)
     return {"opened": opened, "resolved": resolved}
+
+
+def first_places(findings: QuerySet[Finding], rules: list[str], order: tuple[str, ...], per_rule: int) -> list[int]:
+    """The keys of the first `per_rule` findings of each rule in `order`, whatever the size of
+    the fleet: each rule's read off the index in the lists' order (Finding.Meta.indexes), in one
+    UNION ALL where the database takes ordered, sliced parts (PostgreSQL), else one query per rule
+    (SQLite). Numbering every open finding with a window function sorted all of them: 19 ms of a
+    page at 10,000 findings, and 140 ms when it read the full rows."""
+    parts = [findings.filter(rule=rule).order_by(*order).values_list("pk", flat=True)[:per_rule] for rule in rules]
+    if not parts:
+        return []
+    if connection.features.supports_slicing_ordering_in_compound:
+        return list(parts[0].union(*parts[1:], all=True))
+    return [pk for part in parts for pk in part]
 
 
 def mute(actor: Actor, finding: Finding, reason: str) -> Finding:
