@@ -111,6 +111,13 @@ DATABASES = {
         conn_max_age=env_int("FLEETDECK_DB_CONN_MAX_AGE", 60, minimum=0),
     )
 }
+if DATABASES["default"]["ENGINE"].endswith("postgresql") and env_bool("FLEETDECK_DB_PREPARED_STATEMENTS", True):
+    # A list's queries join four to six tables, and PostgreSQL spent more CPU planning them than
+    # running them (a changes page: 2.8 ms of planning for 0.7 ms of execution). A statement a
+    # connection has run 5 times is prepared, and PostgreSQL soon settles on a generic
+    # plan it no longer re-plans. Off behind a pooler in transaction mode, where a statement
+    # prepared on one server connection is not there on the next.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(server_side_binding=True, prepare_threshold=5)
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # The web process, the worker and beat share one file: wait for locks instead of failing.
     # IMMEDIATE takes the write lock when a transaction begins: a deferred one that read first
