@@ -9,6 +9,7 @@ Large lists in a stable order (incidents, audit events, config revisions) also p
 `?cursor=` (empty for the first page) answers `next` and `previous` links that carry the last
 row's position, so a deep page costs what the first one does, and rows arriving meanwhile never
 shift a page. Like NetBox's paginator, both refuse an unordered queryset: its pages would overlap.
+Both build the page's instances with `controlplane.lean`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from django.utils.functional import cached_property
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import CursorPagination, PageNumberPagination
 from rest_framework.response import Response
+
+from controlplane.lean import lean
 
 COUNT_CAP = 1000
 
@@ -52,6 +55,7 @@ class CappedPaginator(Paginator):
 class CappedCountPagination(PageNumberPagination):
     def paginate_queryset(self, queryset, request, view=None):
         require_ordered(queryset)
+        queryset = lean(queryset) if isinstance(queryset, QuerySet) else queryset
         self.request = request
         page_size = self.get_page_size(request)
         raw = request.query_params.get(self.page_query_param) or 1
@@ -114,7 +118,7 @@ class KeysetPagination(CursorPagination):
         self.ordering = tuple(queryset.query.order_by) or tuple(queryset.model._meta.ordering)
         if "__" in self.ordering[0]:
             raise ValidationError({"cursor": ["Keyset pages follow a field of the row itself, not this order."]})
-        return super().paginate_queryset(queryset, request, view)
+        return super().paginate_queryset(lean(queryset), request, view)
 
     def get_ordering(self, request, queryset, view):
         return self.ordering
