@@ -193,7 +193,14 @@ class Change(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
         # The change list's order: a page is read off the index instead of sorting every change.
-        indexes = [models.Index(fields=["-created_at", "-id"], name="change_recent_first")]
+        indexes = [
+            models.Index(fields=["-created_at", "-id"], name="change_recent_first"),
+            # A rollout list counts each rollout's changes by state: from this index alone, not
+            # from the change rows with their configs.
+            models.Index(
+                fields=["rollout", "state", "cluster"], condition=Q(rollout__isnull=False), name="change_rollout_states"
+            ),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["cluster"],

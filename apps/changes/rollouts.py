@@ -353,7 +353,7 @@ def read_totals(page: list[Rollout]) -> None:
     failed = [rollout for rollout in page if rollout.error and not hasattr(rollout, "change_total")]
     if not failed:
         return
-    counted = Change.objects.filter(rollout__in=failed).order_by().values("rollout").annotate(n=Count("id"))
+    counted = Change.objects.filter(rollout__in=failed).order_by().values("rollout").annotate(n=Count("*"))
     totals = {row["rollout"]: row["n"] for row in counted}
     for rollout in failed:
         rollout.change_total = totals.get(rollout.pk, 0)
@@ -365,7 +365,7 @@ def summaries(user, page: list[Rollout]) -> dict[int, tuple[dict[str, int], str]
     read_totals(page)
     mine = access.visible(user, Change).filter(rollout__in=page)
     counts: dict[int, dict[str, int]] = {rollout.pk: {} for rollout in page}
-    for row in mine.order_by().values("rollout", "state").annotate(n=Count("id")):
+    for row in mine.order_by().values("rollout", "state").annotate(n=Count("*")):
         counts[row["rollout"]][row["state"]] = row["n"]
     clusters: dict[int, set[str]] = {rollout.pk: set() for rollout in page}
     partial = [r for r in page if r.error and sum(counts[r.pk].values()) != r.change_total]

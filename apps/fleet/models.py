@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.db import models
+from django.db.models import Q
 
 from apps.clusters.models import Cluster
 from apps.core.fields import JSONField
@@ -30,6 +31,8 @@ class Application(models.Model):
     class Meta:
         ordering = ["cluster__name", "name"]
         constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="one_application_name_per_cluster")]
+        # Lists count the applications still there: read off this index alone, not one row each.
+        indexes = [models.Index(fields=["cluster"], condition=Q(removed_at__isnull=True), name="application_present")]
 
     def __str__(self) -> str:
         return f"{self.cluster.name}/{self.name}"
@@ -82,6 +85,10 @@ class Deployment(models.Model):
         ordering = ["application__cluster__name", "application__name", "name"]
         constraints = [
             models.UniqueConstraint(fields=["application", "name"], name="one_deployment_name_per_application")
+        ]
+        # Lists count the deployments still there: read off this index alone, not one row each.
+        indexes = [
+            models.Index(fields=["application"], condition=Q(removed_at__isnull=True), name="deployment_present")
         ]
 
     def __str__(self) -> str:
