@@ -19,6 +19,7 @@ from apps.changes.validation import parse_options_text, preset_or_options, valid
 from apps.clusters.models import Cluster
 from apps.fleet import client_impact
 from apps.fleet.models import ConfigRevision
+from controlplane.lean import lean
 from controlplane.rows import FastRows, narrow
 
 
@@ -276,7 +277,7 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
         # The serializer shows no config (the actions push and restore them), one name of each related
         # row, and of each step what ChangeStepSerializer shows (not its data).
         related = ("cluster__name", "preset__slug", "created_by__username", "applied_by__username")
-        steps = ChangeStep.objects.only("change", "at", "state", "message")
+        steps = lean(ChangeStep.objects.only("change", "at", "state", "message"))
         return (
             narrow(changes, *related)
             .defer(*Change.CONFIGS)

@@ -16,6 +16,7 @@ from apps.incidents import services, webhooks
 from apps.incidents.filters import IncidentFilter
 from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, PodKillRecord, Webhook, WebhookDelivery
 from apps.incidents.timeline import related_work, related_work_for
+from controlplane.lean import lean
 from controlplane.pagination import PageOrKeysetPagination
 from controlplane.rows import FastRows, narrow
 
@@ -162,9 +163,9 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
         if self._summary():
             return narrow(incidents, "cluster__name").defer("evidence")
         incidents = incidents.prefetch_related(
-            Prefetch("oom_kills", to_attr="oom_kill_rows"),
-            Prefetch("pod_kills", to_attr="pod_kill_rows"),
-            Prefetch("timeline", IncidentEvent.objects.select_related("author"), to_attr="timeline_rows"),
+            Prefetch("oom_kills", lean(OomKillRecord.objects.all()), to_attr="oom_kill_rows"),
+            Prefetch("pod_kills", lean(PodKillRecord.objects.all()), to_attr="pod_kill_rows"),
+            Prefetch("timeline", lean(IncidentEvent.objects.select_related("author")), to_attr="timeline_rows"),
         )
         return narrow(incidents, "cluster__name") if self.action == "list" else incidents
 
