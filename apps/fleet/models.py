@@ -135,6 +135,9 @@ class ConfigRevision(models.Model):
 
     class Meta:
         ordering = ["-observed_at", "-id"]
+        # "Did this revision replace an earlier one of its application?" (an incident's related
+        # work asks it of every revision around a page of incidents): one probe of this index.
+        indexes = [models.Index(fields=["application", "id"], name="revision_order_per_application")]
 
     def __str__(self) -> str:
         return f"{self.application} @ {self.observed_at:%Y-%m-%d %H:%M:%S} ({self.config_hash[:8]})"

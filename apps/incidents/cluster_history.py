@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from apps.changes.models import Change, ChangeState
 from apps.clusters.models import Cluster, ClusterEvent
-from apps.fleet.models import ConfigRevision
+from apps.fleet.models import Application, ConfigRevision
 from apps.incidents.causes import ClusterHistory, RecentChange
 
 RESTARTS = [ClusterEvent.Kind.SESSION_CHANGED, ClusterEvent.Kind.CONTROLLER_RESTARTED]
@@ -39,15 +39,18 @@ def pushed_at(change: Change) -> datetime:
 
 def revisions_since(cluster_ids, since: datetime, application: str | None = None) -> list[ConfigRevision]:
     """Revisions that replaced a config, in observation order, without their configs (when and
-    in which session is what counts here). An application's first revision replaced nothing:
-    it is what Fleetdeck first saw running."""
+    in which session is what counts here), each with its `application_name`. An application's
+    first revision replaced nothing: it is what Fleetdeck first saw running."""
     earlier = ConfigRevision.objects.filter(application=OuterRef("application"), pk__lt=OuterRef("pk"))
     rows = ConfigRevision.objects.filter(cluster_id__in=cluster_ids, observed_at__gte=since).filter(Exists(earlier))
     if application is not None:
         rows = rows.filter(application__name=application)
+    # The name is looked up for the rows kept only: joining the applications made PostgreSQL hash
+    # all of them (10,000 at 1,000 clusters) for an incident page whose revisions were a handful.
+    name = Application.objects.filter(pk=OuterRef("application_id")).order_by().values("name")
     return list(
-        rows.select_related("application")
-        .only("cluster", "application__name", "config_hash", "ray_session", "observed_at")
+        rows.annotate(application_name=Subquery(name))
+        .only("cluster", "application", "config_hash", "ray_session", "observed_at")
         .order_by("observed_at", "pk")
     )
 
@@ -63,7 +66,7 @@ def makers(
     now = now or timezone.now()
     by_application: dict[tuple[int, str], list[ConfigRevision]] = {}
     for revision in sorted(revisions, key=lambda r: (r.observed_at, r.pk)):
-        by_application.setdefault((revision.cluster_id, revision.application.name), []).append(revision)
+        by_application.setdefault((revision.cluster_id, revision.application_name), []).append(revision)
     made: dict[int, list[Change]] = {revision.pk: [] for revision in revisions}
     for change in changes:
         for application in change.touched_applications:

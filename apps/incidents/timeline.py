@@ -105,7 +105,7 @@ def _related(
     for revision in foreign:
         if revision.observed_at < since:
             continue
-        name = revision.application.name
+        name = revision.application_name
         if not incident.application_name or incident.application_name == name:
             items.append(
                 {
