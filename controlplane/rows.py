@@ -154,17 +154,15 @@ def _direct_path(field, model) -> str | None:
         if not target.concrete:
             return None  # a reverse relation: a manager, not a value
         if position < len(attrs) - 1:
-            if not (target.many_to_one or target.one_to_one):
-                return None
+            if not (target.many_to_one or target.one_to_one) or target.null:
+                return None  # a row without the related row would fall back to the slow path
             current = target.related_model
     if _pk_only(field):
-        if len(attrs) != 1:
-            return None
-        return target.attname
+        return ".".join([*attrs[:-1], target.attname])  # the key column, as DRF reads it
     if isinstance(field, relations.SlugRelatedField) and "__" not in field.slug_field:
-        if not (target.many_to_one or target.one_to_one) or type(field).to_representation is not (
-            relations.SlugRelatedField.to_representation
-        ):
+        if not (target.many_to_one or target.one_to_one) or target.null:
+            return None
+        if type(field).to_representation is not relations.SlugRelatedField.to_representation:
             return None
         return ".".join([*attrs, field.slug_field])
     if target.is_relation:

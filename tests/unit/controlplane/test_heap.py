@@ -9,7 +9,7 @@ from pathlib import Path
 
 from celery.signals import worker_init, worker_process_init
 
-from controlplane import celery
+from controlplane import celery, heap
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -19,13 +19,15 @@ def test_the_wsgi_application_freezes_django_and_every_view_it_loaded():
     env.update(FLEETDECK_DEBUG="1", FLEETDECK_VAR_DIR="/tmp/fleetdeck-heap-test")
     code = (
         "import gc, sys; import controlplane.wsgi; "
-        "print(gc.get_freeze_count(), 'apps.incidents.api' in sys.modules, 'rest_framework.viewsets' in sys.modules)"
+        "print(gc.get_freeze_count(), 'apps.incidents.api' in sys.modules, 'rest_framework.viewsets' in sys.modules, "
+        "gc.get_threshold()[0])"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
-    frozen, views, drf = result.stdout.split()
+    frozen, views, drf, young = result.stdout.split()
     assert int(frozen) > 50_000 and views == drf == "True", result.stderr[-2000:]
+    assert int(young) == heap.YOUNG_THRESHOLD
 
 
 def test_the_worker_freezes_before_its_pool_forks_and_in_each_pool_process():
