@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "csp",
     "axes",
+    "apps.core",
     "apps.accounts",
     "apps.clusters",
     "apps.fleet",
