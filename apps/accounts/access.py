@@ -17,17 +17,17 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404
 
 from apps.accounts.models import AuditEvent, Role, Team
-from apps.accounts.permissions import User, has_role, teams_where, visible_teams
+from apps.accounts.permissions import User, has_role, team_ids
 
 
-def _audit_events(user: User, teams: QuerySet[Team]) -> Q:
+def _audit_events(user: User, teams: QuerySet) -> Q:
     """A team's log is for its admins; everyone sees what they did themselves."""
     if user.is_superuser:
         return Q()
-    return Q(team__in=teams_where(user, Role.ADMIN)) | Q(actor=user)
+    return Q(team__in=team_ids(user, Role.ADMIN)) | Q(actor=user)
 
 
-def _rule(model: type[Model]) -> Callable[[User, QuerySet[Team]], Q] | None:
+def _rule(model: type[Model]) -> Callable[[User, QuerySet], Q] | None:
     """For rows that are not simply "in one of the teams": a model says so with `visible_rows`."""
     if model is AuditEvent:
         return _audit_events
@@ -52,7 +52,7 @@ def visible(user: User, rows: QuerySet | type[Model], *, role: Role = Role.VIEWE
     queryset = _queryset(rows)
     if user is None or not user.is_authenticated:
         return queryset.none()
-    teams = visible_teams(user) if role == Role.VIEWER else teams_where(user, role)
+    teams = team_ids(user, role)
     rule = _rule(queryset.model)
     if rule is not None:
         return queryset.filter(rule(user, teams))

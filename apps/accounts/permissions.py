@@ -32,6 +32,18 @@ def visible_teams(user: User) -> QuerySet[Team]:
     return Team.objects.filter(memberships__user=user).distinct()
 
 
+def team_ids(user: User, needed: Role = Role.VIEWER) -> QuerySet:
+    """The ids of the teams in which the user holds at least `needed`, as a subquery for `__in`:
+    one table and no DISTINCT, which the database and Django's compiler take several times faster
+    than the teams themselves (every list filters by it, some twice)."""
+    if user.is_superuser:
+        return Team.objects.values("pk")
+    if needed == Role.VIEWER:
+        return Membership.objects.filter(user=user).values("team_id")
+    roles = [role for role, rank in ROLE_RANK.items() if rank >= ROLE_RANK[needed]]
+    return Membership.objects.filter(user=user, role__in=roles).values("team_id")
+
+
 def teams_where(user: User, needed: Role) -> QuerySet[Team]:
     """Teams in which the user holds at least `needed`."""
     if user.is_superuser:
