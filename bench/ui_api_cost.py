@@ -8,16 +8,16 @@ applications, 30 deployments, 100 incidents (with their timeline and OOM kill re
 findings, 10 events, 10 config revisions, 3 changes, maintenance, calibrations, wizards and audit
 rows. Server time (in-process, Django's test client, DEBUG off, the heap frozen as a web process
 freezes it) of the fleet page, a cluster page,
-the incident list, the findings page, the wizard list and every list endpoint under /api/v1/ (and
-the keyset and counted forms of incidents, audit events and rollouts) is
+the incident list, the findings page, the wizard list and every list endpoint under /api/v2/ (and
+under /api/v1/ the lists whose items v2 made lean, with v1's keyset and counted forms) is
 measured at 10 clusters and again at 1,000 (30,000 deployments, 100,000 incidents): p50, p95,
 the ratio of the p50s, and the queries each issues.
 
 Then gunicorn (4 sync workers, the pinned version) serves the 1,000-cluster database with
 bench/server_settings.py, which adds a trivial DRF endpoint (same authentication, permission
 and throttling, no queries of its own); a load generator (2 processes x 4 threads, token auth)
-reports requests per second of the main list endpoints and those forms as a ratio to that trivial
-endpoint, each measured in 1 s slices alternating with the trivial endpoint so that the ratio
+reports requests per second of the main v2 list endpoints and of v1's heavier forms as a ratio to
+that trivial endpoint, each measured in 1 s slices alternating with the trivial endpoint so that the ratio
 holds on a machine whose speed drifts.
 """
 
@@ -50,8 +50,20 @@ PAGES = {
     "findings page": "remediation:findings",
     "wizard list": "remediation:wizards",
 }
-LOADED = ["clusters", "applications", "deployments", "incidents", "findings", "changes"]
-# The other forms of a list: keyset pages, and rollouts with their changes counted.
+# Version 2's lists (lists in time order page by keyset there), and `?page=1` where the numbered form costs more.
+LOADED = [
+    "clusters",
+    "applications",
+    "deployments",
+    "incidents",
+    "findings",
+    "changes",
+    "rollouts",
+    "audit-events",
+]
+V2_FORMS = ["/api/v2/incidents/?page=1", "/api/v2/changes/?page=1"]
+# Version 1's lists whose items v2 made lean, and v1's other forms: keyset pages, rollouts with their changes counted.
+V1_LEAN_IN_V2 = ["deployments", "incidents", "changes", "rollouts"]
 FORMS = [
     "/api/v1/incidents/?cursor=",
     "/api/v1/incidents/?view=summary",
@@ -394,7 +406,9 @@ def urls(cluster_pk: int) -> dict[str, str]:
     found = {label: reverse(name) for label, name in PAGES.items()}
     found["cluster page"] = reverse("fleet:cluster", args=[cluster_pk])
     for _, _, basename in sorted(router.registry, key=lambda entry: entry[0]):
-        found[f"GET {reverse(f'{basename}-list')}"] = reverse(f"{basename}-list")
+        found[f"GET {reverse(f'v2:{basename}-list')}"] = reverse(f"v2:{basename}-list")
+    found.update({f"GET {url}": url for url in V2_FORMS})
+    found.update({f"GET /api/v1/{name}/": f"/api/v1/{name}/" for name in V1_LEAN_IN_V2})
     found.update({f"GET {url}": url for url in FORMS})
     return found
 
@@ -466,8 +480,10 @@ def load(env: dict, token: str, seconds: float) -> dict[str, tuple[float, int, f
                 raise SystemExit(f"gunicorn did not start:\n{server.stderr.read().decode()[-3000:]}")
             time.sleep(0.3)
         paths = {
-            **{name: f"/api/v1/{name}/" for name in LOADED},
-            **{url.removeprefix("/api/v1/"): url for url in FORMS},
+            **{f"v2 {name}": f"/api/v2/{name}/" for name in LOADED},
+            **{f"v2 {url.removeprefix('/api/v2/')}": url for url in V2_FORMS},
+            **{f"v1 {name}": f"/api/v1/{name}/" for name in V1_LEAN_IN_V2},
+            **{f"v1 {url.removeprefix('/api/v1/')}": url for url in FORMS},
         }
         for path in [TRIVIAL, *paths.values()]:  # every worker imports and warms its code paths first
             requests_per_second(port, path, token, 0.5)

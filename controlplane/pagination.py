@@ -5,16 +5,17 @@ them, but the count stops once it passes COUNT_CAP rows (or the end of the page 
 that is further): counting 100,000 incidents for every page cost more than the page itself.
 `count_capped` says when there are more rows than `count`.
 
-Large lists in a stable order (incidents, audit events, config revisions) also page by keyset:
-`?cursor=` (empty for the first page) answers `next` and `previous` links that carry the last
-row's position, so a deep page costs what the first one does, and rows arriving meanwhile never
-shift a page. Like NetBox's paginator, both refuse an unordered queryset: its pages would overlap.
+Lists in time order (incidents, changes, rollouts, audit events, config revisions, maintenance
+runs, calibrations, wizards) also page by keyset: `?cursor=` (empty for the first page) answers
+`next` and `previous` links that carry the last row's position, so a deep page costs what the
+first one does, and rows arriving meanwhile never shift a page. Version 2 pages them so by
+default (`StreamPagination`). Like NetBox's paginator, both refuse an unordered queryset: its pages would overlap.
 Both build the page's instances with `controlplane.lean`.
 """
 
 from __future__ import annotations
 
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
 from django.core.paginator import InvalidPage, Paginator
 from django.db.models import QuerySet
 from django.utils.functional import cached_property
@@ -23,6 +24,7 @@ from rest_framework.pagination import CursorPagination, PageNumberPagination
 from rest_framework.response import Response
 
 from controlplane.lean import lean
+from controlplane.versioning import V2
 
 COUNT_CAP = 1000
 
@@ -45,7 +47,12 @@ class CappedPaginator(Paginator):
         if self.limit is None or not isinstance(self.object_list, QuerySet):
             return super().count
         # Any `limit + 1` rows tell: the count needs no order, so no sort and no index walk.
-        return self.object_list.order_by()[: self.limit + 1].count()
+        rows = self.object_list.order_by()
+        if not rows.query.distinct and not rows.query.combinator:
+            # Only the keys: the columns a list annotates from related rows (names) would keep their
+            # joins in the count, where the database drops an outer join nothing reads.
+            rows = rows.values("pk")
+        return rows[: self.limit + 1].count()
 
     @property
     def capped(self) -> bool:
@@ -108,6 +115,16 @@ class CappedCountPagination(PageNumberPagination):
         return body
 
 
+def _own_column(model, order: str) -> bool:
+    """Whether a keyset can follow `order`: a column of the row that is not a reference (a cursor
+    carries the last row's value of it as text)."""
+    try:
+        field = model._meta.get_field(str(order).lstrip("-"))
+    except FieldDoesNotExist:
+        return False
+    return field.concrete and not field.is_relation
+
+
 class KeysetPagination(CursorPagination):
     """DRF's cursor pagination in the order the view's queryset already has (its own, or the one
     `?ordering=` chose). The first field is the position; rows that tie on it are told apart by
@@ -116,8 +133,10 @@ class KeysetPagination(CursorPagination):
     def paginate_queryset(self, queryset, request, view=None):
         require_ordered(queryset)
         self.ordering = tuple(queryset.query.order_by) or tuple(queryset.model._meta.ordering)
-        if "__" in self.ordering[0]:
-            raise ValidationError({"cursor": ["Keyset pages follow a field of the row itself, not this order."]})
+        if not _own_column(queryset.model, self.ordering[0]):
+            raise ValidationError(
+                {"cursor": ["Keyset pages follow a field of the row itself, not this order: ask for `page` instead."]}
+            )
         return super().paginate_queryset(lean(queryset), request, view)
 
     def get_ordering(self, request, queryset, view):
@@ -129,8 +148,11 @@ class PageOrKeysetPagination(CappedCountPagination):
 
     cursor_query_param = "cursor"
 
+    def keyset_wanted(self, request) -> bool:
+        return self.cursor_query_param in request.query_params
+
     def paginate_queryset(self, queryset, request, view=None):
-        if self.cursor_query_param not in request.query_params:
+        if not self.keyset_wanted(request):
             self.keyset = None
             return super().paginate_queryset(queryset, request, view)
         self.keyset = KeysetPagination()
@@ -144,7 +166,10 @@ class PageOrKeysetPagination(CappedCountPagination):
 
     def get_paginated_response_schema(self, schema):
         body = super().get_paginated_response_schema(schema)
-        body["description"] = "With `cursor`, only `next`, `previous` (links carrying a cursor) and `results`."
+        body["description"] = (
+            "Keyset pages (with `cursor`, and in version 2 a time-ordered list without `page`) have only `next`, "
+            "`previous` (links carrying a cursor) and `results`."
+        )
         body["required"] = ["results"]
         return body
 
@@ -159,3 +184,15 @@ class PageOrKeysetPagination(CappedCountPagination):
                 "schema": {"type": "string"},
             },
         ]
+
+
+class StreamPagination(PageOrKeysetPagination):
+    """For lists in time order, newest first (incidents, changes, rollouts, audit events...). In
+    version 2 they page by keyset unless `page` is asked for: rows keep arriving at the head, which
+    shifts numbered pages under a client walking them, and a client polling the head needs no
+    count (the count query was a third of such a page's cost)."""
+
+    def keyset_wanted(self, request) -> bool:
+        return super().keyset_wanted(request) or (
+            request.version == V2 and self.page_query_param not in request.query_params
+        )

@@ -16,6 +16,7 @@ from apps.kubernetes.api import KubeConnectionViewSet, KubeLinkViewSet
 from apps.liveness import services as liveness
 from apps.maintenance.api import ProfileViewSet, RunViewSet, ScheduleViewSet
 from apps.remediation.api import FindingViewSet, WizardViewSet
+from controlplane import versioning
 
 router = DefaultRouter()
 router.register("clusters", ClusterViewSet, basename="cluster")
@@ -72,9 +73,13 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include(router.urls)),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    # The same routes, named in the `v2` namespace: controlplane.versioning tells the versions apart by it.
+    path("api/v2/", include((router.urls, versioning.NAMESPACE))),
+    path("api/schema/", SpectacularAPIView.as_view(api_version=versioning.V1), name="schema"),
+    path("api/v2/schema/", SpectacularAPIView.as_view(api_version=versioning.V2), name="schema-v2"),
     # The split view serves Swagger UI's set-up as a script of its own, so no inline script is needed.
-    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema-v2"), name="api-docs"),
+    path("api/v1/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs-v1"),
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
 ]

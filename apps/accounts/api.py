@@ -2,7 +2,7 @@ from rest_framework import serializers, viewsets
 
 from apps.accounts import access
 from apps.accounts.models import AuditEvent
-from controlplane.pagination import PageOrKeysetPagination
+from controlplane.pagination import StreamPagination
 from controlplane.rows import FastRows, narrow
 
 
@@ -30,7 +30,7 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     """The audit log. Admins see their teams' events and their own; superusers see everything."""
 
     serializer_class = AuditEventSerializer
-    pagination_class = PageOrKeysetPagination
+    pagination_class = StreamPagination
     filterset_fields = ["action", "object_type", "object_id", "via"]
 
     def get_queryset(self):

@@ -12,6 +12,7 @@ from apps.calibration.curve import AXES
 from apps.calibration.filters import CalibrationFilter
 from apps.calibration.models import MemoryCalibration
 from apps.fleet.models import Deployment
+from controlplane.pagination import StreamPagination
 
 
 class CalibrationSerializer(serializers.ModelSerializer):
@@ -89,6 +90,7 @@ class CalibrationViewSet(
     a token-sum curve, `max_batch_tokens`) from the latest curve."""
 
     serializer_class = CalibrationSerializer
+    pagination_class = StreamPagination
     filterset_class = CalibrationFilter
     ordering_fields = ["created_at", "finished_at"]
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import Prefetch
+from django.db.models import F, Prefetch
 from django.db.models.manager import BaseManager
 from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -20,7 +20,9 @@ from apps.clusters.models import Cluster
 from apps.fleet import client_impact
 from apps.fleet.models import ConfigRevision
 from controlplane.lean import lean
+from controlplane.pagination import StreamPagination
 from controlplane.rows import FastRows, narrow
+from controlplane.versioning import V1, lean_list
 
 
 class PresetSerializer(serializers.ModelSerializer):
@@ -170,6 +172,26 @@ class ChangeSerializer(FastRows, serializers.ModelSerializer):
         return client_impact.public(change.client_impact)
 
 
+# What the detail shows and v2's list leaves out: the steps cost a query and most of a row's writing,
+# and the patch, warnings and drift grow with the config.
+CHANGE_DETAIL_ONLY = ("steps", "json_patch", "warnings", "drift")
+
+
+class ChangeSummarySerializer(ChangeSerializer):
+    """A change as v2 lists it: every field of the detail but the steps, the JSON patch, the
+    warnings and the drift. The names of its related rows are read from the values the list
+    annotates (`ChangeViewSet.get_queryset`), so a page builds no cluster, preset or user."""
+
+    cluster_name = serializers.CharField(read_only=True)
+    preset = serializers.CharField(source="preset_slug", read_only=True, allow_null=True)
+    created_by = serializers.CharField(source="created_by_name", read_only=True, allow_null=True)
+    applied_by = serializers.CharField(source="applied_by_name", read_only=True, allow_null=True)
+
+    class Meta(ChangeSerializer.Meta):
+        fields = [f for f in ChangeSerializer.Meta.fields if f not in CHANGE_DETAIL_ONLY]
+        read_only_fields = fields
+
+
 def _with_preset_or_options(data: dict) -> dict:
     try:
         preset_or_options(data.get("preset"), data.get("options"))
@@ -261,17 +283,23 @@ class ChangeApplySerializer(serializers.Serializer):
 
 class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Configuration changes. Creating one plans it (nothing is pushed); `apply` pushes it through
-    the protocol: drift check, push of the full config, verification, automatic rollback."""
+    the protocol: drift check, push of the full config, verification, automatic rollback. The v2
+    list leaves each change's steps, JSON patch, warnings and drift to the detail."""
 
     serializer_class = ChangeSerializer
     filterset_class = ChangeFilter
+    pagination_class = StreamPagination
 
     def get_queryset(self):
-        changes = (
-            access.visible(self.request.user, Change)
-            .select_related("cluster", "preset", "created_by", "applied_by")
-            .order_by("-created_at", "-id")
-        )
+        changes = access.visible(self.request.user, Change).order_by("-created_at", "-id")
+        if lean_list(self):
+            return changes.defer(*Change.CONFIGS, *CHANGE_DETAIL_ONLY[1:]).annotate(
+                cluster_name=F("cluster__name"),
+                preset_slug=F("preset__slug"),
+                created_by_name=F("created_by__username"),
+                applied_by_name=F("applied_by__username"),
+            )
+        changes = changes.select_related("cluster", "preset", "created_by", "applied_by")
         if self.action != "list":
             return changes.prefetch_related(Prefetch("steps", to_attr="step_rows"))
         # The serializer shows no config (the actions push and restore them), one name of each related
@@ -283,6 +311,9 @@ class ChangeViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retri
             .defer(*Change.CONFIGS)
             .prefetch_related(Prefetch("steps", queryset=steps, to_attr="step_rows"))
         )
+
+    def get_serializer_class(self):
+        return ChangeSummarySerializer if lean_list(self) else ChangeSerializer
 
     @extend_schema(request=PlanSerializer, responses={201: ChangeSerializer})
     def create(self, request, *args, **kwargs):
@@ -484,7 +515,7 @@ class RolloutSummaryListSerializer(serializers.ListSerializer):
 
 
 class RolloutSummarySerializer(RolloutSerializer):
-    """A rollout with its changes as counts per state, for `?changes=counts`."""
+    """A rollout with its changes as counts per state: the items of v2's list, and of v1's with `?changes=counts`."""
 
     change_counts = serializers.SerializerMethodField(
         help_text="How many of the changes on clusters of your teams are in each state."
@@ -530,9 +561,10 @@ class RolloutViewSet(
 
     serializer_class = RolloutSerializer
     filterset_fields = ["state"]
+    pagination_class = StreamPagination
 
     def _counts_only(self) -> bool:
-        return self.action == "list" and self.request.query_params.get("changes") == "counts"
+        return lean_list(self) or (self.action == "list" and self.request.query_params.get("changes") == "counts")
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user
@@ -551,12 +583,14 @@ class RolloutViewSet(
                 str,
                 enum=["counts"],
                 description="`counts`: each rollout's changes as counts per state (`change_counts`) instead of "
-                "the list of them, whose size grows with the fleet; the detail always lists them.",
+                "the list of them, whose size grows with the fleet; the detail always lists them. Version 2 lists "
+                "rollouts so by default.",
             )
         ],
         responses=PolymorphicProxySerializer(
             "RolloutListItem", serializers=[RolloutSerializer, RolloutSummarySerializer], resource_type_field_name=None
         ),
+        versions=[V1],
     )
     def list(self, request, *args, **kwargs):
         return super().list(request, *args, **kwargs)

@@ -16,8 +16,9 @@ from apps.fleet.models import Application, ConfigRevision, Deployment
 from apps.fleet.scaling_history import scaling_series
 from apps.remediation.models import Finding
 from apps.remediation.rules import WHY_NOT_AT_TARGET
-from controlplane.pagination import PageOrKeysetPagination
+from controlplane.pagination import StreamPagination
 from controlplane.rows import FastRows, narrow
+from controlplane.versioning import lean_list
 
 
 class ApplicationSerializer(FastRows, serializers.ModelSerializer):
@@ -98,6 +99,24 @@ class DeploymentSerializer(FastRows, serializers.ModelSerializer):
         return llm.describe(obj)
 
 
+# What the detail shows and v2's list leaves out: two configs of each row, and the LLM description
+# read from them.
+DEPLOYMENT_DETAIL_ONLY = ("effective_config", "submitted_config", "llm")
+
+
+class DeploymentSummarySerializer(FastRows, serializers.ModelSerializer):
+    """A deployment as v2 lists it: every field of the detail but its two configs and the LLM
+    description (`llm_gpu_memory_gib` stays)."""
+
+    cluster = serializers.IntegerField(source="application.cluster_id", read_only=True)
+    application_name = serializers.CharField(source="application.name", read_only=True)
+
+    class Meta:
+        model = Deployment
+        fields = [f for f in DeploymentSerializer.Meta.fields if f not in DEPLOYMENT_DETAIL_ONLY]
+        read_only_fields = fields
+
+
 class LLMPlanInputsSerializer(serializers.Serializer):
     gpu_memory_gib = serializers.FloatField(required=False, allow_null=True, min_value=0.001)
     model_config = serializers.DictField(required=False, allow_null=True, help_text="The model's config.json")
@@ -135,7 +154,8 @@ class ApplicationViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
-    """Serve deployments with their effective and submitted configs and replicas by state."""
+    """Serve deployments with their effective and submitted configs and replicas by state. The v2
+    list leaves the configs and the LLM description to the detail."""
 
     serializer_class = DeploymentSerializer
     filterset_class = DeploymentFilter
@@ -149,9 +169,14 @@ class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
         )
         if self.action != "list":
             return deployments
+        if lean_list(self):
+            return narrow(deployments, "application__name", "application__cluster").defer(*DEPLOYMENT_DETAIL_ONLY[:2])
         # The row shows the application's name and cluster; `llm.describe` reads its import path, and
         # the page reads configs only for the rows that could be LLM deployments (DeploymentListSerializer).
         return narrow(deployments, *(f"application__{field}" for field in ("name", "cluster", "import_path")))
+
+    def get_serializer_class(self):
+        return DeploymentSummarySerializer if lean_list(self) else DeploymentSerializer
 
     @extend_schema(
         responses=inline_serializer(
@@ -213,7 +238,7 @@ class ConfigRevisionViewSet(viewsets.ReadOnlyModelViewSet):
 
     serializer_class = ConfigRevisionSerializer
     filterset_class = ConfigRevisionFilter
-    pagination_class = PageOrKeysetPagination
+    pagination_class = StreamPagination
     ordering_fields = ["observed_at"]
 
     def get_queryset(self):

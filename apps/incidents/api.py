@@ -17,8 +17,9 @@ from apps.incidents.filters import IncidentFilter
 from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, PodKillRecord, Webhook, WebhookDelivery
 from apps.incidents.timeline import related_work, related_work_for
 from controlplane.lean import lean
-from controlplane.pagination import PageOrKeysetPagination
+from controlplane.pagination import StreamPagination
 from controlplane.rows import FastRows, narrow
+from controlplane.versioning import V1, lean_list
 
 RECENT_DELIVERIES = 10
 
@@ -131,8 +132,8 @@ HEAVY_FIELDS = ("evidence", "oom_kills", "pod_kills", "timeline", "related_work"
 class IncidentSummarySerializer(FastRows, serializers.ModelSerializer):
     """An incident as `incidents?view=summary` lists it: every field of the default list but the
     heavy ones (`evidence`, `oom_kills`, `pod_kills`, `timeline`, `related_work`), which the detail
-    (`incidents/ID/`) always has. A form added next to the default list (issue 19) for clients
-    that poll it; the default list and the detail keep their shape."""
+    (`incidents/ID/`) always has. The items of v2's list; v1 lists them so with `?view=summary` and
+    keeps its default list's shape."""
 
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
 
@@ -147,15 +148,15 @@ class NoteSerializer(serializers.Serializer):
 
 
 class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
-    """Incidents with their evidence and ranked suspected causes (playbook ids). `?view=summary`
-    lists them without the evidence, kills, timeline and related work."""
+    """Incidents with their evidence and ranked suspected causes (playbook ids). The v2 list (and
+    v1's `?view=summary`) shows them without the evidence, kills, timeline and related work."""
 
     serializer_class = IncidentSerializer
     filterset_class = IncidentFilter
-    pagination_class = PageOrKeysetPagination
+    pagination_class = StreamPagination
 
     def _summary(self) -> bool:
-        return self.action == "list" and self.request.query_params.get("view") == "summary"
+        return lean_list(self) or (self.action == "list" and self.request.query_params.get("view") == "summary")
 
     def get_queryset(self):
         incidents = access.visible(self.request.user, Incident).order_by("-last_signal_at", "-id")
@@ -179,7 +180,8 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
                 str,
                 enum=["summary"],
                 description="`summary`: each incident without `evidence`, `oom_kills`, `pod_kills`, `timeline` and "
-                "`related_work`, several times cheaper a page; the detail always has them.",
+                "`related_work`, several times cheaper a page; the detail always has them. Version 2 lists "
+                "incidents so by default.",
             )
         ],
         responses=PolymorphicProxySerializer(
@@ -187,6 +189,7 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
             serializers=[IncidentSerializer, IncidentSummarySerializer],
             resource_type_field_name=None,
         ),
+        versions=[V1],
     )
     def list(self, request, *args, **kwargs):
         return super().list(request, *args, **kwargs)

@@ -11,6 +11,7 @@ from apps.accounts.drf import VisiblePrimaryKeyRelatedField
 from apps.fleet.models import Application, Deployment
 from apps.maintenance import dispatch, schedules
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
+from controlplane.pagination import StreamPagination
 
 WINDOW = ["window_days", "window_start_hour", "window_end_hour", "timezone"]
 
@@ -168,6 +169,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     """Every recycle and warmup: state, replicas before and after, cold start, per-request results, log."""
 
     serializer_class = RunSerializer
+    pagination_class = StreamPagination
     filterset_fields = ["cluster", "deployment", "kind", "state", "trigger"]
 
     def get_queryset(self):

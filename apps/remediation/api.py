@@ -14,6 +14,7 @@ from apps.remediation import findings, remedy_checks, verification, wizards
 from apps.remediation.filters import FindingFilter
 from apps.remediation.models import Finding, Wizard, WizardStep
 from apps.remediation.rules import BY_ID
+from controlplane.pagination import StreamPagination
 from controlplane.rows import FastRows
 
 
@@ -222,6 +223,7 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     the values were recomputed."""
 
     serializer_class = WizardSerializer
+    pagination_class = StreamPagination
     filterset_fields = ["state", "cluster", "incident", "finding", "application_name", "deployment_name"]
 
     def get_queryset(self):
