@@ -305,16 +305,25 @@ def _getter(field, model) -> Callable[[Any], Any]:
         return pk
 
     default, allow_null, required = field.default, field.allow_null, field.required
+    # Whether a method is one DRF calls depends on the class, and asking (`inspect.signature`) cost
+    # more than the rest of a row: `get_status_display` is a new partial object on every read.
+    simple: dict[tuple[type, str], bool] = {}
 
     def get(obj):
         try:
             for attr in attrs:
+                owner = obj
                 try:
                     obj = getattr(obj, attr)
                 except ObjectDoesNotExist:
                     return None
-                if is_simple_callable(obj):
-                    obj = obj()
+                if callable(obj):
+                    key = (type(owner), attr)
+                    call = simple.get(key)
+                    if call is None:
+                        call = simple[key] = is_simple_callable(obj)
+                    if call:
+                        obj = obj()
             return obj
         except (KeyError, AttributeError):
             if default is not empty:

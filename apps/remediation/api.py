@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.db.models import Prefetch
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -15,7 +16,8 @@ from apps.remediation.filters import FindingFilter
 from apps.remediation.models import Finding, Wizard, WizardStep
 from apps.remediation.rules import BY_ID
 from controlplane.pagination import StreamPagination
-from controlplane.rows import FastRows
+from controlplane.lean import lean
+from controlplane.rows import FastRows, narrow
 
 
 class FindingSerializer(FastRows, serializers.ModelSerializer):
@@ -98,7 +100,7 @@ class FindingViewSet(viewsets.ReadOnlyModelViewSet):
         return Response(FindingSerializer(findings.unmute(Actor.from_request(request), finding)).data)
 
 
-class WizardStepSerializer(serializers.ModelSerializer):
+class WizardStepSerializer(FastRows, serializers.ModelSerializer):
     status_label = serializers.CharField(source="get_status_display", read_only=True)
     change_state = serializers.CharField(source="change.state", default=None, read_only=True, allow_null=True)
 
@@ -123,7 +125,7 @@ class WizardStepSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class WizardSerializer(serializers.ModelSerializer):
+class WizardSerializer(FastRows, serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     steps = WizardStepSerializer(many=True, read_only=True)
 
@@ -156,6 +158,8 @@ class WizardSerializer(serializers.ModelSerializer):
             "steps",
         ]
         read_only_fields = fields
+        # Filled by WizardViewSet's prefetch (a plain list); without it, read from the relation.
+        prefetched_as = {"steps": "step_rows"}
 
 
 class WizardStartSerializer(serializers.Serializer):
@@ -227,10 +231,12 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     filterset_fields = ["state", "cluster", "incident", "finding", "application_name", "deployment_name"]
 
     def get_queryset(self):
+        # A step shows its change's state: not the change's two configs.
+        steps = lean(narrow(WizardStep.objects.select_related("change"), "change__state").order_by("position"))
         return (
             access.visible(self.request.user, Wizard)
             .select_related("cluster")
-            .prefetch_related("steps__change")
+            .prefetch_related(Prefetch("steps", queryset=steps, to_attr="step_rows"))
             .order_by("-created_at", "-id")
         )
 

@@ -1,5 +1,6 @@
 """List rows written by `controlplane.rows.FastRows` are what DRF's field walk writes: every list
-endpoint under /api/v1/, its other forms and the detail of each row answer the same JSON both ways."""
+endpoint under /api/v1/ and /api/v2/, its other forms and the detail of each row answer the same
+JSON both ways."""
 
 from __future__ import annotations
 
@@ -8,11 +9,15 @@ from django.urls import reverse
 
 from controlplane import rows
 from controlplane.urls import router
-from tests.unit.fleet.test_query_counts import LIST_FORMS, add_rows
+from tests.unit.fleet.test_query_counts import LIST_FORMS, V2_FORMS, add_rows
 
 pytestmark = pytest.mark.django_db
 
-URLS = [(basename, "") for _, _, basename in sorted(router.registry)] + LIST_FORMS
+URLS = [
+    *((f"{version}{basename}", "") for version in ("", "v2:") for _, _, basename in sorted(router.registry)),
+    *LIST_FORMS,
+    *((f"v2:{basename}", query) for basename, query in V2_FORMS),
+]
 
 
 def both_ways(client, url: str, monkeypatch) -> tuple:
