@@ -4,6 +4,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from urllib.parse import urlencode
 
+import orjson
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
@@ -19,6 +20,7 @@ from apps.accounts.audit import Actor
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role, teams_where
 from apps.core import links
+from apps.fleet.templatetags.fleet_tags import human
 from apps.incidents.models import Incident
 from apps.remediation import findings, remedy_checks, verification, wizards
 from apps.remediation.filters import FindingFilter
@@ -28,14 +30,14 @@ from apps.remediation.rules import BY_ID
 from controlplane.rows import narrow
 
 
-def fix_url(finding: Finding, plan: Callable[[int], str] | None = None) -> str:
+def fix_url(finding: Finding, plan: Callable[[int], str] | None = None, options: str | None = None) -> str:
     """Where "plan this fix" leads: the change planner prefilled, or the schedule/warmup page.
-    `plan`: the planner's link by cluster, for a page of findings (`links.by_key`)."""
+    `plan`: the planner's link by cluster, and `options` the patch as YAML, for a page of findings."""
     if finding.patch and finding.deployment_name:
         query = urlencode(
             {
                 "target": f"{finding.application_name}/{finding.deployment_name}",
-                "options": findings.patch_text(finding),
+                "options": findings.patch_text(finding) if options is None else options,
                 "reason": f"Finding: {BY_ID[finding.rule].title}",
             }
         )
@@ -81,8 +83,15 @@ def finding_list(request):
     plan, cluster_url, deployment_url, mute_url = (
         links.by_key(name) for name in ("changes:plan", "fleet:cluster", "fleet:deployment", "remediation:mute")
     )
+    # A patch is written twice a row (the planner's YAML, the row's flow YAML), and the findings of
+    # a rule mostly propose the same one: each distinct patch is written once a page.
+    written: dict[bytes, tuple[str, str]] = {}
     for finding in rows:
-        finding.fix_url = fix_url(finding, plan)
+        key = orjson.dumps(finding.patch)
+        if key not in written:
+            written[key] = (findings.patch_text(finding), human(finding.patch, "yaml") if finding.patch else "")
+        options, finding.patch_yaml = written[key]
+        finding.fix_url = fix_url(finding, plan, options)
         finding.cluster_url = cluster_url(finding.cluster_id)
         finding.deployment_url = deployment_url(finding.deployment_id) if finding.deployment_id else ""
         finding.mute_url = mute_url(finding.pk)
