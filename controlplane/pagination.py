@@ -3,14 +3,15 @@
 Page numbers (`?page=`) stay the default, with `count`, `next` and `previous` as clients read
 them, but the count stops once it passes COUNT_CAP rows (or the end of the page asked for, when
 that is further): counting 100,000 incidents for every page cost more than the page itself.
-`count_capped` says when there are more rows than `count`.
+`count_capped` says when there are more rows than `count`. Version 2 counts only when asked
+(`?count=true`) and tells whether a next page exists by reading one row more than the page.
 
 Lists in time order (incidents, changes, rollouts, audit events, config revisions, maintenance
 runs, calibrations, wizards) also page by keyset: `?cursor=` (empty for the first page) answers
 `next` and `previous` links that carry the last row's position, so a deep page costs what the
 first one does, and rows arriving meanwhile never shift a page. Version 2 pages them so by
-default (`StreamPagination`). Like NetBox's paginator, both refuse an unordered queryset: its pages would overlap.
-Both build the page's instances with `controlplane.lean`.
+default (`StreamPagination`). Like NetBox's paginator, both refuse an unordered queryset: its
+pages would overlap. Both build the page's instances with `controlplane.lean`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from django.utils.functional import cached_property
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import CursorPagination, PageNumberPagination
 from rest_framework.response import Response
+from rest_framework.utils.urls import remove_query_param, replace_query_param
 
 from controlplane.lean import lean
 from controlplane.versioning import V2
@@ -60,12 +62,22 @@ class CappedPaginator(Paginator):
 
 
 class CappedCountPagination(PageNumberPagination):
+    count_query_param = "count"
+
+    def counted(self, request) -> bool:
+        """Version 2 counts only when asked (`?count=true`): the count is a query of its own, which
+        cost a list about as much as its page."""
+        return request.version != V2 or request.query_params.get(self.count_query_param) in ("true", "1")
+
     def paginate_queryset(self, queryset, request, view=None):
         require_ordered(queryset)
         queryset = lean(queryset) if isinstance(queryset, QuerySet) else queryset
         self.request = request
         page_size = self.get_page_size(request)
         raw = request.query_params.get(self.page_query_param) or 1
+        self.uncounted = None
+        if raw not in self.last_page_strings and not self.counted(request):
+            return self._uncounted_page(queryset, raw, page_size)
         if raw in self.last_page_strings:
             paginator = CappedPaginator(queryset, page_size, limit=None)
             number = paginator.num_pages
@@ -86,7 +98,42 @@ class CappedCountPagination(PageNumberPagination):
             self.display_page_controls = True
         return list(self.page)
 
+    def _uncounted_page(self, queryset, raw, page_size: int) -> list:
+        """Page `raw` and whether another follows, from one query of `page_size + 1` rows."""
+        try:
+            number = int(raw)
+            if number < 1:
+                raise ValueError
+        except (TypeError, ValueError) as exc:
+            raise NotFound(self.invalid_page_message.format(page_number=raw, message="Invalid page.")) from exc
+        start = (number - 1) * page_size
+        rows = list(queryset[start : start + page_size + 1])
+        if not rows and number > 1:
+            raise NotFound(self.invalid_page_message.format(page_number=raw, message="That page contains no results"))
+        self.uncounted = (number, len(rows) > page_size)
+        return rows[:page_size]
+
+    def get_next_link(self):
+        if self.uncounted is None:
+            return super().get_next_link()
+        number, more = self.uncounted
+        url = self.request.build_absolute_uri()
+        return replace_query_param(url, self.page_query_param, number + 1) if more else None
+
+    def get_previous_link(self):
+        if self.uncounted is None:
+            return super().get_previous_link()
+        number, _ = self.uncounted
+        url = self.request.build_absolute_uri()
+        if number == 1:
+            return None
+        if number == 2:
+            return remove_query_param(url, self.page_query_param)
+        return replace_query_param(url, self.page_query_param, number - 1)
+
     def get_paginated_response(self, data):
+        if self.uncounted is not None:
+            return Response({"next": self.get_next_link(), "previous": self.get_previous_link(), "results": data})
         paginator = self.page.paginator
         return Response(
             {
@@ -111,8 +158,25 @@ class CappedCountPagination(PageNumberPagination):
             },
             **body["properties"],
         }
-        body["required"] = ["count", "count_capped", "results"]
+        body["required"] = ["results"]
+        body["description"] = (
+            "`count` and `count_capped` come with numbered pages in version 1, and in version 2 with `count=true`."
+        )
         return body
+
+    def get_schema_operation_parameters(self, view):
+        parameters = super().get_schema_operation_parameters(view)
+        if getattr(getattr(view, "request", None), "version", None) == V2:
+            parameters.append(
+                {
+                    "name": self.count_query_param,
+                    "required": False,
+                    "in": "query",
+                    "description": "`true`: answer `count` and `count_capped` too (a query of its own).",
+                    "schema": {"type": "boolean"},
+                }
+            )
+        return parameters
 
 
 def _own_column(model, order: str) -> bool:
@@ -166,8 +230,8 @@ class PageOrKeysetPagination(CappedCountPagination):
 
     def get_paginated_response_schema(self, schema):
         body = super().get_paginated_response_schema(schema)
-        body["description"] = (
-            "Keyset pages (with `cursor`, and in version 2 a time-ordered list without `page`) have only `next`, "
+        body["description"] += (
+            " Keyset pages (with `cursor`, and in version 2 a time-ordered list without `page`) have only `next`, "
             "`previous` (links carrying a cursor) and `results`."
         )
         body["required"] = ["results"]

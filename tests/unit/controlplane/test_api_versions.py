@@ -79,12 +79,26 @@ def test_a_v2_list_in_time_order_pages_by_keyset_and_numbers_pages_when_asked(ap
         page = client.get(page["next"]).json() if page["next"] else None
     assert len(seen) == len(set(seen)) == total
     numbered = client.get("/api/v2/changes/?page=2").json()
-    assert numbered["count"] == total and [item["id"] for item in numbered["results"]] == seen[2:4]
+    assert "count" not in numbered and [item["id"] for item in numbered["results"]] == seen[2:4]
+    counted = client.get("/api/v2/changes/?page=2&count=true").json()
+    assert counted["count"] == total and counted["results"] == numbered["results"]
 
 
-def test_an_inventory_keeps_page_numbers_in_v2(api_as, rows):
-    body = api_as("admin").get("/api/v2/clusters/").json()
-    assert body["count"] == 3
+def test_an_inventory_keeps_page_numbers_in_v2_and_counts_when_asked(api_as, rows, monkeypatch):
+    monkeypatch.setattr(CappedCountPagination, "page_size", 2)
+    client = api_as("admin")
+    first = client.get("/api/v2/clusters/").json()
+    assert set(first) == {"next", "previous", "results"} and first["previous"] is None
+    assert first["next"] == "http://testserver/api/v2/clusters/?page=2"
+    second = client.get(first["next"]).json()
+    assert second["next"] is None and second["previous"] == "http://testserver/api/v2/clusters/"
+    names = [c["name"] for c in first["results"] + second["results"]]
+    assert names == sorted(names) and len(names) == 3
+    assert client.get("/api/v2/clusters/?page=3").status_code == 404
+    assert client.get("/api/v2/clusters/?page=0").status_code == 404
+    counted = client.get("/api/v2/clusters/?count=true").json()
+    assert counted["count"] == 3 and counted["count_capped"] is False and counted["results"] == first["results"]
+    assert client.get("/api/v2/clusters/?page=last").json()["results"] == second["results"]
 
 
 def test_a_v2_keyset_page_refuses_an_order_it_cannot_follow_and_points_to_page_numbers(api_as, rows):
@@ -105,7 +119,7 @@ def test_the_v2_root_and_links_stay_in_v2(api_as, rows):
 
 def test_the_count_of_a_list_reads_no_column_it_annotates(api_as, rows):
     with CaptureQueriesContext(connection) as queries:
-        assert api_as("admin").get("/api/v2/changes/?page=1").status_code == 200
+        assert api_as("admin").get("/api/v2/changes/?page=1&count=true").status_code == 200
     (count,) = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT COUNT(*)")]
     assert "username" not in count and '"name"' not in count
 
@@ -118,6 +132,8 @@ def test_each_version_has_its_own_schema(client):
     assert {p.replace("/api/v1/", "/api/v2/") for p in v1["paths"]} == set(v2["paths"])
     listing = v2["paths"]["/api/v2/incidents/"]["get"]
     assert "view" not in {p["name"] for p in listing["parameters"]}
+    assert "count" in {p["name"] for p in listing["parameters"]}
+    assert "count" not in {p["name"] for p in v1["paths"]["/api/v1/incidents/"]["get"]["parameters"]}
     page = listing["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
     item = v2["components"]["schemas"][page]["properties"]["results"]["items"]["$ref"].rsplit("/", 1)[-1]
     assert "evidence" not in v2["components"]["schemas"][item]["properties"]

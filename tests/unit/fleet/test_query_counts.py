@@ -188,8 +188,16 @@ LIST_FORMS = [
     ("configrevision", "?cursor="),
     ("rollout", "?changes=counts"),
 ]
-# Version 2 pages lists in time order by keyset; `page` asks for numbered pages with a count.
-V2_FORMS = [("incident", "?page=1"), ("change", "?page=1"), ("rollout", "?page=1"), ("auditevent", "?page=1")]
+# Version 2 pages lists in time order by keyset (`page` numbers them) and counts only with `count=true`.
+V2_FORMS = [
+    ("incident", "?page=1"),
+    ("change", "?page=1"),
+    ("change", "?page=1&count=true"),
+    ("rollout", "?page=1"),
+    ("auditevent", "?page=1"),
+    ("cluster", "?count=true"),
+    ("deployment", "?count=true"),
+]
 
 
 @pytest.mark.parametrize(("basename", "query"), LIST_FORMS)
