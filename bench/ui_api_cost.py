@@ -50,7 +50,8 @@ PAGES = {
     "findings page": "remediation:findings",
     "wizard list": "remediation:wizards",
 }
-# Version 2's lists (lists in time order page by keyset there), and `?page=1` where the numbered form costs more.
+# Version 2's lists (lists in time order page by keyset there, numbered pages count only when asked), and
+# the counted forms.
 LOADED = [
     "clusters",
     "applications",
@@ -61,7 +62,12 @@ LOADED = [
     "rollouts",
     "audit-events",
 ]
-V2_FORMS = ["/api/v2/incidents/?page=1", "/api/v2/changes/?page=1"]
+V2_FORMS = [
+    "/api/v2/clusters/?count=true",
+    "/api/v2/deployments/?count=true",
+    "/api/v2/incidents/?page=1&count=true",
+    "/api/v2/changes/?page=1&count=true",
+]
 # Version 1's lists whose items v2 made lean, and v1's other forms: keyset pages, rollouts with their changes counted.
 V1_LEAN_IN_V2 = ["deployments", "incidents", "changes", "rollouts"]
 FORMS = [
