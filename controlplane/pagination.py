@@ -252,11 +252,12 @@ class PageOrKeysetPagination(CappedCountPagination):
 
 class StreamPagination(PageOrKeysetPagination):
     """For lists in time order, newest first (incidents, changes, rollouts, audit events...). In
-    version 2 they page by keyset unless `page` is asked for: rows keep arriving at the head, which
+    version 2 they page by keyset unless `page` or `count` is asked for: rows keep arriving at the head, which
     shifts numbered pages under a client walking them, and a client polling the head needs no
     count (the count query was a third of such a page's cost)."""
 
     def keyset_wanted(self, request) -> bool:
-        return super().keyset_wanted(request) or (
-            request.version == V2 and self.page_query_param not in request.query_params
-        )
+        if super().keyset_wanted(request):
+            return True
+        numbered = self.page_query_param in request.query_params or self.count_query_param in request.query_params
+        return request.version == V2 and not numbered

@@ -82,6 +82,8 @@ def test_a_v2_list_in_time_order_pages_by_keyset_and_numbers_pages_when_asked(ap
     assert "count" not in numbered and [item["id"] for item in numbered["results"]] == seen[2:4]
     counted = client.get("/api/v2/changes/?page=2&count=true").json()
     assert counted["count"] == total and counted["results"] == numbered["results"]
+    first_counted = client.get("/api/v2/changes/?count=true").json()
+    assert first_counted["count"] == total and first_counted["results"] == first["results"]
 
 
 def test_an_inventory_keeps_page_numbers_in_v2_and_counts_when_asked(api_as, rows, monkeypatch):
