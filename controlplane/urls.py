@@ -8,7 +8,8 @@ from rest_framework.routers import DefaultRouter
 
 from apps.accounts.api import AuditEventViewSet
 from apps.calibration.api import CalibrationViewSet
-from apps.changes.api import ChangeViewSet, PresetViewSet, RolloutViewSet
+from apps.changes.api import ChangeViewSet, PresetViewSet
+from apps.changes.rollout_api import RolloutViewSet
 from apps.clusters.api import ClusterViewSet
 from apps.fleet.api import ApplicationViewSet, ConfigRevisionViewSet, DeploymentViewSet
 from apps.incidents.api import IncidentViewSet, WebhookViewSet
