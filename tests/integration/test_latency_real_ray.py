@@ -48,19 +48,26 @@ def test_a_slow_handler_under_a_burst_becomes_a_latency_incident(ray_head, team)
         services.collect_metrics(cluster.pk)  # the base reading
         for worker in workers:
             worker.start()
-        deadline, incident_ids = time.monotonic() + 120, []
-        while not incident_ids:
-            assert time.monotonic() < deadline, "no latency incident"
+        # Each replica exports its histograms on its own ~10 s clock, so the ingress can cross the
+        # limit a reading before the model behind it does: read until the model's spike is recorded.
+        deadline, incident_ids = time.monotonic() + 120, set()
+        while not Incident.objects.filter(
+            pk__in=incident_ids, deployment_name="Model", kind=Incident.Kind.LATENCY_SPIKE
+        ).exists():
+            seen = list(Incident.objects.filter(pk__in=incident_ids).values_list("deployment_name", "kind"))
+            assert time.monotonic() < deadline, f"no latency incident for Model; recorded: {seen}"
             time.sleep(11)
             sync.sync_cluster(cluster.pk)
-            incident_ids = services.collect_metrics(cluster.pk)
+            incident_ids.update(services.collect_metrics(cluster.pk))
     finally:
         stop.set()
         for worker in workers:
             worker.join(timeout=60)
         ray_head.deploy(two_app_config())
 
-    incidents = {i.deployment_name: i for i in Incident.objects.filter(pk__in=incident_ids)}
+    incidents = {
+        i.deployment_name: i for i in Incident.objects.filter(pk__in=incident_ids, kind=Incident.Kind.LATENCY_SPIKE)
+    }
     for incident in incidents.values():
         last = incident.evidence["series"][-1]
         print(
@@ -68,7 +75,7 @@ def test_a_slow_handler_under_a_burst_becomes_a_latency_incident(ray_head, team)
             f"(in flight {last['ongoing']}, queued {last['queued']}, starts {last['starts']})"
         )
     model = incidents["Model"]
-    assert model.kind == "latency_spike" and model.evidence["peak_p99_ms"] > 1500
+    assert model.evidence["peak_p99_ms"] > 1500
     # One replica capped at 8 in flight under 24 clients: the queue, or the replica start that the
     # redeploy caused just before, comes first.
     assert model.causes[0]["id"] in ("LAT-2", "LAT-1")
