@@ -26,7 +26,7 @@ from apps.changes import protocol
 from apps.clusters.models import Cluster
 from apps.fleet import sync
 from apps.incidents import services as incidents
-from apps.incidents.models import Incident
+from apps.incidents.models import Incident, SignalWindow
 from apps.remediation import verification
 from apps.remediation.models import Wizard
 from controlplane.local_ray import REPO, LocalRayHead, memory_monitor_env, threshold_for_headroom
@@ -112,6 +112,11 @@ def observe(cluster: Cluster) -> list[int]:
     return touched
 
 
+def at_rest_points(cluster: Cluster) -> list[dict]:
+    window = SignalWindow.objects.filter(cluster=cluster, deployment_name="Plain").first()
+    return window.points if window else []
+
+
 def post(client, wizard: Wizard, action: str, **data):
     wizard.refresh_from_db()
     response = client.post(
@@ -138,6 +143,15 @@ def test_an_operator_fixes_a_plain_app_s_oom_kills_with_measured_values_verified
         metrics_url=f"http://127.0.0.1:{oom_lab.ports['metrics-export-port']}/metrics",
     )
     url = f"{oom_lab.serve_url}/plain"
+
+    # 0. Fleetdeck watches the cluster before anything goes wrong, as it does a registered one: at
+    #    least one metrics reading holds the replica's memory at rest (Ray exports every few seconds,
+    #    and a kill within the load's first seconds would otherwise leave nothing read before it).
+    deadline = time.monotonic() + 90
+    while not any(p.get("rss_mb") for p in at_rest_points(cluster)):
+        assert time.monotonic() < deadline, f"no memory reading of Plain at rest: {at_rest_points(cluster)[-3:]}"
+        observe(cluster)
+        time.sleep(2)
 
     # 1. The failure: the load gets the replica killed by Ray's memory monitor.
     with Load(url) as before:
