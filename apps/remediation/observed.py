@@ -2,7 +2,9 @@
 (Ray's `ray_component_rss_mb`, summed over the processes that carry the replica's title) next to
 the requests they held at the same reading. Pure functions over a deployment's signal window.
 
-At rest, memory over replicas is a replica's baseline. Busy, what the replicas hold above their
+At rest, memory over replicas is a replica's baseline; a reading is at rest only when the requests
+gauges stayed at zero for an export interval after it, since they trail the memory beside them.
+Busy, what the replicas hold above their
 baselines, spread over the requests they had admitted, is a LOWER BOUND per request: admitted is
 not resident (a handler that allocates on its event loop holds one at a time until the others
 reach their allocation), and Ray samples process memory every few seconds, so a short peak is
@@ -15,6 +17,10 @@ from dataclasses import dataclass
 
 MIB = 2**20
 MB = 1_000_000  # Ray exports rss in decimal megabytes
+# Ray's metrics_report_interval_ms (10 s by default): the requests gauge and counter can trail the
+# process memory sampled beside them by this long, so a request's memory shows up a reading before
+# the request does.
+EXPORT_LAG_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -39,10 +45,12 @@ class Observed:
 def from_points(points: list[dict]) -> Observed | None:
     """The baseline and a per-request lower bound from a window's raw readings (summaries mix the
     worst of each figure from different moments, so they are left out)."""
-    raw = [p for p in points if "summary" not in p and p.get("replicas") and p.get("rss_mb")]
+    readings = [p for p in points if "summary" not in p]
+    raw = [p for p in readings if p.get("replicas") and p.get("rss_mb")]
     if not raw:
         return None
-    idle = [p["rss_mb"] * MB / p["replicas"] for p in raw if not p.get("ongoing")]
+    resting = {id(p) for p, rest in zip(readings, _at_rest(readings), strict=True) if rest}
+    idle = [p["rss_mb"] * MB / p["replicas"] for p in raw if id(p) in resting]
     # Without a reading at rest, the least a replica was ever seen using is at least its baseline.
     baseline = max(idle) if idle else min(p["rss_mb"] * MB / p["replicas"] for p in raw)
     best, busy = 0.0, 0
@@ -59,7 +67,8 @@ def from_points(points: list[dict]) -> Observed | None:
         best = max(best, (p["rss_mb"] * MB - p["replicas"] * baseline) / held)
     per_request = int(best) if best >= MIB else None
     base_text = (
-        f"{_mib(baseline)} per replica at rest (the largest of {len(idle)} reading(s) with no request in flight)"
+        f"{_mib(baseline)} per replica at rest (the largest of {len(idle)} reading(s) with no request in flight or "
+        "served, then or for an export interval after)"
         if idle
         else f"no reading at rest; a replica was never seen below {_mib(baseline)}"
     )
@@ -74,6 +83,26 @@ def from_points(points: list[dict]) -> Observed | None:
     else:
         text = f"{base_text}; no reading under traffic yet."
     return Observed(int(baseline), per_request, len(idle), busy, f"Ray's per-process memory: {text}")
+
+
+def _quiet(p: dict) -> bool:
+    return (p.get("ongoing") or 0) < 1 and p.get("rps") == 0
+
+
+def _at_rest(readings: list[dict]) -> list[bool]:
+    """Per reading: no request in flight or served at it, nor at the readings after it until one
+    export interval has passed; only then can its memory not be a request's that the gauges had
+    yet to show. A reading too recent to be confirmed is not at rest."""
+    out, confirmed_until = [False] * len(readings), None
+    # From the newest back: a quiet reading is at rest when the quiet run it starts reaches past it
+    # by an export interval.
+    for i in range(len(readings) - 1, -1, -1):
+        if not _quiet(readings[i]):
+            confirmed_until = None
+            continue
+        confirmed_until = readings[i]["t"] if confirmed_until is None else confirmed_until
+        out[i] = confirmed_until >= readings[i]["t"] + EXPORT_LAG_S
+    return out
 
 
 def _mib(value: float) -> str:

@@ -56,12 +56,47 @@ def test_the_title_of_one_deployment_never_counts_for_another():
 
 
 def test_traffic_gives_a_baseline_and_a_lower_bound_per_request():
-    points = [point("idle_one_replica", 100), point("busy_one_replica", 110), point("idle_one_replica", 120)]
+    # Readings at rest count once the next export interval confirmed them: 100 by 115, 145 by 160.
+    points = [
+        point("idle_one_replica", 100),
+        point("idle_one_replica", 115),
+        point("busy_one_replica", 130),
+        point("idle_one_replica", 145),
+        point("idle_one_replica", 160),
+    ]
     seen = observed.from_points(points)
     assert seen.baseline_bytes == 450.2 * MB
     # (1872.9 - 450.2) MB over 4 requests admitted.
     assert seen.per_request_bytes == int((1872.9 - 450.2) / 4 * MB)
     assert (seen.idle_readings, seen.busy_readings) == (2, 1) and "lower bound" in seen.reason.lower()
+
+
+def test_memory_shown_before_its_requests_is_not_taken_for_a_replica_at_rest():
+    # As read on a real cluster under a burst: the process memory moved a reading or two before the
+    # requests gauge and counter, which trail it by up to an export interval.
+    rest = {"replicas": 1, "ongoing": 0.0, "rps": 0.0}
+    points = [
+        {**rest, "t": 803, "rss_mb": 215.0},
+        {**rest, "t": 808, "rss_mb": 689.8},
+        {**rest, "t": 810, "rss_mb": 689.8},
+        {"t": 812, "replicas": 1, "ongoing": 7.0, "rps": 0.45, "rss_mb": 2041.3},
+    ]
+    seen = observed.from_points(points)
+    assert seen.idle_readings == 0 and seen.baseline_bytes == 215 * MB
+    assert "no reading at rest" in seen.reason
+    # The same memory, then an export interval of quiet readings after it: at rest after all.
+    quiet = observed.from_points([*points[:3], {**rest, "t": 821, "rss_mb": 689.8}])
+    assert quiet.idle_readings == 3 and quiet.baseline_bytes == int(689.8 * MB)
+
+
+def test_requests_served_between_readings_or_a_reading_too_recent_are_not_rest():
+    served = {"t": 0, "replicas": 1, "ongoing": 0.0, "rps": 0.2, "rss_mb": 900.0}
+    later = {"t": 30, "replicas": 1, "ongoing": 0.0, "rps": 0.0, "rss_mb": 400.0}
+    seen = observed.from_points([served, later])
+    # The first served requests; the second has no reading after it to confirm it.
+    assert seen.idle_readings == 0 and seen.baseline_bytes == 400 * MB
+    confirmed = observed.from_points([served, later, {**later, "t": 60, "rss_mb": 410.0}])
+    assert confirmed.idle_readings == 1 and confirmed.baseline_bytes == 400 * MB
 
 
 def test_a_killed_replicas_lingering_series_can_only_lower_the_bound():
