@@ -4,11 +4,11 @@ the requests they held at the same reading. Pure functions over a deployment's s
 
 At rest, memory over replicas is a replica's baseline; a reading is at rest only when the requests
 gauges stayed at zero for an export interval after it, since they trail the memory beside them.
-Busy, what the replicas hold above their
-baselines, spread over the requests they had admitted, is a LOWER BOUND per request: admitted is
-not resident (a handler that allocates on its event loop holds one at a time until the others
-reach their allocation), and Ray samples process memory every few seconds, so a short peak is
-missed. Such a figure may lower a calibrated value that traffic has since outgrown; it never
+Busy, what the replicas hold above their baselines, spread over the most requests shown within an
+export interval of the reading (either sample may lead the other), is a LOWER BOUND per request:
+admitted is not resident (a handler that allocates on its event loop holds one at a time until the
+others reach their allocation), and Ray samples process memory every few seconds, so a short peak
+is missed. Such a figure may lower a calibrated value that traffic has since outgrown; it never
 raises concurrency or replicas."""
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ def from_points(points: list[dict]) -> Observed | None:
     worst of each figure from different moments, so they are left out)."""
     readings = [p for p in points if "summary" not in p]
     raw = [p for p in readings if p.get("replicas") and p.get("rss_mb")]
+    measured = {id(p) for p in raw}
     if not raw:
         return None
     resting = {id(p) for p, rest in zip(readings, _at_rest(readings), strict=True) if rest}
@@ -54,17 +55,11 @@ def from_points(points: list[dict]) -> Observed | None:
     # Without a reading at rest, the least a replica was ever seen using is at least its baseline.
     baseline = max(idle) if idle else min(p["rss_mb"] * MB / p["replicas"] for p in raw)
     best, busy = 0.0, 0
-    previous_ongoing = 0.0
-    for p in raw:
-        ongoing = p.get("ongoing") or 0.0
-        # Process memory is sampled every few seconds, the requests at the reading: the larger of
-        # this reading's and the last one's requests may be what that memory held.
-        held = max(ongoing, previous_ongoing)
-        previous_ongoing = ongoing
-        if ongoing < 1:
+    for i, p in enumerate(readings):
+        if id(p) not in measured or (p.get("ongoing") or 0.0) < 1:
             continue
         busy += 1
-        best = max(best, (p["rss_mb"] * MB - p["replicas"] * baseline) / held)
+        best = max(best, (p["rss_mb"] * MB - p["replicas"] * baseline) / _held(readings, i))
     per_request = int(best) if best >= MIB else None
     base_text = (
         f"{_mib(baseline)} per replica at rest (the largest of {len(idle)} reading(s) with no request in flight or "
@@ -103,6 +98,20 @@ def _at_rest(readings: list[dict]) -> list[bool]:
         confirmed_until = readings[i]["t"] if confirmed_until is None else confirmed_until
         out[i] = confirmed_until >= readings[i]["t"] + EXPORT_LAG_S
     return out
+
+
+def _held(readings: list[dict], i: int) -> float:
+    """The most requests the memory at reading i may hold: process memory and the requests gauge
+    are sampled apart, either ahead of the other by up to an export interval, so the most shown by
+    the readings around it (at least the one before and the one after) may be what it held. Taking
+    the most keeps the figure a lower bound."""
+    t, most = readings[i]["t"], readings[i].get("ongoing") or 0.0
+    for step in (-1, 1):
+        j = i + step
+        while 0 <= j < len(readings) and (j == i + step or abs(readings[j]["t"] - t) <= EXPORT_LAG_S):
+            most = max(most, readings[j].get("ongoing") or 0.0)
+            j += step
+    return most
 
 
 def _mib(value: float) -> str:

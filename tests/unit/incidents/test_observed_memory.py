@@ -89,6 +89,26 @@ def test_memory_shown_before_its_requests_is_not_taken_for_a_replica_at_rest():
     assert quiet.idle_readings == 3 and quiet.baseline_bytes == int(689.8 * MB)
 
 
+def test_requests_shown_after_their_memory_are_counted_with_it():
+    # As read on a real cluster: the gauge showed one request while the memory held more; the
+    # next readings, within an export interval, showed seven. Over one request, 616 MB a request
+    # would have been reported "at least" for requests of 524 MB.
+    rest = {"replicas": 1, "ongoing": 0.0, "rps": 0.0}
+    points = [
+        {**rest, "t": 790, "rss_mb": 216.0},
+        {**rest, "t": 801, "rss_mb": 216.0},
+        {"t": 806, "replicas": 1, "ongoing": 1.0, "rps": 0.0, "rss_mb": 832.0},
+        {"t": 812, "replicas": 1, "ongoing": 7.0, "rps": 0.45, "rss_mb": 2041.3},
+        {"t": 840, "replicas": 1, "ongoing": 7.0, "rps": 1.2, "rss_mb": 3600.0},
+    ]
+    seen = observed.from_points(points)
+    assert seen.baseline_bytes == 216 * MB and seen.busy_readings == 3
+    assert seen.per_request_bytes == int((3600.0 - 216.0) / 7 * MB) < 524 * MB
+    # Readings farther apart than an export interval still lend their neighbours their requests.
+    sparse = observed.from_points([{**p, "t": 30 * k} for k, p in enumerate(points)])
+    assert sparse.per_request_bytes == seen.per_request_bytes
+
+
 def test_requests_served_between_readings_or_a_reading_too_recent_are_not_rest():
     served = {"t": 0, "replicas": 1, "ongoing": 0.0, "rps": 0.2, "rss_mb": 900.0}
     later = {"t": 30, "replicas": 1, "ongoing": 0.0, "rps": 0.0, "rss_mb": 400.0}
