@@ -22,6 +22,7 @@ LOOKBACK = timedelta(minutes=15)
 DONE = (Status.APPLIED, Status.DONE, Status.PASSED)
 LATENCY_KINDS = (Incident.Kind.LATENCY_SPIKE, Incident.Kind.QUEUE_BUILDUP)
 MIN_WINDOW_S, MAX_WINDOW_S = 30, 24 * 3600
+ROUNDING_S = 0.2  # readings store their time and interval to a tenth of a second each
 FAILURE_OBJECTIVE = Wizard._meta.get_field("failure_objective").default
 LATENCY_OBJECTIVE_MS = Wizard._meta.get_field("latency_objective_ms").default
 
@@ -85,7 +86,7 @@ def measure(wizard: Wizard, since: datetime, until: datetime) -> dict:
     window = SignalWindow.objects.filter(
         cluster=wizard.cluster, application_name=wizard.application_name, deployment_name=wizard.deployment_name
     ).first()
-    points = [p for p in (window.points if window else []) if since.timestamp() <= p["t"] < until.timestamp()]
+    points = [p for p in (window.points if window else []) if _within(p, since.timestamp(), until.timestamp())]
     out = {"since": since.isoformat(), "until": until.isoformat(), "oom_kills": kills, **summarize(points)}
     failing = problems(
         out, failure_objective=wizard.failure_objective, latency_objective_ms=wizard.latency_objective_ms
@@ -102,6 +103,14 @@ def measure(wizard: Wizard, since: datetime, until: datetime) -> dict:
         )
         out |= {"healthy": True, "why": seen}
     return out
+
+
+def _within(point: dict, since: float, until: float) -> bool:
+    """Whether a reading's whole interval lies in the window. A reading stands for the `seconds`
+    since the one before it: the first reading after a fix often began before it, and counting it
+    put the old failures (the kill's 500s) in the fix's window, or a quiet spell in a failing one."""
+    start = point["t"] - (point.get("seconds") or 0)
+    return since - ROUNDING_S <= start and point["t"] < until
 
 
 def summarize(points: list[dict]) -> dict:

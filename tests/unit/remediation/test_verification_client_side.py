@@ -323,6 +323,34 @@ def test_the_before_window_with_kills_and_500s_is_reported_failing_with_its_fail
 
 
 @pytest.mark.django_db
+def test_a_reading_that_began_before_the_fix_counts_in_neither_window(wizard, cluster):
+    # As read on a real cluster: no reading while the fix was calibrated and applied, so the first
+    # one after the verification began spanned the kill's last seconds and carried its 30 500s;
+    # the clients of the fixed deployment got only 200s.
+    started = timezone.now() - timedelta(seconds=60)
+    change_at = started - timedelta(seconds=5)
+    t = started.timestamp()
+    straddling = {"t": round(t + 0.05, 1), "seconds": 18.7, "rps": 0.5, "errors": 0, "ongoing": 0, "http": 35.0}
+    straddling["http_errors"] = {"500": 30.0}
+    after = [
+        {"t": round(t + 3.2 * i, 1), "seconds": 3.2, "rps": 2.3, "errors": 0, "ongoing": 4, "http": 10.0}
+        for i in range(1, 15)
+    ]
+    points = [straddling, *after]
+    SignalWindow.objects.create(cluster=cluster, application_name="demo", deployment_name="Model", points=points)
+
+    measured = verification.measure(wizard, started, started + timedelta(seconds=45))
+    assert measured["client_requests"] == 140 and measured["client_failed"] == 0 and measured["healthy"]
+    assert measured["points"] == 14
+    # Nor is it the incident's: it ran into the change, whose own transition it may hold.
+    before = verification.measure(wizard, started - timedelta(minutes=15), change_at)
+    assert before["points"] == 0
+    # Where a window starts on a reading's start, that reading counts (time and interval are rounded).
+    exact = verification.measure(wizard, started - timedelta(seconds=18.7), started + timedelta(seconds=45))
+    assert exact["points"] == 15 and exact["client_failed"] == 30
+
+
+@pytest.mark.django_db
 def test_the_failure_objective_is_the_wizards(wizard, cluster, client, people):
     now = timezone.now()
     start = now - timedelta(minutes=5)
