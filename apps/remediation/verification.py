@@ -273,6 +273,7 @@ def verdict(
     window_over: bool,
     failure_objective: float = FAILURE_OBJECTIVE,
     latency_objective_ms: float = LATENCY_OBJECTIVE_MS,
+    metrics_expected: bool = False,
 ) -> tuple[str, str]:
     """("passed" | "failed" | "inconclusive" | "running", why). An OOM kill fails at once; the
     rest is judged when the window is over, by what clients saw at the proxy first."""
@@ -281,6 +282,13 @@ def verdict(
     if not window_over:
         return "running", "No OOM kill so far."
     lines = [f"No OOM kill in the window (before: {before.get('oom_kills', 0)})."]
+    if not after["points"] and metrics_expected:
+        # The cluster has a metrics source, so no reading means no evidence, not a clean window.
+        lines.append(
+            "No metrics reading lies wholly inside the window: the cluster's metrics did not answer, or the "
+            "window is shorter than the time between readings. Start it again with a longer window."
+        )
+        return "inconclusive", " ".join(lines)
     if not after["points"]:
         lines.append(
             "Latency, errors and queues were not compared: the cluster reports no metrics (set its metrics URL)."
@@ -334,6 +342,7 @@ def evaluate(wizard_id: int, now: datetime | None = None) -> str | None:
             window_over=now >= wizard.verify_ends_at,
             failure_objective=wizard.failure_objective,
             latency_objective_ms=wizard.latency_objective_ms,
+            metrics_expected=wizard.cluster.has_metrics_source,
         )
         step = WizardStep.objects.get(wizard=wizard, kind=WizardStep.Kind.VERIFICATION)
         step.check_result = {"result": result, "why": why, "at": now.isoformat()}

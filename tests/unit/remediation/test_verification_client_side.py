@@ -351,6 +351,25 @@ def test_a_reading_that_began_before_the_fix_counts_in_neither_window(wizard, cl
 
 
 @pytest.mark.django_db
+def test_a_window_no_reading_lies_inside_is_inconclusive_where_the_cluster_has_metrics(wizard, cluster):
+    # Readings every 30 s and a 30 s window that starts mid-interval: none lies wholly inside.
+    now = timezone.now()
+    start = now - timedelta(seconds=30)
+    points = [{"t": start.timestamp() + dt, "seconds": 30, "rps": 2.0, "http": 60.0} for dt in (10, 40)]
+    SignalWindow.objects.create(cluster=cluster, application_name="demo", deployment_name="Model", points=points)
+    Wizard.objects.filter(pk=wizard.pk).update(state="verifying", verify_started_at=start, verify_ends_at=now)
+    assert verification.evaluate(wizard.pk, now=now) == "inconclusive"
+    wizard.refresh_from_db()
+    assert wizard.state == "open"
+    assert (
+        "No metrics reading lies wholly inside the window" in wizard.steps.get(kind="verification").check_result["why"]
+    )
+    # Without a metrics source, no kill in the window is all there is to judge, as before.
+    result, why = verification.verdict("oom_kill", {}, {"oom_kills": 0, "points": 0}, window_over=True)
+    assert result == "passed" and "reports no metrics" in why
+
+
+@pytest.mark.django_db
 def test_the_failure_objective_is_the_wizards(wizard, cluster, client, people):
     now = timezone.now()
     start = now - timedelta(minutes=5)
