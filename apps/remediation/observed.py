@@ -5,8 +5,10 @@ the requests they held at the same reading. Pure functions over a deployment's s
 At rest, memory over replicas is a replica's baseline; a reading is at rest only when the requests
 gauges stayed at zero for an export interval after it, since they trail the memory beside them.
 Busy, what the replicas hold above their baselines, spread over the most requests shown within an
-export interval of the reading (either sample may lead the other), is a LOWER BOUND per request:
-admitted is not resident (a handler that allocates on its event loop holds one at a time until the
+export interval of the reading (either sample may lead the other), is a LOWER BOUND per request;
+only readings inside a busy spell count (requests in flight at the readings around them too, no
+replica starting), since a burst from rest or a replaced replica outruns every gauge near it.
+Admitted is not resident (a handler that allocates on its event loop holds one at a time until the
 others reach their allocation), and Ray samples process memory every few seconds, so a short peak
 is missed. Such a figure may lower a calibrated value that traffic has since outgrown; it never
 raises concurrency or replicas."""
@@ -56,10 +58,10 @@ def from_points(points: list[dict]) -> Observed | None:
     baseline = max(idle) if idle else min(p["rss_mb"] * MB / p["replicas"] for p in raw)
     best, busy = 0.0, 0
     for i, p in enumerate(readings):
-        if id(p) not in measured or (p.get("ongoing") or 0.0) < 1:
+        if id(p) not in measured or (held := _settled(readings, i)) is None:
             continue
         busy += 1
-        best = max(best, (p["rss_mb"] * MB - p["replicas"] * baseline) / _held(readings, i))
+        best = max(best, (p["rss_mb"] * MB - p["replicas"] * baseline) / held)
     per_request = int(best) if best >= MIB else None
     base_text = (
         f"{_mib(baseline)} per replica at rest (the largest of {len(idle)} reading(s) with no request in flight or "
@@ -70,13 +72,13 @@ def from_points(points: list[dict]) -> Observed | None:
     if per_request:
         text = (
             f"{base_text}; under traffic its replicas held at least {_mib(per_request)} per request admitted (the "
-            f"most of {busy} busy reading(s)). A lower bound: admitted requests are not all resident, and Ray samples "
-            "process memory every few seconds."
+            f"most of {busy} reading(s) inside a busy spell). A lower bound: admitted requests are not all resident, "
+            "and Ray samples process memory every few seconds."
         )
     elif busy:
-        text = f"{base_text}; {busy} busy reading(s) showed no memory above it per request."
+        text = f"{base_text}; {busy} reading(s) inside a busy spell showed no memory above it per request."
     else:
-        text = f"{base_text}; no reading under traffic yet."
+        text = f"{base_text}; no reading inside a busy spell yet (requests in flight at it and the readings around it)."
     return Observed(int(baseline), per_request, len(idle), busy, f"Ray's per-process memory: {text}")
 
 
@@ -100,16 +102,28 @@ def _at_rest(readings: list[dict]) -> list[bool]:
     return out
 
 
-def _held(readings: list[dict], i: int) -> float:
-    """The most requests the memory at reading i may hold: process memory and the requests gauge
-    are sampled apart, either ahead of the other by up to an export interval, so the most shown by
-    the readings around it (at least the one before and the one after) may be what it held. Taking
-    the most keeps the figure a lower bound."""
-    t, most = readings[i]["t"], readings[i].get("ongoing") or 0.0
-    for step in (-1, 1):
+def _settled(readings: list[dict], i: int) -> float | None:
+    """The most requests the memory at reading i may hold, if it lies inside a busy spell: the
+    readings around it (the one before, the one after and all within an export interval) had
+    requests in flight too, on as many replicas, with none starting. Process memory and the
+    requests gauge are sampled apart, either ahead by up to an export interval, so the most shown
+    around it may be what the memory held; and only inside a spell is that most not likely to have
+    been missed: as requests start from rest the memory outruns every gauge near it (a real run
+    showed more than a request's memory beside a gauge of one), and around a replica start the
+    readings mix two processes' lives."""
+    if not 0 < i < len(readings) - 1:
+        return None
+    t, replicas, most = readings[i]["t"], readings[i].get("replicas"), 0.0
+    for step in (-1, 0, 1):
         j = i + step
-        while 0 <= j < len(readings) and (j == i + step or abs(readings[j]["t"] - t) <= EXPORT_LAG_S):
-            most = max(most, readings[j].get("ongoing") or 0.0)
+        while 0 <= j < len(readings) and (abs(j - i) <= 1 or abs(readings[j]["t"] - t) <= EXPORT_LAG_S):
+            q = readings[j]
+            ongoing = q.get("ongoing") or 0.0
+            if ongoing < 1 or q.get("starts") or q.get("replicas", replicas) != replicas:
+                return None
+            most = max(most, ongoing)
+            if not step:
+                break
             j += step
     return most
 

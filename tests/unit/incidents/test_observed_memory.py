@@ -56,13 +56,16 @@ def test_the_title_of_one_deployment_never_counts_for_another():
 
 
 def test_traffic_gives_a_baseline_and_a_lower_bound_per_request():
-    # Readings at rest count once the next export interval confirmed them: 100 by 115, 145 by 160.
+    # Readings at rest count once the next export interval confirmed them: 100 by 115, 175 by 190;
+    # busy ones inside a busy spell: 145, between 130 and 160.
     points = [
         point("idle_one_replica", 100),
         point("idle_one_replica", 115),
         point("busy_one_replica", 130),
-        point("idle_one_replica", 145),
-        point("idle_one_replica", 160),
+        point("busy_one_replica", 145),
+        point("busy_one_replica", 160),
+        point("idle_one_replica", 175),
+        point("idle_one_replica", 190),
     ]
     seen = observed.from_points(points)
     assert seen.baseline_bytes == 450.2 * MB
@@ -92,7 +95,8 @@ def test_memory_shown_before_its_requests_is_not_taken_for_a_replica_at_rest():
 def test_requests_shown_after_their_memory_are_counted_with_it():
     # As read on a real cluster: the gauge showed one request while the memory held more; the
     # next readings, within an export interval, showed seven. Over one request, 616 MB a request
-    # would have been reported "at least" for requests of 524 MB.
+    # would have been reported "at least" for requests of 524 MB. The reading as the burst began is
+    # not inside a busy spell; the next one is, and its memory is spread over the seven.
     rest = {"replicas": 1, "ongoing": 0.0, "rps": 0.0}
     points = [
         {**rest, "t": 790, "rss_mb": 216.0},
@@ -102,8 +106,8 @@ def test_requests_shown_after_their_memory_are_counted_with_it():
         {"t": 840, "replicas": 1, "ongoing": 7.0, "rps": 1.2, "rss_mb": 3600.0},
     ]
     seen = observed.from_points(points)
-    assert seen.baseline_bytes == 216 * MB and seen.busy_readings == 3
-    assert seen.per_request_bytes == int((3600.0 - 216.0) / 7 * MB) < 524 * MB
+    assert seen.baseline_bytes == 216 * MB and seen.busy_readings == 1
+    assert seen.per_request_bytes == int((2041.3 - 216.0) / 7 * MB) < 524 * MB
     # Readings farther apart than an export interval still lend their neighbours their requests.
     sparse = observed.from_points([{**p, "t": 30 * k} for k, p in enumerate(points)])
     assert sparse.per_request_bytes == seen.per_request_bytes
@@ -124,17 +128,34 @@ def test_a_killed_replicas_lingering_series_can_only_lower_the_bound():
     gone = point("idle_two_replicas_one_gone", 100)
     assert (gone["rss_mb"], gone["replicas"]) == (901.4, 3)
     busy = {**gone, "t": 110, "ongoing": 4.0, "rss_mb": 901.4 + 4 * 300}
-    seen = observed.from_points([gone, busy])
+    seen = observed.from_points([gone, busy, {**busy, "t": 120}, {**busy, "t": 130}])
     assert seen.per_request_bytes <= 300 * MB
 
 
 def test_memory_sampled_before_the_requests_ended_is_spread_over_the_requests_just_before():
-    rest = {"t": 0, "replicas": 1, "rss_mb": 400.0, "ongoing": 0.0}
     eight = {"t": 5, "replicas": 1, "rss_mb": 400.0 + 8 * 100, "ongoing": 8.0}
     # Memory reported a few seconds late: still the eight requests' memory, with one request now in flight.
     late = {"t": 10, "replicas": 1, "rss_mb": 400.0 + 8 * 100, "ongoing": 1.0}
-    seen = observed.from_points([rest, eight, late])
+    one = {"t": 15, "replicas": 1, "rss_mb": 400.0 + 100, "ongoing": 1.0}
+    rest = [{"t": t, "replicas": 1, "rss_mb": 400.0, "ongoing": 0.0, "rps": 0.0} for t in (-30, -15)]
+    seen = observed.from_points([*rest, {**eight, "t": 0}, eight, late, one])
     assert seen.per_request_bytes == 100 * MB
+
+
+def test_a_replaced_replica_or_a_burst_from_rest_gives_no_bound():
+    rest = [{"t": t, "replicas": 1, "ongoing": 0.0, "rps": 0.0, "rss_mb": 400.0} for t in (-30, -15)]
+    busy = {"replicas": 1, "ongoing": 4.0, "rps": 2.0, "rss_mb": 400.0 + 4 * 100}
+    spell = [{**busy, "t": t} for t in (0, 5, 10, 15, 20)]
+    assert observed.from_points([*rest, *spell]).per_request_bytes == 100 * MB
+    # A replica started beside the readings: its predecessor's memory may still be in the sum.
+    replaced = [*spell[:2], {**spell[2], "starts": 1, "rss_mb": 2400.0}, *spell[3:]]
+    assert observed.from_points([*rest, *replaced]).per_request_bytes is None
+    # A gap at rest within an export interval: the requests gauge may not have caught up with memory.
+    gap = [spell[0], {**spell[1], "ongoing": 0.0}, {**spell[2], "rss_mb": 2400.0}, *spell[3:]]
+    assert observed.from_points([*rest, *gap]).per_request_bytes is None
+    # Nor when the replicas reporting change within the spell.
+    grown = [*spell[:2], {**spell[2], "replicas": 2, "rss_mb": 2400.0}, *spell[3:]]
+    assert observed.from_points([*rest, *grown]).per_request_bytes is None
 
 
 def test_summaries_and_readings_without_memory_are_not_used():
@@ -144,7 +165,7 @@ def test_summaries_and_readings_without_memory_are_not_used():
     assert observed.from_points([summary]) is None
     at_rest_only = observed.from_points([{"t": 0, "replicas": 2, "rss_mb": 800.0, "ongoing": 0.0}])
     assert at_rest_only.baseline_bytes == 400 * MB and at_rest_only.per_request_bytes is None
-    assert "no reading under traffic" in at_rest_only.reason
+    assert "no reading inside a busy spell" in at_rest_only.reason
 
 
 def test_without_a_reading_at_rest_the_least_a_replica_used_stands_for_its_baseline():
@@ -152,6 +173,7 @@ def test_without_a_reading_at_rest_the_least_a_replica_used_stands_for_its_basel
         [
             {"t": 0, "replicas": 1, "rss_mb": 600.0, "ongoing": 1.0},
             {"t": 5, "replicas": 1, "rss_mb": 1000.0, "ongoing": 2.0},
+            {"t": 10, "replicas": 1, "rss_mb": 1000.0, "ongoing": 2.0},
         ]
     )
     assert seen.baseline_bytes == 600 * MB and seen.idle_readings == 0

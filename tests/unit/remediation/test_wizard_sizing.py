@@ -43,14 +43,13 @@ def test_traffic_heavier_than_the_calibration_lowers_the_values_and_the_page_say
     )
     wizards.abandon(actor(people), baseline, reason="measure again with traffic", revision=None)
     # Ray's per-process memory: 300 MB per replica at rest, then 2 replicas holding 3 GB over 2 requests.
+    rest = {"ongoing": 0.0, "rps": 0.0, "queued": 0, "replicas": 2, "rss_mb": 600.0}
+    busy = {"ongoing": 2.0, "rps": 1.0, "queued": 0, "replicas": 2, "rss_mb": 3600.0}
     SignalWindow.objects.create(
         cluster=cluster,
         application_name="demo",
         deployment_name="Model",
-        points=[
-            {"t": 1, "ongoing": 0.0, "queued": 0, "replicas": 2, "rss_mb": 600.0},
-            {"t": 6, "ongoing": 2.0, "queued": 0, "replicas": 2, "rss_mb": 3600.0},
-        ],
+        points=[{**rest, "t": 1}, {**rest, "t": 16}, *({**busy, "t": t} for t in (31, 36, 41))],
     )
     wizard, _ = wizards.start(actor(people), incident=incident)
     seen = wizard.diagnosis["observed"]
