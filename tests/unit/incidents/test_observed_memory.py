@@ -113,6 +113,27 @@ def test_requests_shown_after_their_memory_are_counted_with_it():
     assert sparse.per_request_bytes == seen.per_request_bytes
 
 
+def test_a_gauge_that_understates_the_requests_in_flight_is_outweighed_by_its_spell():
+    # Read off a real cluster (tests/integration/test_wizard_real_ray.py): 8 clients throughout,
+    # requests of 500 MiB (524 MB). The gauge fell to 4 and 3 for 15 s while the memory held nearly
+    # five requests and then six; spread over the most requests near it, 'at least 574 MiB' was
+    # reported. Over the most its spell showed (8), the bound stays below the truth.
+    rest = [{"t": t, "replicas": 1, "ongoing": 0.0, "rps": 0.0, "rss_mb": 227.0} for t in (6.7, 8.9, 11.0, 13.4, 22.0)]
+    spell = [
+        (26.5, 8, 2212.9), (29.0, 8, 1980.5), (33.6, 8, 2296.6), (35.8, 7, 2296.6), (40.5, 7, 1485.1),
+        (44.9, 7, 2377.9), (47.2, 8, 2377.9), (54.0, 8, 1365.6), (56.3, 4, 1365.6), (60.9, 4, 1914.9),
+        (65.5, 7, 1556.1), (70.3, 7, 1884.1), (77.4, 4, 1797.2), (79.6, 4, 2559.8), (84.2, 4, 2636.4),
+        (86.4, 3, 2636.4), (88.7, 3, 2636.4), (91.8, 3, 3691.5),
+    ]  # fmt: skip
+    points = [*rest, *({"t": t, "replicas": 1, "ongoing": float(n), "rps": 0.0, "rss_mb": rss} for t, n, rss in spell)]
+    seen = observed.from_points(points)
+    assert seen.baseline_bytes == 227 * MB
+    assert seen.per_request_bytes == int((2636.4 - 227.0) / 8 * MB) < 500 * MIB
+    # A reading at rest (as at 65.5 s) ends a spell: the part after it keeps its own most (7).
+    cut = [*points[:15], {**points[15], "ongoing": 0.0}, *points[16:]]
+    assert observed.from_points(cut).per_request_bytes == int((2636.4 - 227.0) / 7 * MB)
+
+
 def test_requests_served_between_readings_or_a_reading_too_recent_are_not_rest():
     served = {"t": 0, "replicas": 1, "ongoing": 0.0, "rps": 0.2, "rss_mb": 900.0}
     later = {"t": 30, "replicas": 1, "ongoing": 0.0, "rps": 0.0, "rss_mb": 400.0}
