@@ -6,6 +6,7 @@ group: `ray stop` would end every Ray process on the machine, including other pe
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
@@ -36,9 +37,9 @@ REFERENCE_WARMUP = {
     "path": "/reference",
     "body": {"prompt": "hello {n}", "max_tokens": 16},
 }
-# The head this process started on loopback: the administrators' allow-list is about clusters
-# they register, and the database holding it may not exist yet when the head is waited for.
-OWN_HEAD = NetworkPolicy()
+# The head this process started, which listens on loopback only: the administrators' allow-list is
+# about clusters they register, and the database holding it may not exist yet when the head is waited for.
+OWN_HEAD = NetworkPolicy(networks=(ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128")))
 
 
 # Ray's workers listen on 10002-19999 by default; the kernel hands out ports from its ephemeral
@@ -193,6 +194,11 @@ class LocalRayHead:
             # Jobs (calibrations) run `python` from the head's PATH: make it this interpreter, which has Ray.
             PATH=os.pathsep.join(filter(None, [str(Path(sys.executable).parent), env.get("PATH", "")])),
             RAY_USAGE_STATS_ENABLED="0",
+            # `ray start` replaces a loopback --node-ip-address with the machine's external address
+            # (services.resolve_ip_for_localhost) unless Ray clusters are off, as on macOS and Windows;
+            # Ray's processes then bind that address or all interfaces where they would bind loopback.
+            # Off, the head takes no other nodes, which a head for one machine never needs.
+            RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
             **(extra_env or {}),
         )
         head = cls(temp_dir=temp_dir, log_path=temp_dir / "ray-start.log", args=args, env=env)
