@@ -8,6 +8,7 @@ import yaml
 from django.core.exceptions import ValidationError
 
 from apps.changes.serve_options import NULL_REPLACED, known_options, null_kept, unknown_fields, unknown_nulls
+from apps.core import yamltext
 
 MAX_PATCH_CHARS = 64_000
 
@@ -40,11 +41,11 @@ def _load_yaml(text: str, what: str):
     if len(text or "") > MAX_PATCH_CHARS:
         raise ValidationError(f"The {what} are longer than {MAX_PATCH_CHARS} characters.")
     try:
-        return yaml.safe_load(text or "")
+        return yamltext.load(text or "")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
+        problem = (getattr(exc, "problem", None) or str(exc)).rstrip(".")
         raise ValidationError(f"Invalid YAML/JSON{where}: {problem}.") from exc
 
 

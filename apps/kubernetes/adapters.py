@@ -6,7 +6,7 @@ import yaml
 from django.conf import settings
 
 from apps.clusters import network_policy
-from apps.core import secrets
+from apps.core import secrets, yamltext
 from apps.kubernetes.models import KubeConnection
 from integrations.kubernetes.adapter import KubeAdapter
 from integrations.kubernetes.errors import KubeConfigInvalid
@@ -39,11 +39,27 @@ def adapter_for(connection: KubeConnection) -> KubeAdapter:
     # Loaded as untrusted (no allow_plugins): a row stored before a check existed is refused here, not used.
     # Plugins would run on every worker, file references read its files, a proxy-url bypass the pinned address.
     return KubeAdapter.from_kubeconfig(
-        yaml.safe_load(text),
+        _parsed(connection, text),
         context=connection.context or None,
         pin=vetted_pin(network_policy.current(), f"Connection {connection.name}"),
         **options,
     )
+
+
+def _parsed(connection: KubeConnection, text: str) -> dict:
+    """The stored text as a mapping: anything else would be taken for a path to a file on this machine."""
+    try:
+        config = yamltext.load(text)
+    except yaml.YAMLError as exc:
+        problem = str(getattr(exc, "problem", None) or exc).rstrip(".")
+        raise KubeConfigInvalid(
+            f"Connection {connection.name}: the stored kubeconfig cannot be read: {problem}. Enter it again."
+        ) from exc
+    if not isinstance(config, dict):
+        raise KubeConfigInvalid(
+            f"Connection {connection.name}: the stored kubeconfig is not a mapping. Enter it again."
+        )
+    return config
 
 
 def _require_superuser_grant(connection: KubeConnection) -> None:

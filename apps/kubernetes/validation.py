@@ -12,6 +12,7 @@ from django.core.exceptions import ValidationError
 
 from apps.clusters import validation as cluster_validation
 from apps.clusters.models import Cluster
+from apps.core import yamltext
 from integrations.kubernetes.adapter import KubeAdapter
 from integrations.kubernetes.errors import KubeConfigInvalid
 
@@ -28,7 +29,7 @@ def parse_kubeconfig(text: str) -> dict[str, Any]:
     if len(text.encode()) > MAX_KUBECONFIG_BYTES:
         raise ValidationError(f"The kubeconfig is larger than {MAX_KUBECONFIG_BYTES // 1024} KiB.")
     try:
-        config = yaml.safe_load(text)
+        config = yamltext.load(text)
     except yaml.YAMLError as exc:
         raise ValidationError(f"The kubeconfig is not valid YAML: {getattr(exc, 'problem', None) or exc}") from exc
     if not isinstance(config, dict) or not config.get("contexts") or not config.get("clusters"):

@@ -7,10 +7,9 @@ from typing import Any, Callable
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
-import yaml
 from kubernetes import client
 
-from integrations import egress
+from integrations import egress, plainyaml
 from integrations.kubernetes.errors import KubeConfigInvalid, KubeUnavailable
 
 
@@ -35,7 +34,7 @@ _USER_FILES = {"tokenFile": "token", "client-certificate": "client-certificate-d
 def refuse_unsafe(kubeconfig: str | os.PathLike | dict[str, Any], *, allow_plugins: bool) -> None:
     if not isinstance(kubeconfig, dict):
         with open(kubeconfig, encoding="utf-8") as handle:
-            kubeconfig = yaml.safe_load(handle) or {}
+            kubeconfig = plainyaml.load(handle) or {}
     if not isinstance(kubeconfig, dict):
         return
     clusters = [_dict(entry) for entry in _list(kubeconfig.get("clusters"))]

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from integrations import plainyaml
 from integrations.errors import AdapterError
 from integrations.kubernetes.fields import (
     as_dict,
@@ -193,7 +194,7 @@ def parse_serve_config_v2(text: str) -> dict[str, Any]:
     if not text or not text.strip():
         raise ServeConfigError("serveConfigV2 is empty: the RayService deploys no Serve applications.")
     try:
-        config = yaml.safe_load(text)
+        config = plainyaml.load(text)
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""

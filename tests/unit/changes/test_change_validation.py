@@ -13,6 +13,7 @@ from django.core.exceptions import ValidationError
 from apps.changes.builtin_presets import BUILTIN_PRESETS
 from apps.changes.validation import MAX_PATCH_CHARS, parse_options_text, validate_options
 from tests.conftest import FIXTURES, ray_fixture
+from tests.yaml_aliases import alias_bomb
 
 # put_invalid_* fixtures whose Ray error points into a deployment, and the field it is about.
 DEPLOYMENT_OPTION_FIXTURES = {
@@ -79,6 +80,28 @@ def test_broken_json_is_refused_with_the_line_where_it_breaks():
         parse_options_text('{\n  "max_ongoing_requests": 2,\n  "max_queued_requests": \n')
     (message,) = messages_of(excinfo)
     assert re.match(r"Invalid YAML/JSON at line \d+, column \d+: ", message)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            f"user_config: {alias_bomb()}",
+            "Invalid YAML/JSON at line 1, column 19: YAML anchors and aliases (&name / *name) are not accepted: "
+            "write the values out.",
+        ),
+        ("max_ongoing_requests: &two 2", "Invalid YAML/JSON at line 1, column 23: YAML anchors and aliases"),
+        ("user_config: " + "[" * 5000, "Invalid YAML/JSON at line 1, column 113: Nested more than 100 levels deep."),
+        ("user_config: {n: " + "9" * 5000 + "}", "Invalid YAML/JSON: Exceeds the limit (4300 digits)"),
+        ("user_config: {released: 2024-13-45}", "Invalid YAML/JSON: month must be in 1..12."),
+    ],
+    ids=["aliases", "anchor", "nesting", "long-integer", "impossible-date"],
+)
+def test_yaml_that_would_expand_or_crash_the_parser_is_refused_with_what_to_write_instead(text, message):
+    with pytest.raises(ValidationError) as excinfo:
+        parse_options_text(text)
+    (refusal,) = messages_of(excinfo)
+    assert refusal.startswith(message)
 
 
 def test_a_tab_indented_line_is_refused_naming_its_line():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import timedelta
 
@@ -14,6 +15,7 @@ from apps.changes.models import Change, ChangeState, Preset
 from apps.clusters.models import Cluster
 from apps.fleet import sync
 from tests.factories import ClusterFactory
+from tests.yaml_aliases import alias_bomb, written_out
 
 pytestmark = pytest.mark.django_db
 MODEL = [{"application": "demo", "deployment": "Model"}]
@@ -109,6 +111,37 @@ def test_options_as_yaml_text_are_parsed(api_as, cluster):
     response = plan(api_as("operator"), cluster, options_text="max_queued_requests: 10\n")
     assert response.status_code == 201, response.content
     assert response.json()["patch"] == {"max_queued_requests": 10}
+
+
+def test_options_text_with_yaml_aliases_is_refused_on_its_field_and_nothing_is_saved(api_as, cluster):
+    response = plan(api_as("operator"), cluster, options_text=f"max_queued_requests: 10\nuser_config: {alias_bomb()}")
+    assert response.status_code == 400
+    assert "anchors and aliases (&name / *name) are not accepted" in str(response.json()["options_text"])
+    assert not Change.objects.exists()
+
+
+def test_the_same_options_written_out_without_aliases_are_planned(api_as, cluster):
+    response = plan(api_as("operator"), cluster, options_text=f"max_queued_requests: 10\nuser_config: {written_out()}")
+    assert response.status_code == 201, response.content
+    assert response.json()["patch"]["user_config"] == json.loads(written_out())
+
+
+def preset_form(client, people, team, options_text: str):
+    client.force_login(people["operator"])
+    form = {"name": "Chatty", "team": team.pk, "options_text": options_text}
+    return client.post(reverse("changes:preset_create"), form)
+
+
+def test_the_preset_form_refuses_yaml_aliases_on_the_options_field_and_saves_nothing(client, people, team):
+    page = preset_form(client, people, team, f"user_config: {alias_bomb()}").content.decode()
+    assert "anchors and aliases (&amp;name / *name) are not accepted" in page
+    assert not Preset.objects.filter(name="Chatty").exists()
+
+
+def test_the_preset_form_saves_the_same_options_written_out_without_aliases(client, people, team):
+    response = preset_form(client, people, team, f"user_config: {written_out()}")
+    assert response.status_code == 302
+    assert Preset.objects.get(name="Chatty").options == {"user_config": json.loads(written_out())}
 
 
 @pytest.mark.parametrize(

@@ -25,3 +25,8 @@ def test_the_same_text_as_pyyaml(value):
     assert yamltext.dump(value, sort_keys=False) == yaml.safe_dump(value, sort_keys=False)
     flow = {"default_flow_style": True, "sort_keys": False, "allow_unicode": True}
     assert yamltext.dump(value, width=yamltext.NO_FOLDING, **flow) == yaml.safe_dump(value, width=float("inf"), **flow)
+
+
+@pytest.mark.parametrize("value", VALUES)
+def test_load_reads_back_what_dump_wrote(value):
+    assert yamltext.load(yamltext.dump(value, sort_keys=False)) == value

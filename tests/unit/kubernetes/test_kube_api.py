@@ -12,6 +12,7 @@ from apps.kubernetes.models import KubeConnection, KubeLink
 from tests.factories import ClusterFactory, KubeLinkFactory
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)
 from tests.unit.integrations.test_kube_adapter import TOKEN, fixture, kubeconfig
+from tests.yaml_aliases import alias_bomb, written_out
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/kube/connections/"
@@ -48,6 +49,18 @@ def test_a_bad_kubeconfig_is_a_400_that_says_why(api_as):
     assert response.status_code == 400 and "not valid YAML" in str(response.json())
     response = create(api_as("admin"), namespaces=["Bad_Name"])
     assert response.status_code == 400 and "not a namespace name" in str(response.json())
+
+
+def test_a_kubeconfig_with_yaml_aliases_is_a_400_that_says_why_and_nothing_is_stored(api_as):
+    response = create(api_as("admin"), kubeconfig=f"{OFFLINE}preferences: {alias_bomb()}\n")
+    assert response.status_code == 400
+    assert "The kubeconfig is not valid YAML: YAML anchors and aliases" in str(response.json())
+    assert not KubeConnection.objects.exists()
+
+
+def test_the_same_kubeconfig_written_out_without_aliases_is_stored(api_as):
+    response = create(api_as("admin"), kubeconfig=f"{OFFLINE}preferences: {written_out()}\n")
+    assert response.status_code == 201, response.content
 
 
 @pytest.mark.parametrize("who, count", [("viewer", 1), ("operator", 1), ("admin", 1), ("outsider", 0)])

@@ -16,6 +16,7 @@ from integrations.kubernetes.autoscalers import parse_hpa, parse_scaled_object
 from integrations.kubernetes.fields import parse_quantity
 from integrations.kubernetes.kuberay import parse_raycluster, parse_rayservice
 from integrations.kubernetes.pods import parse_pod
+from tests.yaml_aliases import alias_bomb, written_out
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "kube"
 GIB = 2**30
@@ -86,6 +87,24 @@ def test_a_rayservice_with_malformed_serve_config_still_parses_and_says_what_is_
     assert service.serve_config is None
     assert "not valid YAML (line 3" in service.serve_config_error
     assert service.cluster_spec.workers[0].name == "gpu-workers"
+
+
+def with_args(args: str):
+    def edit(raw):
+        raw["spec"]["serveConfigV2"] = f"applications:\n  - name: detector\n    import_path: x\n    args: {args}\n"
+
+    return edit
+
+
+def test_a_serve_config_with_yaml_aliases_is_refused_without_expanding_them():
+    service = vision_service(with_args(alias_bomb()))
+    assert service.serve_config is None
+    assert "anchors and aliases (&name / *name) are not accepted" in service.serve_config_error
+
+
+def test_the_same_serve_config_written_out_without_aliases_parses():
+    service = vision_service(with_args(written_out()))
+    assert service.serve_config["applications"][0]["args"] == json.loads(written_out())
 
 
 # --- K1 --------------------------------------------------------------------------------------

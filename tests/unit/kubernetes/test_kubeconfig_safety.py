@@ -19,6 +19,7 @@ from apps.kubernetes.models import KubeConnection
 from integrations.kubernetes.adapter import KubeAdapter
 from integrations.kubernetes.errors import KubeConfigInvalid
 from tests.unit.integrations.test_kube_adapter import kubeconfig
+from tests.yaml_aliases import alias_bomb, written_out
 
 URL = "/api/v1/kube/connections/"
 SERVER = "https://k8s.example.internal:6443"
@@ -86,6 +87,23 @@ def test_environment_proxies_are_not_used_for_the_api_server(monkeypatch, variab
         assert not isinstance(adapter._api.rest_client.pool_manager, urllib3.ProxyManager)
 
 
+def kubeconfig_text(preferences: str, server: str = SERVER) -> str:
+    return f"{yaml.safe_dump(kubeconfig(server))}preferences: {preferences}\n"
+
+
+def test_a_kubeconfig_file_with_yaml_aliases_is_refused_before_it_is_used(tmp_path):
+    path = tmp_path / "config"
+    path.write_text(kubeconfig_text(alias_bomb()))
+    with pytest.raises(KubeConfigInvalid, match=r"anchors and aliases \(&name / \*name\) are not accepted"):
+        KubeAdapter.from_kubeconfig(path, allow_plugins=True)
+
+
+def test_the_same_kubeconfig_file_written_out_without_aliases_is_used(tmp_path):
+    path = tmp_path / "config"
+    path.write_text(kubeconfig_text(written_out()))
+    KubeAdapter.from_kubeconfig(path, allow_plugins=True).close()
+
+
 # --- registration and stored rows --------------------------------------------------------------
 
 
@@ -142,6 +160,31 @@ def test_a_kubeconfig_stored_before_the_checks_is_never_used(team, config):
         adapter_for(stored)
     found = discovery.discover(stored)
     assert found.resources == [] and ("proxy-url" in found.error or "tokenFile" in found.error)
+
+
+@pytest.mark.django_db
+def test_a_kubeconfig_stored_with_yaml_aliases_is_never_used(team):
+    stored = KubeConnection.objects.create(
+        team=team,
+        name="old",
+        context="ml",
+        namespaces=["ml"],
+        kubeconfig_ciphertext=secrets.encrypt(kubeconfig_text(alias_bomb())),
+    )
+    with pytest.raises(KubeConfigInvalid, match="Connection old: .*anchors and aliases"):
+        adapter_for(stored)
+    assert "anchors and aliases" in discovery.discover(stored).error
+
+
+@pytest.mark.django_db
+def test_a_stored_kubeconfig_that_is_a_path_is_never_read_as_a_file(team, tmp_path):
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(kubeconfig("https://127.0.0.1:6443")))
+    stored = KubeConnection.objects.create(
+        team=team, name="old", context="ml", namespaces=["ml"], kubeconfig_ciphertext=secrets.encrypt(str(path))
+    )
+    with pytest.raises(KubeConfigInvalid, match="Connection old: the stored kubeconfig is not a mapping"):
+        adapter_for(stored)
 
 
 # --- Fleetdeck's own service account -----------------------------------------------------------
