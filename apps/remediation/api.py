@@ -196,7 +196,15 @@ class ApplySerializer(RevisionSerializer):
 class StepSerializer(RevisionSerializer):
     step = serializers.IntegerField(min_value=1)
     note = serializers.CharField(required=False, allow_blank=True, max_length=2000)
-    params = serializers.DictField(required=False, help_text="For checks: R3 takes method, path, field, size.")
+    params = serializers.DictField(
+        required=False,
+        help_text=(
+            "For checks: R3 takes method, path, field, size and timeout_s "
+            f"({remedy_checks.MIN_PROBE_TIMEOUT_S:g}-{remedy_checks.MAX_PROBE_TIMEOUT_S:g} s); R6 takes factor "
+            f"({remedy_checks.MIN_COLD_START_FACTOR:g}-{remedy_checks.MAX_COLD_START_FACTOR:g}, the most p99 after "
+            "replica starts may be over the steady p50)."
+        ),
+    )
 
 
 class WizardCalibrateSerializer(RevisionSerializer):

@@ -3,6 +3,7 @@ passed / failed / inconclusive with what it saw. An operator confirms the rest b
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from urllib.parse import urlencode
@@ -19,7 +20,16 @@ from integrations import serve_http
 
 Status = WizardStep.Status
 COLD_START_FACTOR = 3.0
+# Below 1 a cold start would have to beat steady state; the warmup-missing finding (rules.py) flags
+# 5 and more, so a larger factor would pass the very cold starts it flags.
+MIN_COLD_START_FACTOR, MAX_COLD_START_FACTOR = 1.0, 5.0
 MAX_PROBE_CHARS = 10_000_000
+# The probe runs inside the operator's web request, which gunicorn ends after 60 s (deploy/docker/Dockerfile).
+# httpx waits up to the timeout for each connect, send and read: at 30 s a replica the input hung (a quick
+# connect, then one long read) still answers inside that. Under a second, a slow network would read as a replica
+# the input exhausted.
+MIN_PROBE_TIMEOUT_S, MAX_PROBE_TIMEOUT_S = 1.0, 30.0
+PROBE_TIMEOUT_S = MAX_PROBE_TIMEOUT_S
 REFUSALS = {400, 413, 414, 422, 429, 431}
 
 
@@ -74,6 +84,9 @@ def oversized_input(wizard: Wizard, params: dict) -> CheckResult:
         raise WizardError("The probe size must be a whole number of characters.") from exc
     if not 1 <= size <= MAX_PROBE_CHARS:
         raise WizardError(f"The probe size must be between 1 and {MAX_PROBE_CHARS:,} characters.")
+    timeout_s = _number(
+        params, "timeout_s", PROBE_TIMEOUT_S, MIN_PROBE_TIMEOUT_S, MAX_PROBE_TIMEOUT_S, "a number of seconds"
+    )
     field = str(params.get("field") or "prompt")
     path = str(params.get("path") or (app.route_prefix if app and app.route_prefix else "/"))
     if not path.startswith("/"):
@@ -90,7 +103,7 @@ def oversized_input(wizard: Wizard, params: dict) -> CheckResult:
         body=body,
         requests=1,
         concurrency=1,
-        timeout_s=float(params.get("timeout_s") or 30),
+        timeout_s=timeout_s,
     )[0]
     data = {"status": sample.status, "latency_ms": round(sample.latency_ms, 1), "size": size, "method": method}
     if sample.status is None:
@@ -122,9 +135,24 @@ def oversized_input(wizard: Wizard, params: dict) -> CheckResult:
     )
 
 
+def _number(params: dict, name: str, default: float, low: float, high: float, what: str) -> float:
+    """`params[name]`, a number or its text (the pages post text), within [low, high]; `default` when
+    it is absent. Anything else, NaN and infinity included, is refused before anything is sent."""
+    value = params.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not low <= number <= high:  # NaN fails every comparison
+        raise WizardError(f"{name} must be {what} between {low:g} and {high:g}.")
+    return number
+
+
 def cold_start(wizard: Wizard, params: dict) -> CheckResult:
     """R6: right after replicas start, p99 must stay within k × the steady p50."""
-    factor = float(params.get("factor") or COLD_START_FACTOR)
+    factor = _number(params, "factor", COLD_START_FACTOR, MIN_COLD_START_FACTOR, MAX_COLD_START_FACTOR, "a number")
     window = SignalWindow.objects.filter(
         cluster=wizard.cluster, application_name=wizard.application_name, deployment_name=wizard.deployment_name
     ).first()

@@ -7,8 +7,12 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.calibration.models import MemoryCalibration
+from apps.remediation import remedy_checks
+from apps.remediation.models import Finding
+from integrations import serve_http
 from tests.unit.remediation.wizard_helpers import (
     MIB,
+    incidents_deployment,
 )
 
 pytestmark = pytest.mark.django_db
@@ -96,3 +100,88 @@ def test_the_schema_documents_the_wizard_actions(api_as):
         "/api/v1/wizards/{id}/verify/",
         "/api/v1/wizards/{id}/check/",
     } <= set(paths)
+
+
+@pytest.fixture
+def probes(monkeypatch):
+    """What the checks send to the cluster's Serve proxy, each answered with a 413."""
+    sent = []
+
+    def send(base_url, **request):
+        sent.append(request)
+        return [serve_http.Sample(0, 413, 12.0)]
+
+    monkeypatch.setattr(remedy_checks.serve_http, "send", send)
+    return sent
+
+
+@pytest.fixture
+def wizard_for(api_as, incident, cluster):
+    """A wizard with the remedy's step: R3 for the OOM kill, R6 for cold starts without a warmup."""
+
+    def start(remedy: str) -> dict:
+        if remedy == "R3":
+            return api_as("operator").post("/api/v1/wizards/", {"incident": incident.pk}, format="json").json()
+        finding = Finding.objects.create(
+            cluster=cluster,
+            deployment=incidents_deployment(cluster),
+            application_name="demo",
+            deployment_name="Model",
+            rule="warmup-missing",
+            severity="warning",
+        )
+        return api_as("operator").post("/api/v1/wizards/", {"finding": finding.pk}, format="json").json()
+
+    return start
+
+
+def step_of(wizard: dict, remedy: str) -> dict:
+    return next(s for s in wizard["steps"] if s["remedy"] == remedy)
+
+
+def run_check(client, wizard: dict, remedy: str, params: dict):
+    body = {"step": step_of(wizard, remedy)["position"], "params": params}
+    return client.post(f"/api/v1/wizards/{wizard['id']}/check/", body, format="json")
+
+
+WITHIN_BOUNDS = {"R3": {"size": 5000, "timeout_s": "12.5"}, "R6": {"factor": 4}}
+
+
+@pytest.mark.parametrize(
+    "remedy, params, field",
+    [
+        ("R3", {"timeout_s": 1e9}, "timeout_s"),
+        ("R3", {"timeout_s": "nan"}, "timeout_s"),
+        ("R3", {"timeout_s": "inf"}, "timeout_s"),
+        ("R3", {"timeout_s": 0.01}, "timeout_s"),
+        ("R3", {"timeout_s": True}, "timeout_s"),
+        ("R6", {"factor": "abc"}, "factor"),
+        ("R6", {"factor": "nan"}, "factor"),
+        ("R6", {"factor": 1e9}, "factor"),
+        ("R6", {"factor": [3]}, "factor"),
+    ],
+)
+def test_a_check_parameter_that_is_no_number_within_its_bounds_is_a_400_naming_it_and_sends_nothing(
+    api_as, wizard_for, probes, remedy, params, field
+):
+    operator = api_as("operator")
+    wizard = wizard_for(remedy)
+    refused = run_check(operator, wizard, remedy, params)
+    assert refused.status_code == 400
+    (message,) = refused.json()["detail"]
+    assert message.startswith(f"{field} must be a number") and "between 1 and" in message
+    assert probes == []
+    assert not step_of(operator.get(f"/api/v1/wizards/{wizard['id']}/").json(), remedy)["check_result"]
+    assert run_check(operator, wizard, remedy, WITHIN_BOUNDS[remedy]).status_code == 200
+
+
+def test_the_oversized_input_probe_waits_the_timeout_it_was_given_within_bounds(api_as, wizard_for, probes):
+    probed = run_check(api_as("operator"), wizard_for("R3"), "R3", WITHIN_BOUNDS["R3"])
+    assert probed.status_code == 200, probed.content
+    assert step_of(probed.json(), "R3")["status"] == "passed" and probes[0]["timeout_s"] == 12.5
+
+
+def test_the_cold_start_check_runs_with_a_factor_within_bounds(api_as, wizard_for):
+    checked = run_check(api_as("operator"), wizard_for("R6"), "R6", WITHIN_BOUNDS["R6"])
+    assert checked.status_code == 200, checked.content
+    assert step_of(checked.json(), "R6")["check_result"]["result"] == "inconclusive"
