@@ -14,7 +14,9 @@ from apps.accounts.permissions import teams_where
 from apps.changes import protocol
 from apps.changes.models import Change, ChangeState, Preset, Rollout
 from apps.changes.validation import preset_or_options, validate_options
+from apps.clusters.labels import labelled
 from apps.clusters.models import Cluster
+from apps.clusters.validation import parse_label_selector
 from apps.core.errors import Conflict
 from apps.fleet import client_impact
 from apps.fleet.models import Deployment
@@ -72,13 +74,8 @@ def select_deployments(user, selection: dict) -> dict[Cluster, list[dict]]:
     if selection.get("cluster"):
         deployments = deployments.filter(application__cluster__name=selection["cluster"])
     if selection.get("label"):
-        key, _, value = str(selection["label"]).partition("=")
-        lookup = (
-            {f"application__cluster__labels__{key.strip()}": value.strip()}
-            if value
-            else {"application__cluster__labels__has_key": key.strip()}
-        )
-        deployments = deployments.filter(**lookup)
+        key, value = parse_label_selector(str(selection["label"]))
+        deployments = labelled(deployments, key, value, labels="application__cluster__labels")
     if selection.get("application"):
         deployments = deployments.filter(application__name=selection["application"])
     if selection.get("deployment"):

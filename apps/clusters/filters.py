@@ -3,16 +3,31 @@
 from __future__ import annotations
 
 import django_filters
+from django import forms
 from django.db.models import Q
 
+from apps.clusters.labels import labelled
 from apps.clusters.models import Cluster, Reachability
+from apps.clusters.validation import parse_label_selector
+
+
+class LabelSelectorField(forms.CharField):
+    """`key=value` or `key`, cleaned to (key, value) or (key, None): a bad key is the field's error."""
+
+    def to_python(self, value):
+        text = super().to_python(value)
+        return parse_label_selector(text) if text else None
+
+
+class LabelFilter(django_filters.CharFilter):
+    field_class = LabelSelectorField
 
 
 class ClusterFilter(django_filters.FilterSet):
     q = django_filters.CharFilter(method="filter_q", label="Name or URL contains")
     team = django_filters.CharFilter(field_name="team__slug", label="Team (slug)")
     reachability = django_filters.ChoiceFilter(choices=Reachability.choices)
-    label = django_filters.CharFilter(method="filter_label", label="Label key=value (or key)")
+    label = LabelFilter(method="filter_label", label="Label key=value (or key)")
 
     class Meta:
         model = Cluster
@@ -22,12 +37,4 @@ class ClusterFilter(django_filters.FilterSet):
         return queryset.filter(Q(name__icontains=value) | Q(dashboard_url__icontains=value))
 
     def filter_label(self, queryset, name, value):
-        # JSON containment works on PostgreSQL and on SQLite through Django's JSON1 support, but
-        # SQLite lacks `contains` on JSONField; key lookups work on both.
-        key, _, wanted = value.partition("=")
-        key = key.strip()
-        if not key:
-            return queryset
-        if not _:
-            return queryset.filter(labels__has_key=key)
-        return queryset.filter(**{f"labels__{key}": wanted.strip()})
+        return labelled(queryset, *value)

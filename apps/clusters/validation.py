@@ -12,6 +12,7 @@ from apps.clusters import network_policy
 from apps.clusters.network_policy import NetworkPolicy
 
 LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
+LABEL_KEY_RULE = "lowercase letters, digits, '.', '_', '-', '/', at most 63 characters"
 LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$|^$")
 MAX_LABELS = 32
 # A bearer token travels in an HTTP header, which carries visible ASCII only.
@@ -90,15 +91,24 @@ def validate_labels(labels) -> dict[str, str]:
     clean: dict[str, str] = {}
     for key, value in labels.items():
         if not isinstance(key, str) or not LABEL_KEY.match(key):
-            raise ValidationError(
-                f"Label key {key!r} is invalid: lowercase letters, digits, '.', '_', '-', '/', at most 63 characters."
-            )
+            raise ValidationError(f"Label key {key!r} is invalid: {LABEL_KEY_RULE}.")
         if not isinstance(value, str) or not LABEL_VALUE.match(value):
             raise ValidationError(
                 f"Label value {value!r} for {key!r} is invalid: letters, digits, '.', '_', '-', at most 63 characters."
             )
         clean[key] = value
     return dict(sorted(clean.items()))
+
+
+def parse_label_selector(text: str) -> tuple[str, str | None]:
+    """A label filter, `key=value` or `key`, as (key, value) or (key, None). No stored label has a key
+    outside the grammar, so such a key is a mistake to point out rather than a filter that matches
+    nothing; either way it is looked up as one literal key (`apps.clusters.labels`), never as a lookup."""
+    key, equals, value = text.partition("=")
+    key = key.strip()
+    if not LABEL_KEY.match(key):
+        raise ValidationError(f"A label filter is key=value or key; {key!r} is not a label key: {LABEL_KEY_RULE}.")
+    return key, value.strip() if equals else None
 
 
 def parse_labels_text(text: str) -> dict[str, str]:

@@ -34,7 +34,9 @@ def _refresh() -> int:
 def overview(request):
     clusters = cluster_listing(request.user)
     filterset = ClusterFilter(request.GET or None, queryset=clusters)
-    page = Paginator(filterset.qs, PAGE_SIZE).get_page(request.GET.get("page"))
+    # django-filter drops a filter it cannot clean: list nothing rather than clusters it did not ask for.
+    listed = clusters.none() if filterset.errors else filterset.qs
+    page = Paginator(listed, PAGE_SIZE).get_page(request.GET.get("page"))
     context = {
         "filter": filterset,
         "page": page,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from apps.accounts.audit import Actor
@@ -145,6 +147,38 @@ def test_nothing_matching_is_refused(clusters, operator):
 def test_unknown_filters_are_refused(clusters, operator):
     with pytest.raises(Exception, match="Unknown filter"):
         rollouts.plan_rollout(operator, selection={"colour": "red"}, reason="r", preset=heavy())
+
+
+@pytest.mark.parametrize(
+    "label, names",
+    [
+        ("env=prod", {"eu-prod", "us-prod"}),
+        ("env", {"eu-prod", "us-prod", "dev"}),
+        ("x__isnull=true", set()),
+        ("env__contains=p", set()),
+        ("regex=^(.+)+#$", set()),
+    ],
+)
+def test_a_rollout_selects_clusters_by_one_literal_label_key_whatever_lookup_it_spells(
+    clusters, operator, label, names
+):
+    with CaptureQueriesContext(connection) as queries:
+        selected = rollouts.select_deployments(operator.user, {"label": label})
+    assert {cluster.name for cluster in selected} == names
+    assert not any("REGEXP" in query["sql"] for query in queries.captured_queries)
+
+
+@pytest.mark.parametrize("label", ["Env=prod", "env name", "=prod"])
+def test_a_rollout_whose_label_key_is_no_label_key_is_a_400_naming_the_label_and_plans_nothing(api_as, clusters, label):
+    response = api_as("operator").post(
+        "/api/v1/rollouts/",
+        {"selection": {"label": label}, "preset": "heavy-gpu-model", "reason": "r"},
+        format="json",
+    )
+    assert response.status_code == 400
+    (message,) = response.json()["detail"]
+    assert message.startswith("A label filter is key=value or key;") and "is not a label key" in message
+    assert not Rollout.objects.exists()
 
 
 def test_a_rollout_plan_that_fails_on_one_cluster_saves_nothing(clusters, operator):

@@ -242,6 +242,47 @@ def test_clusters_filter_by_team_label_and_health(api_as, team, other_team):
     assert names("?q=b.test") == ["b"]
 
 
+@pytest.fixture
+def labelled(team):
+    ClusterFactory(name="a", team=team, labels={"env": "prod"})
+    ClusterFactory(name="b", team=team, labels={"env": "dev"}, dashboard_url="http://b.test:8265")
+    odd = {"x__isnull": "true", "regex": "prod", "2024": "q"}
+    ClusterFactory(name="odd", team=team, labels=odd, dashboard_url="http://odd.test:8265")
+
+
+def labelled_names(api_as, selector: str) -> list[str]:
+    with CaptureQueriesContext(connection) as queries:
+        response = api_as("viewer").get(URL, {"label": selector})
+    assert response.status_code == 200, response.content
+    assert not any("REGEXP" in query["sql"] for query in queries.captured_queries)
+    return [c["name"] for c in response.json()["results"]]
+
+
+@pytest.mark.parametrize(
+    "selector, names",
+    [
+        ("env=prod", ["a"]),
+        ("env", ["a", "b"]),
+        ("x__isnull=true", ["odd"]),
+        ("x__isnull", ["odd"]),
+        ("env__contains=p", []),
+        ("regex=prod", ["odd"]),
+        ("regex=^(.+)+#$", []),
+        ("2024=q", ["odd"]),
+    ],
+)
+def test_a_label_filter_matches_its_key_literally_whatever_lookup_the_key_spells(api_as, labelled, selector, names):
+    assert labelled_names(api_as, selector) == names
+
+
+@pytest.mark.parametrize("selector", ["Env=prod", "=prod", "-env", "env name=x", "env'=x", "a" * 64])
+def test_a_label_filter_whose_key_is_no_label_key_is_a_400_naming_the_parameter(api_as, labelled, selector):
+    response = api_as("viewer").get(URL, {"label": selector})
+    assert response.status_code == 400
+    (message,) = response.json()["label"]
+    assert "is not a label key: lowercase letters, digits" in message
+
+
 def test_the_cluster_list_is_paginated_and_costs_constant_queries(api_as, team):
     ClusterFactory.create_batch(60, team=team)
     client = api_as("admin")

@@ -81,6 +81,13 @@ def test_the_polled_fleet_fragment_keeps_the_filters_it_was_asked_with(login, sy
     assert 'hx-get="/?label=env%3Dprod"' in body
 
 
+def test_the_fleet_rows_explain_a_label_filter_they_cannot_apply_and_list_nothing(login, synced):
+    response = login("viewer").get(reverse("fleet:overview") + "?label=Env%3Dprod", HTTP_HX_REQUEST="true")
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert "&#x27;Env&#x27; is not a label key: lowercase letters" in body and "vision-prod" not in body
+
+
 def test_the_cluster_page_shows_applications_and_key_settings(login, synced):
     page = login("viewer").get(reverse("fleet:cluster", args=[synced.pk])).content.decode()
     for text in ("demo", "echo2", "/demo", "Model", "HEALTHY", "1 running", "1 / 2 / 4", "unbounded", "2.60.0"):
