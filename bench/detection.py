@@ -341,6 +341,8 @@ def real_cluster(interval: float, trials: int, timeout_s: float) -> dict:
                 "DJANGO_SETTINGS_MODULE": "controlplane.settings",
                 "FLEETDECK_DEBUG": "0",
                 "FLEETDECK_ALLOW_DEV_SECRET": "1",
+                # The simulated clusters listen on loopback: Fleetdeck calls only what its allow-list covers.
+                "FLEETDECK_CLUSTER_NETWORKS": "127.0.0.0/8,::1/128",
                 "FLEETDECK_LOG_LEVEL": "ERROR",
                 "FLEETDECK_VAR_DIR": var,
             }

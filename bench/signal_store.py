@@ -195,6 +195,7 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     os.environ.setdefault("FLEETDECK_DEBUG", "0")
     os.environ.setdefault("FLEETDECK_ALLOW_DEV_SECRET", "1")
+    os.environ.setdefault("FLEETDECK_CLUSTER_NETWORKS", "127.0.0.0/8,::1/128")
     os.environ.setdefault("FLEETDECK_LOG_LEVEL", "ERROR")
     pg = os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://"))
     with scratch_database("signals") as (url, engine):

@@ -11,10 +11,14 @@ class AdapterError(Exception):
 
     transient = False
 
-    def __init__(self, message: str, *, transient: bool | None = None, status: int | None = None):
+    def __init__(self, message: str, *, transient: bool | None = None, status: int | None = None, excerpt: str = ""):
+        # The message without the far end's words: an answer from a URL someone just typed is not theirs to read.
+        self.summary = message
+        message = f"{message}: {excerpt}" if excerpt else message
         super().__init__(message)
         self.message = message
         self.status = status
+        self.excerpt = excerpt
         if transient is not None:
             self.transient = transient
 

@@ -84,7 +84,7 @@ def route_adapters_to(monkeypatch, replay: ReplayRay) -> ReplayRay:
     monkeypatch.setattr(cluster_services, "RayDashboard", fake_dashboard)
     monkeypatch.setattr(cluster_services, "AsyncRayDashboard", fake_async_dashboard)
     # "ray.test" does not resolve; the policy itself is tested on its own.
-    monkeypatch.setattr("apps.clusters.validation.check_network_policy", lambda url: None)
+    monkeypatch.setattr("apps.clusters.validation.check_network_policy", lambda url, policy=None: None)
     return replay
 
 

@@ -1,6 +1,6 @@
 """The network allow-list, kept by administrators (superusers) in the Django admin: it decides
-which addresses every team's clusters, metrics, Prometheus and webhooks may point at, so no
-team role may edit it. Every edit is in the audit log."""
+which addresses every team's clusters, metrics, Prometheus and webhooks may point at (an entry
+with a team, that team's alone), so no team role may edit it. Every edit is in the audit log."""
 
 from django.conf import settings
 from django.contrib import admin, messages
@@ -11,10 +11,10 @@ from apps.clusters.models import EgressRule
 
 @admin.register(EgressRule)
 class EgressRuleAdmin(admin.ModelAdmin):
-    list_display = ["value", "kind", "note", "created_by", "created_at"]
-    list_filter = ["kind"]
+    list_display = ["value", "kind", "team", "note", "created_by", "created_at"]
+    list_filter = ["kind", "team"]
     search_fields = ["value", "note"]
-    fields = ["kind", "value", "note"]
+    fields = ["kind", "value", "team", "note"]
 
     def has_module_permission(self, request):
         return request.user.is_active and request.user.is_superuser
@@ -38,8 +38,8 @@ class EgressRuleAdmin(admin.ModelAdmin):
         elif not EgressRule.objects.exists():
             messages.warning(
                 request,
-                "The allow-list is empty: Fleetdeck may call any address except link-local and "
-                "cloud-metadata ones. Add the networks and hosts your clusters live on to close it.",
+                "The allow-list is empty: Fleetdeck calls no cluster, metrics endpoint, Prometheus or webhook. "
+                "Add the networks and hosts your clusters live on, for every team or for one team.",
             )
         return super().changelist_view(request, extra_context)
 
@@ -51,7 +51,7 @@ class EgressRuleAdmin(admin.ModelAdmin):
             Actor.from_request(request, via="admin"),
             "egress_rule.change" if change else "egress_rule.add",
             obj,
-            changes={"kind": obj.kind, "value": obj.value, "note": obj.note},
+            changes={"kind": obj.kind, "value": obj.value, "team": obj.team.slug if obj.team else "", "note": obj.note},
         )
 
     def delete_model(self, request, obj):

@@ -8,7 +8,7 @@ from rest_framework.response import Response
 
 from apps.accounts import access
 from apps.accounts.audit import Actor
-from apps.accounts.drf import VisibleSlugRelatedField, require_role
+from apps.accounts.drf import CONFLICT, VisibleSlugRelatedField, require_role
 from apps.accounts.models import Role, Team
 from apps.clusters import services
 from apps.clusters.filters import ClusterFilter
@@ -117,8 +117,11 @@ class ClusterEventSerializer(serializers.ModelSerializer):
         fields = ["id", "kind", "message", "created_at"]
 
 
-def _as_field_errors(exc: DjangoValidationError) -> serializers.ValidationError:
-    field = "token" if exc.code == "RayAuthRefused" else "dashboard_url"
+def _as_field_errors(exc: DjangoValidationError) -> Exception:
+    if isinstance(exc, services.DashboardTaken):
+        # A 409 with the message (apps.accounts.drf), not a field error: the URL is fine, its dashboard is taken.
+        return exc
+    field = "token" if exc.code in ("RayAuthRefused", "TokenNeeded") else "dashboard_url"
     return serializers.ValidationError({field: exc.messages})
 
 
@@ -172,6 +175,17 @@ class ClusterViewSet(
     def perform_destroy(self, instance):
         require_role(self.request, instance.team, Role.ADMIN, "delete clusters")
         services.delete_cluster(Actor.from_request(self.request), instance)
+
+    @extend_schema(responses={201: ClusterSerializer, 409: CONFLICT})
+    def create(self, request, *args, **kwargs):
+        """Register a cluster: its URLs must be inside the team's network allow-list, and its
+        dashboard must not be registered already (409, naming no other team's cluster)."""
+        return super().create(request, *args, **kwargs)
+
+    @extend_schema(responses={200: ClusterSerializer, 409: CONFLICT})
+    def partial_update(self, request, *args, **kwargs):
+        """Change a cluster. A dashboard URL of another host or port needs its token again."""
+        return super().partial_update(request, *args, **kwargs)
 
     @extend_schema(request=None, responses={202: ClusterSerializer})
     @action(detail=True, methods=["post"])

@@ -202,9 +202,11 @@ class ClusterEvent(models.Model):
 class EgressRule(models.Model):
     """A network or host name Fleetdeck may call: dashboards, metrics, Prometheus, Serve, webhooks.
 
-    Administrators keep the list (Django admin); with no rule here and none in
-    FLEETDECK_CLUSTER_NETWORKS, any address may be called except those that are always refused.
-    apps/clusters/network_policy.py decides; the value is normalized by `clean`."""
+    Administrators keep the list (Django admin). An entry without a team is for every team; a
+    team's own entries are the only destinations of that team once it has any, so one team's
+    private ranges never open for another. With no entry here and none in
+    FLEETDECK_CLUSTER_NETWORKS nothing may be called. apps/clusters/network_policy.py decides;
+    the value is normalized by `clean`."""
 
     class Kind(models.TextChoices):
         NETWORK = "network", "Network (CIDR)"
@@ -213,8 +215,15 @@ class EgressRule(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     value = models.CharField(
         max_length=253,
-        unique=True,
         help_text="A network such as 10.20.0.0/16, or a host name such as ray.prod.example or *.prod.example.",
+    )
+    team = models.ForeignKey(
+        Team,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="egress_rules",
+        help_text="Empty: every team may call it. A team with entries of its own may call only those.",
     )
     note = models.CharField(max_length=200, blank=True, help_text="Why this destination is allowed.")
     created_by = models.ForeignKey(
@@ -224,6 +233,12 @@ class EgressRule(models.Model):
 
     class Meta:
         ordering = ["kind", "value"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "value"], name="one_egress_rule_per_team_and_value"),
+            models.UniqueConstraint(
+                fields=["value"], condition=models.Q(team__isnull=True), name="one_global_egress_rule_per_value"
+            ),
+        ]
         verbose_name = "network allow-list entry"
         verbose_name_plural = "network allow-list"
 
@@ -232,3 +247,18 @@ class EgressRule(models.Model):
 
     def clean(self) -> None:
         self.value = normalize_rule(self.kind, self.value)
+
+
+class DashboardEndpoint(models.Model):
+    """An address a cluster's dashboard answers on, as `host:port` (the URL's own host, and each
+    address it resolved to when registered). Unique: a Ray dashboard has no authentication by
+    default, so whoever registers it can run code on it; two clusters, let alone two teams, may
+    not hold one dashboard (apps/clusters/ownership.py)."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="endpoints")
+    address = models.CharField(max_length=300, unique=True)
+
+    team_path = "cluster__team"
+
+    def __str__(self) -> str:
+        return self.address

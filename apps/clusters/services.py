@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -12,7 +13,9 @@ from django.utils import timezone
 from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
 from apps.accounts.models import Role, Team
+from apps.clusters import ownership
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
+from apps.clusters.signals import cluster_moved
 from apps.clusters.validation import checked_url, validate_labels
 from apps.core import jobs, secrets
 from integrations.ray.async_dashboard import AsyncRayDashboard
@@ -25,6 +28,13 @@ SYNC = Permission(Role.OPERATOR, "sync clusters")
 
 class ConnectionRefused(ValidationError):
     """Registration or an URL/token change failed its connection test; nothing was saved."""
+
+
+class TokenNeeded(ValidationError):
+    """The dashboard moved to another origin with a stored token: the token does not follow it."""
+
+
+DashboardTaken = ownership.DashboardTaken
 
 
 @dataclass(frozen=True)
@@ -59,7 +69,12 @@ def probe(dashboard_url: str, token: str) -> Probe:
             auth_mode = ray.authentication_mode()
             serve = ray.serve_applications()
         except RayError as exc:
-            raise ConnectionRefused(f"Connection test failed: {exc.message}", code=type(exc).__name__) from exc
+            # Not exc.message: what a URL someone just typed answers is not shown to them (it could be
+            # any service the network allows, read through Fleetdeck).
+            message = f"Connection test failed: {exc.summary}"
+            if exc.excerpt:
+                message += " (what it answered is not shown)."
+            raise ConnectionRefused(message, code=type(exc).__name__) from exc
     return Probe(version=version, auth_mode=auth_mode, serve=serve)
 
 
@@ -77,11 +92,14 @@ def register_cluster(
     prometheus_selector: str = "",
     serve_url: str = "",
 ) -> Cluster:
-    url = checked_url(dashboard_url)
+    url = checked_url(dashboard_url, team)
     clean_labels = validate_labels(labels)
     metrics_url, prometheus_url, serve_url = (
-        checked_url(u) if u else "" for u in (metrics_url, prometheus_url, serve_url)
+        checked_url(u, team) if u else "" for u in (metrics_url, prometheus_url, serve_url)
     )
+    # Before anything is sent to it: another cluster's dashboard is not probed with this token.
+    addresses = ownership.endpoints(url)
+    ownership.refuse_taken(team.pk, addresses)
     result = probe(url, token)
     with transaction.atomic():
         cluster = Cluster.objects.create(
@@ -107,6 +125,7 @@ def register_cluster(
             kind=ClusterEvent.Kind.REGISTERED,
             message=f"Ray {result.version.ray_version}, dashboard authentication {result.auth_mode}.",
         )
+        ownership.claim(cluster, addresses)
         record(
             actor,
             "cluster.register",
@@ -135,13 +154,25 @@ def update_cluster(
     prometheus_selector=UNSET,
     serve_url=UNSET,
 ) -> Cluster:
-    """Change a cluster's registration. A new URL or token is connection-tested before it is saved."""
+    """Change a cluster's registration. A new URL or token is connection-tested before it is saved;
+    a stored token is never sent to a URL of another origin (scheme, host and port): that takes the
+    token again. Every URL is checked against the policy of the team the cluster ends up in."""
     changes: dict = {}
-    new_url = cluster.dashboard_url if dashboard_url is UNSET else checked_url(dashboard_url)
+    new_team = cluster.team if team is UNSET else team
+    if new_team != cluster.team:
+        changes["team"] = {"from": cluster.team.name, "to": new_team.name}
+    new_url = cluster.dashboard_url if dashboard_url is UNSET else checked_url(dashboard_url, new_team)
     if new_url != cluster.dashboard_url:
         changes["dashboard_url"] = {"from": cluster.dashboard_url, "to": new_url}
-    new_token = secrets.decrypt(cluster.token_ciphertext) if token is UNSET else token
-    if token is not UNSET and token != secrets.decrypt(cluster.token_ciphertext):
+    stored_token = secrets.decrypt(cluster.token_ciphertext)
+    if token is UNSET and stored_token and _origin(new_url) != _origin(cluster.dashboard_url):
+        raise TokenNeeded(
+            "The dashboard URL now points at another host or port: give its token again (or an empty token "
+            "if it has none). The stored token is only ever sent to the address it was given for.",
+            code="TokenNeeded",
+        )
+    new_token = stored_token if token is UNSET else token
+    if token is not UNSET and token != stored_token:
         changes["token"] = "changed" if token else "removed"
     if labels is not UNSET:
         clean = validate_labels(labels)
@@ -154,17 +185,23 @@ def update_cluster(
         ("serve_url", serve_url),
         ("prometheus_selector", prometheus_selector),
     ):
+        if value is UNSET and field.endswith("_url") and "team" in changes and getattr(cluster, field):
+            # The new team's allow-list decides where its clusters may point.
+            checked_url(getattr(cluster, field), new_team)
         if value is not UNSET:
-            value = checked_url(value) if value and field.endswith("_url") else (value or "")
+            value = checked_url(value, new_team) if value and field.endswith("_url") else (value or "")
             if value != getattr(cluster, field):
                 changes[field] = {"from": getattr(cluster, field), "to": value}
                 setattr(cluster, field, value)
+    if "team" in changes and "dashboard_url" not in changes:
+        checked_url(cluster.dashboard_url, new_team)
     if serve_config_owner is not UNSET and serve_config_owner != cluster.serve_config_owner:
         changes["serve_config_owner"] = {"from": cluster.serve_config_owner, "to": serve_config_owner}
         cluster.serve_config_owner = serve_config_owner
-    if team is not UNSET and team != cluster.team:
-        changes["team"] = {"from": cluster.team.name, "to": team.name}
-        cluster.team = team
+    addresses = None
+    if "dashboard_url" in changes:
+        addresses = ownership.endpoints(new_url)
+        ownership.refuse_taken(new_team.pk, addresses, exclude=cluster.pk)
     if "dashboard_url" in changes or "token" in changes:
         result = probe(new_url, new_token)
         cluster.dashboard_url = new_url
@@ -173,12 +210,23 @@ def update_cluster(
         cluster.auth_mode = result.auth_mode
     if not changes:
         return cluster
+    old_team = cluster.team
+    cluster.team = new_team
     # Findings read the registration (authentication mode, metrics endpoints): the next sync applies in full.
     cluster.observed_digest = ""
     with transaction.atomic():
         cluster.save()
+        if addresses is not None:
+            ownership.claim(cluster, addresses)
+        if "team" in changes:
+            cluster_moved.send(sender=Cluster, cluster=cluster, actor=actor, from_team=old_team)
         record(actor, "cluster.update", cluster, team=cluster.team, changes=changes)
     return cluster
+
+
+def _origin(url: str) -> tuple[str, str, int]:
+    parts = urlsplit(url)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
 
 
 def delete_cluster(actor: Actor, cluster: Cluster) -> None:

@@ -62,7 +62,7 @@ def validate_token(raw: str) -> str:
 def check_network_policy(url: str, policy: NetworkPolicy | None = None) -> None:
     """Refuse a URL whose host resolves to an address Fleetdeck may not call (network_policy.py).
     Connections are checked again, address by address, when they are made (egress.py)."""
-    policy = policy or network_policy.current()
+    policy = policy or network_policy.for_team(None)
     parts = urlsplit(url)
     try:
         infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
@@ -74,10 +74,10 @@ def check_network_policy(url: str, policy: NetworkPolicy | None = None) -> None:
             raise ValidationError(reason)
 
 
-def checked_url(raw: str) -> str:
-    """A URL Fleetdeck may call: well-formed and inside the network policy."""
+def checked_url(raw: str, team=None) -> str:
+    """A URL Fleetdeck may call for `team`: well-formed and inside that team's network policy."""
     url = normalize_dashboard_url(raw)
-    check_network_policy(url)
+    check_network_policy(url, network_policy.for_team(team))
     return url
 
 

@@ -22,7 +22,7 @@ def _cluster(request, pk: int, needed: Role) -> Cluster:
 
 
 def _form_error(form: ClusterForm, exc: ValidationError) -> None:
-    field = "token" if exc.code == "RayAuthRefused" else "dashboard_url"
+    field = "token" if exc.code in ("RayAuthRefused", "TokenNeeded") else "dashboard_url"
     form.add_error(field, exc)
 
 

@@ -12,6 +12,9 @@ class KubernetesConfig(AppConfig):
     def ready(self) -> None:
         from apps.changes import config_writers
         from apps.clusters.models import Cluster
+        from apps.clusters.signals import cluster_moved
+        from apps.kubernetes import services
         from apps.kubernetes.rayservice_writer import rayservice_writer, waiting_for
 
         config_writers.register(Cluster.ConfigOwner.RAYSERVICE, rayservice_writer, waiting_for=waiting_for)
+        cluster_moved.connect(services.unlink_moved, sender=Cluster, dispatch_uid="kubernetes-unlink-moved")

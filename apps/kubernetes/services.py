@@ -234,6 +234,14 @@ def unlink(actor: Actor, link: KubeLink) -> None:
         link.delete()
 
 
+def unlink_moved(sender, *, cluster: Cluster, actor: Actor, from_team, **kwargs) -> None:
+    """A cluster moved to another team leaves behind its link through the old team's connection:
+    the new team must not inspect or patch with the old team's credentials."""
+    link = KubeLink.objects.filter(cluster=cluster).exclude(connection__team_id=cluster.team_id).first()
+    if link is not None:
+        unlink(actor, link)
+
+
 def request_inspection(actor: Actor, link: KubeLink) -> KubeLink:
     with transaction.atomic():
         record(actor, "kube.inspect_requested", link.cluster, team=link.cluster.team)

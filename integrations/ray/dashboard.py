@@ -364,12 +364,13 @@ def checked(path: str, response: httpx.Response) -> httpx.Response:
         raise RayBadResponse(f"{path} is not found (HTTP 404): is this a Ray dashboard URL?", status=status)
     if status >= 500:
         raise RayBadResponse(
-            f"The Ray dashboard failed on {path} with HTTP {status}: {_excerpt(response.text)}",
+            f"The Ray dashboard failed on {path} with HTTP {status}",
+            excerpt=_excerpt(response.text),
             status=status,
             transient=True,
         )
     if status >= 400:
-        raise RayBadResponse(f"{path} answered HTTP {status}: {_excerpt(response.text)}", status=status)
+        raise RayBadResponse(f"{path} answered HTTP {status}", excerpt=_excerpt(response.text), status=status)
     if len(response.content) > MAX_RESPONSE_BYTES:
         raise RayBadResponse(f"{path} answered {len(response.content)} bytes, more than Fleetdeck accepts.")
     return response
@@ -385,8 +386,8 @@ def json_body(path: str, content: bytes, content_type: str, status: int = 200) -
         return json.loads(content)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RayBadResponse(
-            f"{path} did not answer JSON (content-type {content_type}): "
-            f"{_excerpt(content.decode('utf-8', errors='replace'))}",
+            f"{path} did not answer JSON (content-type {content_type})",
+            excerpt=_excerpt(content.decode("utf-8", errors="replace")),
             status=status,
         ) from exc
 
@@ -411,7 +412,7 @@ def _job_segment(submission_id: str) -> str:
 
 def _expect_dict(body: Any, path: str) -> dict[str, Any]:
     if not isinstance(body, dict):
-        raise RayBadResponse(f"{path} answered JSON that is not an object: {_excerpt(json.dumps(body))}")
+        raise RayBadResponse(f"{path} answered JSON that is not an object", excerpt=_excerpt(json.dumps(body)))
     return body
 
 

@@ -53,6 +53,8 @@ class Stack:
             **env,
             "DJANGO_SETTINGS_MODULE": "controlplane.settings",
             "FLEETDECK_ALLOW_DEV_SECRET": "1",
+            # The fake dashboard is on loopback, which is all these processes may call.
+            "FLEETDECK_CLUSTER_NETWORKS": "127.0.0.0/8,::1/128",
             "DATABASE_URL": self.postgres.url,
             "CELERY_BROKER_URL": self.redis.url(0),
             # The cache lives on the same Redis, as in many deployments: it goes down with the broker.

@@ -25,7 +25,13 @@ def test_runlocal_starts_everything_and_an_interrupt_stops_it_all(tmp_path):
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("FLEETDECK_", "DJANGO_", "DATABASE_URL", "CELERY_"))
     }
-    env.update(FLEETDECK_DEBUG="1", FLEETDECK_VAR_DIR=str(tmp_path), FLEETDECK_ADMIN_PASSWORD="pw-for-test")
+    # As `make run` does: the local head is on loopback, and loopback is all this Fleetdeck may call.
+    env.update(
+        FLEETDECK_DEBUG="1",
+        FLEETDECK_VAR_DIR=str(tmp_path),
+        FLEETDECK_ADMIN_PASSWORD="pw-for-test",
+        FLEETDECK_CLUSTER_NETWORKS="127.0.0.0/8,::1/128",
+    )
     log = tmp_path / "runlocal.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(

@@ -74,8 +74,12 @@ def test_a_bad_entry_says_what_is_wrong(kind, raw, message):
 # --- what the policy allows --------------------------------------------------------------------
 
 
-def test_an_empty_list_allows_anything_but_the_addresses_always_refused():
-    assert NetworkPolicy().refusal("ray.example", "192.168.1.5") is None
+def test_an_empty_list_allows_nothing_and_says_which_entry_would():
+    assert NetworkPolicy().refusal("ray.example", "192.168.1.5") == (
+        "ray.example resolves to 192.168.1.5, which the network allow-list does not cover, so Fleetdeck did not "
+        "call it. To allow it, an administrator adds a network entry 192.168.1.5/32 or a host entry ray.example "
+        "(Admin › Network allow-list), or lists the network in FLEETDECK_CLUSTER_NETWORKS."
+    )
     assert "never calls" in NetworkPolicy().refusal("ray.example", "169.254.169.254")
 
 
@@ -99,22 +103,19 @@ def test_a_host_rule_never_opens_the_metadata_service():
     assert "never calls" in policy.refusal("metadata.google.internal", "169.254.169.254")
 
 
-def test_rules_added_in_the_admin_apply_at_once_and_removing_them_reopens(monkeypatch, settings):
+def test_rules_added_in_the_admin_apply_at_once_and_removing_them_closes(monkeypatch, settings):
     settings.FLEETDECK_CLUSTER_NETWORKS = []
     resolving_to(monkeypatch, "192.168.1.5")
-    assert check_network_policy("http://ray.internal:8265") is None
+    assert "does not cover" in refused("http://ray.internal:8265")
 
     EgressRule.objects.create(kind="network", value="10.0.0.0/8")
-    assert refused("http://ray.internal:8265") == (
-        "ray.internal resolves to 192.168.1.5, outside the networks and hosts this Fleetdeck may reach: "
-        "an administrator can add it to the network allow-list."
-    )
+    assert "a network entry 192.168.1.5/32 or a host entry ray.internal" in refused("http://ray.internal:8265")
     EgressRule.objects.create(kind="host", value="ray.internal")
     assert check_network_policy("http://ray.internal:8265") is None
-    assert "outside the networks" in refused("http://other.internal:8265")
+    assert "does not cover" in refused("http://other.internal:8265")
 
     EgressRule.objects.all().delete()
-    assert check_network_policy("http://other.internal:8265") is None
+    assert "does not cover" in refused("http://ray.internal:8265")
 
 
 def test_the_environments_networks_and_the_admin_rules_add_up(monkeypatch, settings):
@@ -125,7 +126,7 @@ def test_the_environments_networks_and_the_admin_rules_add_up(monkeypatch, setti
     resolving_to(monkeypatch, "10.1.2.3")
     assert check_network_policy("http://ray.internal:8265") is None
     resolving_to(monkeypatch, "172.16.0.1")
-    assert "outside the networks" in refused("http://ray.internal:8265")
+    assert "does not cover" in refused("http://ray.internal:8265")
 
 
 def test_connections_are_refused_by_the_list_and_read_it_once_per_client(monkeypatch, django_assert_num_queries):
@@ -197,10 +198,10 @@ def test_deleting_entries_is_audited_one_by_one(people):
     ]
 
 
-def test_the_empty_list_warns_the_administrator_that_everything_is_open(people, settings):
+def test_the_empty_list_warns_the_administrator_that_nothing_is_called(people, settings):
     settings.FLEETDECK_CLUSTER_NETWORKS = []
     page = admin_client(people["root"]).get("/admin/clusters/egressrule/", follow=True).content.decode()
-    assert "The allow-list is empty" in page
+    assert "The allow-list is empty: Fleetdeck calls no cluster" in page
 
 
 def test_staff_without_superuser_and_team_admins_cannot_touch_it(people, django_user_model):

@@ -108,14 +108,18 @@ def test_a_bad_port_is_refused(url):
 # --- check_network_policy --------------------------------------------------------------------
 
 
-def test_loopback_is_allowed_when_no_networks_are_configured(db, settings):
+def test_even_loopback_is_refused_when_no_networks_are_configured(db, settings):
+    # Fail closed: a Fleetdeck that may call anything lets whoever registers a URL read its neighbours.
     settings.FLEETDECK_CLUSTER_NETWORKS = []
+    with pytest.raises(ValidationError) as caught:
+        check_network_policy("http://127.0.0.1:8265")
+    assert "a network entry 127.0.0.1/32" in message_of(caught)
+
+
+def test_loopback_is_allowed_when_listed_as_make_run_and_the_tests_list_it(db, settings):
+    # ::1 is the IPv6 twin of 127.0.0.1; "localhost" resolves to it on dual-stack hosts.
+    settings.FLEETDECK_CLUSTER_NETWORKS = ["127.0.0.0/8", "::1/128"]
     assert check_network_policy("http://127.0.0.1:8265") is None
-
-
-def test_ipv6_loopback_is_allowed_when_no_networks_are_configured(db, settings):
-    # ::1 is the IPv6 twin of 127.0.0.1 (allowed above); "localhost" resolves to it on dual-stack hosts.
-    settings.FLEETDECK_CLUSTER_NETWORKS = []
     assert check_network_policy("http://[::1]:8265") is None
 
 
@@ -161,8 +165,9 @@ def test_an_address_outside_the_allow_list_is_refused(db, settings):
     with pytest.raises(ValidationError) as caught:
         check_network_policy("http://127.0.0.1:8265")
     assert message_of(caught) == (
-        "127.0.0.1 resolves to 127.0.0.1, outside the networks and hosts this Fleetdeck may reach: "
-        "an administrator can add it to the network allow-list."
+        "127.0.0.1 resolves to 127.0.0.1, which the network allow-list does not cover, so Fleetdeck did not call "
+        "it. To allow it, an administrator adds a network entry 127.0.0.1/32 (Admin › Network allow-list), or lists "
+        "the network in FLEETDECK_CLUSTER_NETWORKS."
     )
 
 

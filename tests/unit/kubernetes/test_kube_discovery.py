@@ -277,9 +277,10 @@ def test_the_api_server_is_reached_at_the_address_the_allow_list_vetted(kube, te
     assert discovery.discover(conn).error == ""
 
 
-def test_tls_to_a_pinned_api_server_is_verified_against_its_name(team, monkeypatch):
+def test_tls_to_a_pinned_api_server_is_verified_against_its_name(team, monkeypatch, settings):
     from apps.kubernetes.adapters import adapter_for
 
+    settings.FLEETDECK_CLUSTER_NETWORKS = ["10.0.0.0/8"]
     resolving(monkeypatch, "10.1.2.3")
     conn = KubeConnection.objects.create(
         team=team,
