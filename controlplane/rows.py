@@ -358,7 +358,9 @@ def _converter(field) -> Callable[[Any], Any] | None:
     if isinstance(field, serializers.ReadOnlyField):
         return None
     if isinstance(field, serializers.JSONField):
-        return field.to_representation if field.binary else None
+        # A subclass may write something other than the value (apps.core.serializer_fields redacts it).
+        plain = not field.binary and type(field).to_representation is serializers.JSONField.to_representation
+        return None if plain else field.to_representation
     if isinstance(field, serializers.BooleanField):
         return lambda value: value if value is True or value is False else field.to_representation(value)
     if isinstance(field, serializers.BigIntegerField) and not _plain_big_integer(field):

@@ -2,12 +2,16 @@ from rest_framework import serializers, viewsets
 
 from apps.accounts import access
 from apps.accounts.models import AuditEvent
+from apps.core.redaction import redact_anywhere
+from apps.core.serializer_fields import RedactedJSONField
 from controlplane.pagination import StreamPagination
 from controlplane.rows import FastRows, narrow
 
 
 class AuditEventSerializer(FastRows, serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    # Entries written before `record` redacted them may hold a config or a request.
+    changes = RedactedJSONField(redact=redact_anywhere)
 
     class Meta:
         model = AuditEvent

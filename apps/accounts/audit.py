@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import models
 
 from apps.accounts.models import AuditEvent, Team
+from apps.core.redaction import redact_anywhere
 
 
 def client_ip(request) -> str | None:
@@ -60,6 +61,8 @@ def record(
     changes: dict | None = None,
     object_repr: str = "",
 ) -> AuditEvent:
+    """One audit entry. Its `changes` are kept without the secrets Fleetdeck knows of (env vars,
+    request headers, engine credentials), wherever in them a caller put a config or a request."""
     return AuditEvent.objects.create(
         actor=actor.user,
         actor_name=actor.name,
@@ -68,7 +71,7 @@ def record(
         object_type=obj._meta.label_lower if obj is not None else "",
         object_id=str(obj.pk) if obj is not None and obj.pk is not None else "",
         object_repr=(object_repr or (str(obj) if obj is not None else ""))[:200],
-        changes=changes or {},
+        changes=redact_anywhere(changes or {}),
         source_ip=actor.source_ip,
         user_agent=actor.user_agent,
         via=actor.via,

@@ -8,7 +8,8 @@ class MemoryCalibrationAdmin(admin.ModelAdmin):
     list_display = ["id", "cluster", "application_name", "deployment_name", "state", "axis", "device", "created_at"]
     list_filter = ["state", "axis", "device"]
     search_fields = ["application_name", "deployment_name", "submission_id"]
-    readonly_fields = [field.name for field in MemoryCalibration._meta.fields]
+    exclude = ["headers_ciphertext"]
+    readonly_fields = [field.name for field in MemoryCalibration._meta.fields if field.name != "headers_ciphertext"]
 
     def has_add_permission(self, request):
         return False

@@ -11,6 +11,8 @@ from apps.calibration import inputs, services
 from apps.calibration.curve import AXES
 from apps.calibration.filters import CalibrationFilter
 from apps.calibration.models import MemoryCalibration
+from apps.core.redaction import redact_anywhere
+from apps.core.serializer_fields import RedactedJSONField
 from apps.fleet.models import Deployment
 from controlplane.pagination import StreamPagination
 
@@ -19,6 +21,11 @@ class CalibrationSerializer(serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     per_unit_bytes = serializers.SerializerMethodField(
         help_text="Steepest step of the curve: the most one more request (or token) adds. Null until it succeeded."
+    )
+    request = RedactedJSONField(
+        redact=redact_anywhere,
+        help_text="What was measured: import path, user_config, the representative request (header values "
+        "redacted), the runtime_env (env var values redacted), resources and the memory stop.",
     )
 
     class Meta:

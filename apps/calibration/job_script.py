@@ -58,6 +58,9 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 MARKER = "FLEETDECK_CALIBRATION"
+# The representative request's headers, as JSON: they may carry credentials, so they come in the
+# job's environment rather than on its command line, which anyone on the node can read.
+HEADERS_VAR = "FLEETDECK_CALIBRATION_HEADERS"
 ERROR_MARKER = "FLEETDECK_CALIBRATION_ERROR"
 MIB = 1024 * 1024
 AXES = ("concurrency", "token_sum")
@@ -633,6 +636,9 @@ def parse_request(text: str | None, call: str | None) -> dict:
     request = json.loads(text)
     if not isinstance(request, dict) or request.get("kind") not in ("http", "handle"):
         raise CalibrationFailed('--request must be a JSON object with "kind" "http" or "handle"')
+    headers = os.environ.get(HEADERS_VAR)
+    if headers and request["kind"] == "http":
+        request["headers"] = {**(request.get("headers") or {}), **json.loads(headers)}
     return request
 
 

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from apps.calibration.curve import MIB
+from apps.calibration.job_script import HEADERS_VAR
 from apps.fleet.models import Deployment
 from integrations.ray.payloads import NodeMemory
 
@@ -96,9 +97,10 @@ def import_target(deployment: Deployment) -> str:
     return f"{module}:{deployment.name}"
 
 
-def job_runtime_env(deployment: Deployment) -> dict | None:
+def job_runtime_env(deployment: Deployment, request: dict | None = None) -> dict | None:
     """The runtime_env the deployment's replicas get, so the job can import the same code:
-    the application's, overlaid with the deployment's own (env_vars merged), as Serve does."""
+    the application's, overlaid with the deployment's own (env_vars merged), as Serve does; with
+    the headers of the representative `request`, which stay off the job's command line."""
     app_env = (deployment.application.deployed_app_config or {}).get("runtime_env") or {}
     actor_options = (
         deployment.effective_config.get("ray_actor_options")
@@ -108,6 +110,8 @@ def job_runtime_env(deployment: Deployment) -> dict | None:
     own_env = actor_options.get("runtime_env") or {}
     merged = {**app_env, **own_env}
     env_vars = {**(app_env.get("env_vars") or {}), **(own_env.get("env_vars") or {})}
+    if headers := (request or {}).get("headers"):
+        env_vars[HEADERS_VAR] = json.dumps(headers)
     if env_vars:
         merged["env_vars"] = env_vars
     return merged or None
@@ -128,7 +132,8 @@ def build_entrypoint(
     deployment_name: str = "",
 ) -> str:
     """The job's shell command: the measuring script shipped inline, so nothing is installed on the
-    cluster beforehand. Every argument is shell-quoted."""
+    cluster beforehand. Every argument is shell-quoted. The request goes without its headers'
+    values: `job_runtime_env` passes them."""
     code = base64.b64encode(JOB_SCRIPT.read_bytes()).decode("ascii")
     loader = f"import base64,sys;exec(compile(base64.b64decode('{code}'),'fleetdeck_calibrate','exec'))"
     args = [
@@ -147,7 +152,7 @@ def build_entrypoint(
     if call is not None:
         args += ["--call", json.dumps(call)]
     if request is not None:
-        args += ["--request", json.dumps(request)]
+        args += ["--request", json.dumps({**request, "headers": {}} if request.get("headers") else request)]
     if stop_at_bytes is not None:
         args += ["--stop-at-bytes", str(stop_at_bytes)]
     if route_prefix:

@@ -46,6 +46,9 @@ class MemoryCalibration(models.Model):
     # What was measured: import path, user_config, the representative request, runtime_env,
     # resources and the memory stop.
     request = JSONField(default=dict, blank=True)
+    # The representative request's headers (JSON), encrypted: they may carry credentials, so
+    # `request` holds them with their values redacted.
+    headers_ciphertext = models.TextField(blank=True, default="")
     error = models.TextField(blank=True)
     log_tail = models.TextField(blank=True)
     created_by = models.ForeignKey(

@@ -4,6 +4,7 @@ what is measured is checked in `inputs.py`, the job itself is built in `job_spec
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -31,6 +32,8 @@ from apps.calibration.models import MemoryCalibration
 from apps.clusters.services import dashboard_for
 from apps.core import jobs
 from apps.core.jobs import Job
+from apps.core.redaction import redact_config, redact_headers
+from apps.core.secrets import encrypt
 from apps.fleet.models import Deployment
 from integrations.ray.errors import RayError, RayJobNotFound, RayTimeout, RayUnreachable
 from integrations.ray.payloads import JobInfo
@@ -109,7 +112,6 @@ def request_calibration(
         raise ValidationError(f"{application.name}/{deployment.name} is no longer on the cluster.")
     import_path = import_target(deployment)
     user_config = deployment.effective_config.get("user_config", deployment.submitted_config.get("user_config"))
-    runtime_env = job_runtime_env(deployment)
     needs = _resources(deployment)
     try:
         with dashboard_for(cluster) as ray:
@@ -131,13 +133,15 @@ def request_calibration(
     )
     # Without the replica's GPUs reserved the job would land on a node with none and measure host memory.
     cpus, gpus = needs["CPU"], needs["GPU"] or None
+    # Header values are kept only encrypted, and env vars not at all: the job got them from Ray.
+    headers = (request or {}).get("headers") or {}
     stored = {
         "import_path": import_path,
         "axis": axis,
         "user_config": user_config,
-        "representative": request,
+        "representative": {**request, "headers": redact_headers(headers)} if headers else request,
         "call": call,
-        "runtime_env": runtime_env,
+        "runtime_env": redact_config(job_runtime_env(deployment)),
         "entrypoint_num_cpus": cpus,
         "entrypoint_num_gpus": gpus,
         "stop_at_bytes": stop_at,
@@ -153,6 +157,7 @@ def request_calibration(
                 axis=axis,
                 levels=levels,
                 request=stored,
+                headers_ciphertext=encrypt(json.dumps(headers)) if headers else "",
                 created_by=actor.user,
             )
     except IntegrityError as exc:
@@ -174,7 +179,7 @@ def request_calibration(
         with dashboard_for(cluster) as ray:
             ray.submit_job(
                 entrypoint,
-                runtime_env=runtime_env,
+                runtime_env=job_runtime_env(deployment, request),
                 metadata={"fleetdeck": "calibration", "deployment": f"{application.name}/{deployment.name}"},
                 submission_id=calibration.submission_id,
                 entrypoint_num_cpus=cpus,
@@ -201,7 +206,7 @@ def request_calibration(
             "axis": axis,
             "levels": levels,
             "call": call,
-            "request": request,
+            "request": {**request, "headers": sorted(headers)} if headers else request,
             "submission_id": calibration.submission_id,
         },
     )

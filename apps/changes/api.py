@@ -16,6 +16,8 @@ from apps.changes.filters import ChangeFilter
 from apps.changes.models import Change, ChangeStep, Preset
 from apps.changes.validation import parse_options_text, preset_or_options, validate_options
 from apps.clusters.models import Cluster
+from apps.core.redaction import redact_patch
+from apps.core.serializer_fields import RedactedJSONField
 from apps.fleet import client_impact
 from apps.fleet.models import ConfigRevision
 from controlplane.lean import lean
@@ -28,6 +30,9 @@ class PresetSerializer(serializers.ModelSerializer):
     team = VisibleSlugRelatedField(slug_field="slug", queryset=Team.objects.all(), required=False, allow_null=True)
     remedies = serializers.ListField(
         child=serializers.CharField(max_length=16), required=False, help_text="Playbook remedy ids, e.g. R1, R2."
+    )
+    options = RedactedJSONField(
+        read_only=False, help_text="Deployment options, as in a Serve config's deployment entry."
     )
 
     class Meta:
@@ -127,6 +132,8 @@ class ChangeSerializer(FastRows, serializers.ModelSerializer):
     created_by = serializers.CharField(source="created_by.username", read_only=True, default=None, allow_null=True)
     applied_by = serializers.CharField(source="applied_by.username", read_only=True, default=None, allow_null=True)
     steps = ChangeStepSerializer(many=True, read_only=True)
+    patch = RedactedJSONField()
+    json_patch = RedactedJSONField(redact=redact_patch)
     client_impact = serializers.SerializerMethodField(
         help_text="What clients saw at the proxy while the change ran: requests, failed, share, and per "
         "application the failures by HTTP code; `measured` false with `why` when the proxy could not be read, "

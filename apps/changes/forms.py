@@ -7,6 +7,7 @@ from apps.accounts.permissions import visible_teams
 from apps.changes.models import Preset, Rollout
 from apps.changes.validation import parse_options_text, preset_or_options, validate_options
 from apps.clusters.models import Cluster
+from apps.core.redaction import redact_config
 from apps.fleet.models import Deployment
 
 
@@ -82,7 +83,8 @@ class PresetForm(forms.ModelForm):
         if self.instance.pk:
             import yaml
 
-            self.fields["options_text"].initial = yaml.safe_dump(self.instance.options, sort_keys=False)
+            # Saving the form puts the values of the placeholders back (presets.update_preset).
+            self.fields["options_text"].initial = yaml.safe_dump(redact_config(self.instance.options), sort_keys=False)
 
     def clean_options_text(self):
         return validate_options(parse_options_text(self.cleaned_data["options_text"]))

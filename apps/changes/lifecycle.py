@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 
-from apps.changes.planner import Plan, PlanError, Verdict, finish_plan, live_config
+from apps.changes.planner import Plan, PlanError, Verdict, finish_plan, live_config, with_live_values
 from integrations.ray.payloads import DeploymentStatus, ServeStatus
 
 # Serve's default when an application config names no route prefix.
@@ -16,6 +16,7 @@ DEFAULT_ROUTE_PREFIX = "/"
 
 def plan_create(serve: ServeStatus, app: dict) -> Plan:
     """Add `app` (already validated on its own) to the live config."""
+    app = with_live_values(app, serve)
     base = live_config(serve)
     name = app["name"]
     if name in serve.applications:

@@ -21,6 +21,7 @@ from apps.changes.serve_options import (
     without_unknown,
 )
 from apps.changes.validation import conflicts
+from apps.core.redaction import PlaceholderUnmatched, restore_placeholders, secret_values
 from apps.fleet.configs import config_hash, unified_diff
 from integrations.ray.payloads import ServeStatus
 
@@ -65,8 +66,21 @@ def live_config(serve: ServeStatus) -> dict:
     return config
 
 
+def with_live_values(value: Any, serve: ServeStatus) -> Any:
+    """`value` (options or an application config sent back to Fleetdeck) with the secrets its
+    placeholders stand for, as the cluster holds them: a config read from Fleetdeck shows
+    placeholders, and Ray must get the values. One that stands for none is refused."""
+    running = [app.deployed_app_config for app in serve.applications.values()]
+    running += [dep.deployment_config for app in serve.applications.values() for dep in app.deployments.values()]
+    try:
+        return restore_placeholders(value, secret_values(running))
+    except PlaceholderUnmatched as exc:
+        raise PlanError(str(exc)) from exc
+
+
 def plan_patch(serve: ServeStatus, targets: list[dict], options: dict, ray_version: str) -> Plan:
     """Apply `options` to each target deployment, merging into its effective options."""
+    options = with_live_values(options, serve)
     base = live_config(serve)
     new = copy.deepcopy(base)
     warnings: list[str] = []
@@ -105,6 +119,7 @@ def plan_patch(serve: ServeStatus, targets: list[dict], options: dict, ray_versi
 
 def plan_restore(serve: ServeStatus, app_configs: dict[str, dict]) -> Plan:
     """Put back the named applications' configs (from a revision or a change's base)."""
+    app_configs = with_live_values(app_configs, serve)
     base = live_config(serve)
     new = copy.deepcopy(base)
     by_name = {app["name"]: i for i, app in enumerate(new["applications"])}

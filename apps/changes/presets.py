@@ -11,6 +11,7 @@ from apps.accounts.models import Team
 from apps.changes.builtin_presets import BUILTIN_PRESETS
 from apps.changes.models import Preset
 from apps.changes.validation import validate_options
+from apps.core.redaction import PlaceholderUnmatched, redact_config, restore_placeholders, secret_values
 
 
 def install_builtin_presets(**kwargs) -> None:
@@ -37,7 +38,16 @@ def _unique_slug(name: str) -> str:
     return slug
 
 
+def _with_values(options: dict, stored: dict) -> dict:
+    """`options` with the values of the placeholders an edit form or a client copied from `stored`."""
+    try:
+        return restore_placeholders(options, secret_values(stored))
+    except PlaceholderUnmatched as exc:
+        raise ValidationError(str(exc)) from exc
+
+
 def create_preset(actor: Actor, *, team: Team, name: str, description: str, options: dict, remedies=()) -> Preset:
+    options = _with_values(options, {})
     validate_options(options)
     with transaction.atomic():
         preset = Preset.objects.create(
@@ -57,6 +67,7 @@ def update_preset(actor: Actor, preset: Preset, **fields) -> Preset:
     if preset.builtin:
         raise ValidationError("Built-in presets are read-only; clone one to adapt it.")
     if "options" in fields:
+        fields["options"] = _with_values(fields["options"], preset.options)
         validate_options(fields["options"])
     changes = {key: value for key, value in fields.items() if getattr(preset, key) != value}
     if not changes:
@@ -65,7 +76,9 @@ def update_preset(actor: Actor, preset: Preset, **fields) -> Preset:
         for key, value in changes.items():
             setattr(preset, key, value)
         preset.save()
-        record(actor, "preset.update", preset, team=preset.team, changes={k: str(v)[:500] for k, v in changes.items()})
+        # Written as text, where `record` could no longer find the secrets.
+        shown = {key: redact_config(value) if key == "options" else value for key, value in changes.items()}
+        record(actor, "preset.update", preset, team=preset.team, changes={k: str(v)[:500] for k, v in shown.items()})
     return preset
 
 

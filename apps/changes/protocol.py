@@ -28,6 +28,7 @@ from apps.clusters.services import dashboard_for
 from apps.core import jobs
 from apps.core.errors import Conflict
 from apps.core.jobs import Job
+from apps.core.redaction import redact_config, redact_quoted_input
 from apps.fleet import client_impact
 from apps.fleet.configs import config_hash, unified_diff
 from integrations.errors import AdapterConflict, AdapterError
@@ -231,7 +232,10 @@ def run(change_id: int) -> None:
             f"Could not re-read the cluster before pushing: {_message(exc)} Nothing was pushed.",
         )
     if config_hash(current) != change.base_hash:
-        change.drift = unified_diff(change.base_config, current, old_label="planned against", new_label="live now")
+        # Shown to every reader: the placeholders' digests still tell a changed secret.
+        change.drift = unified_diff(
+            redact_config(change.base_config), redact_config(current), old_label="planned against", new_label="live now"
+        )
         change.save(update_fields=["drift"])
         return _finish(
             change,
@@ -262,7 +266,8 @@ def _push_and_verify(change: Change) -> None:
     try:
         writer.push(change.new_config)
     except RayValidationError as exc:
-        return _finish(change, ChangeState.FAILED, f"Ray refused the config; nothing changed. Ray said:\n{exc.message}")
+        said = redact_quoted_input(exc.message)
+        return _finish(change, ChangeState.FAILED, f"Ray refused the config; nothing changed. Ray said:\n{said}")
     except RayError as exc:
         if exc.transient and _live_hash(change) == change.base_hash:
             return _finish(change, ChangeState.FAILED, f"The push did not reach Ray ({exc.message}); nothing changed.")

@@ -16,6 +16,7 @@ from apps.accounts.drf import CONFLICT, VisibleSlugRelatedField
 from apps.changes import rollouts
 from apps.changes.api import with_preset_or_options
 from apps.changes.models import Change, Preset, Rollout
+from apps.core.serializer_fields import RedactedJSONField
 from apps.fleet import client_impact
 from controlplane.pagination import StreamPagination
 from controlplane.rows import FastRows
@@ -70,6 +71,7 @@ def _change_row(row: dict) -> dict:
 
 class RolloutSerializer(FastRows, serializers.ModelSerializer):
     preset = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    options = RedactedJSONField()
     changes = RolloutChangeSerializer(many=True, read_only=True, help_text="The changes on clusters of your teams.")
     error = serializers.SerializerMethodField(
         help_text="Why the rollout stopped, as far as it concerns clusters of your teams."

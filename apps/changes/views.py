@@ -23,6 +23,7 @@ from apps.changes.forms import PlanForm, PresetForm, RolloutForm
 from apps.changes.models import Change, ChangeState, Preset, Rollout
 from apps.clusters.models import Cluster
 from apps.core.jobs import unclaimed_for
+from apps.core.redaction import redact_config
 from apps.fleet.configs import unified_diff
 from apps.fleet.models import ConfigRevision
 
@@ -117,7 +118,12 @@ def detail(request, pk: int):
     change = _change(request, pk)
     context = {
         "change": change,
-        "diff": unified_diff(change.base_config, change.new_config, old_label="live at planning", new_label="planned"),
+        "diff": unified_diff(
+            redact_config(change.base_config),
+            redact_config(change.new_config),
+            old_label="live at planning",
+            new_label="planned",
+        ),
         "can_operate": has_role(request.user, change.cluster.team, Role.OPERATOR),
         "waiting_s": unclaimed_for(change.heartbeat_at) if change.state == ChangeState.QUEUED else None,
         "resend_s": settings.FLEETDECK_CHANGE_STALE_S,
@@ -147,7 +153,7 @@ def change_action(request, pk: int, action: str):
 def preset_list(request):
     items = access.visible(request.user, Preset).select_related("team")
     for preset in items:
-        preset.options_yaml = yaml.safe_dump(preset.options, sort_keys=False)
+        preset.options_yaml = yaml.safe_dump(redact_config(preset.options), sort_keys=False)
     return render(
         request,
         "changes/preset_list.html",
@@ -163,24 +169,28 @@ def _preset_form_view(request, preset: Preset | None):
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         actor = Actor.from_request(request)
-        if preset is None:
-            presets.create_preset(
-                actor,
-                team=data["team"],
-                name=data["name"],
-                description=data["description"],
-                options=data["options_text"],
-            )
+        try:
+            if preset is None:
+                presets.create_preset(
+                    actor,
+                    team=data["team"],
+                    name=data["name"],
+                    description=data["description"],
+                    options=data["options_text"],
+                )
+            else:
+                presets.update_preset(
+                    actor,
+                    preset,
+                    name=data["name"],
+                    description=data["description"],
+                    options=data["options_text"],
+                    team=data["team"],
+                )
+        except ValidationError as exc:
+            form.add_error("options_text", exc)
         else:
-            presets.update_preset(
-                actor,
-                preset,
-                name=data["name"],
-                description=data["description"],
-                options=data["options_text"],
-                team=data["team"],
-            )
-        return redirect("changes:presets")
+            return redirect("changes:presets")
     return render(request, "changes/preset_form.html", {"form": form, "preset": preset})
 
 

@@ -9,6 +9,7 @@ from rest_framework.response import Response
 
 from apps.accounts import access
 from apps.accounts.audit import Actor
+from apps.core.serializer_fields import RedactedJSONField
 from apps.fleet import llm
 from apps.fleet.filters import ApplicationFilter, ConfigRevisionFilter, DeploymentFilter
 from apps.fleet.history import previous_revision, revision_diff
@@ -23,6 +24,7 @@ from controlplane.versioning import lean_list
 
 class ApplicationSerializer(FastRows, serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    deployed_app_config = RedactedJSONField(allow_null=True)
 
     class Meta:
         model = Application
@@ -59,6 +61,8 @@ class DeploymentSerializer(FastRows, serializers.ModelSerializer):
         "sources, and the GPU memory / KV-cache plan (or what it needs: the model's config.json, the GPU memory); "
         "null for any other deployment."
     )
+    effective_config = RedactedJSONField()
+    submitted_config = RedactedJSONField()
 
     class Meta:
         model = Deployment
@@ -124,6 +128,7 @@ class LLMPlanInputsSerializer(serializers.Serializer):
 
 class ConfigRevisionSerializer(FastRows, serializers.ModelSerializer):
     application_name = serializers.CharField(source="application.name", read_only=True)
+    config = RedactedJSONField()
 
     class Meta:
         model = ConfigRevision

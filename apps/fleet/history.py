@@ -1,7 +1,8 @@
-"""Reading config history: which revision precedes which, and their diff."""
+"""Reading config history: which revision precedes which, and their diff (secrets redacted)."""
 
 from __future__ import annotations
 
+from apps.core.redaction import redact_config
 from apps.fleet.configs import unified_diff
 from apps.fleet.models import ConfigRevision
 
@@ -19,4 +20,7 @@ def previous_revision(revision: ConfigRevision) -> ConfigRevision | None:
 def revision_diff(old: ConfigRevision | None, new: ConfigRevision) -> list[str]:
     old_label = f"{old.config_hash[:12]} ({old.observed_at:%Y-%m-%d %H:%M:%S})" if old else "nothing"
     new_label = f"{new.config_hash[:12]} ({new.observed_at:%Y-%m-%d %H:%M:%S})"
-    return unified_diff(old.config if old else {}, new.config, old_label=old_label, new_label=new_label)
+    # Placeholders carry a digest of the value: a rotated secret still shows as a changed line.
+    return unified_diff(
+        redact_config(old.config) if old else {}, redact_config(new.config), old_label=old_label, new_label=new_label
+    )

@@ -8,6 +8,8 @@ from rest_framework.response import Response
 from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.drf import VisiblePrimaryKeyRelatedField
+from apps.core.redaction import redact_headers
+from apps.core.serializer_fields import RedactedJSONField
 from apps.fleet.models import Application, Deployment
 from apps.maintenance import dispatch, schedules
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
@@ -39,6 +41,13 @@ class ScheduleSerializer(serializers.ModelSerializer):
 
 class ProfileSerializer(serializers.ModelSerializer):
     application = VisiblePrimaryKeyRelatedField(queryset=Application.objects.all())
+    headers = RedactedJSONField(
+        redact=redact_headers,
+        read_only=False,
+        required=False,
+        help_text="Sent with every request. Read back with their values redacted, but for the headers that say "
+        "how a body is encoded (Content-Type, Accept, …); a redacted value sent back keeps what it stands for.",
+    )
 
     class Meta:
         model = WarmupProfile

@@ -9,6 +9,7 @@ from django.utils import timezone
 from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
 from apps.accounts.models import Role
+from apps.core.redaction import PlaceholderUnmatched, redact_headers, restore_placeholders, secret_values
 from apps.fleet.models import Application, Deployment
 from apps.maintenance import timing
 from apps.maintenance.models import RecycleSchedule, WarmupProfile
@@ -95,6 +96,13 @@ def validate_profile(application, data: dict) -> None:
 
 
 def save_profile(actor: Actor, application, data: dict, profile: WarmupProfile | None = None) -> WarmupProfile:
+    if "headers" in data:
+        # Read back with their values redacted, headers may come back so: they keep what they stand for.
+        stored = {"headers": profile.headers} if profile is not None else {}
+        try:
+            data = {**data, **restore_placeholders({"headers": data["headers"]}, secret_values(stored))}
+        except PlaceholderUnmatched as exc:
+            raise ValidationError(str(exc)) from exc
     validate_profile(application, data)
     profile = profile or WarmupProfile(application=application)
     for key, value in data.items():
@@ -107,7 +115,7 @@ def save_profile(actor: Actor, application, data: dict, profile: WarmupProfile |
             "warmup_profile.save",
             profile,
             team=application.cluster.team,
-            changes={k: str(v) for k, v in data.items()},
+            changes={k: str(redact_headers(v) if k == "headers" else v) for k, v in data.items()},
         )
     return profile
 

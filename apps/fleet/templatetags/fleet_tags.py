@@ -3,7 +3,7 @@ import json
 
 from django import template
 
-from apps.core import yamltext
+from apps.core import redaction, yamltext
 
 register = template.Library()
 
@@ -21,6 +21,17 @@ def status_class(status: str) -> str:
     if status in BAD:
         return "bad"
     return "muted"
+
+
+@register.filter
+def redacted(config):
+    """A stored Serve config or options as a page shows them: secrets replaced by placeholders."""
+    return redaction.redact_config(config)
+
+
+@register.filter
+def redacted_patch(operations):
+    return redaction.redact_patch(operations)
 
 
 @register.filter

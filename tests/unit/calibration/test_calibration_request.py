@@ -11,11 +11,14 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 
 from apps.accounts.models import AuditEvent
-from apps.calibration import services
+from apps.calibration import job_script, services
 from apps.calibration.curve import CalibrationOutputError, parse_output
 from apps.calibration.models import MemoryCalibration
+from apps.core.redaction import placeholder
+from apps.core.secrets import decrypt
 from apps.fleet.models import Deployment
 from tests.conftest import ray_fixture
+from tests.factories import ClusterFactory
 from tests.unit.calibration.helpers import MIB, job_says, result_line
 
 NEW_RESULT = {
@@ -83,9 +86,10 @@ def test_a_warmup_profile_s_request_is_the_default_for_the_ingress(model, operat
         "method": "POST",
         "path": "/demo/generate",
         "query": "n=2",
-        "headers": {"x-team": "vision"},
+        "headers": {"x-team": placeholder("vision")},
         "json": {"prompt": "hi"},
     }
+    assert json.loads(decrypt(calibration.headers_ciphertext)) == {"x-team": "vision"}
 
 
 def test_a_given_http_request_is_normalised_stored_and_sent(model, operator, use_replay):
@@ -106,9 +110,27 @@ def test_a_given_http_request_is_normalised_stored_and_sent(model, operator, use
         "headers": {"X-Key": "v"},
         "body": "text",
     }
-    assert calibration.request["representative"] == expected
-    assert json.loads(argument(submitted_argv(use_replay), "--request")) == expected
-    assert AuditEvent.objects.get(action="calibration.request").changes["request"] == expected
+    assert calibration.request["representative"] == {**expected, "headers": {"X-Key": placeholder("v")}}
+    assert json.loads(argument(submitted_argv(use_replay), "--request")) == {**expected, "headers": {}}
+    assert AuditEvent.objects.get(action="calibration.request").changes["request"] == {**expected, "headers": ["X-Key"]}
+
+
+def test_request_headers_reach_the_job_through_its_environment_never_its_command_line(
+    model, operator, use_replay, monkeypatch
+):
+    headers = {"Authorization": "Bearer live_secret_789", "Content-Type": "application/json"}
+    request = {"kind": "http", "method": "POST", "path": "/demo/generate", "headers": headers, "json": {"a": 1}}
+    services.request_calibration(operator, echo_of(model), request=request)
+
+    submitted = json.loads(use_replay.requests[-1].content)
+    assert "live_secret_789" not in submitted["entrypoint"]
+    env_vars = submitted["runtime_env"]["env_vars"]
+    assert env_vars["PYTHONPATH"] == "/opt/demo-app"
+    # The job, on the cluster, runs with the runtime_env's variables set.
+    for name, value in env_vars.items():
+        monkeypatch.setenv(name, value)
+    received = job_script.parse_request(argument(submitted_argv(use_replay), "--request"), None)
+    assert received == {**request, "query": "", "headers": headers}
 
 
 @pytest.mark.parametrize(
@@ -237,7 +259,7 @@ def test_the_form_builds_the_http_request_from_its_fields(login, model):
         "method": "POST",
         "path": "/demo/generate",
         "query": "a=1",
-        "headers": {"Content-Type": "application/json", "X-Team": "v"},
+        "headers": {"Content-Type": "application/json", "X-Team": placeholder("v")},
         "body": '{"prompt": "hi"}',
     }
     MemoryCalibration.objects.all().delete()
@@ -263,3 +285,32 @@ def test_the_card_shows_shape_rest_levels_service_time_and_why_it_stopped(login,
     assert "90\xa0MiB cold, before any request" in card
     assert "164.0 MiB" in card and "+64.0 MiB" in card and "150.0 MiB" in card and "0.500 s" in card
     assert "Stopped early:" in card and "concurrency 8 would exceed the memory budget" in card
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_encrypts_the_headers_of_calibrations_already_stored_and_redacts_their_env_vars():
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    headers = {"Authorization": "Bearer live_1", "Content-Type": "application/json"}
+    MemoryCalibration.objects.create(
+        cluster=ClusterFactory(),
+        application_name="demo",
+        deployment_name="Model",
+        submission_id="fleetdeck-calibration-old",
+        request={
+            "representative": {"kind": "http", "method": "GET", "path": "/demo", "headers": headers},
+            "runtime_env": {"env_vars": {"HF_TOKEN": "hf_live_1"}},
+        },
+    )
+    MigrationExecutor(connection).migrate([("calibration", "0002_shape_cold_baseline_limit_reason")])
+
+    MigrationExecutor(connection).migrate([("calibration", "0003_encrypted_request_headers")])
+
+    calibration = MemoryCalibration.objects.get()
+    assert json.loads(decrypt(calibration.headers_ciphertext)) == headers
+    assert calibration.request["representative"]["headers"] == {
+        "Authorization": placeholder("Bearer live_1"),
+        "Content-Type": "application/json",
+    }
+    assert calibration.request["runtime_env"] == {"env_vars": {"HF_TOKEN": placeholder("hf_live_1")}}

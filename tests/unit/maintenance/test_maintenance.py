@@ -20,6 +20,7 @@ from apps.accounts.models import AuditEvent
 from apps.changes import protocol
 from apps.changes.models import Change, ChangeState
 from apps.clusters.models import Cluster
+from apps.core.redaction import placeholder
 from apps.fleet import sync
 from apps.fleet.models import Deployment
 from apps.maintenance import dispatch, execution, recovery, run_log, schedules, timing, warmup_results
@@ -770,3 +771,26 @@ def test_the_heartbeat_stops_once_a_run_outlives_the_longest_it_could_take(
     with pytest.raises(WorkerDied):
         execution.execute(run.pk)
     assert beats[0] == beats[1]
+
+
+@pytest.mark.django_db
+def test_a_warmup_profile_read_back_with_redacted_headers_and_patched_keeps_its_key(api_as, deployment, operator):
+    profile = schedules.save_profile(
+        operator,
+        deployment.application,
+        {"name": "w", "path": "/demo", "headers": {"X-Api-Key": "k_live_1", "Content-Type": "application/json"}},
+    )
+    read = api_as("viewer").get(f"/api/v1/maintenance/warmup-profiles/{profile.pk}/").json()
+    assert read["headers"] == {"X-Api-Key": placeholder("k_live_1"), "Content-Type": "application/json"}
+    assert "k_live_1" not in json.dumps(list(AuditEvent.objects.values_list("changes", flat=True)))
+
+    url = f"/api/v1/maintenance/warmup-profiles/{profile.pk}/"
+    sent = {"path": "/demo", "headers": {**read["headers"], "X-Team": "v"}}
+    patched = api_as("operator").patch(url, sent, format="json")
+    assert patched.status_code == 200, patched.content
+    profile.refresh_from_db()
+    assert profile.headers == {"X-Api-Key": "k_live_1", "Content-Type": "application/json", "X-Team": "v"}
+    guessed = api_as("operator").patch(
+        url, {"path": "/demo", "headers": {"X-Api-Key": placeholder("guess")}}, format="json"
+    )
+    assert guessed.status_code == 400 and "headers.X-Api-Key holds a redacted placeholder" in guessed.content.decode()
