@@ -1,4 +1,4 @@
-"""Encryption at rest for credentials (cluster tokens, webhook secrets, Kubernetes credentials),
+"""Encryption at rest for credentials (cluster tokens, webhook URLs and secrets, Kubernetes credentials),
 with key rotation: the first key of FLEETDECK_ENCRYPTION_KEYS encrypts, every listed key
 decrypts, and `manage.py rotate_secrets` re-encrypts everything stored under the first key."""
 
@@ -14,8 +14,10 @@ from django.conf import settings
 # Every model field holding ciphertext: the rotation command walks these.
 ENCRYPTED_FIELDS: list[tuple[str, str]] = [
     ("clusters.Cluster", "token_ciphertext"),
+    ("incidents.Webhook", "url_ciphertext"),
     ("incidents.Webhook", "secret_ciphertext"),
     ("kubernetes_link.KubeConnection", "kubeconfig_ciphertext"),
+    ("calibration.MemoryCalibration", "headers_ciphertext"),
 ]
 
 
@@ -29,6 +31,8 @@ def _key(material: str) -> Fernet:
 
 
 def _fernet() -> MultiFernet:
+    # The key derived from SECRET_KEY serves development and throwaway machines only: with debug
+    # off, settings refuse to start without FLEETDECK_ENCRYPTION_KEY(S).
     keys = list(settings.FLEETDECK_ENCRYPTION_KEYS) or [f"fleetdeck-token-key:{settings.SECRET_KEY}"]
     return MultiFernet([_key(k) for k in keys])
 

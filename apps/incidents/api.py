@@ -224,8 +224,21 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
         return Response(IncidentSerializer(self.get_queryset().get(pk=incident.pk)).data, status=201)
 
 
+class ShownURLField(serializers.CharField):
+    """A webhook's full URL on the way in (`webhooks.save_webhook` checks it); on the way out only
+    its scheme and host, `Webhook.url_shown`, which is no URL to call: hence no `uri` format."""
+
+    def get_attribute(self, instance):
+        return instance.url_shown
+
+
 class WebhookSerializer(serializers.ModelSerializer):
     team = VisibleSlugRelatedField(slug_field="slug", queryset=Team.objects.all())
+    url = ShownURLField(
+        max_length=500,
+        help_text="The endpoint. Stored encrypted, as Slack-style URLs carry their secret in the path; answers show "
+        "only its scheme and host (`https://hooks.slack.com/…`).",
+    )
     secret = serializers.CharField(
         write_only=True,
         required=False,
@@ -292,7 +305,7 @@ class WebhookViewSet(viewsets.ModelViewSet):
             serializer.instance = webhooks.save_webhook(
                 Actor.from_request(self.request),
                 team=team,
-                url=data.get("url", webhook.url if webhook else ""),
+                url=data.get("url"),
                 secret=data.get("secret", ""),
                 enabled=data.get("enabled", webhook.enabled if webhook else True),
                 webhook=webhook,

@@ -7,8 +7,10 @@ from django.db import models
 from django.utils import timezone
 
 from apps.clusters.models import Cluster
+from apps.core import secrets
 from apps.core.fields import JSONField
 from apps.fleet.models import Deployment
+from integrations.webhook_client import shown
 
 
 class Incident(models.Model):
@@ -203,10 +205,14 @@ class ScrapeState(models.Model):
 
 
 class Webhook(models.Model):
-    """A team's endpoint for new incidents: a JSON POST, signed with HMAC-SHA256 when a secret is set."""
+    """A team's endpoint for new incidents: a JSON POST, signed with HMAC-SHA256 when a secret is set.
+
+    The URL is a credential too (a Slack-style URL carries its secret in the path): it is stored
+    encrypted, and what is shown of it, anywhere, is `url_shown`, its scheme and host."""
 
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="webhooks")
-    url = models.URLField(max_length=500)
+    url_ciphertext = models.TextField()
+    url_shown = models.CharField(max_length=500)
     secret_ciphertext = models.TextField(blank=True)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -218,7 +224,14 @@ class Webhook(models.Model):
         ordering = ["team__name", "id"]
 
     def __str__(self) -> str:
-        return f"{self.team} → {self.url}"
+        return f"{self.team} → {self.url_shown}"
+
+    def _set_url(self, url: str) -> None:
+        self.url_ciphertext = secrets.encrypt(url)
+        self.url_shown = shown(url)
+
+    # Write-only, `Webhook(url=…)` included: only delivery reads the URL back, decrypting it there.
+    url = property(fset=_set_url)
 
 
 class WebhookDelivery(models.Model):

@@ -22,10 +22,18 @@ RETRY_BACKOFF_MAX_S = 300
 
 
 def save_webhook(
-    actor: Actor, *, team, url: str, secret: str = "", enabled: bool = True, webhook: Webhook | None = None
+    actor: Actor,
+    *,
+    team,
+    url: str | None,
+    secret: str = "",
+    enabled: bool = True,
+    webhook: Webhook | None = None,
 ) -> Webhook:
+    """Register a webhook, or change one; `url=None` keeps the stored URL, which is never read back."""
     webhook = webhook or Webhook(team=team)
-    webhook.url = checked_url(url)
+    if url is not None:
+        webhook.url = checked_url(url, webhook.team)
     if secret:
         webhook.secret_ciphertext = secrets.encrypt(secret)
     webhook.enabled = enabled
@@ -36,7 +44,11 @@ def save_webhook(
             "webhook.save",
             webhook,
             team=team,
-            changes={"url": webhook.url, "enabled": enabled, "secret": "set" if secret else "unchanged"},
+            changes={
+                "url": webhook.url_shown if url is not None else "unchanged",
+                "enabled": enabled,
+                "secret": "set" if secret else "unchanged",
+            },
         )
     return webhook
 
@@ -107,8 +119,15 @@ def deliver(delivery_id: int) -> None:
     delivery.sent_at = timezone.now()
     try:
         status = webhook_client.post(
-            delivery.webhook.url, payload(delivery.incident), secret=secrets.decrypt(delivery.webhook.secret_ciphertext)
+            secrets.decrypt(delivery.webhook.url_ciphertext),
+            payload(delivery.incident),
+            secret=secrets.decrypt(delivery.webhook.secret_ciphertext),
         )
+    except secrets.SecretUnreadable as exc:
+        # No retry brings a lost key back: the webhook has to be entered again.
+        delivery.state, delivery.last_error = WebhookDelivery.State.FAILED, str(exc)
+        delivery.save()
+        return
     except webhook_client.DeliveryError as exc:
         final = not exc.transient or delivery.attempts >= MAX_ATTEMPTS
         delivery.state = WebhookDelivery.State.FAILED if final else WebhookDelivery.State.PENDING

@@ -13,10 +13,12 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from apps.accounts.audit import Actor
+from apps.accounts.models import AuditEvent
 from apps.clusters.models import Cluster, ClusterEvent
+from apps.core import secrets
 from apps.fleet import sync
 from apps.incidents import services, webhooks
-from apps.incidents.models import WebhookDelivery
+from apps.incidents.models import Webhook, WebhookDelivery
 from integrations import webhook_client
 from tests.factories import ClusterFactory
 
@@ -27,13 +29,14 @@ class Endpoint:
     """A real HTTP endpoint on loopback that answers the statuses it is given, in order."""
 
     def __init__(self, statuses):
-        self.statuses, self.received = list(statuses), []
+        self.statuses, self.received, self.paths = list(statuses), [], []
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 endpoint.received.append((dict(self.headers), body))
+                endpoint.paths.append(self.path)
                 self.send_response(endpoint.statuses.pop(0) if endpoint.statuses else 200)
                 self.end_headers()
 
@@ -187,3 +190,94 @@ def test_no_secret_reaches_a_log_line(oom_cluster, team, people, endpoint, api_a
         WebhookDelivery.objects.get().last_error,
     ]
     assert "s3cret" not in logged + "\n".join(shown)
+
+
+# Where a Slack-style webhook keeps its secret: in the path.
+SECRET_PATH = "/services/T0001/B0002/path-s3cret-42"
+
+
+def test_a_webhook_url_is_stored_encrypted_and_never_shown_past_its_host(api_as, endpoint):
+    hook = endpoint()
+    base = hook.url.removesuffix("/hooks/fleetdeck")
+    admin = api_as("admin")
+
+    created = admin.post("/api/v1/webhooks/", {"team": "vision", "url": base + SECRET_PATH}, format="json")
+    assert created.status_code == 201, created.content
+    webhook_id = created.json()["id"]
+    changed = admin.patch(
+        f"/api/v1/webhooks/{webhook_id}/", {"url": base + SECRET_PATH + "-2", "enabled": False}, format="json"
+    )
+    assert changed.status_code == 200, changed.content
+    listed = admin.get("/api/v1/webhooks/")
+    detail = admin.get(f"/api/v1/webhooks/{webhook_id}/")
+    audit = admin.get("/api/v1/audit-events/", {"action": "webhook.save"})
+
+    assert [r.status_code for r in (listed, detail, audit)] == [200, 200, 200]
+    assert all("path-s3cret" not in r.content.decode() for r in (created, changed, listed, detail, audit))
+    assert detail.json()["url"] == f"{base}/…" and listed.json()["results"][0]["url"] == f"{base}/…"
+    events = audit.json()["results"]
+    assert [event["changes"]["url"] for event in events] == [f"{base}/…", f"{base}/…"]
+    assert all(event["object_repr"] == f"Vision → {base}/…" for event in events)
+    stored = Webhook.objects.get()
+    assert "path-s3cret" not in stored.url_ciphertext + stored.url_shown
+    assert secrets.decrypt(stored.url_ciphertext) == base + SECRET_PATH + "-2"
+
+
+def test_a_change_that_leaves_the_url_out_keeps_it(api_as, endpoint):
+    hook = endpoint()
+    admin = api_as("admin")
+    webhook_id = admin.post("/api/v1/webhooks/", {"team": "vision", "url": hook.url}, format="json").json()["id"]
+
+    assert admin.patch(f"/api/v1/webhooks/{webhook_id}/", {"enabled": False}, format="json").status_code == 200
+
+    assert secrets.decrypt(Webhook.objects.get().url_ciphertext) == hook.url
+    assert AuditEvent.objects.filter(action="webhook.save").latest("pk").changes["url"] == "unchanged"
+
+
+def test_delivery_posts_to_the_full_url_and_its_errors_name_only_the_host(oom_cluster, team, people, endpoint):
+    hook = endpoint(503, 200)
+    url = hook.url.removesuffix("/hooks/fleetdeck") + SECRET_PATH
+    webhooks.save_webhook(Actor(user=people["admin"]), team=team, url=url)
+    [incident_id] = services.detect(oom_cluster.pk)
+    delivery = WebhookDelivery.objects.get(incident_id=incident_id)
+
+    with pytest.raises(webhook_client.DeliveryError) as failed:
+        webhooks.deliver(delivery.pk)
+    webhooks.deliver(delivery.pk)
+
+    assert hook.paths == [SECRET_PATH, SECRET_PATH]
+    assert WebhookDelivery.objects.get(pk=delivery.pk).state == "delivered"
+    assert "path-s3cret" not in str(failed.value) and "answered HTTP 503" in str(failed.value)
+
+
+def test_a_delivery_whose_url_no_key_opens_fails_at_once_saying_so(oom_cluster, team, people, endpoint, settings):
+    settings.FLEETDECK_ENCRYPTION_KEYS = ["lost-key"]
+    hook = endpoint()
+    webhooks.save_webhook(Actor(user=people["admin"]), team=team, url=hook.url)
+    [incident_id] = services.detect(oom_cluster.pk)
+    settings.FLEETDECK_ENCRYPTION_KEYS = ["new-key"]
+
+    webhooks.deliver(WebhookDelivery.objects.get(incident_id=incident_id).pk)
+
+    delivery = WebhookDelivery.objects.get(incident_id=incident_id)
+    assert delivery.state == "failed" and "Put the old key back" in delivery.last_error
+    assert hook.received == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_encrypts_the_webhook_urls_already_stored():
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before, after = [("incidents", "0007_window_recent_and_summaries")], [("incidents", "0008_webhook_url_encrypted")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps
+    team = old.get_model("accounts", "Team").objects.create(name="Vision", slug="vision")
+    old.get_model("incidents", "Webhook").objects.create(team=team, url="https://hooks.slack.com" + SECRET_PATH)
+
+    MigrationExecutor(connection).migrate(after)
+
+    webhook = Webhook.objects.get()
+    assert webhook.url_shown == "https://hooks.slack.com/…" and "path-s3cret" not in webhook.url_ciphertext
+    assert secrets.decrypt(webhook.url_ciphertext) == "https://hooks.slack.com" + SECRET_PATH
