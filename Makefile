@@ -14,11 +14,15 @@ install: $(STAMP)
 browser:
 	scripts/install-browser.sh
 
+# The local Ray head is on loopback, and so is everything the local Fleetdeck may call: it calls
+# nothing its allow-list does not cover.
 run: $(STAMP)
-	FLEETDECK_DEBUG=$${FLEETDECK_DEBUG:-1} $(PY) manage.py runlocal
+	FLEETDECK_DEBUG=$${FLEETDECK_DEBUG:-1} FLEETDECK_CLUSTER_NETWORKS=$${FLEETDECK_CLUSTER_NETWORKS:-127.0.0.0/8,::1/128} \
+		$(PY) manage.py runlocal
 
 # `make token USER=alice` prints a new API token for alice from the database `make run` uses,
 # under the same development settings: manage.py alone refuses to start without a real secret key.
+# Only the token goes to stdout, for `TOKEN=$(make token USER=alice)`; the date it expires, to stderr.
 token:
 	@test "$(origin USER)" = "command line" || { echo 'Usage: make token USER=<username>' >&2; exit 2; }
 	@FLEETDECK_DEBUG=$${FLEETDECK_DEBUG:-1} $(PY) manage.py create_api_token '$(USER)'

@@ -16,21 +16,31 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("FLEETDECK_VAR_DIR", str(BASE_DIR / "var")))
 
 DEBUG = env_bool("FLEETDECK_DEBUG", False)
+_ALLOW_DEV_SECRET = env_bool("FLEETDECK_ALLOW_DEV_SECRET", False)
 _DEV_SECRET = "fleetdeck-development-only-secret-key-do-not-use-in-production"
 SECRET_KEY = env_str("FLEETDECK_SECRET_KEY", _DEV_SECRET)
-if not DEBUG and SECRET_KEY == _DEV_SECRET and not env_bool("FLEETDECK_ALLOW_DEV_SECRET", False):
+if not DEBUG and SECRET_KEY == _DEV_SECRET and not _ALLOW_DEV_SECRET:
     raise ImproperlyConfigured(
         "FLEETDECK_SECRET_KEY must be set when FLEETDECK_DEBUG is off "
         "(or set FLEETDECK_ALLOW_DEV_SECRET=1 on a throwaway machine)."
     )
 # Credentials at rest are encrypted with the first of these keys; all of them decrypt, so a key
 # is rotated by putting the new one first, running `manage.py rotate_secrets`, then dropping the
-# old one. A single FLEETDECK_ENCRYPTION_KEY is the one-key form; without either, a key derived
-# from SECRET_KEY is used.
+# old one (docs/configuration.md). A single FLEETDECK_ENCRYPTION_KEY is the one-key form.
 FLEETDECK_ENCRYPTION_KEY = env_str("FLEETDECK_ENCRYPTION_KEY", "")
 FLEETDECK_ENCRYPTION_KEYS = env_list(
     "FLEETDECK_ENCRYPTION_KEYS", [FLEETDECK_ENCRYPTION_KEY] if FLEETDECK_ENCRYPTION_KEY else []
 )
+# Without a key, apps.core.secrets derives one from SECRET_KEY, and whoever has the secret key
+# reads every stored credential: production needs a key of its own.
+if not DEBUG and not FLEETDECK_ENCRYPTION_KEYS and not _ALLOW_DEV_SECRET:
+    raise ImproperlyConfigured(
+        "FLEETDECK_ENCRYPTION_KEY must be set when FLEETDECK_DEBUG is off, to a key of its own: generate one with "
+        "`python3 -c 'import secrets; print(secrets.token_urlsafe(50))'` and set it in the environment (in "
+        "Kubernetes, as the FLEETDECK_ENCRYPTION_KEY key of the fleetdeck-secrets Secret), or set "
+        "FLEETDECK_ALLOW_DEV_SECRET=1 on a throwaway machine. Credentials stored under the key derived from the "
+        "secret key stay readable: see 'Rotating the encryption key' in docs/configuration.md."
+    )
 
 ALLOWED_HOSTS = env_list("FLEETDECK_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("FLEETDECK_CSRF_TRUSTED_ORIGINS", [])
@@ -172,8 +182,10 @@ X_FRAME_OPTIONS = "DENY"
 SECURE_REFERRER_POLICY = "same-origin"
 SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
 
-# Scripts only from this server or inline with the response's nonce (chart set-ups); htmx works
-# from attributes, so it needs no eval. Inline style attributes stay allowed: they cannot run code.
+# Scripts only from this server: pages keep their code in static/js, and htmx gives a script in a
+# swapped fragment no nonce (templates/base.html). A nonce joins the policy only for a page that
+# gives one to an inline script (`request.csp_nonce`), which none does. htmx works from
+# attributes, so it needs no eval. Inline style attributes stay allowed: they cannot run code.
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
         "default-src": [SELF],
@@ -196,9 +208,12 @@ AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_CLIENT_IP_CALLABLE = "apps.accounts.audit.client_ip"
 
+# An API token stops working this many days after it was issued, so a leaked one does not open
+# the API for ever; the expiry is counted from the token's creation, and applies to every token.
+FLEETDECK_API_TOKEN_TTL_DAYS = env_int("FLEETDECK_API_TOKEN_TTL_DAYS", 90, minimum=1)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "apps.accounts.drf.ExpiringTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -303,8 +318,9 @@ FLEETDECK_WAITING_REPLICA_S = env_int("FLEETDECK_WAITING_REPLICA_S", 60, minimum
 FLEETDECK_NODE_RESOURCES_MAX_AGE_S = env_int("FLEETDECK_NODE_RESOURCES_MAX_AGE_S", 300, minimum=5)
 # Replica-count samples (the scaling chart) older than this are deleted by the tick.
 FLEETDECK_SCALING_HISTORY_DAYS = env_int("FLEETDECK_SCALING_HISTORY_DAYS", 30, minimum=1)
-# Comma-separated CIDRs a cluster URL may point into; empty means any routable or private
-# address. Link-local addresses (cloud metadata services) are always refused.
+# Comma-separated CIDRs every team's URLs may point into, beside the allow-list administrators keep
+# (apps/clusters/network_policy.py). Nothing listed in either allows nothing: Fleetdeck fails closed.
+# Link-local addresses (cloud metadata services) are always refused.
 FLEETDECK_CLUSTER_NETWORKS = env_list("FLEETDECK_CLUSTER_NETWORKS", [])
 FLEETDECK_UI_REFRESH_S = env_int("FLEETDECK_UI_REFRESH_S", 5, minimum=1)
 # The push protocol: how long a change may take to verify, how often it polls, and after how

@@ -5,13 +5,16 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers, status, views
-from rest_framework.exceptions import APIException
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.exceptions import APIException, AuthenticationFailed
 from rest_framework.response import Response
 
 from apps.accounts import access
 from apps.accounts.models import Role
+from apps.accounts.services import token_expires_at
 from apps.core import errors
 
 # An operation that can answer 409 says so with `extend_schema(responses={409: CONFLICT})`.
@@ -23,6 +26,22 @@ CONFLICT = OpenApiResponse(
 class Conflict(APIException):
     status_code = status.HTTP_409_CONFLICT
     default_code = "conflict"
+
+
+class ExpiringTokenAuthentication(TokenAuthentication):
+    """DRF's token authentication, where a token stops working FLEETDECK_API_TOKEN_TTL_DAYS after
+    it was issued. The refusal says how to get a new token, since its holder cannot fix it alone;
+    it names no user, since whoever presents an old token may not be its owner."""
+
+    def authenticate_credentials(self, key):
+        user, token = super().authenticate_credentials(key)
+        expires = token_expires_at(token)
+        if expires <= timezone.now():
+            raise AuthenticationFailed(
+                f"This API token expired on {timezone.localdate(expires):%Y-%m-%d}; ask for a new one with "
+                "`make token USER=<username>` or `manage.py create_api_token <username>`."
+            )
+        return user, token
 
 
 def require_role(request, team, needed: Role, what: str) -> None:

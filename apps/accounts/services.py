@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
+from django.conf import settings
 from django.utils.text import slugify
 from rest_framework.authtoken.models import Token
 
@@ -26,3 +29,7 @@ def rotate_token(actor: Actor, user) -> str:
     token = Token.objects.create(user=user)
     record(actor, "token.rotate", user, object_repr=user.get_username())
     return token.key
+
+
+def token_expires_at(token: Token) -> datetime:
+    return token.created + timedelta(days=settings.FLEETDECK_API_TOKEN_TTL_DAYS)

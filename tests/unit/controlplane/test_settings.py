@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
+SECRET_KEY = "x" * 20 + "-production-secret-with-enough-entropy-1234567890"
 
 
 def manage(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -28,6 +29,35 @@ def test_production_refuses_to_start_without_a_secret_key():
     result = manage("check")
     assert result.returncode != 0
     assert "FLEETDECK_SECRET_KEY must be set" in result.stderr
+
+
+def test_production_refuses_to_start_without_an_encryption_key_of_its_own():
+    result = manage("check", FLEETDECK_SECRET_KEY=SECRET_KEY)
+    assert result.returncode != 0
+    assert "FLEETDECK_ENCRYPTION_KEY must be set when FLEETDECK_DEBUG is off" in result.stderr
+    assert "secrets.token_urlsafe(50)" in result.stderr and "FLEETDECK_ALLOW_DEV_SECRET=1" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"FLEETDECK_SECRET_KEY": SECRET_KEY, "FLEETDECK_ENCRYPTION_KEY": "k" * 50},
+        {"FLEETDECK_SECRET_KEY": SECRET_KEY, "FLEETDECK_ENCRYPTION_KEYS": "n" * 50 + "," + "o" * 50},
+        {"FLEETDECK_DEBUG": "1"},
+        {"FLEETDECK_ALLOW_DEV_SECRET": "1"},
+    ],
+    ids=["key", "keys", "debug", "throwaway"],
+)
+def test_settings_start_with_an_encryption_key_in_debug_or_on_a_throwaway_machine(env):
+    result = manage("check", **env)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_api_token_lifetime_comes_from_the_environment():
+    code = "from django.conf import settings; print(settings.FLEETDECK_API_TOKEN_TTL_DAYS)"
+    result = manage("shell", "-c", code, FLEETDECK_DEBUG="1", FLEETDECK_API_TOKEN_TTL_DAYS="7")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "7"
 
 
 def test_a_bad_environment_value_is_refused_with_its_name():
@@ -50,7 +80,8 @@ def test_the_deployment_checklist_is_clean_in_production_settings():
         "--deploy",
         "--fail-level",
         "WARNING",
-        FLEETDECK_SECRET_KEY="x" * 20 + "-production-secret-with-enough-entropy-1234567890",
+        FLEETDECK_SECRET_KEY=SECRET_KEY,
+        FLEETDECK_ENCRYPTION_KEY="k" * 50,
         FLEETDECK_SSL_REDIRECT="1",
         FLEETDECK_HSTS_SECONDS="31536000",
     )

@@ -49,6 +49,7 @@ def test_make_token_prints_a_working_token_where_manage_py_alone_refuses(tmp_pat
     assert made.returncode == 0, made.stderr
     token = made.stdout.strip()
     assert len(token.split()) == 1 and len(token) >= 20
+    assert "This token expires on " in made.stderr
     check = shell(
         sys.executable,
         "manage.py",
