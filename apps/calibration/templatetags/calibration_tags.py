@@ -9,6 +9,6 @@ register = template.Library()
 
 @register.inclusion_tag(CARD, takes_context=True)
 def calibration_card(context, deployment):
-    # An inclusion tag starts from a fresh context: the card's script needs the request's nonce.
+    # An inclusion tag starts from a fresh context: the card's form needs the request for its CSRF token.
     request = context["request"]
     return {"calibration": card_context(request, deployment), "request": request}
