@@ -11,6 +11,7 @@ from django.db.models import Q
 from apps.accounts.models import Team
 from apps.clusters.models import Cluster
 from apps.core.fields import JSONField
+from apps.core.sealed import PATCH, SealedJSONField
 from apps.fleet import client_impact
 
 
@@ -21,7 +22,7 @@ class Preset(models.Model):
     slug = models.SlugField(max_length=80, unique=True)
     name = models.CharField(max_length=120)
     description = models.TextField(blank=True, default="", help_text="Why these values: the causes they prevent.")
-    options = JSONField(help_text="Deployment options, as in a Serve config's deployment entry.")
+    options = SealedJSONField(help_text="Deployment options, as in a Serve config's deployment entry.")
     remedies = JSONField(default=list, blank=True, help_text="Playbook remedy ids, e.g. R1, R2.")
     builtin = models.BooleanField(default=False)
     team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE, related_name="presets")
@@ -89,7 +90,7 @@ class Rollout(models.Model):
 
     reason = models.TextField()
     preset = models.ForeignKey(Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="rollouts")
-    options = JSONField(default=dict)
+    options = SealedJSONField(default=dict)
     selection = JSONField(default=dict, help_text="The filters that chose the deployments.")
     state = models.CharField(max_length=16, choices=State.choices, default=State.PLANNED, db_index=True)
     current_wave = models.PositiveIntegerField(default=0)
@@ -144,7 +145,7 @@ class Change(models.Model):
     # [{"application": "demo", "deployment": "Model"}, ...] for patches; application names for restores,
     # and the one application a create or delete adds or removes.
     targets = JSONField(default=list)
-    patch = JSONField(default=dict, blank=True)
+    patch = SealedJSONField(default=dict, blank=True)
     preset = models.ForeignKey(Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="changes")
     restores = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="restored_by")
     rollout = models.ForeignKey(Rollout, null=True, blank=True, on_delete=models.SET_NULL, related_name="changes")
@@ -154,10 +155,10 @@ class Change(models.Model):
     state = models.CharField(max_length=20, choices=ChangeState.choices, default=ChangeState.PLANNED, db_index=True)
     ray_version = models.CharField(max_length=32, blank=True)
     base_hash = models.CharField(max_length=64)
-    base_config = JSONField()
-    new_config = JSONField()
+    base_config = SealedJSONField()
+    new_config = SealedJSONField()
     new_hash = models.CharField(max_length=64)
-    json_patch = JSONField(default=list)
+    json_patch = SealedJSONField(default=list, kind=PATCH)
     warnings = JSONField(default=list, blank=True)
     # Per touched application: its last_deployed_time_s at the re-check, to tell its new deploy apart.
     base_deploy_times = JSONField(default=dict, blank=True)

@@ -2,8 +2,9 @@
 
 Serve configs carry credentials in `runtime_env.env_vars` (HF_TOKEN, cloud keys) and in serve.llm's
 `engine_kwargs` (hf_token, api_key); the requests of calibrations and warmups carry HTTP headers.
-The stored configs keep the real values, since a push sends the whole cluster's config to Ray:
-every read path (API, pages, diffs, audit entries) shows a copy made here instead, for every role.
+Fleetdeck keeps the real values, since a push sends the whole cluster's config to Ray (sealed in
+the database, apps.core.sealed): every read path (API, pages, diffs, audit entries) shows a copy
+made here instead, for every role.
 
 A placeholder carries a short digest of the value, keyed by SECRET_KEY, so a diff of two configs
 still shows that a secret changed while nobody can test guesses against it. A config sent back with
@@ -164,21 +165,46 @@ def redact_config(config: Any) -> Any:
 def redact_patch(operations: Any) -> Any:
     """An RFC 6902 JSON Patch between two Serve configs with the secrets among its values replaced:
     a value lands on a secret when its path ends at one (`…/env_vars/HF_TOKEN`)."""
+    return map_patch_secrets(operations, placeholder)
 
-    def redact(operation: Any) -> Any:
+
+def map_secrets(value: Any, leaf: Callable[[Any], Any]) -> Any:
+    """`value` with `leaf` applied to every secret it holds, wherever an env_vars, engine_kwargs or
+    headers mapping sits: how stored configs seal their secrets and open them again (apps.core.sealed)."""
+    return _walk(value, {key: _mapper(key, leaf) for key in _ANY_SECRETS})
+
+
+def map_patch_secrets(operations: Any, leaf: Callable[[Any], Any]) -> Any:
+    """`map_secrets` over an RFC 6902 patch: a value whose path ends at a secret is one itself."""
+
+    def apply(operation: Any) -> Any:
         if not isinstance(operation, dict) or "value" not in operation:
             return operation
         value = operation["value"]
         path = [part.replace("~1", "/").replace("~0", "~") for part in str(operation.get("path", "")).split("/")]
         if len(path) >= 2 and _is_secret_slot(path[-2], path[-1]):
-            new = placeholder(value)
-        elif isinstance(value, dict) and path[-1] in _CONFIG_SECRETS:
-            new = _CONFIG_SECRETS[path[-1]](value)
+            new = leaf(value)
+        elif isinstance(value, dict) and path[-1] in _ANY_SECRETS:
+            new = _mapper(path[-1], leaf)(value)
         else:
-            new = _in_config(value)
+            new = map_secrets(value, leaf)
         return operation if new is value else {**operation, "value": new}
 
-    return _each(operations, redact)
+    return _each(operations, apply)
+
+
+def _mapper(parent: str, leaf: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def apply(mapping: Any) -> Any:
+        if not isinstance(mapping, dict):
+            return mapping
+        changed = {
+            key: new
+            for key, value in mapping.items()
+            if _is_secret_slot(parent, key) and (new := leaf(value)) is not value
+        }
+        return {**mapping, **changed} if changed else mapping
+
+    return apply
 
 
 def redact_anywhere(value: Any) -> Any:

@@ -7,6 +7,7 @@ from django.db.models import Q
 
 from apps.clusters.models import Cluster
 from apps.core.fields import JSONField
+from apps.core.sealed import SealedJSONField
 
 
 class Application(models.Model):
@@ -17,7 +18,7 @@ class Application(models.Model):
     route_prefix = models.CharField(max_length=300, blank=True, null=True)
     import_path = models.CharField(max_length=300, blank=True)
     # What was submitted (Ray echoes only the fields that were set).
-    deployed_app_config = JSONField(null=True, blank=True)
+    deployed_app_config = SealedJSONField(null=True, blank=True)
     last_deployed_time_s = models.FloatField(null=True, blank=True)
     config_hash = models.CharField(max_length=64, blank=True)
     first_seen_at = models.DateTimeField(auto_now_add=True)
@@ -45,9 +46,9 @@ class Deployment(models.Model):
     status_trigger = models.CharField(max_length=64, blank=True)
     message = models.TextField(blank=True)
     # Effective config: every option with Serve's defaults filled in. This is what runs.
-    effective_config = JSONField(default=dict, blank=True)
+    effective_config = SealedJSONField(default=dict, blank=True)
     # What the operator submitted for this deployment (may hold fields Serve ignored).
-    submitted_config = JSONField(default=dict, blank=True)
+    submitted_config = SealedJSONField(default=dict, blank=True)
     replica_states = JSONField(default=dict, blank=True)
     running_replicas = models.PositiveIntegerField(default=0)
     target_replicas = models.PositiveIntegerField(null=True, blank=True)
@@ -126,7 +127,7 @@ class ConfigRevision(models.Model):
     application = models.ForeignKey(Application, on_delete=models.CASCADE, related_name="revisions")
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="config_revisions")
     config_hash = models.CharField(max_length=64)
-    config = JSONField()
+    config = SealedJSONField()
     ray_session = models.CharField(max_length=128, blank=True)
     observed_at = models.DateTimeField(auto_now_add=True, db_index=True)
 

@@ -9,6 +9,7 @@ from django.utils import timezone
 from apps.changes.models import Change
 from apps.clusters.models import Cluster
 from apps.core.fields import JSONField
+from apps.core.sealed import HEADERS, SealedJSONField
 from apps.fleet.models import Application, Deployment
 
 
@@ -30,7 +31,7 @@ class WarmupProfile(Window):
     name = models.CharField(max_length=100)
     method = models.CharField(max_length=8, default="GET")
     path = models.CharField(max_length=500, help_text="Under the application's route prefix.")
-    headers = JSONField(default=dict, blank=True)
+    headers = SealedJSONField(default=dict, blank=True, kind=HEADERS)
     body = JSONField(null=True, blank=True)
     requests = models.PositiveIntegerField(default=20)
     concurrency = models.PositiveIntegerField(default=2)
