@@ -5,6 +5,7 @@ decrypts, and `manage.py rotate_secrets` re-encrypts everything stored under the
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
@@ -33,7 +34,13 @@ def _key(material: str) -> Fernet:
 def _fernet() -> MultiFernet:
     # The key derived from SECRET_KEY serves development and throwaway machines only: with debug
     # off, settings refuse to start without FLEETDECK_ENCRYPTION_KEY(S).
-    keys = list(settings.FLEETDECK_ENCRYPTION_KEYS) or [f"fleetdeck-token-key:{settings.SECRET_KEY}"]
+    keys = tuple(settings.FLEETDECK_ENCRYPTION_KEYS) or (f"fleetdeck-token-key:{settings.SECRET_KEY}",)
+    return _fernet_of(keys)
+
+
+@functools.lru_cache(maxsize=8)
+def _fernet_of(keys: tuple[str, ...]) -> MultiFernet:
+    # Built once per key list: a list page opens a sealed secret per env var of every row it shows.
     return MultiFernet([_key(k) for k in keys])
 
 
