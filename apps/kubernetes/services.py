@@ -55,7 +55,7 @@ def create_connection(
     if KubeConnection.objects.filter(team=team, name=name).exists():
         raise ValidationError(f"Team {team} already has a Kubernetes connection named {name}.", code="name")
     namespaces = validate_namespaces(namespaces)
-    ciphertext = _checked_credentials(in_cluster, kubeconfig, context)
+    ciphertext = _checked_credentials(in_cluster, kubeconfig, context, team)
     with transaction.atomic():
         connection = KubeConnection.objects.create(
             team=team,
@@ -113,7 +113,9 @@ def update_connection(
             kubeconfig if kubeconfig is not UNSET and kubeconfig else secrets.decrypt(connection.kubeconfig_ciphertext)
         )
         new_context = connection.context if context is UNSET else context
-        connection.kubeconfig_ciphertext = _checked_credentials(connection.in_cluster, text, new_context)
+        connection.kubeconfig_ciphertext = _checked_credentials(
+            connection.in_cluster, text, new_context, connection.team
+        )
         if kubeconfig is not UNSET and kubeconfig:
             changes["kubeconfig"] = "changed"
         if new_context != connection.context:
@@ -158,14 +160,14 @@ def _require_in_cluster_rights(actor: Actor, refusal: str) -> None:
         raise PermissionDenied(refusal)
 
 
-def _checked_credentials(in_cluster: bool, kubeconfig: str, context: str) -> str:
+def _checked_credentials(in_cluster: bool, kubeconfig: str, context: str, team: Team) -> str:
     if in_cluster:
         if kubeconfig:
             raise ValidationError(
                 "Give a kubeconfig or use the in-cluster service account, not both.", code="kubeconfig"
             )
         return ""
-    check_kubeconfig(parse_kubeconfig(kubeconfig), context)
+    check_kubeconfig(parse_kubeconfig(kubeconfig), context, team)
     return secrets.encrypt(kubeconfig)
 
 

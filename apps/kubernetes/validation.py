@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from django.core.exceptions import ValidationError
 
+from apps.clusters import network_policy
 from apps.clusters import validation as cluster_validation
 from apps.clusters.models import Cluster
 from apps.core import yamltext
@@ -37,16 +38,16 @@ def parse_kubeconfig(text: str) -> dict[str, Any]:
     return config
 
 
-def check_kubeconfig(config: dict[str, Any], context: str) -> None:
+def check_kubeconfig(config: dict[str, Any], context: str, team=None) -> None:
     """Load it as the adapter will (no network; the adapter refuses plugins, files and proxies),
-    then apply the URL policy to its API server."""
+    then apply `team`'s URL policy to its API server."""
     try:
         KubeAdapter.from_kubeconfig(config, context=context or None).close()
     except KubeConfigInvalid as exc:
         raise ValidationError(exc.message) from exc
     server = _server_of(config, context)
     if server:
-        cluster_validation.check_network_policy(server)
+        cluster_validation.check_network_policy(server, network_policy.for_team(team))
 
 
 def _server_of(config: dict[str, Any], context: str) -> str:

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from apps.accounts.models import AuditEvent
-from apps.clusters.models import Cluster
+from apps.clusters.models import Cluster, EgressRule
 from apps.kubernetes.models import KubeConnection, KubeLink
 from tests.factories import ClusterFactory, KubeLinkFactory
 from tests.kubeapi import ML, connection, kube  # noqa: F401  (fixture)
@@ -49,6 +49,18 @@ def test_a_bad_kubeconfig_is_a_400_that_says_why(api_as):
     assert response.status_code == 400 and "not valid YAML" in str(response.json())
     response = create(api_as("admin"), namespaces=["Bad_Name"])
     assert response.status_code == 400 and "not a namespace name" in str(response.json())
+
+
+def test_a_kubeconfig_whose_api_server_is_outside_the_teams_own_entries_is_refused(api_as, team, other_team):
+    # Loopback is allowed for every team by the environment; a team with entries of its own has only those.
+    EgressRule.objects.create(kind="network", value="10.20.0.0/16", team=team)
+    response = create(api_as("admin"))
+    assert response.status_code == 400 and "Vision's network allow-list does not cover" in str(response.json())
+    assert not KubeConnection.objects.exists()
+    # The same entry, another team's: it neither opens nor closes anything for Vision.
+    EgressRule.objects.get(team=team).delete()
+    EgressRule.objects.create(kind="network", value="10.20.0.0/16", team=other_team)
+    assert create(api_as("admin")).status_code == 201
 
 
 def test_a_kubeconfig_with_yaml_aliases_is_a_400_that_says_why_and_nothing_is_stored(api_as):
