@@ -51,6 +51,13 @@ def healthz(request):
             "status": "ok",
             "worker": {"last_tick_at": beats.worker_at, "stale": beats.worker_stale},
             "beat": {"last_tick_sent_at": beats.beat_at, "stale": beats.beat_stale},
+            # Names and counts only: the errors are in the worker's log, not on a public URL.
+            "tick": {
+                "failing_handlers": [
+                    {"handler": name, "ticks_in_a_row": count, "last_failed_at": at}
+                    for name, count, at in beats.failing_handlers
+                ]
+            },
         }
     )
 

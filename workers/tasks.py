@@ -8,7 +8,7 @@ from celery import current_app, shared_task
 
 from apps.calibration import services as calibration
 from apps.changes import protocol
-from apps.core import jobs, ticks
+from apps.core import jobs
 from apps.fleet import sync
 from apps.incidents import webhooks
 from apps.incidents.webhooks import RETRY_BACKOFF_MAX_S
@@ -52,9 +52,9 @@ def tick() -> None:
     """The one periodic entry point: each app's handler finds its due work, and its jobs are sent."""
     # Before the work: a tick whose work fails still shows that the worker runs.
     liveness.record(Heartbeat.Process.WORKER)
-    for handler in ticks.handlers():
-        for job in handler() or ():
-            current_app.tasks[job.name].apply_async(args=job.args, kwargs=job.kwargs, **job.options)
+    liveness.run_tick(
+        lambda job: current_app.tasks[job.name].apply_async(args=job.args, kwargs=job.kwargs, **job.options)
+    )
 
 
 @shared_task(name=jobs.RUN_CHANGE, ignore_result=True)

@@ -4,7 +4,8 @@ A handler finds its due work, does what is quick inline and yields the jobs to s
 sends each as it is yielded, so a handler's later steps run after its sends, as they were
 written. Handlers run in the order of their `position`, not in the order apps happen to load:
 due syncs go out before the reconciler looks at changes, rollouts advance after it, and so on.
-An exception in one handler ends the tick, as it always did: the next tick starts over."""
+Each handler runs on its own (apps.liveness.services.run_tick): one that raises is logged, counted
+and shown on /healthz, and the others still run, since the tick is every team's periodic work."""
 
 from __future__ import annotations
 
@@ -23,4 +24,10 @@ def register(name: str, position: int, handler: Handler) -> None:
 
 
 def handlers() -> list[Handler]:
-    return [handler for _, handler in sorted(_handlers.values(), key=lambda entry: entry[0])]
+    return [handler for _, handler in named_handlers()]
+
+
+def named_handlers() -> list[tuple[str, Handler]]:
+    """(name, handler) in the order they run."""
+    ordered = sorted(_handlers.items(), key=lambda item: item[1][0])
+    return [(name, handler) for name, (_, handler) in ordered]

@@ -177,3 +177,72 @@ def test_healthz_before_any_tick_gives_no_time(client):
 
     assert body["worker"] == {"last_tick_at": None, "stale": True}
     assert body["beat"] == {"last_tick_sent_at": None, "stale": True}
+
+
+# --- a tick handler that raises ----------------------------------------------------------------
+
+
+@pytest.fixture
+def three_handlers(monkeypatch):
+    """The tick's registry with three handlers of its own: the middle one raises while `broken` says so."""
+    from apps.core import ticks
+    from apps.core.jobs import Job
+
+    monkeypatch.setattr(ticks, "_handlers", {})
+    state = {"broken": True}
+
+    def before():
+        yield Job("fleet.sync_cluster", (1,))
+
+    def middle():
+        yield Job("fleet.sync_cluster", (2,))
+        if state["broken"]:
+            raise LookupError("a row this handler expected is gone")
+
+    def after():
+        yield Job("fleet.sync_cluster", (3,))
+
+    ticks.register("before", 10, before)
+    ticks.register("middle", 20, middle)
+    ticks.register("after", 30, after)
+    return state
+
+
+@pytest.mark.django_db
+def test_a_tick_handler_that_raises_is_logged_and_counted_and_the_others_still_run(three_handlers, caplog, client):
+    sent = []
+
+    assert services.run_tick(sent.append) == ["middle"]
+
+    assert [job.args for job in sent] == [(1,), (2,), (3,)]
+    assert "Tick handler middle failed; the other handlers ran." in caplog.text
+    assert "a row this handler expected is gone" in caplog.text
+    failing = client.get("/healthz").json()["tick"]["failing_handlers"]
+    assert [(row["handler"], row["ticks_in_a_row"]) for row in failing] == [("middle", 1)]
+    # A public URL: the handler's name and count, never its error.
+    assert "expected is gone" not in client.get("/healthz").content.decode()
+
+    services.run_tick(sent.append)
+    assert client.get("/healthz").json()["tick"]["failing_handlers"][0]["ticks_in_a_row"] == 2
+
+
+@pytest.mark.django_db
+def test_a_handler_that_runs_again_is_no_longer_shown_as_failing(three_handlers, client, django_assert_num_queries):
+    services.run_tick(lambda job: None)
+    three_handlers["broken"] = False
+
+    assert services.run_tick(lambda job: None) == []
+    assert client.get("/healthz").json()["tick"]["failing_handlers"] == []
+    # Once healthy, a tick reads the failing handlers and writes nothing about them.
+    with django_assert_num_queries(1):
+        services.run_tick(lambda job: None)
+
+
+@pytest.mark.django_db
+def test_the_worker_tick_sends_the_other_handlers_jobs_when_one_raises(three_handlers, monkeypatch):
+    published = []
+    monkeypatch.setattr(
+        "celery.app.task.Task.apply_async", lambda self, args=None, kwargs=None, **options: published.append(args)
+    )
+    tasks.tick()
+    assert published == [(1,), (2,), (3,)]
