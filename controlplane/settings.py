@@ -309,6 +309,11 @@ FLEETDECK_SYNC_BATCH = env_int("FLEETDECK_SYNC_BATCH", 500, minimum=1)
 FLEETDECK_SYNC_CONCURRENCY = env_int("FLEETDECK_SYNC_CONCURRENCY", 500, minimum=1)
 FLEETDECK_TICK_INTERVAL_S = env_int("FLEETDECK_TICK_INTERVAL_S", 10, minimum=1)
 FLEETDECK_RAY_TIMEOUT_S = env_float("FLEETDECK_RAY_TIMEOUT_S", 5.0, minimum=0.1)
+# The most of one answer any outside server (dashboard, metrics, Prometheus, Serve, webhook) may
+# send, and for how long from the request's start: per-read timeouts alone let a server that sends
+# a byte every few seconds, or never stops, hold a worker (integrations/egress.py).
+FLEETDECK_OUTBOUND_MAX_BYTES = env_int("FLEETDECK_OUTBOUND_MAX_BYTES", 64 * 2**20, minimum=2**20)
+FLEETDECK_OUTBOUND_DEADLINE_S = env_float("FLEETDECK_OUTBOUND_DEADLINE_S", 30.0, minimum=1.0)
 # A replica Ray has not started after this long is "waiting": the sync reads the nodes' free
 # resources and the findings say what is missing. Serve starts a replica in seconds when a node
 # has room (measured ~3 s), so a minute means it has none.

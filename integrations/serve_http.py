@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from integrations.egress import PinnedTransport
+from integrations.egress import Limits, PinnedTransport, current_limits
 
 USER_AGENT = "fleetdeck-warmup/1"
 
@@ -34,7 +34,10 @@ def send(
         timeout=timeout_s,
         follow_redirects=False,
         trust_env=False,
-        transport=PinnedTransport(),
+        # A generation may stream for as long as the operator's timeout allows, not the default deadline.
+        transport=PinnedTransport(
+            limits=Limits(current_limits().max_bytes, max(timeout_s, current_limits().deadline_s))
+        ),
         headers={"User-Agent": USER_AGENT, **headers},
     ) as client:
 

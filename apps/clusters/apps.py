@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.conf import settings
 from django.db.models.signals import post_delete, post_save
 
 
@@ -11,8 +12,14 @@ class ClustersConfig(AppConfig):
         from apps.clusters.models import EgressRule
         from integrations import egress
 
-        # The outbound clients vet every address against the allow-list this app keeps.
+        # The outbound clients vet every address against the allow-list this app keeps, and read
+        # every answer under the settings' limits.
         egress.use_policy(network_policy.current)
+        egress.use_limits(
+            egress.Limits(
+                max_bytes=settings.FLEETDECK_OUTBOUND_MAX_BYTES, deadline_s=settings.FLEETDECK_OUTBOUND_DEADLINE_S
+            )
+        )
 
         # This process sees an allow-list edit at once; others within network_policy.CACHE_S.
         for signal in (post_save, post_delete):
