@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from apps.core.catalogue import cause
 
@@ -27,6 +27,8 @@ class RecentChange:
     at: datetime
     # The Ray session its config was first seen running in; "" while no sync has seen it.
     session: str = ""
+    # When its rolling update was over (verified, or its rollback finished); None while it runs.
+    ended_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -36,13 +38,20 @@ class ClusterHistory:
     session: str  # the session the kill happened in
     restarts: tuple[datetime, ...] = ()  # when a sync saw a new session
     foreign_revisions: tuple[datetime, ...] = ()  # the application's config revisions that Fleetdeck did not make
+    killed_at: datetime | None = None  # when the kill came
+
+
+# Serve stops an old replica gracefully after its successor is healthy (graceful_shutdown_timeout_s,
+# 20 s by default, plus its wait loop): both versions' memory may be held that long after a
+# rolling update verified.
+OLD_REPLICAS_LINGER = timedelta(minutes=1)
 
 
 def change_in_effect(changes: list[RecentChange], history: ClusterHistory) -> tuple[RecentChange | None, list[str]]:
     """The latest change that can still explain a kill, and why each later one cannot. A rolling
-    update doubles replicas only while it runs: after a cluster restart every replica started
-    again without it, and after a config revision Fleetdeck did not make the replicas run that
-    config instead."""
+    update doubles replicas only while it runs: once it was over (and the old replicas gone) only
+    one version was alive, after a cluster restart every replica started again without it, and
+    after a config revision Fleetdeck did not make the replicas run that config instead."""
     not_counted = []
     for change in sorted(changes, key=lambda c: c.at, reverse=True):
         why = _superseded(change, history)
@@ -66,6 +75,11 @@ def _superseded(change: RecentChange, history: ClusterHistory) -> str | None:
         return (
             f"{_minutes(min(replaced) - change.at)} after it, the application's config changed outside Fleetdeck; "
             "its replicas run that config now."
+        )
+    if change.ended_at and history.killed_at and change.ended_at + OLD_REPLICAS_LINGER < history.killed_at:
+        return (
+            f"its rolling update was over {_minutes(history.killed_at - change.ended_at)} before the kill, so no "
+            "replicas of two versions were alive together."
         )
     return None
 

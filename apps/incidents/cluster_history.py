@@ -37,6 +37,17 @@ def pushed_at(change: Change) -> datetime:
     return change.pushed_at or change.started_at or change.created_at
 
 
+def rolling_update_ended(change: Change) -> datetime | None:
+    """When the change's replicas of two versions stopped running side by side: at its verification,
+    or when its rollback (a second rolling update) finished; None while either may still run."""
+    if change.state == ChangeState.SUCCEEDED:
+        return change.verified_at or change.finished_at
+    if change.state == ChangeState.ROLLED_BACK:
+        return change.finished_at
+    # Still pushing, verifying or rolling back, or ended where replicas of both may still run.
+    return None
+
+
 def revisions_since(cluster_ids, since: datetime, application: str | None = None) -> list[ConfigRevision]:
     """Revisions that replaced a config, in observation order, without their configs (when and
     in which session is what counts here), each with its `application_name`. An application's
@@ -121,6 +132,7 @@ def before_kill(
             label=f"change #{change.pk} ({change.reason[:80]})",
             at=pushed_at(change),
             session=first_seen.get(change.pk, ""),
+            ended_at=rolling_update_ended(change),
         )
         for change in changes
         if pushed_at(change) >= now - window or (change.finished_at and change.finished_at >= now - window)
@@ -129,6 +141,7 @@ def before_kill(
         cluster=cluster, kind=ClusterEvent.Kind.SESSION_CHANGED, created_at__gte=lookback
     )
     history = ClusterHistory(
+        killed_at=now,
         session=cluster.session_name,
         restarts=tuple(restarts.values_list("created_at", flat=True)),
         foreign_revisions=tuple(r.observed_at for r in revisions if not made[r.pk]),

@@ -611,8 +611,12 @@ def serve_with(max_ongoing_requests: int, controller_started: float | None = Non
     return payload
 
 
-def pushed_change(cluster, minutes_ago: float) -> Change:
+def pushed_change(cluster, minutes_ago: float, *, verified_minutes_ago: float | None = None) -> Change:
+    """A change pushed `minutes_ago` whose rolling update was verified `verified_minutes_ago` (by
+    default a few seconds ago: a model's replicas can take minutes to start, and the kill to come
+    while old and new ones both hold memory)."""
     at = timezone.now() - timedelta(minutes=minutes_ago)
+    verified = timezone.now() - timedelta(minutes=verified_minutes_ago if verified_minutes_ago is not None else 0.1)
     return ChangeFactory(
         cluster=cluster,
         targets=[{"application": "modelonly", "deployment": "Model"}],
@@ -620,7 +624,8 @@ def pushed_change(cluster, minutes_ago: float) -> Change:
         state="succeeded",
         started_at=at,
         pushed_at=at,
-        finished_at=at + timedelta(seconds=20),
+        verified_at=verified,
+        finished_at=verified,
     )
 
 
@@ -675,6 +680,50 @@ def test_a_config_pushed_outside_fleetdeck_after_a_change_clears_the_change_but_
         assert "the application's config changed outside Fleetdeck" in evidence["changes_not_counted"][0]
     else:
         assert causes[0] == "OOM-7" and "changes_not_counted" not in evidence
+
+
+@pytest.mark.django_db
+def test_a_rollout_that_was_over_before_the_kill_is_not_a_cause_and_the_concurrency_ranks_first(cluster):
+    # The first-day story: a change, a minute and more of quiet, then a burst that kills the replica.
+    change = pushed_change(cluster, minutes_ago=3, verified_minutes_ago=2)
+
+    [incident_id] = services.detect(cluster.pk)
+
+    incident = Incident.objects.get(pk=incident_id)
+    assert "OOM-7" not in [c["id"] for c in incident.causes]
+    assert incident.causes[0]["id"] == "OOM-2"
+    assert incident.evidence["changes_not_counted"] == [
+        f"Change #{change.pk} (bigger batches) is not counted: its rolling update was over 2 min before the kill, "
+        "so no replicas of two versions were alive together."
+    ]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("state", ["verifying", "pushing", "rolling_back"])
+def test_a_rollout_still_running_at_the_kill_ranks_first(cluster, state):
+    at = timezone.now() - timedelta(minutes=3)
+    ChangeFactory(
+        cluster=cluster,
+        targets=[{"application": "modelonly", "deployment": "Model"}],
+        reason="bigger batches",
+        state=state,
+        started_at=at,
+        pushed_at=at,
+    )
+    [incident_id] = services.detect(cluster.pk)
+    assert Incident.objects.get(pk=incident_id).causes[0]["id"] == "OOM-7"
+
+
+def test_a_rollout_counts_while_its_old_replicas_may_still_be_stopping():
+    from apps.incidents.causes import OLD_REPLICAS_LINGER, ClusterHistory, RecentChange, change_in_effect
+
+    kill = timezone.now()
+    just_verified = RecentChange("change #3 (x)", kill - timedelta(minutes=5), ended_at=kill - timedelta(seconds=30))
+    assert change_in_effect([just_verified], ClusterHistory(session="", killed_at=kill))[0] == just_verified
+    long_over = RecentChange(
+        "change #3 (x)", kill - timedelta(minutes=5), ended_at=kill - OLD_REPLICAS_LINGER - timedelta(seconds=1)
+    )
+    assert change_in_effect([long_over], ClusterHistory(session="", killed_at=kill))[0] is None
 
 
 @pytest.mark.django_db
