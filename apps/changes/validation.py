@@ -16,8 +16,13 @@ MAX_PATCH_CHARS = 64_000
 def preset_or_options(preset, options):
     """The options a change or rollout applies: a preset's or the given ones, never both, so
     what is recorded as applied is what runs. Empty options count as none: nothing to change."""
-    if (preset is None) == (not options):
+    if preset is not None and options:
         raise ValidationError("Give a preset or options, not both.", code="preset_or_options")
+    if preset is None and not options:
+        raise ValidationError(
+            "Give a preset or the options to change (e.g. max_ongoing_requests: 4): there is nothing to apply.",
+            code="preset_or_options",
+        )
     return dict(preset.options) if preset is not None else options
 
 
