@@ -95,6 +95,11 @@ def start(
     ).first()
     if existing is not None:
         return existing, False
+    if incident is not None and incident.status == Incident.Status.RESOLVED:
+        # The fix this incident had is the answer to it: open that wizard on its outcome, not a rival.
+        fixed = Wizard.objects.filter(incident=incident, state=Wizard.State.RESOLVED).order_by("-pk").first()
+        if fixed is not None:
+            return fixed, False
     deployment = _deployment(cluster, app, dep)
     if deployment is None:
         raise WizardError(

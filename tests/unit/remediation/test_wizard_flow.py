@@ -73,6 +73,24 @@ def test_a_second_operator_joins_the_open_wizard_instead_of_starting_another(peo
     assert again.pk == first.pk and not created and Wizard.objects.count() == 1
 
 
+def test_an_incident_a_wizard_resolved_opens_that_wizard_again_instead_of_a_second_one(people, incident):
+    first, _ = wizards.start(actor(people), incident=incident)
+    Wizard.objects.filter(pk=first.pk).update(state=Wizard.State.RESOLVED)
+    incident.status = incident.Status.RESOLVED
+    incident.save(update_fields=["status"])
+
+    again, created = wizards.start(actor(people, "admin"), incident=incident)
+
+    assert (again.pk, created, Wizard.objects.count()) == (first.pk, False, 1)
+
+
+def test_an_incident_resolved_by_hand_may_still_start_a_wizard(people, incident):
+    incident.status = incident.Status.RESOLVED
+    incident.save(update_fields=["status"])
+    wizard, created = wizards.start(actor(people), incident=incident)
+    assert created and wizard.incident_id == incident.pk
+
+
 def test_node_incidents_and_vanished_deployments_cannot_start_a_wizard(people, cluster, incident):
     node = IncidentFactory(
         kind="memory_pressure",
