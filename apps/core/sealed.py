@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from django.apps import apps
+from django.db import migrations
 
 from apps.core import redaction, secrets
 from apps.core.fields import JSONField
@@ -91,6 +92,22 @@ def seal_stored(model, field: str, kind: str, *, undo: bool = False) -> int:
             model.objects.filter(pk=pk).update(**{field: sealed})
             rewritten += 1
     return rewritten
+
+
+def sealing(app_label: str) -> migrations.RunPython:
+    """The data migration that seals the secrets of `app_label`'s sealed columns (and opens them
+    again when it is undone), on the historical models."""
+
+    def run(historical_apps, schema_editor, undo: bool = False) -> None:
+        for label, field, kind in SEALED_FIELDS:
+            owner, model_name = label.split(".")
+            if owner == app_label:
+                seal_stored(historical_apps.get_model(owner, model_name), field, kind, undo=undo)
+
+    def undo(historical_apps, schema_editor) -> None:
+        run(historical_apps, schema_editor, undo=True)
+
+    return migrations.RunPython(run, undo)
 
 
 def reseal() -> dict[str, int]:

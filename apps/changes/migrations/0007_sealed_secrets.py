@@ -6,18 +6,7 @@ from django.db import migrations
 from apps.core import sealed
 
 
-def seal_secrets(apps, schema_editor, undo=False):
-    for label, field, kind in sealed.SEALED_FIELDS:
-        app_label, model_name = label.split(".")
-        if app_label == "changes":
-            sealed.seal_stored(apps.get_model(app_label, model_name), field, kind, undo=undo)
-
-
-def open_secrets(apps, schema_editor):
-    seal_secrets(apps, schema_editor, undo=True)
-
-
 class Migration(migrations.Migration):
     dependencies = [("changes", "0006_redacted_drift")]
 
-    operations = [migrations.RunPython(seal_secrets, open_secrets)]
+    operations = [sealed.sealing("changes")]
