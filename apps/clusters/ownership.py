@@ -22,11 +22,19 @@ class DashboardTaken(Conflict):
     """The dashboard is another cluster's (a 409). The message names a cluster only to its own team."""
 
 
+def origin(url: str) -> tuple[str, str, int]:
+    """The URL's scheme, host and port (the scheme's default when it names none)."""
+    parts = urlsplit(url)
+    return (
+        parts.scheme,
+        (parts.hostname or "").lower().rstrip("."),
+        parts.port or (443 if parts.scheme == "https" else 80),
+    )
+
+
 def endpoints(url: str) -> set[str]:
     """The `host:port` addresses `url` reaches: its own host and, where it resolves, each address."""
-    parts = urlsplit(url)
-    host = (parts.hostname or "").lower().rstrip(".")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    _, host, port = origin(url)
     found = {_address(host, port)}
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)

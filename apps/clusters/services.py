@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -165,7 +164,7 @@ def update_cluster(
     if new_url != cluster.dashboard_url:
         changes["dashboard_url"] = {"from": cluster.dashboard_url, "to": new_url}
     stored_token = secrets.decrypt(cluster.token_ciphertext)
-    if token is UNSET and stored_token and _origin(new_url) != _origin(cluster.dashboard_url):
+    if token is UNSET and stored_token and ownership.origin(new_url) != ownership.origin(cluster.dashboard_url):
         raise TokenNeeded(
             "The dashboard URL now points at another host or port: give its token again (or an empty token "
             "if it has none). The stored token is only ever sent to the address it was given for.",
@@ -222,11 +221,6 @@ def update_cluster(
             cluster_moved.send(sender=Cluster, cluster=cluster, actor=actor, from_team=old_team)
         record(actor, "cluster.update", cluster, team=cluster.team, changes=changes)
     return cluster
-
-
-def _origin(url: str) -> tuple[str, str, int]:
-    parts = urlsplit(url)
-    return parts.scheme, (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
 
 
 def delete_cluster(actor: Actor, cluster: Cluster) -> None:
