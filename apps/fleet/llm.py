@@ -119,7 +119,11 @@ def memory_plan(deployment: Deployment, model: LLMModel) -> tuple[MemoryPlan | N
     if shape is None:
         return None, [CONFIG_NEEDED.format(model=model.model_id or model.deployment_name)]
     try:
-        return plan_llm_model(model, shape, memory_gib=deployment.llm_gpu_memory_gib), []
+        cluster = deployment.application.cluster
+        return (
+            plan_llm_model(model, shape, memory_gib=deployment.llm_gpu_memory_gib, ray_version=cluster.ray_version),
+            [],
+        )
     except UnknownAccelerator as exc:
         return None, [str(exc)]
     except PlanError as exc:
@@ -157,8 +161,8 @@ def describe(deployment: Deployment) -> dict[str, Any] | None:
 
 
 def _plan_dict(plan: MemoryPlan) -> dict[str, Any]:
-    figures = {name: asdict(value) for name, value in vars(plan).items() if name not in ("parallel", "problems")}
-    return {"figures": figures, "problems": list(plan.problems)}
+    figures = {name: asdict(value) for name, value in plan.figures().items()}
+    return {"figures": figures, "problems": list(plan.problems), "vllm_version": plan.vllm}
 
 
 def set_plan_inputs(

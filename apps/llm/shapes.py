@@ -34,6 +34,33 @@ class ModelConfigError(ValueError):
     """The model's config.json cannot be read as a decoder architecture."""
 
 
+class UnsupportedModel(ModelConfigError):
+    """A model whose KV cache this planner does not size: it says what it cannot plan and why."""
+
+
+# Attention-free or state-space layers: vLLM sizes their state with MambaSpec pages aligned to the attention pages,
+# which this planner does not model.
+_STATE_LAYER_TYPES = {"mamba", "mamba2", "linear_attention", "ssm", "recurrent", "conv", "short_conv"}
+_HYBRID_MODEL_TYPES = {
+    "jamba",
+    "mamba",
+    "mamba2",
+    "falcon_h1",
+    "nemotron_h",
+    "qwen3_next",
+    "granitemoehybrid",
+    "bamba",
+    "zamba2",
+    "plamo2",
+    "minimax_text_01",
+    "minimax_m1",
+    "lfm2",
+    "kimi_linear",
+    "recurrent_gemma",
+    "falcon_mamba",
+}
+
+
 @dataclass(frozen=True)
 class ModelShape:
     architecture: str
@@ -58,6 +85,19 @@ class ModelShape:
     # The published parameter count (e.g. the safetensors total on the model card), when known.
     parameter_count: int | None = None
     quantization: str | None = None
+    # Per decoder layer, the sliding window it attends over, or None for full attention; None: all full.
+    layer_windows: tuple[int | None, ...] | None = None
+    # The vision tower and projector of a multimodal model (vLLM loads them with the decoder), in parameters.
+    vision_parameters: int = 0
+    vision_hidden_size: int = 0
+    vision_intermediate_size: int = 0
+    vision_layers: int = 0
+    # The context length vLLM derives from the config (max_position_embeddings, stretched by rope scaling).
+    derived_max_model_len: int | None = None
+
+    @property
+    def sliding_layers(self) -> int:
+        return sum(1 for w in self.layer_windows or () if w)
 
     @property
     def dtype_bytes(self) -> int:
@@ -100,14 +140,22 @@ def parse_hf_config(config: Mapping[str, Any], *, parameter_count: int | None = 
     """The architecture in a config.json dict; a config that cannot be read raises ModelConfigError naming the key."""
     if not isinstance(config, Mapping):
         raise ModelConfigError(f"a model config is a JSON object, got {type(config).__name__}")
+    outer = config
+    vision = vision_tower(outer)
     # Vision-language models keep the decoder's keys under text_config.
     if "num_hidden_layers" not in config and isinstance(config.get("text_config"), Mapping):
-        config = {**config["text_config"], **{k: v for k, v in config.items() if k in ("torch_dtype", "dtype")}}
+        config = {
+            **config["text_config"],
+            **{k: v for k, v in config.items() if k in ("torch_dtype", "dtype", "architectures")},
+        }
+        if config.get("torch_dtype") is None and config.get("dtype") is None:
+            raise ModelConfigError("the model config has no 'torch_dtype' (the weights' dtype)")
     if config.get("kv_lora_rank") is not None:
-        raise ModelConfigError(
-            "the model uses multi-head latent attention ('kv_lora_rank', DeepSeek-style), whose KV cache "
-            "this planner does not size"
+        raise UnsupportedModel(
+            "the model uses multi-head latent attention ('kv_lora_rank', DeepSeek-style): vLLM caches one "
+            "compressed latent per token (MLAAttentionSpec), which this planner does not size yet"
         )
+    _refuse_state_layers(config)
     architectures = config.get("architectures") or ["unknown"]
     architecture = str(architectures[0])
     num_layers = _int(config, "num_hidden_layers", "the number of decoder layers")
@@ -163,5 +211,89 @@ def parse_hf_config(config: Mapping[str, Any], *, parameter_count: int | None = 
         ),
         parameter_count=parameter_count,
         quantization=(quantization.get("quant_method") or "unknown") if isinstance(quantization, Mapping) else None,
+        layer_windows=layer_windows(config, num_layers),
+        derived_max_model_len=derived_max_len(config),
+        **vision,
         **moe,
     )
+
+
+def _refuse_state_layers(config: Mapping[str, Any]) -> None:
+    types = {str(t).lower() for t in config.get("layer_types") or ()}
+    model_type = str(config.get("model_type", "")).lower()
+    if types & _STATE_LAYER_TYPES or model_type in _HYBRID_MODEL_TYPES or config.get("hybrid_override_pattern"):
+        raise UnsupportedModel(
+            f"the model ({model_type or 'unknown type'}) has Mamba or linear-attention layers: vLLM keeps a fixed "
+            "state per sequence for them (MambaSpec) and pads the attention pages to its size, which this planner "
+            "does not size yet"
+        )
+
+
+def layer_windows(config: Mapping[str, Any], num_layers: int) -> tuple[int | None, ...] | None:
+    """Each layer's sliding window as vLLM's model code applies it; None when every layer attends in full."""
+    window = config.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return None
+    if config.get("use_sliding_window") is False:  # Qwen2 and Qwen3 carry a window they do not use
+        return None
+    types = config.get("layer_types")
+    model_type = str(config.get("model_type", "")).lower()
+    if isinstance(types, list) and len(types) == num_layers:
+        return tuple(window if "sliding" in str(t) else None for t in types)
+    if model_type.startswith("gemma2"):  # Gemma2Attention: even layers slide
+        return tuple(window if i % 2 == 0 else None for i in range(num_layers))
+    if model_type.startswith("gemma3"):  # every sliding_window_pattern-th layer attends in full
+        pattern = config.get("sliding_window_pattern") or 6
+        return tuple(None if (i + 1) % pattern == 0 else window for i in range(num_layers))
+    if model_type in ("mistral", "mixtral") or config.get("use_sliding_window"):
+        return tuple(window for _ in range(num_layers))
+    return None
+
+
+def derived_max_len(config: Mapping[str, Any]) -> int | None:
+    """max_position_embeddings, stretched by a rope scaling factor the way vLLM's _get_and_verify_max_len does."""
+    length = config.get("max_position_embeddings")
+    if not isinstance(length, int) or isinstance(length, bool) or length <= 0:
+        return None
+    scaling = config.get("rope_scaling") or {}
+    if isinstance(scaling, Mapping):
+        kind = scaling.get("rope_type", scaling.get("type"))
+        factor = scaling.get("factor")
+        # llama3, longrope and su scale inside max_position_embeddings already (vLLM leaves them alone).
+        if kind not in (None, "llama3", "longrope", "su", "default", "mrope") and isinstance(factor, int | float):
+            base = scaling.get("original_max_position_embeddings") or length
+            return int(base * factor)
+    return length
+
+
+def vision_tower(config: Mapping[str, Any]) -> dict[str, int]:
+    """The vision encoder and projector's size, estimated from vision_config: a ViT of `depth` blocks."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, Mapping):
+        return {}
+    hidden = vision.get("hidden_size") or vision.get("embed_dim") or vision.get("width")
+    layers = vision.get("depth") or vision.get("num_hidden_layers") or vision.get("num_layers")
+    if not isinstance(hidden, int) or not isinstance(layers, int):
+        raise ModelConfigError(
+            "the model config's vision_config has no hidden_size/embed_dim or depth/num_hidden_layers: the vision "
+            "tower's weights cannot be sized"
+        )
+    embed = vision.get("embed_dim") or hidden
+    inner = vision.get("intermediate_size") or int(embed * (vision.get("mlp_ratio") or 4))
+    gated = str(vision.get("hidden_act", "")).lower() in ("silu", "swiglu") or "intermediate_size" not in vision
+    per_layer = 4 * embed * embed + (3 if gated else 2) * embed * inner
+    patch = vision.get("patch_size") or 14
+    channels = vision.get("in_channels") or vision.get("num_channels") or 3
+    temporal = vision.get("temporal_patch_size") or 1
+    merge = vision.get("spatial_merge_size") or 1
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+    text_hidden = text.get("hidden_size") or vision.get("out_hidden_size") or hidden
+    merged = embed * merge * merge
+    projector = merged * merged + merged * int(text_hidden)
+    patch_embed = channels * temporal * patch * patch * embed
+    return {
+        "vision_parameters": layers * per_layer + patch_embed + projector,
+        "vision_hidden_size": int(embed),
+        "vision_intermediate_size": int(inner),
+        "vision_layers": int(layers),
+    }

@@ -43,7 +43,7 @@ def subjects(cluster: Cluster) -> list[tuple[Deployment, rules.Subject]]:
     deployments = list(
         Deployment.objects.filter(
             application__cluster=cluster, removed_at__isnull=True, application__removed_at__isnull=True
-        ).select_related("application")
+        ).select_related("application__cluster")
     )
     scheduled = set(
         RecycleSchedule.objects.filter(deployment__in=deployments, enabled=True).values_list("deployment_id", flat=True)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from apps.llm.accelerators import UnknownAccelerator, accelerator
 from apps.llm.planner import safe_gpu_memory_utilization
+from apps.llm.vllm_versions import accounting
 
 if TYPE_CHECKING:
     from apps.remediation.rules import Hit, Subject
@@ -82,8 +83,13 @@ def gpu_memory_utilization(s: Subject) -> Hit | None:
             gpu = accelerator(s.llm.accelerator_type, s.llm_gpu_memory_gib)
         except UnknownAccelerator:
             return None
+        vllm, _ = accounting(ray_version=s.ray_version or None)
         safe = safe_gpu_memory_utilization(
-            gpu, gpu_share=s.llm.gpu_fraction or 1.0, enforce_eager=bool(_engine(s, "enforce_eager"))
+            gpu,
+            gpu_share=s.llm.gpu_fraction or 1.0,
+            enforce_eager=bool(_engine(s, "enforce_eager")),
+            tensor_parallel_size=_engine(s, "tensor_parallel_size") or 1,
+            vllm=vllm,
         )
         minimum = None
     if util > safe.value:
@@ -99,8 +105,11 @@ def gpu_memory_utilization(s: Subject) -> Hit | None:
         )
     else:
         return None
+    if s.llm_plan is not None and not _starts(s.llm_plan, gpu_memory_utilization=suggested):
+        suggested = None  # vLLM would refuse the value too: say what is wrong, suggest nothing
     shared = f" on a {s.llm.gpu_fraction:g} share of a GPU" if s.llm.gpu_fraction else ""
-    message = f"gpu_memory_utilization {util:g}{shared} is {why}. Set it to {suggested:g} in the {_where(s)}."
+    advice = f"Set it to {suggested:g}" if suggested is not None else "No utilisation fits: change the model's GPUs"
+    message = f"gpu_memory_utilization {util:g}{shared} is {why}{_for(s)}. {advice} in the {_where(s)}."
     evidence = {
         "gpu_memory_utilization": util,
         "safe": safe.value,
@@ -109,6 +118,16 @@ def gpu_memory_utilization(s: Subject) -> Hit | None:
         "suggested": suggested,
     }
     return _hit("llm-gpu-memory-utilization", "major", evidence, None, message=message)
+
+
+def _for(s: Subject) -> str:
+    """Which vLLM the figures are for: its accounting differs between releases."""
+    return f" (figures for {s.llm_plan.vllm})" if s.llm_plan is not None else ""
+
+
+def _starts(plan, **changes) -> bool:
+    """Whether vLLM would start with the suggested settings: the suggestion is planned before it is given."""
+    return plan.replan(**changes).fits
 
 
 def max_model_len(s: Subject) -> Hit | None:
@@ -127,13 +146,20 @@ def max_model_len(s: Subject) -> Hit | None:
         length, severity = f"{setting.value:,}", "major"
     if tokens is not None:
         fits = f"the KV cache holds {tokens:,} tokens at gpu_memory_utilization {plan.gpu_memory_utilization.value:g}"
-        suggested = min(tokens, int(plan.max_model_len.value))
-        advice = f"Set max_model_len to at most {suggested:,}, the longest prompt plus output you serve,"
+        suggested = plan.suggestions()["max_model_len"]
+        if suggested and not _starts(plan, max_model_len=suggested):
+            suggested = None
+        advice = (
+            f"Set max_model_len to at most {suggested:,}, the longest prompt plus output you serve,"
+            if suggested
+            else "No max_model_len fits this cache: give the engine more memory or GPUs, and"
+        )
     else:
         fits, suggested = "the KV cache it needs is not known (give the model's config.json)", None
         advice = "Set max_model_len to the longest prompt plus output you serve"
     message = (
-        f"max_model_len is {length}; {fits}. A length the cache cannot hold fails at start (vllm#2418), and an "
+        f"max_model_len is {length}; {fits}{_for(s)}. A length the cache cannot hold fails at start (vllm#2418), "
+        "and an "
         f"unset one sizes the engine for the model's whole context (ray PR#58463). {advice} in the {_where(s)}."
     )
     evidence = {"max_model_len": setting.value, "kv_cache_tokens": tokens, "suggested": suggested}

@@ -83,7 +83,7 @@ def test_an_unknown_accelerator_asks_for_the_memory_and_the_given_size_is_stored
     assert body["llm_gpu_memory_gib"] == 192
     requested = body["llm"]["plan"]["figures"]["requested_per_gpu"]
     assert requested["value"] == pytest.approx(0.9 * 192 * 2**30)
-    assert "192 GiB, as given" in requested["source"]
+    assert "192.00 GiB, as given" in requested["source"]
 
 
 def test_a_model_config_that_cannot_be_read_is_refused_and_nothing_is_stored(cluster, api_as):
