@@ -15,19 +15,17 @@ import pytest
 
 from apps.llm import profile
 from apps.llm.accelerators import GIB, MIB, UnknownAccelerator, accelerator
-from apps.llm.planner import (
-    EngineSettings,
+from apps.llm.model_memory import (
     Parallelism,
     PlanError,
     kv_bytes_per_token,
     kv_bytes_per_token_per_gpu,
     parameter_count,
     pipeline_partitions,
-    plan_memory,
-    safe_gpu_memory_utilization,
     weights_bytes,
     weights_bytes_per_gpu,
 )
+from apps.llm.planner import EngineSettings, plan_memory, safe_gpu_memory_utilization
 from apps.llm.shapes import parse_hf_config
 from apps.llm.vllm_versions import Accounting
 from tests.unit.llm.models import LLAMA3_8B, MIXTRAL_8X7B, QWEN15_MOE, QWEN25_32B, config, shape
