@@ -15,6 +15,7 @@ from apps.fleet.api import ApplicationViewSet, ConfigRevisionViewSet, Deployment
 from apps.incidents.api import IncidentViewSet, WebhookViewSet
 from apps.kubernetes.api import KubeConnectionViewSet, KubeLinkViewSet
 from apps.liveness import services as liveness
+from apps.llm.api import PlanView
 from apps.maintenance.api import ProfileViewSet, RunViewSet, ScheduleViewSet
 from apps.remediation.api import FindingViewSet, WizardViewSet
 from controlplane import versioning
@@ -38,6 +39,8 @@ router.register("calibrations", CalibrationViewSet, basename="memorycalibration"
 router.register("wizards", WizardViewSet, basename="wizard")
 router.register("kube/connections", KubeConnectionViewSet, basename="kubeconnection")
 router.register("kube/links", KubeLinkViewSet, basename="kubelink")
+# Endpoints that are no viewset, served beside the router's routes in both versions.
+api_routes = [path("llm/plan/", PlanView.as_view(), name="llm-plan"), *router.urls]
 
 
 def healthz(request):
@@ -78,11 +81,12 @@ urlpatterns = [
     path("", include("apps.remediation.urls")),
     path("", include("apps.calibration.urls")),
     path("", include("apps.kubernetes.urls")),
+    path("", include("apps.llm.urls")),
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("api/v1/", include(router.urls)),
+    path("api/v1/", include(api_routes)),
     # The same routes, named in the `v2` namespace: controlplane.versioning tells the versions apart by it.
-    path("api/v2/", include((router.urls, versioning.NAMESPACE))),
+    path("api/v2/", include((api_routes, versioning.NAMESPACE))),
     path("api/schema/", SpectacularAPIView.as_view(api_version=versioning.V1), name="schema"),
     path("api/v2/schema/", SpectacularAPIView.as_view(api_version=versioning.V2), name="schema-v2"),
     # The split view serves Swagger UI's set-up as a script of its own, so no inline script is needed.

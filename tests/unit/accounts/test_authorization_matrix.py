@@ -24,6 +24,7 @@ from rest_framework.views import APIView
 from apps.accounts.models import ROLE_RANK, AuditEvent, Role
 from controlplane import versioning
 from tests.conftest import ReplayRay, route_adapters_to
+from tests.llm_world import llama_config
 from tests.world import (
     TeamWorld,
     api_model,
@@ -134,6 +135,10 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("kubernetes:link", "POST"): ADMINISTER,
     ("kubernetes:unlink", "POST"): ADMINISTER,
     ("kubernetes:inspect", "POST"): OPERATE,
+    # The LLM capacity planner reads and writes no team's objects: any signed-in user plans, and picks only
+    # the models of their own teams.
+    ("llm:planner", "GET"): READ,
+    ("llm:planner", "POST"): READ,
     # API
     ("api-root", "GET"): READ,
     ("cluster-list", "GET"): READ,
@@ -226,6 +231,7 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("kubelink-detail", "GET"): READ,
     ("kubelink-detail", "DELETE"): ADMINISTER,
     ("kubelink-inspect", "POST"): OPERATE,
+    ("llm-plan", "POST"): READ,
 }
 
 # Reachable without logging in, on purpose.
@@ -280,6 +286,7 @@ class Refs:
 
 OPTIONS = {"max_ongoing_requests": 3}
 KUBECONFIG = kubeconfig("new")
+LLAMA_CONFIG = llama_config()
 # Bodies good enough to reach the permission check (and, for those allowed, the service).
 BODIES: dict[tuple[str, str], Callable[[Refs], dict]] = {
     ("clusters:create", "POST"): lambda r: {
@@ -335,6 +342,16 @@ BODIES: dict[tuple[str, str], Callable[[Refs], dict]] = {
         "timeout_s": 5,
     },
     ("incidents:action[note]", "POST"): lambda r: {"text": "looking"},
+    # A model named by id: another team's is refused as one that does not exist.
+    ("llm:planner", "POST"): lambda r: {
+        "model": r.id("fleet.deployment"),
+        "accelerator": "H100",
+        "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1,
+        "gpu_memory_utilization": 0.9,
+        "kv_cache_dtype": "auto",
+    },
+    ("llm-plan", "POST"): lambda r: {"config": LLAMA_CONFIG, "accelerator": "H100"},
     ("remediation:mute", "POST"): lambda r: {"reason": "known"},
     ("remediation:wizard_start", "POST"): lambda r: {"incident": r.id("incidents.incident")},
     ("calibration:calibrate", "POST"): lambda r: {"axis": "concurrency", "levels": "1"},
