@@ -169,15 +169,26 @@ class WizardStartSerializer(serializers.Serializer):
         required=False,
         min_value=100,
         max_value=600_000,
-        help_text="The p99 clients may see, end to end; sizes the queue bound (R10). Default 10 s.",
+        help_text="The p99 clients may see, end to end; sizes the queue bound (R10). Without it the wizard suggests "
+        "one (from the p99 clients saw before the incident and the service time) and says so in every value's reason.",
     )
     failure_objective = serializers.FloatField(
         required=False,
         min_value=0.0,
         max_value=1.0,
-        help_text="Share of client requests that may fail (5xx, 408) in verification. Default 0.05.",
+        help_text="Share of client requests that may fail (5xx, 408) in verification. Without it, suggested.",
     )
     verification_window_s = serializers.IntegerField(required=False, min_value=30, max_value=86_400)
+
+
+class ObjectivesSerializer(serializers.Serializer):
+    latency_objective_ms = serializers.IntegerField(
+        min_value=100, max_value=600_000, help_text="The p99 clients may see, end to end (ms)."
+    )
+    failure_objective = serializers.FloatField(
+        min_value=0.0, max_value=1.0, help_text="Share of client requests that may fail (5xx, 408), 0 to 1."
+    )
+    revision = serializers.IntegerField(required=False, help_text="The revision you acted on; a newer one answers 409.")
 
 
 class RevisionSerializer(serializers.Serializer):
@@ -354,6 +365,26 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         return self._respond(wizard, status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=RevisionSerializer, responses={200: WizardSerializer, 409: CONFLICT})
+    @extend_schema(request=ObjectivesSerializer, responses={200: WizardSerializer, 409: CONFLICT})
+    @action(detail=True, methods=["post"])
+    def objectives(self, request, pk=None):
+        """State the objectives (p99 at the client, failed share): the values not yet applied are sized again.
+        An objective below the calibrated service time is a 400 naming the field."""
+        wizard = self._operable(request, "objectives")
+        body = ObjectivesSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        if refused := wizards.objective_below_service(wizard, data["latency_objective_ms"]):
+            raise serializers.ValidationError({"latency_objective_ms": [refused]})
+        wizard = wizards.set_objectives(
+            Actor.from_request(request),
+            wizard,
+            latency_objective_ms=data["latency_objective_ms"],
+            failure_objective=data["failure_objective"],
+            revision=data.get("revision"),
+        )
+        return self._respond(wizard)
+
     @action(detail=True, methods=["post"])
     def replan(self, request, pk=None):
         """Recompute the diagnosis and the values of steps not yet applied (e.g. after a calibration)."""

@@ -11,7 +11,7 @@ from apps.fleet.configs import key_settings
 from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, NodeWindow, OomKillRecord, SignalWindow
 from apps.incidents.oom import replica_memory
-from apps.remediation import capacity, measurements, observed, schedulable, sizing, token_caps
+from apps.remediation import capacity, measurements, objectives, observed, schedulable, sizing, token_caps
 from apps.remediation.models import Finding
 from apps.remediation.rules import BY_ID
 
@@ -88,9 +88,11 @@ def diagnose(
     *,
     incident: Incident | None,
     finding: Finding | None,
-    latency_objective_ms: int,
+    latency_objective_ms: int | None,
+    failure_objective: float | None = None,
     curve=None,
 ) -> Diagnosis:
+    """`latency_objective_ms` and `failure_objective` are the operator's; None: suggested, and said so."""
     window = SignalWindow.objects.filter(cluster=cluster, application_name=app, deployment_name=dep).first()
     points = window.points if window else []
     load = measurements.load_from_points(points)
@@ -99,9 +101,16 @@ def diagnose(
     seen = observed.from_points(points)
     memory, budget = _memory_and_budget(cluster, app, dep, incident, current, points, curve, live, seen)
     resources = schedulable.resources_from(effective, live.node_resources, _others(cluster, app, dep))
-    computed = sizing.compute(
-        current, memory, budget, load, latency_objective_ms=latency_objective_ms, curve=curve, resources=resources
+    service_s, service_source = _service_time(memory, load)
+    started = incident.started_at.timestamp() if incident is not None else None
+    goals = objectives.chosen(
+        objectives.suggest(points, started, service_s, service_source), latency_objective_ms, failure_objective
     )
+    computed = sizing.compute(
+        current, memory, budget, load, latency_objective_ms=goals.latency_ms, curve=curve, resources=resources
+    )
+    if goals.suggested:
+        _say_where_objectives_come_from(computed, goals)
 
     if incident is not None:
         causes = incident.causes
@@ -141,12 +150,36 @@ def diagnose(
         },
         "resources": {"per_replica": resources.per_replica, "free": resources.free, "reason": resources.reason},
         "plan": computed.plan,
+        "objectives": goals.as_dict()
+        | {"price": objectives.price(computed.plan, summary_load(load), goals.latency_ms, service_s)},
         "conservative": computed.conservative,
         "needs_calibration": computed.needs_calibration,
         "why_not_sized": computed.why_not_sized,
         "remedies": [{"id": r, "title": REMEDIES[r]} for r in remedies],
     }
     return Diagnosis(summary, remedies, computed)
+
+
+def summary_load(load: measurements.Load) -> dict:
+    return {"peak_in_flight": load.peak_in_flight, "p50_ms": load.p50_ms}
+
+
+def _service_time(memory, load: measurements.Load) -> tuple[float | None, str]:
+    """One request's service time: calibrated at concurrency 1, else the replicas' steady processing p50."""
+    calibrated = memory.service_s(1) if memory is not None and not memory.lower_bound else None
+    if calibrated:
+        return calibrated, "calibrated"
+    if load.p50_ms:
+        return load.p50_ms / 1000, "the replicas' steady processing p50"
+    return None, ""
+
+
+def _say_where_objectives_come_from(computed: sizing.Sizing, goals: objectives.Objectives) -> None:
+    """Every value sized from an objective nobody stated says so, and what it was made of."""
+    for remedy in ("R1", "R2", "R10"):
+        value = computed.values.get(remedy)
+        if value:
+            value["reasons"] = {option: f"{why} {goals.note()}" for option, why in value["reasons"].items()}
 
 
 def relevant_remedies(causes: list[dict], current: sizing.Current) -> list[str]:

@@ -15,19 +15,13 @@ from dataclasses import dataclass, field
 from apps.changes.serve_options import parse_version
 from apps.remediation import token_caps
 from apps.remediation.measurements import Budget, Load, Memory, mib
+from apps.remediation.objectives import LATENCY_MARGIN, queue_for
 from apps.remediation.plan_choice import Plan, choose
 from apps.remediation.schedulable import Resources, amount_text
-
-MAX_QUEUE_BOUND = 10_000
-
 
 # A replica is added once its peers average this share of the concurrency they hold safely, so a
 # new one is starting before the others are full.
 SCALE_OUT_AT = 0.5
-
-# The queue is sized to finish within this share of the latency objective: the last request in a
-# full queue would otherwise meet it exactly, and any slower service would break it.
-LATENCY_MARGIN = 0.8
 
 
 @dataclass(frozen=True)
@@ -281,9 +275,9 @@ def _queue_bound(current: Current, plan: Plan, load: Load, objective_ms: int) ->
     if service_s is None and load.p50_ms:
         service_s, source = load.p50_ms / 1000, "the replicas' steady processing p50 (no service time was calibrated)"
     if service_s:
-        throughput = slots / service_s
-        wait_s = LATENCY_MARGIN * objective_ms / 1000 - service_s
-        bound = max(1, min(MAX_QUEUE_BOUND, int(throughput * wait_s))) if wait_s > 0 else 1
+        # The queue is sized to finish within a margin of the objective: the last request in a full queue would
+        # otherwise meet it exactly, and any slower service would break it.
+        bound, wait_s, throughput = queue_for(slots, service_s, objective_ms)
         if wait_s <= 0:
             warnings.append(
                 f"A request takes {service_s:.1f} s, as long as the {objective_ms / 1000:.0f} s objective: queueing "

@@ -195,6 +195,7 @@ ACTIONS = {
         params={k: post[k] for k in ("method", "path", "field", "size") if post.get(k)},
     ),
     "replan": lambda actor, w, post, rev: wizards.replan(actor, w, revision=rev),
+    "objectives": lambda actor, w, post, rev: wizards.set_objectives(actor, w, revision=rev, **_objectives(post)),
     "calibrate": lambda actor, w, post, rev: wizards.calibrate(actor, w, request=_representative(post), revision=rev),
     "verify": lambda actor, w, post, rev: verification.start(
         actor, w, window_s=int(post.get("window_s") or 0) or None, revision=rev
@@ -202,6 +203,17 @@ ACTIONS = {
     "evaluate": lambda actor, w, post, rev: verification.evaluate(w.pk),
     "abandon": lambda actor, w, post, rev: wizards.abandon(actor, w, reason=post.get("reason", ""), revision=rev),
 }
+
+
+def _objectives(post) -> dict:
+    """The objectives form: a p99 in ms and a failed share in percent, each checked like the API's fields."""
+    latency = int(post["latency_objective_ms"])
+    failure = float(post["failure_percent"])
+    if not 100 <= latency <= 600_000:
+        raise ValidationError({"latency_objective_ms": "The p99 objective is between 100 ms and 600,000 ms."})
+    if not 0 <= failure <= 100:
+        raise ValidationError({"failure_objective": "The failed share is between 0 % and 100 %."})
+    return {"latency_objective_ms": latency, "failure_objective": failure / 100}
 
 
 def _representative(post) -> dict | None:

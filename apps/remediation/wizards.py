@@ -40,6 +40,7 @@ OPERATIONS = {
     "check": Permission(Role.OPERATOR, "run checks"),
     "calibrate": Permission(Role.OPERATOR, "calibrate deployments"),
     "replan": Permission(Role.OPERATOR, "re-plan wizards"),
+    "objectives": Permission(Role.OPERATOR, "set a wizard's objectives"),
     "verify": Permission(Role.OPERATOR, "verify fixes"),
     "evaluate": Permission(Role.OPERATOR, "verify fixes"),
     "abandon": Permission(Role.OPERATOR, "abandon wizards"),
@@ -115,14 +116,11 @@ def start(
         created_by=actor.user,
         updated_by=actor.user,
     )
-    if latency_objective_ms:
-        wizard.latency_objective_ms = latency_objective_ms
-    if failure_objective is not None:
-        wizard.failure_objective = failure_objective
     if verification_window_s:
         wizard.verification_window_s = verification_window_s
-    found = _diagnose(wizard, deployment.effective_config)
+    found = _diagnose(wizard, deployment.effective_config, latency_objective_ms, failure_objective)
     with transaction.atomic():
+        _take_objectives(wizard, found)
         wizard.diagnosis = found.summary
         wizard.basis = {
             "at": timezone.now().isoformat(),
@@ -165,7 +163,17 @@ def _deployment(cluster, app: str, dep: str) -> Deployment | None:
     )
 
 
-def _diagnose(wizard: Wizard, effective: dict) -> diagnosis.Diagnosis:
+_KEEP = object()
+
+
+def _diagnose(wizard: Wizard, effective: dict, latency_ms=_KEEP, failure=_KEEP) -> diagnosis.Diagnosis:
+    """The diagnosis under the wizard's objectives: those the operator gave stay given, the others are suggested
+    afresh from the latest measurements."""
+    given = (wizard.diagnosis or {}).get("objectives", {}).get("given", {})
+    if latency_ms is _KEEP:
+        latency_ms = wizard.latency_objective_ms if given.get("latency_objective_ms", True) else None
+    if failure is _KEEP:
+        failure = wizard.failure_objective if given.get("failure_objective", True) else None
     return diagnosis.diagnose(
         wizard.cluster,
         wizard.application_name,
@@ -173,9 +181,53 @@ def _diagnose(wizard: Wizard, effective: dict) -> diagnosis.Diagnosis:
         effective,
         incident=wizard.incident,
         finding=wizard.finding,
-        latency_objective_ms=wizard.latency_objective_ms,
+        latency_objective_ms=latency_ms,
+        failure_objective=failure,
         curve=_curve(wizard),
     )
+
+
+def _take_objectives(wizard: Wizard, found: diagnosis.Diagnosis) -> None:
+    """The wizard keeps the objectives its values were sized for, suggested or given."""
+    goals = found.summary["objectives"]
+    wizard.latency_objective_ms = goals["latency_objective_ms"]
+    wizard.failure_objective = goals["failure_objective"]
+
+
+def objective_below_service(wizard: Wizard, latency_objective_ms: int) -> str | None:
+    """Why a latency objective cannot be met at all: one request takes longer than it."""
+    service = ((wizard.diagnosis or {}).get("plan") or {}).get("service_s")
+    if service and latency_objective_ms <= service * 1000:
+        return (
+            f"{latency_objective_ms:,} ms is below one request's calibrated service time of {service * 1000:,.0f} ms: "
+            "no queue, and no setting, meets it"
+        )
+    return None
+
+
+def set_objectives(
+    actor: Actor, wizard: Wizard, *, latency_objective_ms: int, failure_objective: float, revision: int | None
+) -> Wizard:
+    """The operator states the objectives: every value not yet applied is sized again for them."""
+    if refused := objective_below_service(wizard, latency_objective_ms):
+        raise WizardError(refused)
+    with transaction.atomic():
+        wizard = _locked(wizard, revision)
+        wizard.diagnosis = {
+            **(wizard.diagnosis or {}),
+            "objectives": {"given": {"latency_objective_ms": True, "failure_objective": True}},
+        }
+        wizard.latency_objective_ms = latency_objective_ms
+        wizard.failure_objective = failure_objective
+        wizard.save(update_fields=["diagnosis", "latency_objective_ms", "failure_objective"])
+        record(
+            actor,
+            "wizard.objectives",
+            wizard,
+            team=wizard.cluster.team,
+            changes={"latency_objective_ms": latency_objective_ms, "failure_objective": failure_objective},
+        )
+    return replan(actor, wizard)
 
 
 def _curve(wizard: Wizard):
@@ -412,9 +464,10 @@ def replan(actor: Actor, wizard: Wizard, *, revision: int | None = None, effecti
     with transaction.atomic():
         wizard = _locked(wizard, revision)
         found = _diagnose(wizard, effective)
+        _take_objectives(wizard, found)
         wizard.diagnosis = found.summary
         wizard.basis = {"at": timezone.now().isoformat(), "settings": diagnosis.settings_of(effective)}
-        wizard.save(update_fields=["diagnosis", "basis"])
+        wizard.save(update_fields=["diagnosis", "basis", "latency_objective_ms", "failure_objective"])
         steps = {s.remedy: s for s in WizardStep.objects.filter(wizard=wizard).exclude(remedy="")}
         for step in steps.values():
             # Checklists with computed values (R4) follow a new calibration too, and may become config steps.

@@ -119,6 +119,15 @@ def num(value) -> str:
 
 
 @register.filter
+def percent(value) -> str:
+    """A share as a percentage: 0.05 → 5 %, 0.1234 → 12.3 %, None → —."""
+    if value is None or value == "":
+        return "—"
+    shown = f"{float(value) * 100:.1f}".removesuffix(".0")
+    return f"{shown}\xa0%"
+
+
+@register.filter
 def weekdays(days) -> str:
     """Maintenance window days as names: 0 is Monday, as Python's weekday() counts."""
     return ", ".join(calendar.day_abbr[int(d)] for d in sorted(days or []) if str(d).isdigit() and 0 <= int(d) <= 6)
