@@ -12,6 +12,7 @@ from itertools import pairwise
 from apps.calibration.job_script import AXES, ERROR_MARKER, MARKER, SHAPES
 
 MAX_POINTS = 64
+MAX_SAMPLES = 16
 MIB = 2**20
 
 
@@ -77,9 +78,25 @@ def parse_output(logs: str) -> dict:
             or service < 0
         ):
             raise CalibrationOutputError(f"Point {index} has a service_s that is not a non-negative number of seconds.")
+        samples, rest_after = raw.get("peak_samples"), raw.get("rest_after_bytes")
+        if samples is not None and (
+            not isinstance(samples, list) or not 0 < len(samples) <= MAX_SAMPLES or not all(map(_is_count, samples))
+        ):
+            raise CalibrationOutputError(f"Point {index} has peak_samples that are not a list of byte counts.")
+        if rest_after is not None and not _is_count(rest_after):
+            raise CalibrationOutputError(f"Point {index} has a rest_after_bytes that is not a non-negative integer.")
         point = {"x": x, "peak_bytes": peak}
         point.update(
-            {key: value for key, value in (("uss_peak_bytes", uss), ("service_s", service)) if value is not None}
+            {
+                key: value
+                for key, value in (
+                    ("uss_peak_bytes", uss),
+                    ("service_s", service),
+                    ("peak_samples", samples),
+                    ("rest_after_bytes", rest_after),
+                )
+                if value is not None
+            }
         )
         points.append(point)
     points.sort(key=lambda point: point["x"])
@@ -159,6 +176,9 @@ class Curve:
     cold_baseline_bytes: int | None = None
     limit_reason: str | None = None
     shape: str = ""
+    # x -> the peaks of that level's rounds, and what the replica held at rest after it (older rows: empty).
+    peak_samples: dict[float, list[int]] = field(default_factory=dict)
+    rest_after: dict[float, int] = field(default_factory=dict)
 
     def _knots(self) -> list[tuple[float, int]]:
         return [(0.0, self.baseline_bytes), *sorted((float(x), int(peak)) for x, peak in self.points if x > 0)]

@@ -69,6 +69,8 @@ HOOK = "calibration_batch"
 SAMPLE_S = 0.01
 RAY_THRESHOLD_VAR = "RAY_memory_usage_threshold"
 RAY_DEFAULT_THRESHOLD = 0.95
+# Rounds of each level: three peaks give a spread (max - min) without tripling a long calibration again.
+REPEATS = 3
 # Room left below the stop for what moves between two samples (the allocator grows in steps).
 MIN_MARGIN_BYTES = 64 * MIB
 MARGIN_FRACTION = 0.01
@@ -579,18 +581,30 @@ class Calibration:
                 self.result["limit_reason"] = f"{reason}; the larger levels were not run."
                 print(self.result["limit_reason"], flush=True)
                 break
-            self._start_peak()
-            seconds = self._run_level(loop, driver, x)
-            rss_peak, uss_peak = self._host_peaks()
+            # Each level runs REPEATS times: the spread of its peaks is what the memory budget's margin is
+            # sized from, and what a replica keeps at rest afterwards is the allocator's retention.
+            samples, seconds, uss_peak, rss_peak = [], [], None, 0
+            for _ in range(REPEATS):
+                self._start_peak()
+                seconds += self._run_level(loop, driver, x)
+                round_rss, round_uss = self._host_peaks()
+                if self.torch is not None:
+                    self.torch.cuda.synchronize()
+                    samples.append(self.torch.cuda.max_memory_allocated())
+                else:
+                    samples.append(round_rss)
+                rss_peak = max(rss_peak, round_rss)
+                uss_peak = max(uss_peak or 0, round_uss) if round_uss is not None else uss_peak
             point = {
                 self.axis: x,
-                "peak_bytes": rss_peak,
+                "peak_bytes": max(samples),
+                "peak_samples": samples,
+                "rest_after_bytes": self._resting(),
                 "uss_peak_bytes": uss_peak,
                 "service_s": round(statistics.median(seconds), 6),
             }
             if self.torch is not None:
-                self.torch.cuda.synchronize()
-                point.update(peak_bytes=self.torch.cuda.max_memory_allocated(), rss_peak_bytes=rss_peak)
+                point["rss_peak_bytes"] = rss_peak
             self.result["points"].append(point)
             knots.append((x, rss_peak))
             step = max(step, (knots[-1][1] - knots[-2][1]) / (knots[-1][0] - knots[-2][0]))

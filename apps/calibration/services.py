@@ -384,4 +384,6 @@ def curve_of(calibration: MemoryCalibration) -> Curve:
         cold_baseline_bytes=calibration.cold_baseline_bytes,
         limit_reason=calibration.limit_reason or None,
         shape=calibration.shape,
+        peak_samples={float(p["x"]): list(p["peak_samples"]) for p in calibration.points if p.get("peak_samples")},
+        rest_after={float(p["x"]): int(p["rest_after_bytes"]) for p in calibration.points if "rest_after_bytes" in p},
     )

@@ -188,6 +188,16 @@ class ObjectivesSerializer(serializers.Serializer):
     failure_objective = serializers.FloatField(
         min_value=0.0, max_value=1.0, help_text="Share of client requests that may fail (5xx, 408), 0 to 1."
     )
+    margin = serializers.FloatField(
+        required=False,
+        min_value=0.0,
+        max_value=0.9,
+        help_text="Share of the node's room below Ray's kill level to keep free. Above the computed margin it "
+        "is taken; below it only with confirm_less_margin.",
+    )
+    confirm_less_margin = serializers.CharField(
+        required=False, allow_blank=True, default="", help_text='Type "accept the OOM risk" to take less margin.'
+    )
     revision = serializers.IntegerField(required=False, help_text="The revision you acted on; a newer one answers 409.")
 
 
@@ -376,12 +386,16 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         data = body.validated_data
         if refused := wizards.objective_below_service(wizard, data["latency_objective_ms"]):
             raise serializers.ValidationError({"latency_objective_ms": [refused]})
+        if refused := wizards.margin_refused(wizard, data.get("margin"), data["confirm_less_margin"]):
+            raise serializers.ValidationError({"margin": [refused]})
         wizard = wizards.set_objectives(
             Actor.from_request(request),
             wizard,
             latency_objective_ms=data["latency_objective_ms"],
             failure_objective=data["failure_objective"],
             revision=data.get("revision"),
+            margin_fraction=data.get("margin"),
+            confirmation=data["confirm_less_margin"],
         )
         return self._respond(wizard)
 

@@ -11,7 +11,7 @@ from apps.fleet.configs import key_settings
 from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, NodeWindow, OomKillRecord, SignalWindow
 from apps.incidents.oom import replica_memory
-from apps.remediation import capacity, measurements, objectives, observed, schedulable, sizing, token_caps
+from apps.remediation import capacity, margin, measurements, objectives, observed, schedulable, sizing, token_caps
 from apps.remediation.models import Finding
 from apps.remediation.rules import BY_ID
 
@@ -91,6 +91,8 @@ def diagnose(
     latency_objective_ms: int | None,
     failure_objective: float | None = None,
     curve=None,
+    margin_asked: float | None = None,
+    margin_confirmed: bool = False,
 ) -> Diagnosis:
     """`latency_objective_ms` and `failure_objective` are the operator's; None: suggested, and said so."""
     window = SignalWindow.objects.filter(cluster=cluster, application_name=app, deployment_name=dep).first()
@@ -99,7 +101,9 @@ def diagnose(
     current = sizing.Current.of(effective, cluster.ray_version)
     live = capacity.read(cluster)
     seen = observed.from_points(points)
-    memory, budget = _memory_and_budget(cluster, app, dep, incident, current, points, curve, live, seen)
+    computed_margin = margin.from_curve(curve) if curve is not None else margin.unmeasured()
+    safety = margin.with_request(computed_margin, margin_asked, margin_confirmed)
+    memory, budget = _memory_and_budget(cluster, app, dep, incident, current, points, curve, live, seen, safety)
     resources = schedulable.resources_from(effective, live.node_resources, _others(cluster, app, dep))
     service_s, service_source = _service_time(memory, load)
     started = incident.started_at.timestamp() if incident is not None else None
@@ -151,7 +155,17 @@ def diagnose(
         "resources": {"per_replica": resources.per_replica, "free": resources.free, "reason": resources.reason},
         "plan": computed.plan,
         "objectives": goals.as_dict()
-        | {"price": objectives.price(computed.plan, summary_load(load), goals.latency_ms, service_s)},
+        | {
+            "price": objectives.price(computed.plan, summary_load(load), goals.latency_ms, service_s),
+            "margin": {
+                "fraction": safety.fraction,
+                "percent": round(safety.fraction * 100, 1),
+                "reason": safety.reason,
+                "computed": computed_margin.fraction,
+                "asked": margin_asked,
+                "confirmed": margin_confirmed,
+            },
+        },
         "conservative": computed.conservative,
         "needs_calibration": computed.needs_calibration,
         "why_not_sized": computed.why_not_sized,
@@ -208,7 +222,16 @@ def _finding_causes(rule_id: str, remedy: str) -> list[dict]:
 
 
 def _memory_and_budget(
-    cluster, app, dep, incident, current, points, curve, live: capacity.Capacity, seen: observed.Observed | None
+    cluster,
+    app,
+    dep,
+    incident,
+    current,
+    points,
+    curve,
+    live: capacity.Capacity,
+    seen: observed.Observed | None,
+    safety: margin.Margin,
 ):
     """Memory from the calibration, its baseline lifted to what real replicas were seen using at
     rest (in the kill message or in traffic) and its peaks priced at least at what traffic showed
@@ -243,16 +266,17 @@ def _memory_and_budget(
             cap = at_detection.get("max_ongoing_requests") or current.max_ongoing_requests
             in_flight = _in_flight_per_replica(points, cap, at_detection.get("running_replicas") or 1)
             memory = measurements.memory_from_kill(listed, app, dep, in_flight, cap, observed=seen)
-        budget = measurements.budget_from_kill(kill.used_bytes, kill.threshold_bytes, listed, app, dep, nodes)
+        budget = measurements.budget_from_kill(kill.used_bytes, kill.threshold_bytes, listed, app, dep, nodes, safety)
     if memory is None:
         memory = measurements.memory_from_traffic(seen)
     if budget is None and live.node_memory:
         budget = measurements.budget_from_nodes(
-            [{"mem_total": n.total_bytes, "mem_used": n.total_bytes - n.available_bytes} for n in live.node_memory]
+            [{"mem_total": n.total_bytes, "mem_used": n.total_bytes - n.available_bytes} for n in live.node_memory],
+            safety,
         )
     if budget is None:
         budget = measurements.budget_from_nodes(
-            [w.points[-1] for w in NodeWindow.objects.filter(cluster=cluster) if w.points]
+            [w.points[-1] for w in NodeWindow.objects.filter(cluster=cluster) if w.points], safety
         )
     return memory, budget
 

@@ -5,7 +5,8 @@ from.
 Memory: `baseline` is a replica at rest (model, runtime), and a replica taking `c` requests at
 once peaks at `peak(c)`: the calibration curve where one was measured, else baseline + c ×
 per_request. The budget is what this deployment's replicas may use on one node, with a safety
-margin below the point where Ray's memory monitor (or the kernel) kills. A figure that can only be
+margin below the point where Ray's memory monitor (or the kernel) kills, sized in
+apps.remediation.margin. A figure that can only be
 a lower bound (memory from a kill message divided by the requests admitted) is labelled as one and
 never sizes anything: the wizard calibrates first."""
 
@@ -14,8 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from apps.incidents.oom import ReplicaMemory
-
-SAFETY_MARGIN = 0.8
+from apps.remediation.margin import Margin, unmeasured
 
 # Ray's default memory_usage_threshold: the monitor kills above 95 % of node memory.
 RAY_MEMORY_THRESHOLD = 0.95
@@ -215,7 +215,13 @@ def with_traffic_floor(memory: Memory, observed) -> Memory:
 
 
 def budget_from_kill(
-    used_bytes: int | None, threshold_bytes: int | None, replicas: list[ReplicaMemory], app: str, dep: str, nodes: int
+    used_bytes: int | None,
+    threshold_bytes: int | None,
+    replicas: list[ReplicaMemory],
+    app: str,
+    dep: str,
+    nodes: int,
+    margin: Margin | None = None,
 ) -> Budget | None:
     """Room for this deployment on the node that killed it: the kill threshold minus what
     everything else on the node used at that moment."""
@@ -226,15 +232,16 @@ def budget_from_kill(
     room = threshold_bytes - others
     if room <= 0:
         return None
+    margin = margin or unmeasured()
     return Budget(
-        int(room * SAFETY_MARGIN),
+        margin.apply(room),
         max(nodes, 1),
-        f"Ray kills above {mib(threshold_bytes)} on the node; everything else used {mib(others)}; "
-        f"{int(SAFETY_MARGIN * 100)} % of the {mib(room)} left is this deployment's budget per node.",
+        f"Ray kills above {mib(threshold_bytes)} on the node; everything else used {mib(others)}; of the "
+        f"{mib(room)} left, {margin.reason}.",
     )
 
 
-def budget_from_nodes(node_points: list[dict]) -> Budget | None:
+def budget_from_nodes(node_points: list[dict], margin: Margin | None = None) -> Budget | None:
     """Without a kill: the headroom nodes have now below Ray's default kill threshold."""
     latest = [p for p in node_points if p.get("mem_total")]
     if not latest:
@@ -243,11 +250,12 @@ def budget_from_nodes(node_points: list[dict]) -> Budget | None:
     room = min(rooms)
     if room <= 0:
         return None
+    margin = margin or unmeasured()
     return Budget(
-        int(room * SAFETY_MARGIN),
+        margin.apply(room),
         len(latest),
-        f"The tightest of {len(latest)} node(s) has {mib(room)} below Ray's kill threshold now; "
-        f"{int(SAFETY_MARGIN * 100)} % of it is the budget (replicas already running count against it).",
+        f"The tightest of {len(latest)} node(s) has {mib(room)} below Ray's kill threshold now; of it, "
+        f"{margin.reason} (replicas already running count against it).",
     )
 
 

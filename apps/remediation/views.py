@@ -213,7 +213,15 @@ def _objectives(post) -> dict:
         raise ValidationError({"latency_objective_ms": "The p99 objective is between 100 ms and 600,000 ms."})
     if not 0 <= failure <= 100:
         raise ValidationError({"failure_objective": "The failed share is between 0 % and 100 %."})
-    return {"latency_objective_ms": latency, "failure_objective": failure / 100}
+    asked = float(post["margin_percent"]) if post.get("margin_percent") else None
+    if asked is not None and not 0 <= asked <= 90:
+        raise ValidationError({"margin": "The margin is between 0 % and 90 % of the room below Ray's kill level."})
+    return {
+        "latency_objective_ms": latency,
+        "failure_objective": failure / 100,
+        "margin_fraction": asked / 100 if asked is not None else None,
+        "confirmation": post.get("confirm_less_margin", ""),
+    }
 
 
 def _representative(post) -> dict | None:

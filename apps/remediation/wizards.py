@@ -24,7 +24,7 @@ from apps.core.catalogue import CONFIG_REMEDIES, GUIDANCE, REMEDIES
 from apps.core.errors import Conflict
 from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, IncidentEvent
-from apps.remediation import diagnosis
+from apps.remediation import diagnosis, margin
 from apps.remediation.models import Finding, Wizard, WizardStep
 from integrations.ray.errors import RayError
 
@@ -169,7 +169,10 @@ _KEEP = object()
 def _diagnose(wizard: Wizard, effective: dict, latency_ms=_KEEP, failure=_KEEP) -> diagnosis.Diagnosis:
     """The diagnosis under the wizard's objectives: those the operator gave stay given, the others are suggested
     afresh from the latest measurements."""
-    given = (wizard.diagnosis or {}).get("objectives", {}).get("given", {})
+    stated = (wizard.diagnosis or {}).get("objectives", {})
+    given = stated.get("given", {})
+    asked = (stated.get("margin") or {}).get("asked")
+    confirmed = bool((stated.get("margin") or {}).get("confirmed"))
     if latency_ms is _KEEP:
         latency_ms = wizard.latency_objective_ms if given.get("latency_objective_ms", True) else None
     if failure is _KEEP:
@@ -184,6 +187,8 @@ def _diagnose(wizard: Wizard, effective: dict, latency_ms=_KEEP, failure=_KEEP) 
         latency_objective_ms=latency_ms,
         failure_objective=failure,
         curve=_curve(wizard),
+        margin_asked=asked,
+        margin_confirmed=confirmed,
     )
 
 
@@ -205,17 +210,38 @@ def objective_below_service(wizard: Wizard, latency_objective_ms: int) -> str | 
     return None
 
 
+def margin_refused(wizard: Wizard, asked: float | None, confirmation: str) -> str | None:
+    computed = ((wizard.diagnosis or {}).get("objectives", {}).get("margin") or {}).get("computed")
+    return margin.refusal(computed, asked, confirmation) if computed is not None else None
+
+
 def set_objectives(
-    actor: Actor, wizard: Wizard, *, latency_objective_ms: int, failure_objective: float, revision: int | None
+    actor: Actor,
+    wizard: Wizard,
+    *,
+    latency_objective_ms: int,
+    failure_objective: float,
+    revision: int | None,
+    margin_fraction: float | None = None,
+    confirmation: str = "",
 ) -> Wizard:
-    """The operator states the objectives: every value not yet applied is sized again for them."""
+    """The operator states the objectives, and may ask for a wider margin below the kill level (a narrower one
+    only with the typed confirmation): every value not yet applied is sized again for them."""
     if refused := objective_below_service(wizard, latency_objective_ms):
+        raise WizardError(refused)
+    if refused := margin_refused(wizard, margin_fraction, confirmation):
         raise WizardError(refused)
     with transaction.atomic():
         wizard = _locked(wizard, revision)
         wizard.diagnosis = {
             **(wizard.diagnosis or {}),
-            "objectives": {"given": {"latency_objective_ms": True, "failure_objective": True}},
+            "objectives": {
+                "given": {"latency_objective_ms": True, "failure_objective": True},
+                "margin": {
+                    "asked": margin_fraction,
+                    "confirmed": confirmation.strip().lower() == margin.CONFIRM_LESS.lower(),
+                },
+            },
         }
         wizard.latency_objective_ms = latency_objective_ms
         wizard.failure_objective = failure_objective
@@ -225,7 +251,11 @@ def set_objectives(
             "wizard.objectives",
             wizard,
             team=wizard.cluster.team,
-            changes={"latency_objective_ms": latency_objective_ms, "failure_objective": failure_objective},
+            changes={
+                "latency_objective_ms": latency_objective_ms,
+                "failure_objective": failure_objective,
+                "margin": margin_fraction,
+            },
         )
     return replan(actor, wizard)
 

@@ -116,15 +116,15 @@ class Handle:
 
 
 class Growing:
-    """Small for its first two calls (the warm one and level 1), then huge: only the sampler
-    watching the node mid-level can stop it."""
+    """Small for its first four calls (the warm one and level 1's three rounds), then huge: only
+    the sampler watching the node mid-level can stop it."""
 
     def __init__(self):
         self.calls = 0
 
     async def __call__(self):
         self.calls += 1
-        scratch = fill(4 if self.calls <= 2 else int(os.environ["GROWING_MB"]))
+        scratch = fill(4 if self.calls <= 4 else int(os.environ["GROWING_MB"]))
         await asyncio.sleep(1.0)
         return len(scratch)
 
@@ -207,6 +207,11 @@ def test_a_starlette_request_handler_gets_a_real_request_with_query_and_json_bod
     assert result["cold_baseline_bytes"] >= 8 * MIB and result["baseline_bytes"] >= result["cold_baseline_bytes"] * 0.9
     assert all(0.2 <= p["service_s"] < 1.0 for p in result["points"])
     assert all(p["uss_peak_bytes"] and p["uss_peak_bytes"] <= p["peak_bytes"] for p in result["points"])
+    # Each level ran three rounds: their peaks (the point's peak is the largest) and what stayed at rest after.
+    for point in result["points"]:
+        assert len(point["peak_samples"]) == 3 and point["peak_bytes"] == max(point["peak_samples"])
+        assert point["rest_after_bytes"] >= 8 * MIB
+    assert all("peak_samples" in p for p in parsed["points"])
 
 
 def test_a_call_number_in_the_request_gets_past_an_answer_cache(shapes_app):

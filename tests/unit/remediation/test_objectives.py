@@ -155,3 +155,24 @@ def test_the_wizard_page_asks_for_the_objectives_with_their_price(client, people
     bad = client.post(url, {**form, "failure_percent": "150", "revision": wizard.revision}, follow=True)
     wizard.refresh_from_db()
     assert wizard.failure_objective == 0.02 and "between 0 % and 100 %" in bad.content.decode()
+
+
+@pytest.mark.django_db
+def test_the_operator_may_widen_the_margin_and_narrow_it_only_when_typed(api_as, incident):
+    _calibrated(incident)
+    operator = api_as("operator")
+    wizard = operator.post("/api/v1/wizards/", {"incident": incident.pk}, format="json").json()
+    computed = wizard["diagnosis"]["objectives"]["margin"]
+    # The recorded calibration has no repeated rounds: the flat 20 % the spread could not replace.
+    assert computed["fraction"] == 0.2 and "unknown" in computed["reason"]
+    url = f"/api/v1/wizards/{wizard['id']}/objectives/"
+    goals = {"latency_objective_ms": 20_000, "failure_objective": 0.05}
+    wider = operator.post(url, goals | {"margin": 0.3}, format="json").json()
+    assert wider["diagnosis"]["objectives"]["margin"]["fraction"] == 0.3
+    assert "as the operator asked" in wider["diagnosis"]["budget"]["reason"]
+    narrower = operator.post(url, goals | {"margin": 0.1}, format="json")
+    assert narrower.status_code == 400 and "accept the OOM risk" in narrower.json()["margin"][0]
+    typed = operator.post(url, goals | {"margin": 0.1, "confirm_less_margin": "accept the OOM risk"}, format="json")
+    assert typed.status_code == 200, typed.content
+    assert typed.json()["diagnosis"]["objectives"]["margin"]["fraction"] == 0.1
+    assert "as the operator confirmed" in typed.json()["diagnosis"]["budget"]["reason"]
