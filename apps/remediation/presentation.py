@@ -44,11 +44,41 @@ WINDOW = [("oom_kills", "OOM kills"), ("healthy", "Window"), ("points", "Reading
 SHARES = {"client_failed_share", "error_rate"}
 
 
+def badge(wizard: Wizard, step: WizardStep) -> tuple[str, str]:
+    """A step's badge as its real state reads: the verification follows the wizard, a calibration is measured,
+    not changed, and the outcome says whether the fix held."""
+    kind, state = step.kind, wizard.state
+    if kind == WizardStep.Kind.VERIFICATION:
+        if state == Wizard.State.VERIFYING:
+            return "Verifying", "busy"
+        if state == Wizard.State.RESOLVED:
+            return "Passed", "good"
+        if state == Wizard.State.NOT_RESOLVED:
+            return "Failed", "bad"
+    if kind == WizardStep.Kind.OUTCOME:
+        if state == Wizard.State.RESOLVED:
+            return "Fixed and verified", "good"
+        if state == Wizard.State.NOT_RESOLVED:
+            return "Not fixed", "bad"
+        if state == Wizard.State.ABANDONED:
+            return "Abandoned", "muted"
+    if kind == WizardStep.Kind.CALIBRATION:
+        if step.status == Status.APPLYING:
+            return "Measuring", "busy"
+        if step.status == Status.FAILED:
+            return "Calibration failed", "bad"
+        if step.status == Status.DONE:
+            return "Measured", "good"
+    if kind == WizardStep.Kind.CONFIG and step.status == Status.PENDING and step.patch:
+        return "Computed: to apply", ""
+    return step.get_status_display(), STATUS_CLASS.get(step.status, "")
+
+
 def wizard_context(wizard: Wizard, position, *, can_operate: bool) -> dict:
     steps = list(wizard.steps.select_related("change").order_by("position"))
     for step in steps:
-        step.css = STATUS_CLASS.get(step.status, "")
-    current = _current(steps, position)
+        step.label, step.css = badge(wizard, step)
+    current = _current(wizard, steps, position)
     context = {
         "wizard": wizard,
         "steps": steps,
@@ -106,7 +136,9 @@ def _shown(key: str, side: dict):
     return value
 
 
-def _current(steps: list[WizardStep], position) -> WizardStep:
+def _current(wizard: Wizard, steps: list[WizardStep], position) -> WizardStep:
+    """The step asked for, else the one that needs the operator: the outcome once the wizard has ended, the
+    verification while it runs, else the first step not settled."""
     try:
         wanted = int(position)
     except (TypeError, ValueError):
@@ -114,6 +146,11 @@ def _current(steps: list[WizardStep], position) -> WizardStep:
     for step in steps:
         if step.position == wanted:
             return step
+    by_kind = {s.kind: s for s in steps}
+    if not wizard.is_active and WizardStep.Kind.OUTCOME in by_kind:
+        return by_kind[WizardStep.Kind.OUTCOME]
+    if wizard.state == Wizard.State.VERIFYING and WizardStep.Kind.VERIFICATION in by_kind:
+        return by_kind[WizardStep.Kind.VERIFICATION]
     return next((s for s in steps if not s.is_settled and s.kind != WizardStep.Kind.OUTCOME), steps[-1])
 
 

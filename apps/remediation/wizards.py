@@ -330,6 +330,8 @@ def _set_values(step: WizardStep, found: diagnosis.Diagnosis, effective: dict) -
         step.status, step.note = Status.NOT_APPLICABLE, "The deployment already runs with these values."
     elif step.status == Status.NOT_APPLICABLE:
         step.status, step.note = Status.PENDING, ""
+    else:
+        step.note = ""  # computed now: a "no values yet" left from before the calibration no longer holds
 
 
 def _already_in_place(effective: dict, patch: dict) -> bool:

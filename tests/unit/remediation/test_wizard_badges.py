@@ -1,0 +1,64 @@
+"""The wizard page at a glance: each step's badge is its real state, and the page opens where the operator is
+needed (the outcome once the wizard has ended, the verification while it runs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from apps.remediation.models import Wizard, WizardStep
+from apps.remediation.presentation import badge, wizard_context
+
+pytestmark = pytest.mark.django_db
+
+Status, Kind, State = WizardStep.Status, WizardStep.Kind, Wizard.State
+
+
+def _wizard(incident, state=State.OPEN):
+    wizard = Wizard.objects.create(
+        cluster=incident.cluster,
+        incident=incident,
+        application_name=incident.application_name,
+        deployment_name=incident.deployment_name,
+        state=state,
+    )
+    kinds = [Kind.DIAGNOSIS, Kind.CALIBRATION, Kind.CONFIG, Kind.VERIFICATION, Kind.OUTCOME]
+    for position, kind in enumerate(kinds):
+        WizardStep.objects.create(
+            wizard=wizard,
+            position=position,
+            kind=kind,
+            remedy="R1" if kind == Kind.CONFIG else "",
+            title=kind.label,
+            status=Status.DONE if kind == Kind.DIAGNOSIS else Status.PENDING,
+            patch={"max_ongoing_requests": 2} if kind == Kind.CONFIG else None,
+        )
+    return wizard
+
+
+def _step(wizard, kind):
+    return wizard.steps.get(kind=kind)
+
+
+def test_badges_read_the_real_state(incident):
+    wizard = _wizard(incident, State.VERIFYING)
+    assert badge(wizard, _step(wizard, Kind.VERIFICATION)) == ("Verifying", "busy")
+    assert badge(wizard, _step(wizard, Kind.CONFIG)) == ("Computed: to apply", "")
+    calibration = _step(wizard, Kind.CALIBRATION)
+    calibration.status = Status.FAILED
+    assert badge(wizard, calibration) == ("Calibration failed", "bad")
+    wizard.state = State.RESOLVED
+    assert badge(wizard, _step(wizard, Kind.VERIFICATION)) == ("Passed", "good")
+    assert badge(wizard, _step(wizard, Kind.OUTCOME)) == ("Fixed and verified", "good")
+    wizard.state = State.NOT_RESOLVED
+    assert badge(wizard, _step(wizard, Kind.OUTCOME)) == ("Not fixed", "bad")
+
+
+@pytest.mark.parametrize(
+    ("state", "opens_on"),
+    [(State.OPEN, Kind.CALIBRATION), (State.VERIFYING, Kind.VERIFICATION), (State.RESOLVED, Kind.OUTCOME)],
+)
+def test_the_page_opens_on_the_step_that_needs_the_operator(incident, state, opens_on):
+    wizard = _wizard(incident, state)
+    assert wizard_context(wizard, None, can_operate=True)["step"].kind == opens_on
+    # A step asked for by its position is shown whatever the state.
+    assert wizard_context(wizard, 0, can_operate=True)["step"].kind == Kind.DIAGNOSIS
