@@ -60,6 +60,11 @@ def validate_call(call) -> None:
         )
 
 
+def numbered_for_check(text: str) -> str:
+    """The body as one call would send it: {n} is replaced by a call number before it is parsed."""
+    return text.replace("{n}", "0")
+
+
 def validate_request(request) -> dict:
     """The representative request, checked and normalised: {"kind": "http", "method", "path",
     "query", "headers", "body" (text) or "json"} or {"kind": "handle", "args": [...]}."""
@@ -107,6 +112,18 @@ def validate_request(request) -> dict:
         body = request.get("body")
         if body is not None and not isinstance(body, str):
             raise ValidationError('The body must be text; give JSON under "json".')
+        declared = next((v for k, v in headers.items() if k.strip().lower() == "content-type"), "")
+        if body and "json" in declared.lower():
+            try:
+                json.loads(numbered_for_check(body))
+            except json.JSONDecodeError as exc:
+                # Caught here, not 10 s later as a traceback in a failed Ray job.
+                raise ValidationError(
+                    {
+                        "body": f"The body is declared {declared} but is not JSON: {exc.msg} (line {exc.lineno}, "
+                        f"column {exc.colno})."
+                    }
+                ) from exc
         clean = {
             "kind": "http",
             "method": method.upper(),

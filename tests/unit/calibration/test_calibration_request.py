@@ -149,6 +149,10 @@ def test_request_headers_reach_the_job_through_its_environment_never_its_command
         ({"kind": "http", "headers": {"a": "b\nc"}}, "Header names and values must be single-line ASCII."),
         ({"kind": "http", "body": "x", "json": {}}, "not both"),
         ({"kind": "http", "body": {"a": 1}}, 'The body must be text; give JSON under "json".'),
+        (
+            {"kind": "http", "headers": {"Content-Type": "application/json"}, "body": '{"prompt": "hi"'},
+            "The body is declared application/json but is not JSON",
+        ),
         ({"kind": "handle", "args": "x"}, "The handle call's args must be a list of JSON values."),
         ({"kind": "handle", "args": ["x" * 20000]}, "at most 16384 fit in the job's command line"),
     ],
@@ -238,6 +242,11 @@ def test_an_operator_gives_the_representative_request_through_the_api(api_as, mo
         "/api/v1/calibrations/", {"deployment": model.pk, "request": {"kind": "ftp"}}, format="json"
     )
     assert bad.status_code == 400 and "kind must be" in bad.content.decode()
+    broken = {"kind": "http", "path": "/demo", "headers": {"content-type": "application/json"}, "body": "{"}
+    refused = api_as("operator").post(
+        "/api/v1/calibrations/", {"deployment": model.pk, "request": broken}, format="json"
+    )
+    assert refused.status_code == 400 and "is not JSON" in refused.content.decode(), refused.content
 
 
 def test_the_form_builds_the_http_request_from_its_fields(login, model):
@@ -273,6 +282,19 @@ def test_the_form_builds_the_http_request_from_its_fields(login, model):
         .content.decode()
     )
     assert "is not `Name: value`" in refused and not MemoryCalibration.objects.exists()
+    # A JSON body that is not JSON is named before any job runs, and what was typed stays in the form.
+    typed = {"method": "POST", "path": "/demo/generate", "headers": "content-type: application/json", "body": "{oops"}
+    page = (
+        login("operator")
+        .post(reverse("calibration:calibrate", args=[echo.pk]), typed, HTTP_HX_REQUEST="true")
+        .content.decode()
+    )
+    assert "declared application/json but is not JSON" in page and "{oops" in page
+    assert not MemoryCalibration.objects.exists()
+    # {n} in a JSON body is a call number: the body is checked as a call would send it.
+    numbered = {**typed, "body": '{"id": {n}}'}
+    login("operator").post(reverse("calibration:calibrate", args=[echo.pk]), numbered, HTTP_HX_REQUEST="true")
+    assert MemoryCalibration.objects.get().request["representative"]["body"] == '{"id": {n}}'
 
 
 def test_the_card_shows_shape_rest_levels_service_time_and_why_it_stopped(login, model, operator, use_replay):
