@@ -274,9 +274,12 @@ def verdict(
     failure_objective: float = FAILURE_OBJECTIVE,
     latency_objective_ms: float = LATENCY_OBJECTIVE_MS,
     metrics_expected: bool = False,
+    sized_service_s: float | None = None,
 ) -> tuple[str, str]:
     """("passed" | "failed" | "inconclusive" | "running", why). An OOM kill fails at once; the
-    rest is judged when the window is over, by what clients saw at the proxy first."""
+    rest is judged when the window is over, by what clients saw at the proxy first. A window whose
+    requests were processed far faster or slower than the request the values were sized for
+    (`sized_service_s`) cannot pass: it did not test the fix."""
     if after["oom_kills"]:
         return "failed", f"{after['oom_kills']} OOM kill(s) during verification (before: {before.get('oom_kills', 0)})."
     if not window_over:
@@ -322,7 +325,37 @@ def verdict(
                 "replica processing time alone cannot pass it. Export the Serve proxy's metrics."
             ]
         )
+    if unlike := unlike_sized(after, sized_service_s):
+        return "inconclusive", " ".join([*lines, unlike])
     return "passed", " ".join(lines)
+
+
+# How far the window's processing p50 may lie from the sized request's service time, either way, before the
+# traffic is judged another traffic: a calibrated service time moves with concurrency and load by well under 3x,
+# cached answers and requests of another size move it by 10x and more.
+TRAFFIC_RATIO = 3
+
+
+def unlike_sized(after: dict, sized_service_s: float | None) -> str | None:
+    """Why the window's traffic is not the traffic the values were sized for, or None."""
+    p50 = after.get("p50_ms")
+    if not p50 or not sized_service_s:
+        return None
+    sized_ms = sized_service_s * 1000
+    if p50 * TRAFFIC_RATIO < sized_ms:
+        return (
+            f"The replicas processed requests in a p50 of {p50:,.0f} ms against the {sized_ms:,.0f} ms the calibration "
+            "measured for the request the values were sized for: cached answers or much smaller requests. The fix is "
+            "not verified until traffic resembling that request has been seen: send varied requests and verify again."
+        )
+    if p50 > TRAFFIC_RATIO * sized_ms:
+        return (
+            f"The replicas processed requests in a p50 of {p50:,.0f} ms against the {sized_ms:,.0f} ms the calibration "
+            "measured for the request the values were sized for: the traffic is much heavier than that request, so "
+            "the memory it was sized with does not hold for it. Calibrate with a representative request like this "
+            "traffic and verify again."
+        )
+    return None
 
 
 def evaluate(wizard_id: int, now: datetime | None = None) -> str | None:
@@ -343,6 +376,7 @@ def evaluate(wizard_id: int, now: datetime | None = None) -> str | None:
             failure_objective=wizard.failure_objective,
             latency_objective_ms=wizard.latency_objective_ms,
             metrics_expected=wizard.cluster.has_metrics_source,
+            sized_service_s=((wizard.diagnosis or {}).get("plan") or {}).get("service_s"),
         )
         step = WizardStep.objects.get(wizard=wizard, kind=WizardStep.Kind.VERIFICATION)
         step.check_result = {"result": result, "why": why, "at": now.isoformat()}

@@ -413,3 +413,36 @@ def test_the_failure_objective_is_the_wizards(wizard, cluster, client, people):
     page = client.get(reverse("remediation:wizard", args=[wizard.pk]), {"step": 1}).content.decode()
     assert "Clients, at the Serve proxy" in page and "Replicas" in page and "10.0 %" in page and "503 ×100" in page
     assert "failed requests: at most 5 %" in page
+
+
+@pytest.mark.parametrize(
+    ("p50_ms", "result", "said"),
+    [
+        (9, "inconclusive", "cached answers or much smaller requests"),  # the reference app's cache
+        (60, "inconclusive", "cached answers or much smaller requests"),
+        (2_000, "inconclusive", "much heavier than that request"),
+        (260, "passed", ""),  # the sized request under load
+    ],
+)
+def test_the_window_is_judged_on_the_traffic_that_was_sized(p50_ms, result, said):
+    after = verification.summarize(
+        [
+            {
+                "t": 10.0 * i,
+                "seconds": 10.0,
+                "p50": p50_ms,
+                "p99": 2 * p50_ms,
+                "rps": 1.5,
+                "errors": 0,
+                "http": 15,
+                "http_errors": {},
+                "http_p50": p50_ms + 5,
+                "http_p99": 900,
+            }
+            for i in range(1, 13)
+        ]
+    ) | {"oom_kills": 0}
+    got, why = verification.verdict("oom_kill", {}, after, window_over=True, sized_service_s=0.23)
+    assert got == result and said in why
+    # Without a calibrated service time there is nothing to compare with.
+    assert verification.verdict("oom_kill", {}, after, window_over=True)[0] == "passed"
