@@ -1,7 +1,10 @@
 """Bursts of concurrent POSTs to one URL, then per-status counts, goodput and latency percentiles.
 
     .venv/bin/python scripts/burst_load.py http://127.0.0.1:PORT/reference [--bursts 6]
-        [--burst-size 12] [--period-s 8] [--json '{"prompt": "…", "max_tokens": 64}']
+        [--burst-size 12] [--period-s 8] [--json '{"prompt": "… {n}", "max_tokens": 64}']
+
+`{n}` anywhere in the body is replaced by each request's number, so an app that caches its answers
+(the reference app does) computes every one: a load of cache hits tests nothing.
 
 Closed loop: a burst starts once the previous one has finished and `--period-s` has passed since
 it started, so at most `--burst-size` requests are ever in flight, and the run ends after
@@ -22,20 +25,24 @@ from urllib.parse import urlsplit
 
 import httpx
 
-DEFAULT_BODY = {"prompt": "x" * 200, "max_tokens": 64}
+DEFAULT_BODY = {"prompt": "request {n}: " + "x" * 186, "max_tokens": 64}
+CALL_NUMBER = "{n}"
 
 
-def burst(client: httpx.Client, url: str, body: dict, size: int) -> list[tuple[str, float]]:
-    """`size` simultaneous POSTs; (status or error name, seconds) for each."""
+def burst(client: httpx.Client, url: str, body: str, size: int, first: int = 0) -> list[tuple[str, float]]:
+    """`size` simultaneous POSTs of the JSON `body`, numbered from `first`; (status or error name, seconds) each."""
     results: list[tuple[str, float]] = []
     lock = threading.Lock()
     start = threading.Barrier(size)
+    bodies = iter([json.loads(body.replace(CALL_NUMBER, str(first + i))) for i in range(size)])
 
     def one() -> None:
+        with lock:
+            mine = next(bodies)
         start.wait()
         began = time.monotonic()
         try:
-            outcome = str(client.post(url, json=body).status_code)
+            outcome = str(client.post(url, json=mine).status_code)
         except httpx.HTTPError as exc:
             outcome = type(exc).__name__
         with lock:
@@ -88,9 +95,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.bursts < 1 or args.burst_size < 1 or args.period_s < 0 or args.timeout_s <= 0:
         parser.error("--bursts and --burst-size must be at least 1, --period-s at least 0 and --timeout-s more than 0")
     try:
-        args.body = json.loads(args.json)
+        json.loads(args.json.replace(CALL_NUMBER, "0"))
     except json.JSONDecodeError as exc:
         parser.error(f"--json is not JSON: {exc}")
+    args.body = args.json
     return args
 
 
@@ -106,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                 if number > 1:
                     time.sleep(max(0.0, began + args.period_s - time.monotonic()))
                 began = time.monotonic()
-                outcomes = burst(client, args.url, args.body, args.burst_size)
+                outcomes = burst(client, args.url, args.body, args.burst_size, first=len(results))
                 results += outcomes
                 counts = Counter(outcome for outcome, _ in outcomes)
                 print(

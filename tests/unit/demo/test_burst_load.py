@@ -70,6 +70,14 @@ def test_bursts_are_simultaneous_bounded_and_summarised(server, capsys):
     assert "(67% succeeded)" in out and "latency of successes: p50 0.0" in out
 
 
+def test_each_request_gets_its_number_so_an_answer_cache_cannot_serve_it(server, capsys):
+    burst_load.main([server["url"], "--bursts", "2", "--burst-size", "3", "--period-s", "0"])
+    prompts = [body["prompt"] for body in server["bodies"]]
+    assert len(prompts) == 6 and len(set(prompts)) == 6
+    assert sorted(p.split(":")[0] for p in prompts) == [f"request {n}" for n in range(6)]
+    assert all(body["max_tokens"] == 64 for body in server["bodies"])
+
+
 def test_an_unreachable_url_is_counted_not_raised(capsys):
     from controlplane.local_ray import free_port
 
