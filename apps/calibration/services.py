@@ -27,6 +27,7 @@ from apps.calibration.inputs import (
     validate_levels,
     validate_request,
 )
+from apps.calibration.job_script import MARKER
 from apps.calibration.job_spec import build_entrypoint, fitting_nodes, import_target, job_runtime_env, stop_at_bytes
 from apps.calibration.models import MemoryCalibration
 from apps.clusters.services import dashboard_for
@@ -274,8 +275,27 @@ def poll(calibration_id: int) -> MemoryCalibration | None:
     return _finish_from_job(calibration, info, logs)
 
 
+# A log line this long with no space is encoded data (the job's script travels base64-encoded), not words.
+BLOB_CHARS = 200
+
+
+def readable_tail(logs: str) -> str:
+    """The end of a job's log as a person reads it: the machine's result line and encoded blobs left out, each
+    replaced by a note of what was there."""
+    lines = []
+    for line in logs.splitlines(keepends=True):
+        end = line[len(line.rstrip("\r\n")) :]
+        if line.startswith(f"{MARKER} "):
+            lines.append(f"[the result line, {len(line.strip()):,} characters, read by Fleetdeck]{end}")
+        elif any(len(word) > BLOB_CHARS for word in line.split()):
+            lines.append(f"[{len(line.strip()):,} characters of encoded data left out]{end}")
+        else:
+            lines.append(line)
+    return "".join(lines)[-LOG_TAIL_CHARS:]
+
+
 def _finish_from_job(calibration: MemoryCalibration, info: JobInfo, logs: str) -> MemoryCalibration:
-    tail = logs[-LOG_TAIL_CHARS:]
+    tail = readable_tail(logs)
     times = {
         "started_at": _ray_time(info.start_time) or calibration.started_at,
         "finished_at": _ray_time(info.end_time),

@@ -145,3 +145,19 @@ def test_a_dip_at_the_end_never_extrapolates_downwards_nor_below_the_baseline():
     assert c.peak_at(10) == 200
     assert curve([(1, 50)]).peak_at(1) == 100  # a peak under the baseline reads as the baseline
     assert curve([(1, 300), (2, 200)]).per_unit_bytes == 200
+
+
+def test_the_log_tail_a_person_reads_leaves_out_the_result_line_and_encoded_blobs():
+    from apps.calibration.services import readable_tail
+
+    logs = "\n".join(
+        [
+            "python -c 'import base64' " + "QUJD" * 400,
+            "shape starlette; at rest 120.0 MiB cold, 121.0 MiB warm on cpu",
+            "concurrency 1: peak 400.0 MiB, 0.230 s per request",
+            'FLEETDECK_CALIBRATION {"axis": "concurrency", "points": []}',
+        ]
+    )
+    tail = readable_tail(logs)
+    assert "QUJD" not in tail and "characters of encoded data left out" in tail
+    assert "concurrency 1: peak 400.0 MiB" in tail and "[the result line" in tail
