@@ -86,7 +86,12 @@ def detect(cluster_id: int, observation: Observation | None = None, *, resolve: 
     for kill in fresh:
         by_deployment[culprit(kill)].append(kill)
     per_node = Counter(kill.node_ip for kill in fresh)
-    crowded = sorted(ip for ip, count in per_node.items() if count > 1)
+    deployments_per_node: dict[str, set] = defaultdict(set)
+    for kill in fresh:
+        deployments_per_node[kill.node_ip].add(culprit(kill))
+    # Nodes where replicas were killed together: of several deployments, or (checked per deployment in
+    # _context) of one that runs several replicas; a one-replica deployment killed again after its restart is not.
+    crowded = {ip: len(deployments_per_node[ip]) > 1 for ip, count in per_node.items() if count > 1}
     metrics = _metrics_evidence(cluster) if fresh else {}
     touched = [
         _record_oom(cluster, app, dep, kills, crowded, metrics) for (app, dep), kills in sorted(by_deployment.items())
@@ -184,7 +189,9 @@ def _open_or_extend(
     return incident
 
 
-def _record_oom(cluster: Cluster, app: str, dep: str, kills: list[OomKill], crowded: list[str], metrics: dict) -> int:
+def _record_oom(
+    cluster: Cluster, app: str, dep: str, kills: list[OomKill], crowded: dict[str, bool], metrics: dict
+) -> int:
     now = timezone.now()
     deployment = _deployment(cluster, app, dep)
     controller_killed = cluster.events.filter(
@@ -284,17 +291,24 @@ def _severity_rank(value: str) -> int:
     return ["warning", "major", "critical"].index(value)
 
 
+def killed_together(crowded: dict[str, bool], replicas: int) -> list[str]:
+    """The nodes where replicas died together: several deployments' kills, or one deployment's that runs
+    several replicas. A one-replica deployment killed again after its restart was not crowded, only killed twice."""
+    return sorted(ip for ip, several_deployments in crowded.items() if several_deployments or replicas > 1)
+
+
 def _context(cluster, app, deployment, kills, crowded, controller_killed, now) -> tuple[OomContext, list[str]]:
     """The kill's context, and why recent changes that no longer run are not suspected."""
     changes, history = cluster_history.before_kill(cluster, app, now, RECENT)
     change, not_counted = change_in_effect(changes, history)
+    replicas = (deployment.target_replicas or deployment.running_replicas or 1) if deployment else 1
     context = OomContext(
         kills=kills,
         max_ongoing_requests=deployment.max_ongoing_requests if deployment else None,
         autoscaling_target=deployment.autoscaling_target_ongoing_requests if deployment else None,
         minutes_since_change=(now - change.at).total_seconds() / 60 if change else None,
         change_label=change.label if change else "",
-        nodes_with_several_kills=crowded,
+        nodes_with_several_kills=killed_together(crowded, replicas),
         controller_killed=controller_killed,
     )
     return context, not_counted
