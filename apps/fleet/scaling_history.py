@@ -49,7 +49,15 @@ def scaling_series(
                 }
             )
     times = [p[0] for p in target] + [d["t"] for d in decisions]
-    return {"start": min(times), "end": max(times), "target": target, "running": running, "decisions": decisions}
+    return {
+        "start": min(times),
+        "end": max(times),
+        "target": target,
+        "running": running,
+        "decisions": decisions,
+        # Without autoscaling a target change is a config change, not an autoscaler's decision.
+        "autoscales": deployment.autoscaling_max_replicas is not None,
+    }
 
 
 def _ms(at: datetime) -> int:

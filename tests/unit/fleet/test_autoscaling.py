@@ -226,6 +226,10 @@ def test_the_deployment_page_charts_the_replicas_and_says_what_is_missing(scaled
     model = Deployment.objects.get(application__cluster=scaled, application__name="scaled", name="Model")
     page = client.get(reverse("fleet:deployment", args=[model.pk])).content.decode()
     assert 'id="scaling-chart"' in page and 'id="scaling-chart-data"' in page and "js/scaling_chart.js" in page
+    # Its markers are named for what they are: an autoscaler's decisions only where it autoscales.
+    autoscales = model.autoscaling_max_replicas is not None
+    assert ("the autoscaler's decisions (" in page) == autoscales
+    assert ("does not autoscale" in page) == (not autoscales)
     huge = Deployment.objects.get(application__cluster=scaled, application__name="huge")
     page = client.get(reverse("fleet:deployment", args=[huge.pk])).content.decode()
     assert "replicas-unschedulable" in page and "2.3 CPU short" in page
