@@ -22,6 +22,7 @@ from apps.fleet.history import previous_revision, revision_diff
 from apps.fleet.models import Application, ConfigRevision, Deployment
 from apps.fleet.scaling_history import scaling_series
 from apps.fleet.selectors import cluster_listing
+from apps.incidents import selectors as incident_selectors
 
 PAGE_SIZE = 50
 
@@ -37,6 +38,7 @@ def overview(request):
     # django-filter drops a filter it cannot clean: list nothing rather than clusters it did not ask for.
     listed = clusters.none() if filterset.errors else filterset.qs
     page = Paginator(listed, PAGE_SIZE).get_page(request.GET.get("page"))
+    incident_selectors.mark_open_incidents(page.object_list)
     context = {
         "filter": filterset,
         "page": page,
