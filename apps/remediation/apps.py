@@ -22,6 +22,7 @@ class RemediationConfig(AppConfig):
         cluster_synced.connect(findings.on_cluster_synced, dispatch_uid="remediation.on_cluster_synced")
         ticks.register("remediation.verification", 70, verification.evaluate_due)
         ticks.register("remediation.calibrations", 80, wizards.settle_awaiting)
+        ticks.register("remediation.orphaned_steps", 85, wizards.settle_orphaned_steps)
         for model in (RecycleSchedule, WarmupProfile):
             for signal in (post_save, post_delete):
                 signal.connect(

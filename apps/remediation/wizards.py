@@ -696,7 +696,32 @@ def skip(actor: Actor, wizard: Wizard, position: int, *, reason: str, revision: 
     return step
 
 
+# A step marked APPLYING whose change was never linked (the process died between the two transactions of
+# apply) is put back after this long: apply links within a second.
+ORPHAN_AFTER = dt.timedelta(minutes=2)
+
+
+def settle_orphaned_steps(wizard_id: int | None = None) -> int:
+    """Steps left APPLYING: those whose change has ended take its outcome (the completion signal was missed),
+    those never linked to a change go back to To do. Returns how many were settled. A tick handler."""
+    applying = WizardStep.objects.filter(status=Status.APPLYING, kind=WizardStep.Kind.CONFIG)
+    if wizard_id is not None:
+        applying = applying.filter(wizard_id=wizard_id)
+    settled = 0
+    for change in Change.objects.filter(pk__in=applying.exclude(change=None).values("change_id")):
+        if change.is_final:
+            settled += WizardStep.objects.filter(change=change, status=Status.APPLYING).count()
+            on_change_finished(None, change)
+    orphans = applying.filter(change=None, updated_at__lt=timezone.now() - ORPHAN_AFTER)
+    settled += orphans.update(
+        status=Status.PENDING,
+        note="The hand-off to the change protocol was interrupted before a change was queued: nothing was pushed.",
+    )
+    return settled
+
+
 def abandon(actor: Actor, wizard: Wizard, *, reason: str, revision: int | None) -> Wizard:
+    settle_orphaned_steps(wizard.pk)
     with transaction.atomic():
         wizard = _locked(wizard, revision)
         if WizardStep.objects.filter(wizard=wizard, status=Status.APPLYING).exists():

@@ -1,12 +1,19 @@
 """The wizard page at a glance: each step's badge is its real state, and the page opens where the operator is
-needed (the outcome once the wizard has ended, the verification while it runs)."""
+needed (the outcome once the wizard has ended, the verification while it runs); no step stays APPLYING."""
 
 from __future__ import annotations
 
-import pytest
+from datetime import timedelta
 
+import pytest
+from django.utils import timezone
+
+from apps.accounts.audit import Actor
+from apps.changes.models import ChangeState
+from apps.remediation import wizards
 from apps.remediation.models import Wizard, WizardStep
 from apps.remediation.presentation import badge, wizard_context
+from tests.factories import ChangeFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -62,3 +69,22 @@ def test_the_page_opens_on_the_step_that_needs_the_operator(incident, state, ope
     assert wizard_context(wizard, None, can_operate=True)["step"].kind == opens_on
     # A step asked for by its position is shown whatever the state.
     assert wizard_context(wizard, 0, can_operate=True)["step"].kind == Kind.DIAGNOSIS
+
+
+def test_a_step_left_applying_is_settled_by_the_tick_and_the_wizard_can_be_abandoned(incident, people):
+    wizard = _wizard(incident)
+    step = _step(wizard, Kind.CONFIG)
+    # The web process died after marking the step, before the change was linked: nothing was queued.
+    WizardStep.objects.filter(pk=step.pk).update(
+        status=Status.APPLYING, updated_at=timezone.now() - wizards.ORPHAN_AFTER - timedelta(seconds=1)
+    )
+    assert wizards.settle_orphaned_steps() == 1
+    step.refresh_from_db()
+    assert step.status == Status.PENDING and "nothing was pushed" in step.note
+    # A change that ended while its completion signal was missed: the step takes its outcome.
+    change = ChangeFactory(cluster=incident.cluster, state=ChangeState.SUCCEEDED)
+    WizardStep.objects.filter(pk=step.pk).update(status=Status.APPLYING, change=change)
+    wizards.abandon(Actor(people["operator"]), wizard, reason="fixed by hand", revision=None)
+    step.refresh_from_db()
+    wizard.refresh_from_db()
+    assert step.status == Status.APPLIED and wizard.state == State.ABANDONED
