@@ -117,7 +117,18 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("remediation:wizard", "GET"): READ,
     **{
         (f"remediation:wizard_action[{action}]", "POST"): OPERATE
-        for action in ("apply", "skip", "confirm", "check", "calibrate", "replan", "verify", "evaluate", "abandon")
+        for action in (
+            "apply",
+            "skip",
+            "confirm",
+            "check",
+            "calibrate",
+            "replan",
+            "objectives",
+            "verify",
+            "evaluate",
+            "abandon",
+        )
     },
     # calibration card
     ("calibration:card", "GET"): READ,
@@ -217,7 +228,18 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("wizard-detail", "GET"): READ,
     **{
         (f"wizard-{action}", "POST"): OPERATE
-        for action in ("apply", "skip", "confirm", "check", "calibrate", "replan", "verify", "evaluate", "abandon")
+        for action in (
+            "apply",
+            "skip",
+            "confirm",
+            "check",
+            "calibrate",
+            "replan",
+            "objectives",
+            "verify",
+            "evaluate",
+            "abandon",
+        )
     },
     ("kubeconnection-list", "GET"): READ,
     ("kubeconnection-list", "POST"): ADMINISTER,

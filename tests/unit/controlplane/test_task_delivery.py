@@ -72,5 +72,6 @@ def test_the_tick_runs_each_apps_due_work_in_its_order():
         "stale_polls",
         "evaluate_due",
         "settle_awaiting",
+        "settle_orphaned_steps",
         "prune",
     ]

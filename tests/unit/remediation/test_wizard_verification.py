@@ -73,7 +73,8 @@ def test_a_quiet_window_under_traffic_resolves_the_incident_with_the_changes_lin
         application_name="demo",
         deployment_name="Model",
         points=[
-            {"t": start + 10 * i, "p50": 120, "p99": 400, "rps": 4.0, "errors": 0, "ongoing": 2, "queued": 0}
+            # Requests processed in about the calibrated 1 s: the traffic the values were sized for.
+            {"t": start + 10 * i, "p50": 950, "p99": 1400, "rps": 4.0, "errors": 0, "ongoing": 2, "queued": 0}
             for i in range(1, 6)
         ],
     )
