@@ -47,6 +47,19 @@ class Need(NamedTuple):
 
 
 READ, OPERATE, ADMINISTER = Need(Role.VIEWER), Need(Role.OPERATOR), Need(Role.ADMIN)
+# A wizard's actions, on its page and in the API alike.
+WIZARD_ACTIONS = (
+    "apply",
+    "skip",
+    "confirm",
+    "check",
+    "calibrate",
+    "replan",
+    "objectives",
+    "verify",
+    "evaluate",
+    "abandon",
+)
 # Shown to team admins only: to anyone else the object does not exist.
 ADMIN_EYES_ONLY = Need(Role.ADMIN, below=404)
 
@@ -115,21 +128,7 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("remediation:wizards", "GET"): READ,
     ("remediation:wizard_start", "POST"): OPERATE,
     ("remediation:wizard", "GET"): READ,
-    **{
-        (f"remediation:wizard_action[{action}]", "POST"): OPERATE
-        for action in (
-            "apply",
-            "skip",
-            "confirm",
-            "check",
-            "calibrate",
-            "replan",
-            "objectives",
-            "verify",
-            "evaluate",
-            "abandon",
-        )
-    },
+    **{(f"remediation:wizard_action[{action}]", "POST"): OPERATE for action in WIZARD_ACTIONS},
     # calibration card
     ("calibration:card", "GET"): READ,
     ("calibration:calibrate", "POST"): OPERATE,
@@ -226,21 +225,7 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("wizard-list", "GET"): READ,
     ("wizard-list", "POST"): OPERATE,
     ("wizard-detail", "GET"): READ,
-    **{
-        (f"wizard-{action}", "POST"): OPERATE
-        for action in (
-            "apply",
-            "skip",
-            "confirm",
-            "check",
-            "calibrate",
-            "replan",
-            "objectives",
-            "verify",
-            "evaluate",
-            "abandon",
-        )
-    },
+    **{(f"wizard-{action}", "POST"): OPERATE for action in WIZARD_ACTIONS},
     ("kubeconnection-list", "GET"): READ,
     ("kubeconnection-list", "POST"): ADMINISTER,
     ("kubeconnection-detail", "GET"): READ,
