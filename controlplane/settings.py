@@ -328,6 +328,8 @@ FLEETDECK_SCALING_HISTORY_DAYS = env_int("FLEETDECK_SCALING_HISTORY_DAYS", 30, m
 # Link-local addresses (cloud metadata services) are always refused.
 FLEETDECK_CLUSTER_NETWORKS = env_list("FLEETDECK_CLUSTER_NETWORKS", [])
 FLEETDECK_UI_REFRESH_S = env_int("FLEETDECK_UI_REFRESH_S", 5, minimum=1)
+# The bearer token Prometheus scrapes /metrics with; unset, the endpoint answers 404 (controlplane/metrics.py).
+FLEETDECK_METRICS_TOKEN = env_str("FLEETDECK_METRICS_TOKEN", "")
 # The push protocol: how long a change may take to verify, how often it polls, and after how
 # long without a heartbeat the reconciler takes over a change whose worker died.
 FLEETDECK_CHANGE_VERIFY_TIMEOUT_S = env_int("FLEETDECK_CHANGE_VERIFY_TIMEOUT_S", 180, minimum=5)

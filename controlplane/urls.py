@@ -18,6 +18,7 @@ from apps.liveness import services as liveness
 from apps.llm.api import PlanView
 from apps.maintenance.api import ProfileViewSet, RunViewSet, ScheduleViewSet
 from apps.remediation.api import FindingViewSet, WizardViewSet
+from controlplane import metrics as fleet_metrics
 from controlplane import versioning
 
 router = DefaultRouter()
@@ -94,6 +95,7 @@ urlpatterns = [
     path("api/v1/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs-v1"),
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
+    path("metrics", fleet_metrics.metrics, name="metrics"),
 ]
 
 handler404 = not_found

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import pytest
 from django.conf import settings
 from django.db import transaction
-from django.test import Client
+from django.test import Client, override_settings
 from django.urls import URLPattern, URLResolver, get_resolver, resolve
 from rest_framework.views import APIView
 
@@ -252,6 +252,8 @@ PUBLIC = {
     "api-docs-v1": "Swagger UI over version 1's schema",
     "admin:login": "the admin site's login form",
 }
+# Outside the team roles: a machine's scrape with a token of its own (tests/unit/controlplane/test_metrics.py).
+OWN_TOKEN = {"metrics": "Prometheus's scrape: its own bearer token (FLEETDECK_METRICS_TOKEN), never a session"}
 # The Django admin is for staff (superusers here); team roles never open it. Its login page is public.
 STAFF_ONLY_NAMESPACE = "admin"
 
@@ -556,7 +558,11 @@ class Case:
 
 
 def product_routes() -> list[Route]:
-    return [r for r in all_routes() if r.name not in PUBLIC and r.namespace != STAFF_ONLY_NAMESPACE]
+    return [
+        r
+        for r in all_routes()
+        if r.name not in PUBLIC and r.name not in OWN_TOKEN and r.namespace != STAFF_ONLY_NAMESPACE
+    ]
 
 
 def cases() -> list[Case]:
@@ -861,6 +867,16 @@ def test_the_admin_site_turns_away_every_team_role(world, route):
 
 
 @pytest.mark.django_db
+def test_a_url_with_its_own_token_refuses_a_session_and_anonymous(people):
+    for name in OWN_TOKEN:
+        route = next(r for r in all_routes() if r.name == name)
+        with override_settings(FLEETDECK_METRICS_TOKEN="t0ken"):
+            anonymous = Client().get(fill(route.route, {}))
+            signed_in = Client()
+            signed_in.force_login(people["admin"])
+            assert anonymous.status_code == signed_in.get(fill(route.route, {})).status_code == 401
+
+
 def test_public_urls_answer_without_logging_in():
     client = Client()
     for name, why in PUBLIC.items():
