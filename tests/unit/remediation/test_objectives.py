@@ -61,8 +61,6 @@ def test_the_price_of_each_objective_by_hand():
     assert objectives.price(plan, {"peak_in_flight": 20}, 10_000, None) == []
 
 
-
-
 def _calibrated(incident, service_s=3.0):
     MemoryCalibration.objects.create(
         cluster=incident.cluster,
