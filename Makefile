@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check lint install browser fault-loop token
+.PHONY: run test check lint install browser monitoring fault-loop token
 
 $(STAMP): pyproject.toml scripts/install.sh
 	scripts/install.sh $(VENV)
@@ -13,6 +13,9 @@ install: $(STAMP)
 
 browser:
 	scripts/install-browser.sh
+
+monitoring:
+	scripts/install-monitoring.sh
 
 # The local Ray head is on loopback, and so is everything the local Fleetdeck may call: it calls
 # nothing its allow-list does not cover.
@@ -33,7 +36,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-test: lint browser
+test: lint browser monitoring
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The fast lane: lint and the unit tests, which need neither Ray nor a browser, on every core;
