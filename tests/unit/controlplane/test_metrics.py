@@ -39,9 +39,7 @@ def test_the_fleet_as_prometheus_reads_it(client, team, token):
     ClusterFactory(team=team, name="late", reachability="unreachable", last_sync_at=now - timedelta(seconds=600))
     IncidentFactory(cluster=fresh, severity="critical")
     IncidentFactory(cluster=fresh, severity="warning", deployment_name="Other", status="resolved")
-    ChangeFactory(
-        cluster=fresh, state=ChangeState.ROLLED_BACK, started_at=now - timedelta(seconds=40), finished_at=now
-    )
+    ChangeFactory(cluster=fresh, state=ChangeState.ROLLED_BACK, started_at=now - timedelta(seconds=40), finished_at=now)
     samples = _scrape(client, token)
     name = team.name
     assert samples[("fleetdeck_clusters", (("reachability", "ok"), ("team", name)))] == 1
