@@ -53,7 +53,7 @@ class ConfirmationMismatch(ChangeRefused):
 # --- planning ------------------------------------------------------------------------------
 
 
-def _read_live(cluster: Cluster) -> ServeStatus:
+def read_live(cluster: Cluster) -> ServeStatus:
     with dashboard_for(cluster) as ray:
         return ray.serve_applications()
 
@@ -114,7 +114,7 @@ def plan_delete_app(actor: Actor, cluster: Cluster, *, application: str, reason:
 
 def _make_plan(cluster: Cluster, build, nothing_to_do: str) -> planner.Plan:
     try:
-        plan = build(_read_live(cluster))
+        plan = build(read_live(cluster))
     except RayError as exc:
         raise ChangeRefused(f"Could not read the cluster's live config: {exc.message}") from exc
     except planner.PlanError as exc:
@@ -223,7 +223,7 @@ def run(change_id: int) -> None:
     change = Change.objects.select_related("cluster").get(pk=change_id)
     _step(change, "Re-reading the live config to check for drift.")
     try:
-        live = _read_live(change.cluster)
+        live = read_live(change.cluster)
         current = planner.live_config(live)
     except (RayError, planner.PlanError) as exc:
         return _finish(
@@ -319,7 +319,7 @@ def roll_back(change: Change, why: str) -> None:
     change.error = why
     change.save(update_fields=["error"])
     try:
-        live = _read_live(change.cluster)
+        live = read_live(change.cluster)
         times = {
             name: live.applications[name].last_deployed_time_s
             for name in change.touched_applications
@@ -387,7 +387,7 @@ def _wait(change: Change, check: Check, owner_apps: list[str]) -> planner.Verdic
     verdict = planner.Verdict(done=False, waiting_for=["no answer yet"])
     while time.monotonic() < deadline:
         try:
-            verdict = check(_read_live(change.cluster))
+            verdict = check(read_live(change.cluster))
         except RayError as exc:
             verdict = planner.Verdict(done=False, waiting_for=[f"cluster not answering: {exc.message}"])
         if verdict.done:
@@ -458,7 +458,7 @@ def reconcile(change_id: int) -> None:
 
 def _live_hash(change: Change) -> str:
     try:
-        return config_hash(planner.live_config(_read_live(change.cluster)))
+        return config_hash(planner.live_config(read_live(change.cluster)))
     except (RayError, planner.PlanError):
         return ""
 

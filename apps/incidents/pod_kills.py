@@ -14,7 +14,7 @@ from apps.clusters.models import Cluster
 from apps.clusters.pod_kill_events import PodKill
 from apps.incidents.causes import KernelOomContext, rank_kernel_oom_causes, severity
 from apps.incidents.models import Incident, PodKillRecord
-from apps.incidents.services import _open_or_extend
+from apps.incidents.services import open_or_extend
 
 
 def record_pod_kills(cluster: Cluster, kills: list[PodKill], *, restarts: list[dict]) -> list[int]:
@@ -67,7 +67,7 @@ def _record(cluster: Cluster, node_key: str, kills: list[PodKill], restarts: lis
         return rank_kernel_oom_causes(ctx), evidence
 
     with transaction.atomic():
-        incident = _open_or_extend(
+        incident = open_or_extend(
             cluster,
             "",
             "",

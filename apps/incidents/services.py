@@ -138,7 +138,7 @@ def _deployment(cluster: Cluster, app: str, dep: str) -> Deployment | None:
     )
 
 
-def _open_or_extend(
+def open_or_extend(
     cluster: Cluster,
     app: str,
     dep: str,
@@ -207,7 +207,7 @@ def _record_oom(
 
     beside = _killed_beside(app, dep, kills)
     with transaction.atomic():
-        incident = _open_or_extend(
+        incident = open_or_extend(
             cluster,
             app,
             dep,
@@ -449,7 +449,7 @@ def _record_node(cluster: Cluster, ip: str, finding, points: list[dict]) -> int:
         return causes, {"summary": finding.summary, "node_series": points[-120:]}
 
     with transaction.atomic():
-        incident = _open_or_extend(
+        incident = open_or_extend(
             cluster,
             "",
             "",
@@ -490,7 +490,7 @@ def _record_signal(cluster: Cluster, app: str, dep: str, kind: str, finding, cau
     ranks them when the incident opens."""
     deployment = _deployment(cluster, app, dep)
     with transaction.atomic():
-        incident = _open_or_extend(
+        incident = open_or_extend(
             cluster,
             app,
             dep,
@@ -546,7 +546,7 @@ def _record_latency(cluster: Cluster, app: str, dep: str, finding, points: list[
         }
 
     with transaction.atomic():
-        incident = _open_or_extend(
+        incident = open_or_extend(
             cluster,
             app,
             dep,

@@ -8,14 +8,12 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
-from django.db import transaction
-
 from apps.accounts.audit import Actor, record
 from apps.incidents.models import Incident, SignalWindow
 from apps.maintenance.models import RecycleSchedule
 from apps.remediation.findings import cold_start_ratio
 from apps.remediation.models import Wizard, WizardStep
-from apps.remediation.wizards import WizardError, _bump, _locked, _step
+from apps.remediation.wizards import WizardError, changing, lock, step_at
 from integrations import serve_http
 
 Status = WizardStep.Status
@@ -41,24 +39,22 @@ class CheckResult:
 
 
 def run(actor: Actor, wizard: Wizard, position: int, *, params: dict | None = None, revision: int | None) -> WizardStep:
-    step = _step(wizard, position)
+    step = step_at(wizard, position)
     check = CHECKS.get(step.remedy)
     if step.kind != WizardStep.Kind.CHECKLIST or check is None:
         raise WizardError(
             f"{step.remedy or 'This step'} has no automatic check: confirm it by hand once it is in place."
         )
     if revision is not None and revision != wizard.revision:
-        _locked(wizard, revision)  # raises the conflict with who moved it
+        lock(wizard, revision)  # raises the conflict with who moved it
     # Outside the lock: a probe may take seconds and must not block other operators' reads.
     outcome = check(wizard, params or {})
-    with transaction.atomic():
-        wizard = _locked(wizard, revision)
-        step = _step(wizard, position)
+    with changing(wizard, actor, revision) as wizard:
+        step = step_at(wizard, position)
         step.check_result = {"result": outcome.result, "why": outcome.why, **outcome.data, "at": time.time()}
         step.status = {"passed": Status.PASSED, "failed": Status.CHECK_FAILED}.get(outcome.result, step.status)
         step.updated_by = actor.user
         step.save(update_fields=["check_result", "status", "updated_by", "updated_at"])
-        _bump(wizard, actor)
         record(
             actor,
             "wizard.check",

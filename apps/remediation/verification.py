@@ -15,7 +15,7 @@ from apps.fleet import metric_readings
 from apps.incidents import services as incidents
 from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, SignalWindow
 from apps.remediation.models import Wizard, WizardStep
-from apps.remediation.wizards import WizardError, _bump, _locked
+from apps.remediation.wizards import WizardError, changing
 
 Status = WizardStep.Status
 LOOKBACK = timedelta(minutes=15)
@@ -31,8 +31,7 @@ def start(actor: Actor, wizard: Wizard, *, window_s: int | None = None, revision
     window_s = window_s or wizard.verification_window_s
     if not MIN_WINDOW_S <= window_s <= MAX_WINDOW_S:
         raise WizardError(f"The verification window must be between {MIN_WINDOW_S} s and {MAX_WINDOW_S // 3600} h.")
-    with transaction.atomic():
-        wizard = _locked(wizard, revision)
+    with changing(wizard, actor, revision) as wizard:
         if wizard.state != Wizard.State.OPEN:
             raise WizardError("Verification is already running.")
         steps = WizardStep.objects.filter(wizard=wizard)
@@ -53,7 +52,6 @@ def start(actor: Actor, wizard: Wizard, *, window_s: int | None = None, revision
             update_fields=["before", "after", "state", "verification_window_s", "verify_started_at", "verify_ends_at"]
         )
         steps.filter(kind=WizardStep.Kind.VERIFICATION).update(status=Status.PENDING, check_result={})
-        _bump(wizard, actor)
         record(actor, "wizard.verify", wizard, team=wizard.cluster.team, changes={"window_s": window_s})
     return wizard
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -232,7 +234,7 @@ def set_objectives(
     if refused := margin_refused(wizard, margin_fraction, confirmation):
         raise WizardError(refused)
     with transaction.atomic():
-        wizard = _locked(wizard, revision)
+        wizard = lock(wizard, revision)
         wizard.diagnosis = {
             **(wizard.diagnosis or {}),
             "objectives": {
@@ -342,7 +344,17 @@ def _already_in_place(effective: dict, patch: dict) -> bool:
 # --- acting on steps -----------------------------------------------------------------------
 
 
-def _locked(wizard: Wizard, revision: int | None) -> Wizard:
+@contextmanager
+def changing(wizard: Wizard, actor: Actor, revision: int | None) -> Iterator[Wizard]:
+    """Every change to a wizard: in one transaction, the wizard locked and checked against the revision the actor
+    acted on (a conflict names who moved it), and its revision bumped when the block ends without raising."""
+    with transaction.atomic():
+        current = lock(wizard, revision)
+        yield current
+        bump(current, actor)
+
+
+def lock(wizard: Wizard, revision: int | None) -> Wizard:
     current = Wizard.objects.select_for_update().get(pk=wizard.pk)
     if revision is not None and revision != current.revision:
         who = current.updated_by.get_username() if current.updated_by else "the worker"
@@ -355,13 +367,13 @@ def _locked(wizard: Wizard, revision: int | None) -> Wizard:
     return current
 
 
-def _bump(wizard: Wizard, actor: Actor) -> None:
+def bump(wizard: Wizard, actor: Actor) -> None:
     wizard.revision += 1
     wizard.updated_by = actor.user
     wizard.save(update_fields=["revision", "updated_by", "updated_at"])
 
 
-def _step(wizard: Wizard, position: int) -> WizardStep:
+def step_at(wizard: Wizard, position: int) -> WizardStep:
     step = WizardStep.objects.filter(wizard=wizard, position=position).first()
     if step is None:
         raise WizardError(f"Wizard #{wizard.pk} has no step {position}.")
@@ -371,7 +383,7 @@ def _step(wizard: Wizard, position: int) -> WizardStep:
 def apply(actor: Actor, wizard: Wizard, positions: list[int], *, revision: int | None) -> Change:
     """Apply one or several config remedies as one change (one rolling update instead of several)."""
     with transaction.atomic():
-        wizard = _locked(wizard, revision)
+        wizard = lock(wizard, revision)
         if wizard.state != Wizard.State.OPEN:
             raise WizardError("Verification is running: wait for its outcome, or abandon it, before changing more.")
         busy = WizardStep.objects.filter(wizard=wizard, status=Status.APPLYING).first()
@@ -380,7 +392,7 @@ def apply(actor: Actor, wizard: Wizard, positions: list[int], *, revision: int |
                 f"Step {busy.position} is being applied (change #{busy.change_id}); apply the next when it has "
                 "finished."
             )
-        steps = [_step(wizard, p) for p in sorted(set(positions))]
+        steps = [step_at(wizard, p) for p in sorted(set(positions))]
         if not steps:
             raise WizardError("Name the step(s) to apply.")
         for step in steps:
@@ -400,7 +412,7 @@ def apply(actor: Actor, wizard: Wizard, positions: list[int], *, revision: int |
                     f"Step {step.position} ({step.remedy}) is {step.get_status_display().lower()}: nothing to apply."
                 )
         WizardStep.objects.filter(pk__in=[s.pk for s in steps]).update(status=Status.APPLYING, updated_by=actor.user)
-        _bump(wizard, actor)
+        bump(wizard, actor)
     pending = [s.pk for s in steps]
     try:
         effective = _live_effective(wizard)
@@ -470,7 +482,7 @@ def _stale_settings(wizard: Wizard, effective: dict) -> list[str]:
 
 def _live_effective(wizard: Wizard) -> dict:
     try:
-        live = protocol._read_live(wizard.cluster)
+        live = protocol.read_live(wizard.cluster)
     except RayError as exc:
         raise WizardError(
             f"Could not read {wizard.cluster.name}'s live config, so nothing was applied: {exc.message}"
@@ -494,7 +506,7 @@ def replan(actor: Actor, wizard: Wizard, *, revision: int | None = None, effecti
     if effective is None:
         effective = _live_effective(wizard)
     with transaction.atomic():
-        wizard = _locked(wizard, revision)
+        wizard = lock(wizard, revision)
         found = _diagnose(wizard, effective)
         _take_objectives(wizard, found)
         wizard.diagnosis = found.summary
@@ -521,7 +533,7 @@ def replan(actor: Actor, wizard: Wizard, *, revision: int | None = None, effecti
                 calibration_step.status = Status.DONE
                 calibration_step.note = f"Measured: {found.summary['memory']['reason']}"
             calibration_step.save(update_fields=["values", "status", "note", "updated_at"])
-        _bump(wizard, actor)
+        bump(wizard, actor)
         record(actor, "wizard.replan", wizard, team=wizard.cluster.team)
     return wizard
 
@@ -566,7 +578,7 @@ def calibrate(
     `request` as the representative request, else Fleetdeck's default for the deployment (its
     warmup profile's request, or a GET of its route). The values are recomputed when it ends."""
     with transaction.atomic():
-        wizard = _locked(wizard, revision)
+        wizard = lock(wizard, revision)
         if wizard.state != Wizard.State.OPEN:
             raise WizardError("Verification is running: calibrate once it has an outcome.")
         step = WizardStep.objects.filter(wizard=wizard, kind=WizardStep.Kind.CALIBRATION).first()
@@ -598,7 +610,7 @@ def calibrate(
         step.note = f"Calibration #{run.pk} is running on {wizard.cluster.name}."
         step.check_result = {}
         step.save(update_fields=["calibration", "status", "updated_by", "note", "check_result", "updated_at"])
-        _bump(wizard, actor)
+        bump(wizard, actor)
         record(
             actor,
             "wizard.calibrate",
@@ -666,15 +678,15 @@ def settle_calibration(wizard_id: int) -> bool:
 def confirm(actor: Actor, wizard: Wizard, position: int, *, note: str = "", revision: int | None) -> WizardStep:
     """An operator says a code-level remedy is in place."""
     with transaction.atomic():
-        wizard = _locked(wizard, revision)
-        step = _step(wizard, position)
+        wizard = lock(wizard, revision)
+        step = step_at(wizard, position)
         if step.kind != WizardStep.Kind.CHECKLIST:
             raise WizardError(
                 f"Step {position} is not a code-level remedy: config remedies are applied, not confirmed."
             )
         step.status, step.note, step.updated_by = Status.DONE, note.strip()[:2000], actor.user
         step.save(update_fields=["status", "note", "updated_by", "updated_at"])
-        _bump(wizard, actor)
+        bump(wizard, actor)
         record(
             actor, "wizard.confirm", wizard, team=wizard.cluster.team, changes={"step": position, "remedy": step.remedy}
         )
@@ -685,13 +697,13 @@ def skip(actor: Actor, wizard: Wizard, position: int, *, reason: str, revision: 
     if not reason.strip():
         raise WizardError("Say why this remedy is skipped: the outcome lists skipped remedies as what to try next.")
     with transaction.atomic():
-        wizard = _locked(wizard, revision)
-        step = _step(wizard, position)
+        wizard = lock(wizard, revision)
+        step = step_at(wizard, position)
         if step.kind not in (WizardStep.Kind.CONFIG, WizardStep.Kind.CHECKLIST) or step.status == Status.APPLYING:
             raise WizardError(f"Step {position} cannot be skipped now.")
         step.status, step.note, step.updated_by = Status.SKIPPED, reason.strip()[:2000], actor.user
         step.save(update_fields=["status", "note", "updated_by", "updated_at"])
-        _bump(wizard, actor)
+        bump(wizard, actor)
         record(actor, "wizard.skip", wizard, team=wizard.cluster.team, changes={"step": position, "reason": step.note})
     return step
 
@@ -723,13 +735,13 @@ def settle_orphaned_steps(wizard_id: int | None = None) -> int:
 def abandon(actor: Actor, wizard: Wizard, *, reason: str, revision: int | None) -> Wizard:
     settle_orphaned_steps(wizard.pk)
     with transaction.atomic():
-        wizard = _locked(wizard, revision)
+        wizard = lock(wizard, revision)
         if WizardStep.objects.filter(wizard=wizard, status=Status.APPLYING).exists():
             raise WizardError("A change of this wizard is in progress; abandon it when the change has finished.")
         wizard.state, wizard.finished_at = Wizard.State.ABANDONED, timezone.now()
         wizard.outcome = f"Abandoned by {actor.name}: {reason.strip() or 'no reason given'}"
         wizard.save(update_fields=["state", "finished_at", "outcome"])
-        _bump(wizard, actor)
+        bump(wizard, actor)
         record(actor, "wizard.abandon", wizard, team=wizard.cluster.team, changes={"reason": reason.strip()[:500]})
     return wizard
 
