@@ -294,8 +294,17 @@ def _calibration_step(wizard: Wizard, position: int, found: diagnosis.Diagnosis)
     )
 
 
+def remedy_title(remedy: str, patch: dict | None) -> str:
+    """The playbook's title, unless what was computed contradicts it: R2's "min replicas ≥ 2" where only one
+    replica fits says so instead."""
+    auto = (patch or {}).get("autoscaling_config") or {}
+    if remedy == "R2" and auto.get("max_replicas") == 1:
+        return "R2: Queue-based autoscaling: only one replica fits this cluster, so none to scale to"
+    return f"{remedy}: {REMEDIES[remedy]}"
+
+
 def _remedy_step(wizard: Wizard, position: int, remedy: str, found: diagnosis.Diagnosis, effective: dict) -> WizardStep:
-    step = WizardStep(wizard=wizard, position=position, remedy=remedy, title=f"{remedy}: {REMEDIES[remedy]}")
+    step = WizardStep(wizard=wizard, position=position, remedy=remedy, title=remedy_title(remedy, None))
     _set_values(step, found, effective)
     return step
 
@@ -320,6 +329,7 @@ def _set_values(step: WizardStep, found: diagnosis.Diagnosis, effective: dict) -
     step.kind = WizardStep.Kind.CONFIG
     step.values = {k: v for k, v in computed.items() if k != "patch"}
     step.patch = computed.get("patch")
+    step.title = remedy_title(step.remedy, step.patch)
     if computed.get("waiting"):
         step.note = (
             computed.get("why_waiting") or "No values yet: they are computed from the calibration's measurements."
@@ -518,7 +528,7 @@ def replan(actor: Actor, wizard: Wizard, *, revision: int | None = None, effecti
             recomputed = step.kind == WizardStep.Kind.CONFIG or step.remedy in found.sizing.values
             if recomputed and step.status in (Status.PENDING, Status.FAILED, Status.NOT_APPLICABLE):
                 _set_values(step, found, effective)
-                step.save(update_fields=["kind", "values", "patch", "status", "note"])
+                step.save(update_fields=["kind", "values", "patch", "status", "note", "title"])
         missing = [r for r in found.remedies if r not in steps and (r in CONFIG_REMEDIES or found.sizing.patch(r))]
         if missing:
             _insert_steps(wizard, missing, found, effective)

@@ -88,3 +88,13 @@ def test_a_step_left_applying_is_settled_by_the_tick_and_the_wizard_can_be_aband
     step.refresh_from_db()
     wizard.refresh_from_db()
     assert step.status == Status.APPLIED and wizard.state == State.ABANDONED
+
+
+def test_a_remedy_title_never_claims_what_was_not_computed():
+    one = {"autoscaling_config": {"min_replicas": 1, "max_replicas": 1}}
+    assert "only one replica fits" in wizards.remedy_title("R2", one)
+    two = {"autoscaling_config": {"min_replicas": 2, "max_replicas": 4}}
+    assert (
+        wizards.remedy_title("R2", two)
+        == "R2: Queue-based autoscaling: target ≈ 1, min replicas ≥ 2, fast upscale, slow downscale"
+    )
