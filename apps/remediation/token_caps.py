@@ -123,7 +123,10 @@ def input_caps(
     per-token measurement and a budget nothing is computed."""
     config = user_config or {}
     caps = {name: config.get(name) for name in INPUT_CAPS}
-    unusable = [name for name, value in caps.items() if not _is_cap(value)]
+    # A cap the deployment reads but leaves null is one Fleetdeck may set; one it does not read at all, or holds
+    # as something other than a token count, is not.
+    unset = [name for name in INPUT_CAPS if name in config and config[name] is None]
+    unusable = [name for name, value in caps.items() if name not in unset and not _is_cap(value)]
     if unusable:
         return {
             "patch": None,
@@ -165,7 +168,6 @@ def input_caps(
     if batch_limit and batch_limit < fit:
         fit = batch_limit
         why += f"; a request larger than the batch limit of {batch_limit} tokens (R4) could never join a batch"
-    total = caps["max_prompt_tokens"] + caps["max_tokens_cap"]
     if fit < 2:
         return {
             "patch": None,
@@ -177,6 +179,9 @@ def input_caps(
                 "more memory per node or fewer replicas per node."
             ],
         }
+    if unset:
+        return _caps_for_unset(caps, unset, fit, why)
+    total = caps["max_prompt_tokens"] + caps["max_tokens_cap"]
     if total <= fit:
         kept = f"kept: a request brings at most {total} tokens and up to {fit} fit ({why})."
         return {
@@ -241,3 +246,26 @@ def largest_token_sum(curve, limit_bytes: int, ceiling: int) -> int:
         else:
             high = middle - 1
     return low
+
+
+# With no caps to keep the proportion of, a request's tokens are split as a chat request's usually are: most of
+# them prompt, a quarter generated.
+PROMPT_SHARE = 0.75
+
+
+def _caps_for_unset(caps: dict, unset: list[str], fit: int, why: str) -> dict:
+    """R3 where the deployment reads its caps but has them null: set them so a request fits, saying so."""
+    prompt = caps["max_prompt_tokens"] or max(1, int(fit * PROMPT_SHARE))
+    generated = caps["max_tokens_cap"] or max(1, fit - prompt)
+    prompt, generated = min(prompt, fit - 1), min(generated, fit - min(prompt, fit - 1))
+    value = {"max_prompt_tokens": prompt, "max_tokens_cap": generated}
+    reasons = {
+        name: (
+            f"{value[name]}: null today, so a request's size had no bound; {prompt + generated} tokens a request fit "
+            f"({why}), {PROMPT_SHARE:.0%} of them prompt"
+            if name in unset
+            else f"{value[name]}, kept or lowered so the request fits ({why})"
+        )
+        for name in INPUT_CAPS
+    }
+    return {"patch": {"user_config": value}, "value": value, "warnings": [], "reasons": reasons}

@@ -216,3 +216,17 @@ def test_a_deployment_reading_only_one_cap_from_user_config_keeps_r3_a_checklist
     r3 = by_remedy(wizards.start(actor(people), incident=incident)[0])["R3"]
     assert r3.kind == "checklist" and r3.patch is None and "413" in r3.values["guidance"]
     assert "no usable max_prompt_tokens" in r3.values["warnings"][0]
+
+
+def test_caps_the_deployment_reads_but_leaves_null_are_offered(people, incident, live, cluster):
+    run_with_user_config(live, cluster, {"alloc_mb": 0, "max_prompt_tokens": None, "max_tokens_cap": None})
+    token_calibration(incident.deployment)
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    r3 = by_remedy(wizard)["R3"]
+    assert r3.kind == "config" and r3.status == "pending"
+    caps = r3.patch["user_config"]
+    plan, budget = wizard.diagnosis["plan"], wizard.diagnosis["budget"]["bytes_per_node"]
+    fit = (budget // plan["per_node"] - wizard.diagnosis["memory"]["baseline_bytes"]) // (plan["concurrency"] * MIB)
+    # Both set so that one request fits, three quarters of it prompt.
+    assert caps["max_prompt_tokens"] == int(fit * 0.75) and caps["max_prompt_tokens"] + caps["max_tokens_cap"] == fit
+    assert "null today" in r3.values["reasons"]["max_prompt_tokens"]
