@@ -323,6 +323,8 @@ FLEETDECK_WAITING_REPLICA_S = env_int("FLEETDECK_WAITING_REPLICA_S", 60, minimum
 FLEETDECK_NODE_RESOURCES_MAX_AGE_S = env_int("FLEETDECK_NODE_RESOURCES_MAX_AGE_S", 300, minimum=5)
 # Replica-count samples (the scaling chart) older than this are deleted by the tick.
 FLEETDECK_SCALING_HISTORY_DAYS = env_int("FLEETDECK_SCALING_HISTORY_DAYS", 30, minimum=1)
+# Config revisions older than this go, except each application's newest 20 (apps/fleet/retention.py).
+FLEETDECK_REVISION_RETENTION_DAYS = env_int("FLEETDECK_REVISION_RETENTION_DAYS", 90, minimum=1)
 # Comma-separated CIDRs every team's URLs may point into, beside the allow-list administrators keep
 # (apps/clusters/network_policy.py). Nothing listed in either allows nothing: Fleetdeck fails closed.
 # Link-local addresses (cloud metadata services) are always refused.

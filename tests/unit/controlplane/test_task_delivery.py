@@ -74,4 +74,5 @@ def test_the_tick_runs_each_apps_due_work_in_its_order():
         "settle_awaiting",
         "settle_orphaned_steps",
         "prune",
+        "prune_revisions",
     ]
