@@ -103,6 +103,11 @@ def suggest(points: list[dict], started_at: float | None, service_s: float | Non
                 f"clients saw a p99 of {p99_before / 1000:.1f} s before the incident, plus {BEFORE_HEADROOM - 1:.0%}",
             )
         )
+    else:
+        # Without what clients saw, a tight objective would shed load nobody asked to shed: never below the default.
+        candidates.append(
+            (DEFAULT_LATENCY_MS, "Fleetdeck's default, since no client p99 before the incident was measured")
+        )
     if service_s:
         candidates.append(
             (
@@ -111,12 +116,8 @@ def suggest(points: list[dict], started_at: float | None, service_s: float | Non
                 f"({service_source}), room to queue about one request per slot",
             )
         )
-    if candidates:
-        value, why = max(candidates)
-        latency, latency_reason = _round_up(value), why
-    else:
-        latency = DEFAULT_LATENCY_MS
-        latency_reason = "Fleetdeck's default: no client p99 before the incident and no service time were measured"
+    value, latency_reason = max(candidates)
+    latency = _round_up(value)
     if failed_before is not None and failed_before > 0:
         failure = min(DEFAULT_FAILURE, max(0.01, round(2 * failed_before, 3)))
         failure_reason = f"twice the {failed_before:.1%} of client requests that failed before the incident"

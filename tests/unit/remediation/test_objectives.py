@@ -24,8 +24,12 @@ def test_the_suggestion_starts_from_what_clients_saw_before_the_incident():
     assert goals.suggested
 
 
-def test_without_client_readings_the_service_time_or_the_default():
-    assert objectives.suggest([], None, 3.0, "calibrated").latency_ms == 7_500
+def test_without_client_readings_never_below_the_default():
+    # Nobody measured what clients saw: a tighter objective would shed load nobody asked to shed.
+    assert objectives.suggest([], None, 3.0, "calibrated").latency_ms == 10_000
+    # A request slower than the default allows gets 2.5 of its own service time.
+    slow = objectives.suggest([], None, 6.0, "calibrated")
+    assert slow.latency_ms == 15_000 and "6.0 s" in slow.latency_reason
     fallback = objectives.suggest([], None, None, "")
     assert fallback.latency_ms == 10_000 and "default" in fallback.latency_reason
     assert fallback.failure == 0.05
