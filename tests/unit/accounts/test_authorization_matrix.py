@@ -877,6 +877,7 @@ def test_a_url_with_its_own_token_refuses_a_session_and_anonymous(people):
             assert anonymous.status_code == signed_in.get(fill(route.route, {})).status_code == 401
 
 
+@pytest.mark.django_db  # the login and logout views record attempts (django-axes)
 def test_public_urls_answer_without_logging_in():
     client = Client()
     for name, why in PUBLIC.items():
