@@ -59,7 +59,7 @@ def test_an_operator_opens_the_wizard_from_the_incident_and_applies_r1_and_r2(pa
     )
     page.click(".wizard-steps >> text=Diagnosis")
     page.click("text=Recompute from the latest measurements")
-    page.wait_for_selector(".wizard-steps li:nth-child(2) .badge:text('Done')")
+    page.wait_for_selector(".wizard-steps li:nth-child(2) .badge:text('Measured')")
     page.click(".wizard-steps >> text=R1 · Config remedy")
     page.wait_for_selector("h2:text('R1: Cap per-replica concurrency')")
     assert "Why this value" in page.content() and "Weighed:" in page.content()
