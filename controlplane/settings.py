@@ -9,6 +9,7 @@ from pathlib import Path
 import dj_database_url
 from csp.constants import NONCE, NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 
 from controlplane.env import env_bool, env_float, env_int, env_list, env_str
 
@@ -300,6 +301,19 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env_bool("FLEETDECK_TASKS_EAGER", False)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Work that waits goes to queues of its own, so it never holds the slots syncs and the tick need:
+# a change or a maintenance run waits on Ray for minutes ("long"), a metrics reading for as long as
+# its endpoint's deadline ("metrics"), and the tick, every team's periodic work, waits behind
+# nothing ("tick"). A worker started without -Q consumes all four; the deployment runs the long
+# queue in processes of their own (deploy/k8s/worker.yaml, `make run`).
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_QUEUES = [Queue(name) for name in ("celery", "tick", "metrics", "long")]
+CELERY_TASK_ROUTES = {
+    "fleet.tick": {"queue": "tick"},
+    "incidents.collect_metrics": {"queue": "metrics"},
+    "changes.run": {"queue": "long"},
+    "maintenance.run": {"queue": "long"},
+}
 
 # Fleet behaviour.
 FLEETDECK_SYNC_INTERVAL_S = env_int("FLEETDECK_SYNC_INTERVAL_S", 30, minimum=5)
@@ -314,6 +328,9 @@ FLEETDECK_RAY_TIMEOUT_S = env_float("FLEETDECK_RAY_TIMEOUT_S", 5.0, minimum=0.1)
 # a byte every few seconds, or never stops, hold a worker (integrations/egress.py).
 FLEETDECK_OUTBOUND_MAX_BYTES = env_int("FLEETDECK_OUTBOUND_MAX_BYTES", 64 * 2**20, minimum=2**20)
 FLEETDECK_OUTBOUND_DEADLINE_S = env_float("FLEETDECK_OUTBOUND_DEADLINE_S", 30.0, minimum=1.0)
+# A metrics reading (a scrape, or Prometheus's queries) runs as its own task, stopped by Celery
+# after this long: above one answer's deadline, so a slow endpoint is named by the transport first.
+FLEETDECK_METRICS_TIME_LIMIT_S = env_int("FLEETDECK_METRICS_TIME_LIMIT_S", 45, minimum=5)
 # A replica Ray has not started after this long is "waiting": the sync reads the nodes' free
 # resources and the findings say what is missing. Serve starts a replica in seconds when a node
 # has room (measured ~3 s), so a minute means it has none.

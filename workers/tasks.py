@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 
 from celery import current_app, shared_task
+from celery.exceptions import SoftTimeLimitExceeded
 
 from apps.calibration import services as calibration
 from apps.changes import protocol
 from apps.core import jobs
 from apps.fleet import sync
-from apps.incidents import webhooks
+from apps.incidents import metrics_jobs, webhooks
 from apps.incidents.webhooks import RETRY_BACKOFF_MAX_S
 from apps.kubernetes import inspection
 from apps.kubernetes.services import linked
@@ -45,6 +46,22 @@ def sync_batch(cluster_ids: list[int]) -> None:
 def inspect_kubernetes(cluster_id: int) -> None:
     """K1-K4 findings, kernel OOM kills and the pods snapshot of a cluster linked to Kubernetes."""
     inspection.inspect(cluster_id)
+
+
+@shared_task(
+    name=jobs.COLLECT_METRICS,
+    ignore_result=True,
+    soft_time_limit=metrics_jobs.soft_limit_s(),
+    time_limit=metrics_jobs.hard_limit_s(),
+)
+def collect_metrics(cluster_id: int) -> None:
+    """One cluster's metrics reading, on its own queue and under a time limit (a slow endpoint
+    holds this task, never a sync batch)."""
+    try:
+        metrics_jobs.run(cluster_id)
+    except SoftTimeLimitExceeded:
+        log.warning("the metrics reading of cluster %s passed its time limit", cluster_id)
+        metrics_jobs.timed_out(cluster_id)
 
 
 @shared_task(name=jobs.TICK, ignore_result=True, acks_late=True)

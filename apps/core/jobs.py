@@ -22,6 +22,7 @@ RECONCILE_CHANGE = "changes.reconcile"
 RUN_MAINTENANCE = "maintenance.run"
 POLL_CALIBRATION = "calibration.poll"
 DELIVER_WEBHOOK = "incidents.deliver_webhook"
+COLLECT_METRICS = "incidents.collect_metrics"
 
 ALL = (
     TICK,
@@ -33,6 +34,7 @@ ALL = (
     RUN_MAINTENANCE,
     POLL_CALIBRATION,
     DELIVER_WEBHOOK,
+    COLLECT_METRICS,
 )
 
 

@@ -202,6 +202,8 @@ class ScrapeState(models.Model):
     samples = JSONField(default=list)
     warnings = JSONField(default=list, blank=True)
     error = models.TextField(blank=True)
+    # When the reading now queued or running was asked for: one at a time per cluster.
+    claimed_at = models.DateTimeField(null=True, blank=True)
 
 
 class Webhook(models.Model):

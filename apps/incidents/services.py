@@ -52,9 +52,6 @@ def on_cluster_synced(sender, cluster_id: int, outcome, **kwargs) -> None:
     # with every sync, and when they are as the last applied sync read them there is nothing new.
     if not outcome.unchanged:
         detect(cluster_id, outcome.observation, resolve=False)
-    # A metrics reading is a reading of now, for the latency detectors: taken with every sync.
-    if outcome.cluster.has_metrics_source:
-        collect_metrics(cluster_id)
 
 
 def on_batch_synced(sender, outcomes, **kwargs) -> None:

@@ -117,11 +117,15 @@ def _llm_models(deployments: list[Deployment]) -> dict[int, LLMModel]:
 
 def on_cluster_synced(sender, cluster_id: int, outcome, **kwargs) -> None:
     # Findings read the deployments, which an unchanged sync leaves as they were, and metric
-    # windows, which only a metrics source moves; a waiting replica (read by the clock) makes no
-    # sync unchanged, and the inputs no dashboard shows (schedules, warmups, LLM inputs, the
-    # registration) make the next sync apply in full when they change.
-    if not outcome.unchanged or outcome.cluster.has_metrics_source:
+    # windows, which move when a metrics reading is taken (`on_metrics_collected`); a waiting
+    # replica (read by the clock) makes no sync unchanged, and the inputs no dashboard shows
+    # (schedules, warmups, LLM inputs, the registration) make the next sync apply in full when they change.
+    if not outcome.unchanged:
         recompute(cluster_id)
+
+
+def on_metrics_collected(sender, cluster_id: int, **kwargs) -> None:
+    recompute(cluster_id)
 
 
 def recompute(cluster_id: int) -> dict:

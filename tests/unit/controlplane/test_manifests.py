@@ -18,7 +18,9 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from django.conf import settings
 
+from apps.demo.management.commands.runlocal import Command
 from integrations.kubernetes.kinds import READS, WRITES
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -497,6 +499,24 @@ def test_worker_and_beat_commands_name_the_project_celery_app():
         assert command[:3] == ["python", "-m", "celery"] and role in command
         app_module = command[command.index("-A") + 1]
         assert hasattr(importlib.import_module(f"{app_module}.celery"), "app")
+
+
+def consumed_queues(command: list[str]) -> set[str]:
+    for flag in ("--queues", "-Q"):
+        if flag in command:
+            return set(command[command.index(flag) + 1].split(","))
+    return {queue.name for queue in settings.CELERY_TASK_QUEUES}
+
+
+def test_every_queue_has_a_worker_and_long_waits_have_their_own():
+    containers = one(fleetdeck_docs(), "Deployment", "fleetdeck-worker")["spec"]["template"]["spec"]["containers"]
+    local = Command()._commands(8000)
+    routed = {route["queue"] for route in settings.CELERY_TASK_ROUTES.values()}
+    for commands in ([c["command"] for c in containers], [cmd for name, cmd in local.items() if "worker" in name]):
+        consumed = [consumed_queues(command) for command in commands]
+        assert set().union(*consumed) == {queue.name for queue in settings.CELERY_TASK_QUEUES} >= routed
+        # The processes that wait minutes on Ray take nothing else, and nothing of theirs goes elsewhere.
+        assert {"long"} in consumed and all("long" not in queues or queues == {"long"} for queues in consumed)
 
 
 def test_workers_outlive_the_longest_change_verification_on_shutdown():

@@ -15,10 +15,11 @@ from django.utils import timezone
 
 from apps.accounts.audit import Actor
 from apps.clusters.models import Cluster, Reachability
+from apps.core import jobs
 from apps.fleet import llm, sync
 from apps.fleet.models import Application, Deployment
 from apps.incidents import services as incidents
-from apps.incidents.models import Incident
+from apps.incidents.models import Incident, ScrapeState
 from apps.maintenance.models import RecycleSchedule
 from apps.remediation import findings
 from apps.remediation.models import Finding
@@ -142,16 +143,21 @@ def test_an_unchanged_sync_still_resolves_quiet_incidents(fleet):
     assert incident.status == Incident.Status.RESOLVED
 
 
-def test_an_unchanged_sync_takes_a_metrics_reading_and_recomputes_findings(fleet, monkeypatch):
+def test_an_unchanged_sync_asks_for_a_metrics_reading_and_does_not_take_it(fleet, monkeypatch):
     Cluster.objects.filter(pk=fleet[0].pk).update(metrics_url="http://c0.test:8080/metrics")
     ids = synced(fleet)
-    read, recomputed = [], []
+    ScrapeState.objects.update(claimed_at=None)  # the reading the first sync asked for has run
+    sent, read, recomputed = [], [], []
+    monkeypatch.setattr(jobs, "enqueue", lambda job, *args, **options: sent.append((job, *args)) or True)
     monkeypatch.setattr(incidents, "collect_metrics", lambda cluster_id: read.append(cluster_id) or [])
     monkeypatch.setattr(findings, "recompute", lambda cluster_id: recomputed.append(cluster_id) or {})
 
     tasks.sync_batch(ids)
 
-    # Metric windows move with the clock, whatever the dashboard answers; the others' findings cannot.
+    # The reading is a job of its own (a slow endpoint must not hold the batch); the findings
+    # its windows feed are recomputed when it is taken.
+    assert sent == [(jobs.COLLECT_METRICS, fleet[0].pk)] and read == [] and recomputed == []
+    tasks.collect_metrics(fleet[0].pk)
     assert read == [fleet[0].pk] and recomputed == [fleet[0].pk]
 
 

@@ -155,7 +155,14 @@ class Command(BaseCommand):
         celery = [python, "-m", "celery", "-A", "controlplane"]
         return {
             "web": [python, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-            "worker": celery + ["worker", "--loglevel", "INFO", "--concurrency", "2"],
+            # As deployed: changes and maintenance runs, which wait minutes on Ray, in processes of
+            # their own, so syncs and the tick never wait behind them.
+            "worker": celery
+            + ["worker", "--loglevel", "INFO", "--concurrency", "2", "-Q", "celery,tick,metrics"]
+            + ["--hostname", "worker@%h"],
+            "worker-long": celery
+            + ["worker", "--loglevel", "INFO", "--concurrency", "1", "-Q", "long"]
+            + ["--hostname", "long@%h"],
             # At INFO beat logs each tick it sends, a line every 10 s in the terminal; its warnings still show.
             "beat": celery + ["beat", "--loglevel", "WARNING"],
         }
