@@ -428,7 +428,20 @@ def apply(actor: Actor, wizard: Wizard, positions: list[int], *, revision: int |
         effective = _live_effective(wizard)
         stale = _stale_settings(wizard, effective)
         if not stale:
-            change = _plan_and_queue(actor, wizard, steps)
+            change = _plan(actor, wizard, steps)
+            # Queued, linked and recorded together: the worker is sent the change only when this
+            # commits, so the change's end always finds its steps, and a web process that dies
+            # here leaves a planned change and steps the tick puts back to To do, nothing queued.
+            with transaction.atomic():
+                protocol.request_apply(actor, change)
+                WizardStep.objects.filter(pk__in=pending).update(change=change)
+                record(
+                    actor,
+                    "wizard.apply",
+                    wizard,
+                    team=wizard.cluster.team,
+                    changes={"steps": [s.position for s in steps], "change": change.pk},
+                )
     except (ValidationError, RayError) as exc:
         WizardStep.objects.filter(pk__in=pending, status=Status.APPLYING).update(status=Status.PENDING)
         raise exc if isinstance(exc, WizardError) else WizardError(_message(exc)) from exc
@@ -439,30 +452,20 @@ def apply(actor: Actor, wizard: Wizard, positions: list[int], *, revision: int |
             f"{wizard.application_name}/{wizard.deployment_name} changed since these values were computed "
             f"({', '.join(stale)}). The values were recomputed from the live config: review them and apply again."
         )
-    with transaction.atomic():
-        WizardStep.objects.filter(pk__in=pending).update(change=change)
-        record(
-            actor,
-            "wizard.apply",
-            wizard,
-            team=wizard.cluster.team,
-            changes={"steps": [s.position for s in steps], "change": change.pk},
-        )
     return change
 
 
-def _plan_and_queue(actor: Actor, wizard: Wizard, steps: list[WizardStep]) -> Change:
+def _plan(actor: Actor, wizard: Wizard, steps: list[WizardStep]) -> Change:
     options = _merged([s.patch for s in steps])
     remedies = "+".join(s.remedy for s in steps)
     source = f"incident #{wizard.incident_id}" if wizard.incident_id else f"finding #{wizard.finding_id}"
-    change = protocol.plan_change(
+    return protocol.plan_change(
         actor,
         wizard.cluster,
         options=options,
         targets=[{"application": wizard.application_name, "deployment": wizard.deployment_name}],
         reason=f"Wizard #{wizard.pk} ({source}): {remedies} with computed values",
     )
-    return protocol.request_apply(actor, change)
 
 
 def _merged(patches: list[dict]) -> dict:

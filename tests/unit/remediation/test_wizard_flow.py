@@ -11,7 +11,7 @@ from apps.changes.models import Change, ChangeState
 from apps.remediation import wizards
 from apps.remediation.models import Wizard, WizardStep
 from tests.conftest import ray_fixture
-from tests.factories import IncidentFactory
+from tests.factories import ChangeFactory, IncidentFactory
 from tests.unit.remediation.wizard_helpers import (
     MIB,
     actor,
@@ -220,3 +220,31 @@ def test_a_failed_calibration_leaves_the_values_uncomputed_and_says_why(people, 
     assert step.status == "failed" and "answered 404" in step.note
     assert by_remedy(wizard)["R1"].patch is None
     assert incident.timeline.filter(message__contains="answered 404").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_change_is_sent_to_the_worker_only_once_its_steps_are_linked(people, incident, calibrated, monkeypatch):
+    """A worker that finishes the change at once still finds the steps: queue and link commit together."""
+    from apps.core import jobs
+
+    linked_when_sent = []
+
+    def send(job, change_id, **options):
+        linked_when_sent.append(WizardStep.objects.filter(change_id=change_id, status="applying").count())
+        return True
+
+    monkeypatch.setattr(jobs, "enqueue", send)
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    steps = by_remedy(wizard)
+    wizards.apply(actor(people), wizard, [steps["R1"].position, steps["R2"].position], revision=wizard.revision)
+    assert linked_when_sent == [2]
+
+
+def test_a_refused_queue_leaves_no_step_applying_and_nothing_linked(people, incident, calibrated):
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    r1 = by_remedy(wizard)["R1"]
+    other = ChangeFactory(cluster=incident.cluster, state=ChangeState.VERIFYING)
+    with pytest.raises(wizards.WizardError, match=f"#{other.pk} is already in progress"):
+        wizards.apply(actor(people), wizard, [r1.position], revision=wizard.revision)
+    r1.refresh_from_db()
+    assert r1.status == "pending" and r1.change_id is None
