@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import cast
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -18,7 +19,7 @@ from django.utils import timezone
 from apps.accounts.audit import Actor, record
 from apps.changes import lifecycle, planner
 from apps.changes.app_validation import validate_application
-from apps.changes.config_writers import WriterUnavailable, owner_waiting_for, writer_for
+from apps.changes.config_writers import ReadBackWriter, WriterUnavailable, owner_waiting_for, writer_for
 from apps.changes.llm_validation import changed_llm_problems
 from apps.changes.models import ACTIVE_STATES, Change, ChangeState, ChangeStep, Preset
 from apps.changes.signals import change_finished
@@ -178,10 +179,11 @@ def _save_plan(actor, cluster, plan, kind, targets, reason, **extra) -> Change:
 def request_apply(actor: Actor, change: Change, *, confirm: str | None = None) -> Change:
     """Queue a planned change. The database allows one active change per cluster. Deleting an
     application takes its name typed as `confirm`: nothing brings a deleted application's replicas back."""
-    if change.kind == Change.Kind.DELETE_APP and (confirm or "").strip() != change.targets[0]:
+    typed = (confirm or "").strip()
+    if change.kind == Change.Kind.DELETE_APP and typed != change.targets[0]:
         raise ConfirmationMismatch(
             f"Type the application's name, {change.targets[0]}, to confirm its deletion"
-            + (f" ({confirm.strip()!r} does not match)." if (confirm or "").strip() else ".")
+            + (f" ({typed!r} does not match)." if typed else ".")
         )
     try:
         with transaction.atomic():
@@ -221,6 +223,12 @@ def run(change_id: int) -> None:
     ):
         return  # already taken (a duplicate delivery) or gone
     change = Change.objects.select_related("cluster").get(pk=change_id)
+    # Read before the drift check, not between it and the push: the reading waits on the metrics
+    # endpoint (within the outbound deadline), and a config changed by hand in that wait would be
+    # overwritten. The heartbeat after it keeps the reconciler off a change whose worker is alive.
+    change.client_impact = {"opening": client_impact.opening(change.cluster)}
+    change.heartbeat_at = timezone.now()
+    change.save(update_fields=["client_impact", "heartbeat_at"])
     _step(change, "Re-reading the live config to check for drift.")
     try:
         live = read_live(change.cluster)
@@ -260,8 +268,6 @@ def _push_and_verify(change: Change) -> None:
         writer = writer_for(change.cluster, planned_base=change.base_config)
     except WriterUnavailable as exc:
         return _finish(change, ChangeState.FAILED, str(exc))
-    change.client_impact = {"opening": client_impact.opening(change.cluster)}
-    change.save(update_fields=["client_impact"])
     _transition(change, ChangeState.PUSHING, "Pushing the full config (every application) to the cluster.")
     try:
         writer.push(change.new_config)
@@ -281,7 +287,7 @@ def _push_and_verify(change: Change) -> None:
     except AdapterError as exc:
         # As with a Ray timeout, a patch whose answer was lost may have landed: only a read-back
         # without the new config lets the change end as "nothing changed".
-        if not getattr(exc, "transient", False) or not writer.may_hold(change.new_config):
+        if not getattr(exc, "transient", False) or not cast(ReadBackWriter, writer).may_hold(change.new_config):
             return _finish(change, ChangeState.FAILED, f"The RayService was not changed: {_message(exc)}")
         _step(change, f"The patch answered with an error ({_message(exc)}); verifying what the cluster runs.")
     change.pushed_at = timezone.now()
@@ -442,7 +448,13 @@ def reconcile(change_id: int) -> None:
         return _enqueue(jobs.RUN_CHANGE, change.pk)
     if change.state == ChangeState.ROLLING_BACK:
         return roll_back(change, f"{prefix}; resuming the rollback. {change.error}")
-    live = _live_hash(change)
+    try:
+        current = planner.live_config(read_live(change.cluster))
+    except (RayError, planner.PlanError) as exc:
+        # Nothing is pushed blind: the next reconcile (the heartbeat was just taken) reads again.
+        _step(change, f"{prefix}; the cluster cannot be read ({_message(exc)}): trying again later.")
+        return
+    live = config_hash(current)
     if live == change.base_hash:
         return _finish(
             change, ChangeState.FAILED, f"{prefix}; the cluster still runs the base config, so nothing changed."
@@ -450,9 +462,18 @@ def reconcile(change_id: int) -> None:
     if live == change.new_hash:
         _step(change, f"{prefix}; the cluster runs the new config, resuming verification.")
         return _verify_or_roll_back(change)
-    roll_back(
+    # Someone changed the cluster meanwhile, perhaps to fix it by hand: pushing the base config
+    # back would undo that. A person decides, with the difference in front of them.
+    change.drift = unified_diff(
+        redact_config(change.new_config), redact_config(current), old_label="this change's config", new_label="live now"
+    )
+    change.save(update_fields=["drift"])
+    _finish(
         change,
-        f"{prefix}; the cluster runs neither the base nor the new config ({live[:12] if live else 'unreadable'}).",
+        ChangeState.DRIFTED,
+        f"{prefix}; the cluster now runs neither the base nor this change's config: it was changed outside this "
+        "change. Nothing was pushed back; compare the live config below and re-plan from it.",
+        error=True,
     )
 
 
