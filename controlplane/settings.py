@@ -342,6 +342,10 @@ FLEETDECK_NODE_RESOURCES_MAX_AGE_S = env_int("FLEETDECK_NODE_RESOURCES_MAX_AGE_S
 FLEETDECK_SCALING_HISTORY_DAYS = env_int("FLEETDECK_SCALING_HISTORY_DAYS", 30, minimum=1)
 # Config revisions older than this go, except each application's newest 20 (apps/fleet/retention.py).
 FLEETDECK_REVISION_RETENTION_DAYS = env_int("FLEETDECK_REVISION_RETENTION_DAYS", 90, minimum=1)
+# Change step logs older than this go, except those of each cluster's newest 50 changes (apps/changes/retention.py).
+FLEETDECK_CHANGE_LOG_RETENTION_DAYS = env_int("FLEETDECK_CHANGE_LOG_RETENTION_DAYS", 180, minimum=1)
+# Audit rows older than this go (apps/accounts/retention.py).
+FLEETDECK_AUDIT_RETENTION_DAYS = env_int("FLEETDECK_AUDIT_RETENTION_DAYS", 365, minimum=1)
 # Comma-separated CIDRs every team's URLs may point into, beside the allow-list administrators keep
 # (apps/clusters/network_policy.py). Nothing listed in either allows nothing: Fleetdeck fails closed.
 # Link-local addresses (cloud metadata services) are always refused.

@@ -6,4 +6,7 @@ class AccountsConfig(AppConfig):
     label = "accounts"
 
     def ready(self) -> None:
-        from apps.accounts import signals  # noqa: F401  (login/logout audit)
+        from apps.accounts import retention, signals  # noqa: F401  (signals: login/logout audit)
+        from apps.core import ticks
+
+        ticks.register("accounts.audit", 97, retention.prune_audit)

@@ -11,14 +11,14 @@ from django.conf import settings
 from django.db.models import F, OuterRef, Subquery
 from django.utils import timezone
 
+from apps.core.retention import delete_batch
 from apps.fleet.models import ConfigRevision
 
 REVISIONS_ALWAYS_KEPT = 20
-BATCH = 1000
 
 
 def prune_revisions() -> int:
-    """Delete up to BATCH revisions past the retention; returns how many went."""
+    """Delete a batch of revisions past the retention; returns how many went."""
     cutoff = timezone.now() - timedelta(days=settings.FLEETDECK_REVISION_RETENTION_DAYS)
     # The id of each application's REVISIONS_ALWAYS_KEPT-th newest revision: anything older than it may go.
     keep_from = (
@@ -26,15 +26,9 @@ def prune_revisions() -> int:
         .order_by("-id")
         .values("id")[REVISIONS_ALWAYS_KEPT - 1 : REVISIONS_ALWAYS_KEPT]
     )
-    doomed = list(
+    return delete_batch(
         ConfigRevision.objects.filter(observed_at__lt=cutoff)
         .annotate(keep_from=Subquery(keep_from))
         .exclude(keep_from__isnull=True)
         .filter(id__lt=F("keep_from"))
-        .order_by("id")
-        .values_list("id", flat=True)[:BATCH]
     )
-    if not doomed:
-        return 0
-    ConfigRevision.objects.filter(id__in=doomed).delete()
-    return len(doomed)

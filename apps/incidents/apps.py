@@ -10,7 +10,7 @@ class IncidentsConfig(AppConfig):
         from apps.core import ticks
         from apps.fleet import holds
         from apps.fleet.signals import batch_synced, cluster_synced
-        from apps.incidents import metrics_jobs, services, webhooks
+        from apps.incidents import metrics_jobs, retention, services, webhooks
         from apps.incidents.pod_kills import on_ray_pods_oom_killed
         from apps.incidents.services import recycle_hold
 
@@ -20,3 +20,4 @@ class IncidentsConfig(AppConfig):
         cluster_synced.connect(metrics_jobs.on_cluster_synced, dispatch_uid="incidents.request_metrics")
         batch_synced.connect(services.on_batch_synced, dispatch_uid="incidents.on_batch_synced")
         ticks.register("incidents.webhooks", 50, webhooks.lost_deliveries)
+        ticks.register("incidents.windows", 98, retention.prune_windows)

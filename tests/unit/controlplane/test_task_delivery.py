@@ -75,4 +75,7 @@ def test_the_tick_runs_each_apps_due_work_in_its_order():
         "settle_orphaned_steps",
         "prune",
         "prune_revisions",
+        "prune_step_logs",
+        "prune_audit",
+        "prune_windows",
     ]

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from apps.core import retention as core_retention
 from apps.fleet import retention
 from apps.fleet.models import Application, ConfigRevision
 from tests.factories import ClusterFactory
@@ -40,7 +41,7 @@ def test_old_revisions_go_but_each_application_keeps_its_newest(settings, team):
 
 def test_a_large_backlog_is_pruned_a_batch_per_tick(settings, team, monkeypatch):
     settings.FLEETDECK_REVISION_RETENTION_DAYS = 30
-    monkeypatch.setattr(retention, "BATCH", 10)
+    monkeypatch.setattr(core_retention, "BATCH", 10)
     app = Application.objects.create(cluster=ClusterFactory(team=team), name="busy", import_path="a:b")
     _revisions(app, 45, age_days=60)
     assert [retention.prune_revisions() for _ in range(4)] == [10, 10, 5, 0]
