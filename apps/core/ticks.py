@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable
 
 from apps.core.jobs import Job
 
-Handler = Callable[[], Iterable[Job] | None]
+# A handler yields the jobs to send; a prune may return how many rows it deleted instead.
+Handler = Callable[[], Iterable[Job] | int | None]
 
 _handlers: dict[str, tuple[int, Handler]] = {}
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -41,7 +41,9 @@ def run_tick(send: Callable[[Job], None]) -> list[str]:
         try:
             # No transaction around it: a handler commits what it claims before the job it sends
             # reads it, as it always did (those that need one open their own).
-            for job in handler() or ():
+            result = handler()
+            # A handler may return how many rows it handled (the prunes): only jobs are sent.
+            for job in result if isinstance(result, Iterable) else ():
                 send(job)
         except Exception as exc:
             logger.exception("Tick handler %s failed; the other handlers ran.", name)

@@ -246,3 +246,18 @@ def test_the_worker_tick_sends_the_other_handlers_jobs_when_one_raises(three_han
     )
     tasks.tick()
     assert published == [(1,), (2,), (3,)]
+
+
+@pytest.mark.django_db
+def test_every_registered_handler_runs_on_an_empty_database_without_failing():
+    """The real handlers, as registered."""
+    assert services.run_tick(lambda job: None) == []
+
+
+@pytest.mark.django_db
+def test_a_handler_that_returns_a_count_sends_nothing_and_does_not_fail(monkeypatch):
+    from apps.core import ticks
+
+    monkeypatch.setattr(ticks, "_handlers", {"prune": (1, lambda: 42)})
+    sent = []
+    assert services.run_tick(sent.append) == [] and sent == []
