@@ -1,25 +1,22 @@
 """Error answers in the OpenAPI schema. drf-spectacular documents what an operation answers when
 it works; the ways any operation can fail (bad input, no credentials, a role that does not allow
-it, an object that does not exist or is not yours, throttling) are added here, once, with DRF's
-error shapes, so clients can rely on every status the API gives being in the schema.
+it, an object that does not exist or is not yours, throttling) are added here, once, so clients
+can rely on every status the API gives being in the schema.
 
 An operation that can also answer 409 says so itself with `extend_schema(responses={409: CONFLICT})`
-(`apps.accounts.drf`);
-this hook gives every documented error without a body the shape below."""
+(`apps.accounts.drf`); this hook gives every documented error the one shape every error has
+(`apps.accounts.drf.error_body`)."""
 
 from __future__ import annotations
 
 ERROR = {
     "type": "object",
-    "properties": {
-        "detail": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-    },
-    "required": ["detail"],
-}
-INVALID = {
-    "type": "object",
-    "description": "Each field in error (or `detail`, `non_field_errors`) with its messages, nested like the input.",
-    "additionalProperties": True,
+    "description": (
+        "Every error has this shape: each field in error, by its path in the input (`mix[2].share`, "
+        "`autoscaling_config.max_replicas`), or `detail` for the request as a whole, with its messages."
+    ),
+    "additionalProperties": {"type": "array", "items": {"type": "string"}},
+    "example": {"detail": ["Change #12 is already in progress on gpu-prod."]},
 }
 METHODS = {"get", "put", "post", "patch", "delete"}
 
@@ -31,7 +28,6 @@ def _ref(name: str) -> dict:
 def document_errors(result: dict, generator, request, public) -> dict:
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     schemas["Error"] = ERROR
-    schemas["ValidationError"] = INVALID
     for operations in result.get("paths", {}).values():
         for method, operation in operations.items():
             if method not in METHODS:
@@ -52,7 +48,7 @@ def document_errors(result: dict, generator, request, public) -> dict:
                 responses.setdefault(code, {"description": description})
             for code, response in responses.items():
                 if code.isdigit() and int(code) >= 400 and "content" not in response:
-                    response["content"] = _ref("ValidationError" if code == "400" else "Error")
+                    response["content"] = _ref("Error")
     return result
 
 

@@ -67,9 +67,9 @@ def healthz(request):
 
 
 def not_found(request, exception):
-    """A URL no route matches: API clients get DRF's JSON error, people the site's page."""
+    """A URL no route matches: API clients get the API's error shape, people the site's page."""
     if request.path.startswith("/api/"):
-        return JsonResponse({"detail": "Not found."}, status=404)
+        return JsonResponse({"detail": ["Not found."]}, status=404)
     return page_not_found(request, exception)
 
 

@@ -80,11 +80,38 @@ def exception_handler(exc, context):
     if isinstance(exc, RequestDataTooBig):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         return Response(
-            {"detail": f"The request body is too large: the limit is {limit:,} bytes."},
+            {"detail": [f"The request body is too large: the limit is {limit:,} bytes."]},
             status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
         )
     if isinstance(exc, errors.Conflict):
         exc = Conflict({"detail": exc.messages})
     elif isinstance(exc, DjangoValidationError):
         exc = as_api_error(exc)
-    return views.exception_handler(exc, context)
+    response = views.exception_handler(exc, context)
+    if response is not None:
+        response.data = error_body(response.data)
+    return response
+
+
+def error_body(data) -> dict[str, list[str]]:
+    """Every error the API answers in one shape (the OpenAPI schema's `Error`): each field in error,
+    by its path in the input (`mix[2].share`, `autoscaling_config.max_replicas`), or `detail` for
+    the request as a whole, with a list of messages. DRF's own shapes (a string detail, nested
+    dicts and lists, `non_field_errors`) would make a client handle four."""
+    out: dict[str, list[str]] = {}
+    _flatten(data, "", out)
+    return out or {"detail": ["The request was refused."]}
+
+
+def _flatten(data, path: str, out: dict[str, list[str]]) -> None:
+    if isinstance(data, dict):
+        for key, value in data.items():
+            name = "" if key in ("detail", "non_field_errors") else str(key)
+            _flatten(value, f"{path}.{name}" if path and name else path or name, out)
+    elif isinstance(data, list) and any(isinstance(item, (dict, list)) for item in data):
+        for index, item in enumerate(data):
+            _flatten(item, f"{path}[{index}]", out)
+    elif isinstance(data, list):
+        out.setdefault(path or "detail", []).extend(str(item) for item in data)
+    elif data is not None:
+        out.setdefault(path or "detail", []).append(str(data))

@@ -34,10 +34,10 @@ def test_a_token_older_than_its_lifetime_is_refused_with_the_date_and_how_to_get
 
     assert response.status_code == 401
     expired_on = timezone.localdate(Token.objects.get(pk=token.pk).created + timedelta(days=90))
-    assert response.json()["detail"] == (
+    assert response.json()["detail"] == [
         f"This API token expired on {expired_on:%Y-%m-%d}; ask for a new one with "
         "`make token USER=<username>` or `manage.py create_api_token <username>`."
-    )
+    ]
 
 
 def test_a_token_within_its_lifetime_works(client, people, settings):

@@ -327,7 +327,7 @@ def test_the_rollout_page_and_the_api_let_the_same_people_run_a_rollout(
     for who in ("viewer", "operator"):
         ui, api = page(who), api_as(who).post(f"/api/v1/rollouts/{rollout.pk}/{action}/")
         assert (ui.status_code, api.status_code) == (403, 403), who
-        assert "to run this rollout" in ui.content.decode() and "to run this rollout" in api.json()["detail"]
+        assert "to run this rollout" in ui.content.decode() and "to run this rollout" in api.json()["detail"][0]
         assert rollouts.may_run(people[who], rollout) is False
     assert page("outsider").status_code == 404
     assert api_as("outsider").post(f"/api/v1/rollouts/{rollout.pk}/{action}/").status_code == 404
@@ -347,10 +347,9 @@ def test_the_rollout_form_and_the_api_let_the_same_people_plan(clusters, people,
             api_as(who).post("/api/v1/rollouts/", body, format="json"),
         )
         assert (ui.status_code, api.status_code) == (403, 403), who
-        assert (
-            "Only operators and admins run rollouts." in ui.content.decode()
-            and api.json()["detail"] == "Only operators and admins run rollouts."
-        )
+        assert "Only operators and admins run rollouts." in ui.content.decode() and api.json()["detail"] == [
+            "Only operators and admins run rollouts."
+        ]
     client.force_login(people["operator"])
     assert client.get(reverse("changes:rollout_create")).status_code == 200
     assert api_as("operator").post("/api/v1/rollouts/", body, format="json").status_code == 201

@@ -42,7 +42,7 @@ def test_a_dashboard_token_that_cannot_travel_in_a_header_is_refused(api_as, tea
 @pytest.mark.django_db
 def test_an_api_url_no_route_matches_answers_json(api_as):
     response = api_as("viewer").get("/api/v1/kube/connections/0.5/")
-    assert response.status_code == 404 and response.json() == {"detail": "Not found."}
+    assert response.status_code == 404 and response.json() == {"detail": ["Not found."]}
 
 
 @pytest.mark.django_db

@@ -95,8 +95,8 @@ def test_a_model_config_that_cannot_be_read_is_refused_and_nothing_is_stored(clu
     )
 
     assert response.status_code == 400
-    assert "The model config cannot be read" in response.json()["detail"]
-    assert "num_hidden_layers" in response.json()["detail"]
+    assert "The model config cannot be read" in response.json()["detail"][0]
+    assert "num_hidden_layers" in response.json()["detail"][0]
     dep.refresh_from_db()
     assert dep.llm_model_config is None and not AuditEvent.objects.filter(action="deployment.llm_plan_inputs")
 

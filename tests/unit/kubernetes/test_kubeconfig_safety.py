@@ -198,7 +198,7 @@ def test_only_superusers_create_in_cluster_connections_through_the_api(api_as, w
     )
     assert response.status_code == status, response.content
     if status == 403:
-        assert "Only a Fleetdeck superuser" in response.json()["detail"]
+        assert "Only a Fleetdeck superuser" in response.json()["detail"][0]
     assert KubeConnection.objects.filter(in_cluster=True).exists() == (status == 201)
 
 
