@@ -70,6 +70,7 @@ INSTALLED_APPS = [
     "apps.maintenance",
     "apps.incidents",
     "apps.remediation",
+    "apps.scaler",
     "apps.calibration",
     "apps.kubernetes",
     "apps.liveness",
@@ -346,6 +347,8 @@ FLEETDECK_REVISION_RETENTION_DAYS = env_int("FLEETDECK_REVISION_RETENTION_DAYS",
 FLEETDECK_CHANGE_LOG_RETENTION_DAYS = env_int("FLEETDECK_CHANGE_LOG_RETENTION_DAYS", 180, minimum=1)
 # Audit rows older than this go (apps/accounts/retention.py).
 FLEETDECK_AUDIT_RETENTION_DAYS = env_int("FLEETDECK_AUDIT_RETENTION_DAYS", 365, minimum=1)
+# Scaler decisions older than this are deleted by the tick, a thousand at a time (apps/scaler/retention.py).
+FLEETDECK_SCALER_DECISION_DAYS = env_int("FLEETDECK_SCALER_DECISION_DAYS", 14, minimum=1)
 # Comma-separated CIDRs every team's URLs may point into, beside the allow-list administrators keep
 # (apps/clusters/network_policy.py). Nothing listed in either allows nothing: Fleetdeck fails closed.
 # Link-local addresses (cloud metadata services) are always refused.

@@ -18,6 +18,7 @@ from apps.liveness import services as liveness
 from apps.llm.api import PlanView
 from apps.maintenance.api import ProfileViewSet, RunViewSet, ScheduleViewSet
 from apps.remediation.api import FindingViewSet, WizardViewSet
+from apps.scaler.api import DecisionViewSet, ScalerViewSet
 from controlplane import metrics as fleet_metrics
 from controlplane import versioning
 
@@ -40,6 +41,8 @@ router.register("calibrations", CalibrationViewSet, basename="memorycalibration"
 router.register("wizards", WizardViewSet, basename="wizard")
 router.register("kube/connections", KubeConnectionViewSet, basename="kubeconnection")
 router.register("kube/links", KubeLinkViewSet, basename="kubelink")
+router.register("scalers", ScalerViewSet, basename="scaler")
+router.register("scaler-decisions", DecisionViewSet, basename="scalerdecision")
 # Endpoints that are no viewset, served beside the router's routes in both versions.
 api_routes = [path("llm/plan/", PlanView.as_view(), name="llm-plan"), *router.urls]
 

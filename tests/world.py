@@ -28,6 +28,8 @@ from apps.kubernetes.models import KubeLink
 from apps.maintenance import dispatch, schedules
 from apps.remediation import findings, wizards
 from apps.remediation.models import Finding
+from apps.scaler import services as scalers
+from apps.scaler.models import ScalerDecision
 
 LIVE = "serve_applications_oom_t2_demo_via_ingress_after_recovery.json"
 DEAD = "state_actors_dead_oom_t2_demo_via_ingress_detail.json"
@@ -80,6 +82,8 @@ class TeamWorld:
         "accounts.auditevent",
         "kubernetes_link.kubeconnection",
         "kubernetes_link.kubelink",
+        "scaler.scaler",
+        "scaler.scalerdecision",
     )
 
     slug: str
@@ -170,6 +174,13 @@ def build_team(slug: str) -> TeamWorld:
         started_at=now,
         finished_at=now,
     )
+    # On the other deployment: `fleet.deployment` stays free for the API's create to succeed.
+    scaler = scalers.create_shadow_scaler(
+        operator, Deployment.objects.get(application=application, name="Echo"), min_replicas=1, max_replicas=3
+    )
+    decision = ScalerDecision.objects.create(
+        scaler=scaler, at=now, target=2, current=1, kind="up", reason="Burst: needs 2", inputs={}
+    )
     world.ids = {
         "clusters.cluster": cluster.pk,
         "fleet.application": application.pk,
@@ -188,6 +199,8 @@ def build_team(slug: str) -> TeamWorld:
         "calibration.memorycalibration": calibration.pk,
         "kubernetes_link.kubeconnection": connection.pk,
         "kubernetes_link.kubelink": link.pk,
+        "scaler.scaler": scaler.pk,
+        "scaler.scalerdecision": decision.pk,
         # One no member caused, so only the team's admins see it.
         "accounts.auditevent": record(Actor.system(), "cluster.sync", cluster, team=team).pk,
     }

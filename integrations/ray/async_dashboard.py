@@ -21,6 +21,7 @@ from integrations.ray.dashboard import (
     USER_AGENT,
     VERSION_PATH,
     Body,
+    QueryParams,
     checked,
     state_params,
     timed_out,
@@ -33,7 +34,7 @@ from integrations.ray.observation import DEAD_ACTORS, Observation
 # httpcore imports sniffio for every lock it makes, and a module that is not installed is searched
 # for on disk every time (a third of the CPU of a read); None in sys.modules refuses it at once.
 if importlib.util.find_spec("sniffio") is None:
-    sys.modules.setdefault("sniffio", None)
+    sys.modules.setdefault("sniffio", None)  # type: ignore[arg-type]  # None is the import system's "refuse"
 
 
 class AsyncRayDashboard:
@@ -85,7 +86,7 @@ class AsyncRayDashboard:
             observed = Observation(await self._get(VERSION_PATH), serve, actors, usage)
         return observed
 
-    async def _get(self, path: str, params: list[tuple[str, str]] | None = None) -> bytes:
+    async def _get(self, path: str, params: QueryParams | None = None) -> bytes:
         """The body of a GET whose status Fleetdeck reads; the mapped error otherwise."""
         request = httpx.Request(
             "GET", self._base_url + path, params=params, headers=self._headers, extensions={"timeout": self._timeout}

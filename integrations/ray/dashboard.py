@@ -13,8 +13,10 @@ import functools
 import json
 import ssl
 import time
+from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypedDict
+from urllib.parse import quote
 
 import httpx
 
@@ -22,8 +24,12 @@ from integrations.egress import PinnedTransport, Policy
 from integrations.ray.errors import (
     RayAuthRefused,
     RayBadResponse,
+    RayControllerUnavailable,
+    RayDeploymentNotFound,
     RayError,
+    RayExternalScalerDisabled,
     RayJobNotFound,
+    RayScaleUnsupported,
     RayTimeout,
     RayUnreachable,
     RayValidationError,
@@ -42,6 +48,9 @@ VERSION_PATH = "/api/version"
 SERVE_PATH = "/api/serve/applications/"
 ACTORS_PATH = "/api/v0/actors"
 CLUSTER_STATUS_PATH = "/api/cluster_status"
+SCALE_PATH = "/api/v1/applications/{application}/deployments/{deployment}/scale"
+# The first Ray whose dashboard serves the scale API (and `external_scaler_enabled` on an application).
+SCALE_API_SINCE = (2, 60)
 
 
 @functools.cache
@@ -98,7 +107,7 @@ class RayDashboard:
             raise unreachable(exc) from exc
         return body.response(response)
 
-    def _get(self, path: str, params: list[tuple[str, str]] | None = None) -> Any:
+    def _get(self, path: str, params: QueryParams | None = None) -> Any:
         return decode(path, self._send("GET", path, params=params))
 
     # --- endpoints -------------------------------------------------------------------------
@@ -131,9 +140,7 @@ class RayDashboard:
             decode(path, response)  # raises the mapped error
             raise RayBadResponse(f"{path} answered HTTP {response.status_code}.", status=response.status_code)
 
-    def list_actors(
-        self, *, filters: list[tuple[str, str, str]] = (), detail: bool = True, limit: int = 1000
-    ) -> StatePage:
+    def list_actors(self, *, filters: Sequence[StateFilter] = (), detail: bool = True, limit: int = 1000) -> StatePage:
         return actors_page(self._get(ACTORS_PATH, state_params(filters, detail, limit)))
 
     def list_nodes(self, *, limit: int = 1000) -> StatePage:
@@ -142,7 +149,7 @@ class RayDashboard:
 
     def node_memory(self) -> list[NodeMemory]:
         """Memory per node from the dashboard's node summary (`mem` is [total, available, percent, used])."""
-        body = _expect_dict(self._get("/nodes", [("view", "summary")]), "/nodes")
+        body = _expect_dict(self._get("/nodes", (("view", "summary"),)), "/nodes")
         summary = ((body.get("data") or {}).get("summary")) or []
         nodes = []
         for node in summary:
@@ -164,6 +171,33 @@ class RayDashboard:
             if isinstance(topology, dict) and topology.get("ingress_deployment"):
                 ingresses[str(name)] = str(topology["ingress_deployment"])
         return ingresses
+
+    def scale_deployment(
+        self, application: str, deployment: str, target_num_replicas: int, *, ray_version: str = ""
+    ) -> None:
+        """Ask Serve to run `target_num_replicas` replicas of a deployment whose application was
+        deployed with `external_scaler_enabled: true`. 200 means accepted, not scaled: Serve
+        scales asynchronously, so poll the Serve status. The next config push that changes the
+        deployment resets the count to the config's `num_replicas`.
+
+        `ray_version` (the cluster's, as last synced) refuses a Ray older than 2.60 without a
+        request: its dashboard has no such route and would answer a bare 404."""
+        if ray_version and _major_minor(ray_version) < SCALE_API_SINCE:
+            raise RayScaleUnsupported(
+                f"Ray {ray_version} cannot set a replica count from outside: this needs Ray 2.60's scale API."
+            )
+        if isinstance(target_num_replicas, bool) or not isinstance(target_num_replicas, int) or target_num_replicas < 0:
+            raise RayValidationError(f"{target_num_replicas!r} is not a replica count (a whole number, 0 or more).")
+        path = SCALE_PATH.format(application=_path_segment(application), deployment=_path_segment(deployment))
+        label = f"the scale request for {application}/{deployment}"
+        response = self._send(
+            "POST",
+            path,
+            label=label,
+            json={"target_num_replicas": target_num_replicas},
+            headers={"Content-Type": "application/json"},
+        )
+        scale_answer(path, application, deployment, response)
 
     # --- jobs API ----------------------------------------------------------------------------
 
@@ -228,13 +262,85 @@ class RayDashboard:
         return state_page(path, self._get(path, state_params(filters, detail, limit)))
 
 
-def state_params(filters, detail: bool, limit: int) -> list[tuple[str, str]]:
+def scale_answer(path: str, application: str, deployment: str, response: httpx.Response) -> None:
+    """Map the scale API's answer (ray/dashboard/modules/serve/serve_head.py, `scale_deployment`)
+    to the error a caller acts on. Ray answers its own refusals as JSON `{"error": ...}`; a 404
+    without that body is a dashboard that has no such route: a Ray before 2.60."""
+    status = response.status_code
+    if 200 <= status < 300:
+        return
+    reason = _json_error(response)
+    where = f"{application}/{deployment}"
+    if status == 412:
+        raise RayExternalScalerDisabled(
+            f"Ray will not scale {where} from outside (HTTP 412): the application must be deployed with "
+            "external_scaler_enabled: true (and the deployment not be being deleted)",
+            excerpt=reason or "",
+            status=status,
+        )
+    if status == 404 and reason is not None:
+        raise RayDeploymentNotFound(f"Ray has no deployment {where} (HTTP 404)", excerpt=reason, status=status)
+    if status in (404, 405):
+        raise RayScaleUnsupported(
+            f"The dashboard has no scale API (HTTP {status} on {path}): this needs Ray 2.60's scale API.",
+            status=status,
+        )
+    if status == 503:
+        raise RayControllerUnavailable(
+            f"The Serve controller could not scale {where} (HTTP 503)", excerpt=reason or "", status=status
+        )
+    if status == 400:
+        raise RayValidationError(reason or f"Ray refused the scale request for {where} (HTTP 400).", status=status)
+    checked(path, response)  # auth, redirects, 5xx: the mapping every endpoint shares
+    raise RayBadResponse(f"{path} answered HTTP {status}", excerpt=_excerpt(response.text), status=status)
+
+
+def _json_error(response: httpx.Response) -> str | None:
+    """Ray's `{"error": ...}` message, or None when the body is not that shape."""
+    try:
+        body = json.loads(response.content)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    return _excerpt(str(error)) if error is not None else None
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    try:
+        major, minor, *_ = version.split(".")
+        return int(major), int(minor)
+    except ValueError:
+        return (99, 0)  # an unparsable version is taken as current: the request itself will tell
+
+
+def _path_segment(name: str) -> str:
+    # Application and deployment names are free text: one must not become two path segments.
+    if not name:
+        raise RayError("An application and a deployment name are needed to scale.")
+    return quote(name, safe="")
+
+
+# A state API filter: (key, predicate, value), e.g. ("state", "=", "DEAD").
+StateFilter = tuple[str, str, str]
+# A tuple, not a list: httpx takes a tuple of str pairs where it would refuse a list of them (lists are invariant).
+QueryParams = tuple[tuple[str, str], ...]
+
+
+class StateQuery(TypedDict):
+    """The keyword arguments of a state API read, for a query kept as a constant."""
+
+    filters: Sequence[StateFilter]
+    detail: bool
+    limit: int
+
+
+def state_params(filters: Iterable[StateFilter], detail: bool, limit: int) -> QueryParams:
     params: list[tuple[str, str]] = [("limit", str(min(max(limit, 1), STATE_API_MAX_LIMIT)))]
     if detail:
         params.append(("detail", "1"))
     for key, predicate, value in filters:
         params += [("filter_keys", key), ("filter_predicates", predicate), ("filter_values", value)]
-    return params
+    return tuple(params)
 
 
 def state_page(path: str, body: Any) -> StatePage:

@@ -13,6 +13,7 @@ from integrations.ray.dashboard import (
     CLUSTER_STATUS_PATH,
     SERVE_PATH,
     VERSION_PATH,
+    StateQuery,
     actors_page,
     json_body,
     resource_usage,
@@ -23,7 +24,7 @@ from integrations.ray.errors import RayError
 from integrations.ray.payloads import ServeStatus, StatePage, VersionInfo
 
 # What OOM detection reads: every dead actor with its death cause (the Serve API shows no kills).
-DEAD_ACTORS = {"filters": [("state", "=", "DEAD")], "detail": True, "limit": 10_000}
+DEAD_ACTORS: StateQuery = {"filters": [("state", "=", "DEAD")], "detail": True, "limit": 10_000}
 
 
 @dataclass(frozen=True)

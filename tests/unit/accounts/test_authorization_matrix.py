@@ -239,6 +239,12 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("kubelink-detail", "DELETE"): ADMINISTER,
     ("kubelink-inspect", "POST"): OPERATE,
     ("llm-plan", "POST"): READ,
+    ("scaler-list", "GET"): READ,
+    ("scaler-list", "POST"): OPERATE,
+    ("scaler-detail", "GET"): READ,
+    ("scaler-detail", "DELETE"): OPERATE,
+    ("scalerdecision-list", "GET"): READ,
+    ("scalerdecision-detail", "GET"): READ,
 }
 
 # Reachable without logging in, on purpose.
@@ -421,6 +427,7 @@ BODIES: dict[tuple[str, str], Callable[[Refs], dict]] = {
     ("webhook-detail", "PATCH"): lambda r: {"enabled": False},
     ("finding-mute", "POST"): lambda r: {"reason": "known"},
     ("memorycalibration-list", "POST"): lambda r: {"deployment": r.id("fleet.deployment"), "levels": [1]},
+    ("scaler-list", "POST"): lambda r: {"deployment": r.id("fleet.deployment"), "max_replicas": 3},
     ("wizard-list", "POST"): lambda r: {"incident": r.id("incidents.incident")},
     ("kubeconnection-list", "POST"): lambda r: {
         "team": r.slug,

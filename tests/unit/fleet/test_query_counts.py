@@ -20,6 +20,7 @@ from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, Webhoo
 from apps.kubernetes.models import KubeConnection, KubeLink
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
 from apps.remediation.models import Finding, Wizard, WizardStep
+from apps.scaler.models import Scaler, ScalerDecision
 from controlplane.urls import router
 from tests.factories import ChangeFactory, ClusterFactory, IncidentFactory, KubeLinkFactory
 
@@ -105,6 +106,8 @@ def add_rows(team, user, count: int) -> None:
             state=Wizard.State.OPEN if n % 2 else Wizard.State.RESOLVED,
         )
         WizardStep.objects.create(wizard=wizard, position=1, kind="config", title="Cap concurrency", change=change)
+        scaler = Scaler.objects.create(deployment=dep, max_replicas=4, created_by=user)
+        ScalerDecision.objects.create(scaler=scaler, at=now, target=2, current=1, kind="up", reason="burst")
         AuditEvent.objects.create(actor=user, actor_name=user.username, action="cluster.create", team=team)
         kube = KubeConnection.objects.create(team=team, name=f"kube-{n}", namespaces=["ray"], created_by=user)
         KubeLinkFactory(

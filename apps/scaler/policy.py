@@ -1,0 +1,118 @@
+"""A scaler's policy, from what Fleetdeck knows of its deployment: the latest calibration (the
+concurrency a replica holds and how long a request takes there), the nodes' memory headroom and
+the resources the cluster can still schedule (the ceiling), the deployment's queue bound. Reads
+the database only; the sizing arithmetic is the remediation wizard's, so the scaler and the
+wizard cannot disagree about what a replica costs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from apps.calibration.services import latest_curve
+from apps.fleet.models import Deployment
+from apps.incidents.models import NodeWindow
+from apps.remediation import measurements, schedulable
+from apps.scaler.decision import Policy
+from apps.scaler.models import Scaler
+
+
+@dataclass(frozen=True)
+class Built:
+    """The policy, or None with the reason no decision can be made."""
+
+    policy: Policy | None
+    why_not: str = ""
+    ceiling_reason: str = ""
+
+
+def build(scaler: Scaler) -> Built:
+    deployment = scaler.deployment
+    curve = latest_curve(deployment)
+    memory = measurements.memory_from_curve(curve) if curve is not None else None
+    cap = deployment.max_ongoing_requests
+    concurrency = scaler.concurrency or _calibrated_concurrency(memory, cap)
+    if concurrency is None:
+        return Built(
+            None,
+            "The deployment has no calibration on the concurrency axis and the scaler names no concurrency: "
+            "calibrate it (or set the scaler's concurrency) so a replica's capacity is measured, not guessed.",
+        )
+    # A replica never takes more than Serve admits to it, whatever memory would allow.
+    if cap:
+        concurrency = min(concurrency, cap)
+    service_s = scaler.service_s or (memory.service_s(concurrency) if memory is not None else None)
+    if not service_s:
+        return Built(
+            None,
+            "No service time: the calibration measured none and the scaler names none, so the arrival rate "
+            "cannot be turned into requests in flight.",
+        )
+    peak = memory.peak(concurrency) if memory is not None else None
+    ceiling, ceiling_reason = _ceiling(deployment, peak)
+    bound = deployment.max_queued_requests
+    policy = Policy(
+        concurrency=concurrency,
+        service_s=service_s,
+        min_replicas=scaler.min_replicas,
+        max_replicas=scaler.max_replicas,
+        memory_ceiling=ceiling,
+        peak_bytes=peak,
+        # Serve's -1 is no bound at all.
+        queue_bound=bound if bound is not None and bound >= 0 else None,
+        latency_objective_ms=scaler.latency_objective_ms,
+    )
+    return Built(policy, ceiling_reason=ceiling_reason)
+
+
+def _calibrated_concurrency(memory: measurements.Memory | None, cap: int | None) -> int | None:
+    """The highest measured level a replica is allowed to reach: past the last measured level the
+    curve is a guess, and above `max_ongoing_requests` Serve never admits."""
+    if memory is None or not memory.measured_levels:
+        return None
+    levels = [level for level in memory.measured_levels if cap is None or level <= cap]
+    return max(levels) if levels else min(memory.measured_levels)
+
+
+def _ceiling(deployment: Deployment, peak: int | None) -> tuple[int | None, str]:
+    """Replicas memory and schedulable resources hold. By memory: those running now plus what the
+    tightest node's headroom below Ray's kill threshold holds at the calibrated peak, on every node
+    (the headroom already counts the running replicas). By resources: what the nodes' totals less
+    every other deployment's replicas schedule of this one."""
+    cluster = deployment.application.cluster
+    reasons, bounds = [], []
+    if peak:
+        latest = [window.points[-1] for window in NodeWindow.objects.filter(cluster=cluster) if window.points]
+        budget = measurements.budget_from_nodes(latest)
+        if budget is not None:
+            by_memory = deployment.running_replicas + (budget.bytes_per_node // peak) * budget.nodes
+            bounds.append(by_memory)
+            reasons.append(f"memory holds {by_memory} ({budget.reason})")
+    totals = [
+        {name: float(pair[1]) for name, pair in (resources or {}).items() if isinstance(pair, (list, tuple))}
+        for resources in (cluster.node_resources or {}).values()
+    ]
+    resources = schedulable.resources_from(deployment.effective_config or {}, totals or None, _others(deployment))
+    by_resources, binding = resources.replicas()
+    if by_resources is not None:
+        bounds.append(by_resources)
+        reasons.append(f"{binding} schedules {by_resources} ({resources.reason})")
+    if not bounds:
+        return None, "Neither node memory nor node resources are known: no ceiling."
+    return min(bounds), "; ".join(reasons)
+
+
+def _others(deployment: Deployment) -> list[tuple[dict, int]]:
+    """What every other deployment on the cluster holds: its actor options and replica count."""
+    rows = (
+        Deployment.objects.filter(
+            application__cluster_id=deployment.application.cluster_id,
+            removed_at__isnull=True,
+            application__removed_at__isnull=True,
+        )
+        .exclude(pk=deployment.pk)
+        .values_list("effective_config", "running_replicas", "target_replicas")
+    )
+    return [
+        ((config or {}).get("ray_actor_options") or {}, max(running or 0, target or 0))
+        for config, running, target in rows
+    ]
