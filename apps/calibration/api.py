@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import extend_schema, extend_schema_field, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.response import Response
 
@@ -8,13 +9,32 @@ from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.drf import VisiblePrimaryKeyRelatedField
 from apps.calibration import inputs, services
-from apps.calibration.curve import AXES
+from apps.calibration.curve import AXES, MAX_MIX
 from apps.calibration.filters import CalibrationFilter
+from apps.calibration.mix import QUANTILE_TEXT
 from apps.calibration.models import MemoryCalibration
 from apps.core.redaction import redact_anywhere
 from apps.core.serializer_fields import RedactedJSONField
 from apps.fleet.models import Deployment
 from controlplane.pagination import StreamPagination
+
+
+class MixEntrySerializer(serializers.Serializer):
+    """One request of a calibrated mix, as asked and, once measured, as found."""
+
+    request = RedactedJSONField(redact=redact_anywhere, help_text="The request, header values redacted.")
+    share = serializers.FloatField(help_text="Its share of traffic, in percent.")
+    tokens = serializers.IntegerField(
+        required=False, allow_null=True, help_text="What it brings to a batch, when given."
+    )
+    label = serializers.CharField(required=False, help_text="How the job named it (method, path and query).")
+    increment_bytes = serializers.IntegerField(
+        required=False, help_text="What one more of it adds to a replica at rest: the steepest step of its levels."
+    )
+    points = serializers.ListField(
+        child=serializers.DictField(), required=False, help_text="Its own levels, as the calibration's points."
+    )
+    limit_reason = serializers.CharField(required=False, help_text="Why its larger levels were not run; empty if run.")
 
 
 class CalibrationSerializer(serializers.ModelSerializer):
@@ -26,6 +46,16 @@ class CalibrationSerializer(serializers.ModelSerializer):
         redact=redact_anywhere,
         help_text="What was measured: import path, user_config, the representative request (header values "
         "redacted), the runtime_env (env var values redacted), resources and the memory stop.",
+    )
+    mix = MixEntrySerializer(
+        many=True,
+        read_only=True,
+        help_text="The weighted mix measured instead of one request (the largest share's levels are `points`); "
+        "empty for one request.",
+    )
+    mix_peaks = serializers.SerializerMethodField(
+        help_text=f"For a mix that succeeded: at each measured level, a replica's peak holding that many requests "
+        f"drawn from the mix, at the {QUANTILE_TEXT} (what sizing reads). Empty otherwise."
     )
 
     class Meta:
@@ -51,6 +81,8 @@ class CalibrationSerializer(serializers.ModelSerializer):
             "warnings",
             "levels",
             "request",
+            "mix",
+            "mix_peaks",
             "error",
             "log_tail",
             "created_by",
@@ -64,6 +96,43 @@ class CalibrationSerializer(serializers.ModelSerializer):
         if obj.state != MemoryCalibration.State.SUCCEEDED:
             return None
         return services.curve_of(obj).per_unit_bytes
+
+    @extend_schema_field(
+        inline_serializer(
+            "MixPeak", {"concurrency": serializers.IntegerField(), "peak_bytes": serializers.IntegerField()}, many=True
+        )
+    )
+    def get_mix_peaks(self, obj) -> list[dict]:
+        if obj.state != MemoryCalibration.State.SUCCEEDED or len(obj.mix) < 2:
+            return []
+        curve = services.curve_of(obj)
+        return [{"concurrency": int(x), "peak_bytes": curve.mix_peak(int(x))} for x, _ in curve.points]
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": MAX_MIX,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "request": {"type": "object", "additionalProperties": True},
+                        "share": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 100},
+                        "tokens": {"type": "integer", "minimum": 1, "nullable": True},
+                    },
+                    "required": ["request", "share"],
+                },
+            },
+            {"type": "string", "enum": [inputs.WARMUP_MIX]},
+        ],
+        "nullable": True,
+    }
+)
+class MixField(serializers.JSONField):
+    """A mix as sent: checked by inputs.validate_mix, which names the entry and field at fault."""
 
 
 class CalibrateSerializer(serializers.Serializer):
@@ -87,6 +156,28 @@ class CalibrateSerializer(serializers.Serializer):
         '{"kind": "handle", "args": [call]}.',
     )
     request = serializers.JSONField(required=False, allow_null=True, help_text=inputs.REPRESENTATIVE_REQUEST_HELP)
+    mix = MixField(required=False, allow_null=True, help_text=inputs.MIX_HELP)
+
+    def validate(self, attrs):
+        attrs["mix"] = checked_mix(
+            attrs.get("mix"), attrs.get("levels") or list(inputs.DEFAULTS_BY_AXIS[attrs["axis"]])
+        )
+        return attrs
+
+
+def checked_mix(mix, levels):
+    """A mix checked before anything is saved, so its errors come back under the field at fault
+    ("mix", "mix[2].share"); None and the warmup preset pass as they are, for the service."""
+    if mix is None or mix == inputs.WARMUP_MIX:
+        return mix
+    try:
+        count = len(inputs.validate_levels(levels))
+    except DjangoValidationError:
+        count = 1  # the service refuses the levels with their own message
+    try:
+        return inputs.validate_mix(mix, count)
+    except DjangoValidationError as exc:
+        raise serializers.ValidationError(exc.message_dict) from exc
 
 
 class CalibrationViewSet(
@@ -123,5 +214,6 @@ class CalibrationViewSet(
             levels=body.validated_data.get("levels") or None,
             call=body.validated_data.get("call"),
             request=body.validated_data.get("request"),
+            mix=body.validated_data.get("mix"),
         )
         return Response(CalibrationSerializer(calibration).data, status=status.HTTP_202_ACCEPTED)

@@ -62,6 +62,33 @@ class CalibrateForm(forms.Form):
         "ingress, else a call with no argument.",
     )
 
+    mix = forms.CharField(
+        label="Mix of requests (JSON)",
+        required=False,
+        widget=forms.Textarea(
+            attrs={
+                "rows": 3,
+                "class": "mono",
+                "placeholder": '[{"request": {"kind": "http", "path": "/app", "query": "size=small"}, "share": 80}, '
+                '{"request": {"kind": "http", "path": "/app", "query": "size=large"}, "share": 20}]',
+            }
+        ),
+        help_text=f"Instead of one request: {inputs.MIX_HELP} Leave the request fields above empty.",
+    )
+
+    def clean_mix(self):
+        text = self.cleaned_data["mix"].strip()
+        if not text:
+            return None
+        if text == inputs.WARMUP_MIX:
+            return text
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(
+                f'Not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}). Give a list, or "{inputs.WARMUP_MIX}".'
+            ) from exc
+
     def clean_axis(self) -> str:
         return self.cleaned_data["axis"] or "concurrency"
 
@@ -136,4 +163,12 @@ class CalibrateForm(forms.Form):
                 )
             except forms.ValidationError as exc:
                 self.add_error("levels", exc)
+        mix = cleaned.get("mix")
+        if mix is not None and (cleaned.get("request") is not None or cleaned.get("call") is not None):
+            self.add_error("mix", "Give a mix or one representative request, not both.")
+        elif mix is not None and mix != inputs.WARMUP_MIX:
+            try:
+                cleaned["mix"] = inputs.validate_mix(mix, len(cleaned.get("levels") or [1]))
+            except forms.ValidationError as exc:
+                self.add_error("mix", " ".join(exc.messages))
         return cleaned

@@ -1,14 +1,16 @@
 """What a calibration is asked to measure, checked before anything is submitted: the levels
 (concurrencies or token sums) and the representative request each call sends, or the default one
-when the operator gives none."""
+when the operator gives none, or a weighted mix of requests with their shares of traffic."""
 
 from __future__ import annotations
 
 import json
+import math
+from typing import NoReturn
 
 from django.core.exceptions import ValidationError
 
-from apps.calibration.curve import AXES
+from apps.calibration.curve import AXES, MAX_MIX
 from apps.fleet import vouched_requests
 from apps.fleet.models import Deployment
 
@@ -157,26 +159,131 @@ REPRESENTATIVE_REQUEST_HELP = (
 )
 
 
+# Shares are percentages typed by people: 33.3 three times is a fine 100.
+SHARE_TOLERANCE = 0.5
+# Each request of a mix runs every level: this bounds the job at the time of 24 single-request levels.
+MAX_MIX_RUNS = 24
+# The mix travels in the job's command line, as one request does.
+MAX_MIX_BYTES = 2 * MAX_CALL_BYTES
+MIX_KEYS = {"request", "share", "tokens"}
+# What asks for the application's warmup profiles as the mix.
+WARMUP_MIX = "warmup"
+
+MIX_HELP = (
+    f"A weighted mix instead of one representative request (concurrency axis only): up to {MAX_MIX} entries "
+    '{"request": <a request as for request>, "share": percent of traffic, "tokens": what it brings to a batch '
+    f"(optional; prices tokens for the input caps)}}, the shares adding up to 100 (±{SHARE_TOLERANCE:g}). Each request "
+    f'is measured on its own at every level. Or "{WARMUP_MIX}": the application\'s warmup profiles, each weighted by '
+    "the requests it sends."
+)
+
+
+def _refuse(field: str, message: str) -> NoReturn:
+    # Keyed by the field and naming it in the text: the API answers the key, a page shows the text.
+    raise ValidationError({field: f"{field}: {message}"})
+
+
+def validate_mix(mix, levels: int = 1) -> list[dict]:
+    """A weighted mix, checked and normalised: [{"request": <validate_request's>, "share": float,
+    "tokens": int (when given)}], the shares adding up to 100 within SHARE_TOLERANCE, the requests
+    all HTTP or all handle calls. Errors are keyed and worded by the field: "mix", "mix[2].share"."""
+    if not isinstance(mix, list) or not mix:
+        _refuse("mix", f'give a list of 1 to {MAX_MIX} entries {{"request": {{...}}, "share": percent}}.')
+    if len(mix) > MAX_MIX:
+        _refuse("mix", f"{len(mix)} requests; at most {MAX_MIX} are measured.")
+    if len(mix) * levels > MAX_MIX_RUNS:
+        _refuse(
+            "mix",
+            f"{len(mix)} requests at {levels} levels each is {len(mix) * levels} levels to run; at most {MAX_MIX_RUNS} "
+            "keep the job within its time. Give fewer levels or fewer requests.",
+        )
+    clean = []
+    for index, entry in enumerate(mix):
+        where = f"mix[{index}]"
+        if not isinstance(entry, dict):
+            _refuse(where, 'must be an object {"request": {...}, "share": percent}.')
+        if unknown := sorted(set(entry) - MIX_KEYS):
+            _refuse(where, f"has no {', '.join(unknown)}; an entry takes {', '.join(sorted(MIX_KEYS))}.")
+        try:
+            request = validate_request(entry.get("request"))
+        except ValidationError as exc:
+            _refuse(f"{where}.request", " ".join(exc.messages))
+        share = entry.get("share")
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not math.isfinite(share):
+            _refuse(f"{where}.share", f"a percentage of traffic is a number, not {share!r}.")
+        if not 0 < share <= 100:
+            _refuse(f"{where}.share", f"a share is above 0 and at most 100 percent, not {share:g}.")
+        item = {"request": request, "share": float(share)}
+        if "tokens" in entry and entry["tokens"] is not None:
+            tokens = entry["tokens"]
+            if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+                _refuse(
+                    f"{where}.tokens", f"the tokens a request brings are a whole number of at least 1, not {tokens!r}."
+                )
+            item["tokens"] = tokens
+        clean.append(item)
+    total = sum(item["share"] for item in clean)
+    if abs(total - 100) > SHARE_TOLERANCE:
+        _refuse("mix", f"the shares add up to {total:g}, not 100 (±{SHARE_TOLERANCE:g}); nothing was calibrated.")
+    if len({item["request"]["kind"] for item in clean}) > 1:
+        _refuse(
+            "mix", "the requests of a mix are all HTTP requests or all handle calls: the deployment has one interface."
+        )
+    size = len(json.dumps(clean))
+    if size > MAX_MIX_BYTES:
+        _refuse("mix", f"{size} bytes of JSON; at most {MAX_MIX_BYTES} fit in the job's command line.")
+    return clean
+
+
+def warmup_mix(deployment: Deployment, ingress: str | None) -> list[dict]:
+    """The preset mix: the application's warmup profiles, each a request the operator vouched for,
+    weighted by the requests it sends. Only for the ingress, which is what the profiles call."""
+    application = deployment.application
+    if not _is_ingress(deployment, ingress):
+        _refuse(
+            "mix",
+            f'"{WARMUP_MIX}" takes the warmup profiles of {application.name}, which call its ingress, and '
+            f"{deployment.name} is not it: give the mix.",
+        )
+    vouched = vouched_requests.all_of(application)
+    if not vouched:
+        _refuse(
+            "mix", f'"{WARMUP_MIX}" takes the warmup profiles of {application.name}, and it has none: give the mix.'
+        )
+    total = sum(max(v.get("weight") or 1, 1) for v in vouched)
+    return [
+        {"request": _vouched_request(v), "share": round(100 * max(v.get("weight") or 1, 1) / total, 2)} for v in vouched
+    ]
+
+
+def _is_ingress(deployment: Deployment, ingress: str | None) -> bool:
+    return ingress == deployment.name or (ingress is None and deployment.application.deployments.count() == 1)
+
+
+def _vouched_request(vouched: dict) -> dict:
+    path, _, query = vouched["path"].partition("?")
+    # A profile's path already includes the route prefix (validate_profile insists on it).
+    request = {
+        "kind": "http",
+        "method": vouched["method"].upper(),
+        "path": path,
+        "query": query,
+        "headers": dict(vouched["headers"] or {}),
+    }
+    if vouched["body"] is not None:
+        request["json"] = vouched["body"]
+    return validate_request(request)
+
+
 def default_request(deployment: Deployment, ingress: str | None) -> dict:
     """What a calibration sends when the operator gives nothing: the first warmup request of the
     application if it has a profile (a request the operator already vouched for), else a GET of
     the route prefix for the application's ingress, else a handle call without arguments."""
     application = deployment.application
-    is_ingress = ingress == deployment.name or (ingress is None and application.deployments.count() == 1)
+    is_ingress = _is_ingress(deployment, ingress)
     vouched = vouched_requests.first(application) if is_ingress else None
     if vouched is not None:
-        path, _, query = vouched["path"].partition("?")
-        # A profile's path already includes the route prefix (validate_profile insists on it).
-        request = {
-            "kind": "http",
-            "method": vouched["method"].upper(),
-            "path": path,
-            "query": query,
-            "headers": dict(vouched["headers"] or {}),
-        }
-        if vouched["body"] is not None:
-            request["json"] = vouched["body"]
-        return validate_request(request)
+        return _vouched_request(vouched)
     if is_ingress and application.route_prefix:
         return {"kind": "http", "method": "GET", "path": application.route_prefix, "query": "", "headers": {}}
     return {"kind": "handle", "args": []}

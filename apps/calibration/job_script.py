@@ -29,6 +29,11 @@ the peak is torch's max_memory_allocated, reset per level.
 The baseline is the replica at rest once warm: after one request, since allocators keep the
 pages a request used; the cold one (before any request) is reported beside it.
 
+A weighted mix (`--mix`) replaces the one request: each of its requests is called once to warm
+the replica (the baseline is then a replica that served them all), and each is measured on its
+own at every level, so the control plane gets each one's increment and spread. A request that
+fails, or that alone would cross the budget, is named and ends the run with nothing measured.
+
 Budget: the run never crosses the lower of `--stop-at-bytes` and Ray's own kill threshold
 (RAY_memory_usage_threshold x MemTotal), less a margin. A level whose predicted peak would cross
 it is not run, and the sampler ends the process at once if node usage crosses it mid-level, so a
@@ -349,11 +354,12 @@ class Driver:
     """Makes the calls of one shape on one event loop; sync methods run in threads, as Serve runs
     them, so k of them are really in flight at once."""
 
-    def __init__(self, shape: str, instance, request: dict, route_prefix: str):
+    def __init__(self, shape: str, instance, request: dict, route_prefix: str, numbers=None):
         self.shape, self.instance = shape, instance
         self.http = HttpRequest(request, route_prefix) if request.get("kind") == "http" else None
         self.args = json.dumps(list(request.get("args") or []))
-        self.numbers = itertools.count()
+        # Shared by the drivers of a mix, so no two of its calls get the same {n}.
+        self.numbers = numbers if numbers is not None else itertools.count()
         self.pool: ThreadPoolExecutor | None = None
 
     async def _maybe_in_thread(self, function, *args):
@@ -426,8 +432,13 @@ class Calibration:
         route_prefix: str,
         app_name: str,
         deployment_name: str,
+        mix: list[dict] | None = None,
     ):
         self.import_path, self.user_config, self.request = import_path, user_config, request
+        # A weighted mix: [{"request", "share"}, ...], each request measured at every level on its own.
+        self.mix = mix
+        self.entry: int | None = None
+        self.warming = False
         self.levels, self.axis, self.route_prefix = levels, axis, route_prefix
         self.app_name, self.deployment_name = app_name, deployment_name or import_path.partition(":")[2]
         total, _ = node_memory()
@@ -457,11 +468,27 @@ class Calibration:
 
     def _breached(self, used: int) -> None:
         """Node usage crossed the stop mid-run: report what was measured and leave before Ray's
-        memory monitor kills anything."""
+        memory monitor kills anything. A mix with a request not yet measured is no result: sizing
+        would miss that request."""
         reason = (
             f"Node memory reached {used / MIB:.0f} MiB during {self.running}, past the stop at {self.stop / MIB:.0f} "
             "MiB; the run ended there."
         )
+        entries = self.result.get("mix") or []
+        missing = [f"mix[{i}]" for i, e in enumerate(entries) if not e["points"]]
+        # Before the first request of the mix (building the class) nothing was measured, as for one request.
+        if self.mix is not None and self.entry is not None and (self.warming or not entries or missing):
+            if self.warming or not entries:
+                why = f"{self._entry_name()} alone exceeds the memory budget"
+            elif not entries[self.entry]["points"]:
+                why = f"{self._entry_name()} has no level within the budget"
+            else:
+                why = f"{', '.join(missing)} could not be measured after it"
+            print(
+                f"{ERROR_MARKER} {reason} {why}, so the mix is not calibrated; nothing was pushed.",
+                flush=True,
+            )
+            os._exit(1)
         if self.result.get("points"):
             self.result["limit_reason"] = reason
             print(f"{MARKER} {json.dumps(self.result)}", flush=True)
@@ -477,6 +504,8 @@ class Calibration:
                 "sum through it. Add the hook to the deployment class, or calibrate the concurrency axis."
             )
         self.shape = shape_of(cls, self.axis, self.request)
+        if self.mix is not None and any(shape_of(cls, self.axis, e["request"]) != self.shape for e in self.mix):
+            raise CalibrationFailed("The requests of a mix must all be HTTP requests or all handle calls.")
         self.sampler.start()
         try:
             return self._run(cls)
@@ -497,6 +526,10 @@ class Calibration:
             if inspect.isawaitable(done):
                 loop.run_until_complete(done)
         self.torch = _cuda_torch()
+        if self.mix is not None:
+            numbers = itertools.count()
+            drivers = [Driver(self.shape, instance, e["request"], self.route_prefix, numbers) for e in self.mix]
+            return self._measure_mix(loop, drivers)
         return self._measure(loop, Driver(self.shape, instance, self.request, self.route_prefix))
 
     def _resting(self) -> int:
@@ -509,9 +542,12 @@ class Calibration:
     def _what(self, x: int) -> str:
         if self.shape == "hook":
             return f"{HOOK}({x})"
-        return f"concurrency {x}"
+        return f"concurrency {x}" + (f" of {self._entry_name()}" if self.entry is not None else "")
 
-    def _run_level(self, loop, driver: Driver, x: int) -> list[float]:
+    def _entry_name(self) -> str:
+        return f"mix[{self.entry}] ({describe(self.mix[self.entry]['request'])})"
+
+    def _run_level(self, loop, driver: Driver, x: int, request: dict | None = None) -> list[float]:
         k = 1 if self.shape == "hook" else x
         self.running = self._what(x)
         outcomes = loop.run_until_complete(driver.level(k, x))
@@ -520,33 +556,35 @@ class Calibration:
             first = failures[0]
             if self.shape == "hook":
                 raise CalibrationFailed(f"{HOOK}({x}) failed: {type(first).__name__}: {first}") from first
-            what = describe(self.request)
+            what = describe(request or self.request)
             said = str(first) if isinstance(first, CallFailed) else f"{type(first).__name__}: {first}"
             raise CalibrationFailed(
                 f"{len(failures)} of {k} calls of {what} failed at concurrency {k}: {said}"
             ) from first
         return outcomes
 
+    def _warm_call(self, loop, driver: Driver, warm_x: int, request: dict, name: str) -> None:
+        """The first call, not a level: what fails here is the request itself."""
+        try:
+            self._run_level(loop, driver, warm_x, request)
+        except CalibrationFailed as exc:
+            first = exc.__cause__
+            if self.shape != "hook" and isinstance(first, CallFailed):
+                raise CalibrationFailed(
+                    f"{name} {first} at concurrency 1: give a request the deployment serves. Nothing was measured."
+                ) from exc
+            if self.shape != "hook":
+                raise CalibrationFailed(
+                    f"{name} failed at concurrency 1: {type(first).__name__}: {first}. Nothing was measured."
+                ) from exc
+            raise
+
     def _measure(self, loop, driver: Driver) -> dict:
         cold = self._resting()
         host_cold = rss_bytes()
         warm_x = self.levels[0] if self.shape == "hook" else 1
         self._start_peak()
-        try:
-            self._run_level(loop, driver, warm_x)
-        except CalibrationFailed as exc:
-            first = exc.__cause__
-            if self.shape != "hook" and isinstance(first, CallFailed):
-                raise CalibrationFailed(
-                    f"The representative request {describe(self.request)} {first} at concurrency 1: give a "
-                    "request the deployment serves. Nothing was measured."
-                ) from exc
-            if self.shape != "hook":
-                raise CalibrationFailed(
-                    f"The representative request {describe(self.request)} failed at concurrency 1: "
-                    f"{type(first).__name__}: {first}. Nothing was measured."
-                ) from exc
-            raise
+        self._warm_call(loop, driver, warm_x, self.request, f"The representative request {describe(self.request)}")
         warm_peak, _ = self._host_peaks()
         baseline = self._resting()
         host_baseline = rss_bytes()
@@ -566,6 +604,56 @@ class Calibration:
         }
         # Host memory per unit of the axis at worst so far; the warm call gives the first estimate.
         step = max(warm_peak - min(host_baseline, host_cold), 0) / warm_x
+        self.result["limit_reason"] = self._levels(loop, driver, step, host_baseline, self.result["points"])
+        return self.result
+
+    def _measure_mix(self, loop, drivers: list[Driver]) -> dict:
+        """Each request of the mix warmed once (the replica then rests as one that served them all),
+        then measured at every level on its own, so its increment and spread are its own."""
+        cold = self._resting()
+        host_cold = rss_bytes()
+        steps = []
+        for index, driver in enumerate(drivers):
+            self.entry, self.warming = index, True
+            self._start_peak()
+            before = rss_bytes()
+            self._warm_call(loop, driver, 1, self.mix[index]["request"], self._entry_name())
+            self.warming = False
+            warm_peak, _ = self._host_peaks()
+            steps.append(max(warm_peak - min(before, host_cold), 0))
+        baseline = self._resting()
+        host_baseline = rss_bytes()
+        device = "cuda" if self.torch is not None else "cpu"
+        print(f"mix of {len(drivers)}; at rest {cold / MIB:.1f} MiB cold, {baseline / MIB:.1f} MiB warm", flush=True)
+        entries = [
+            {"label": describe(e["request"])[:300], "share": e["share"], "points": [], "limit_reason": None}
+            for e in self.mix
+        ]
+        typical = max(range(len(entries)), key=lambda i: (entries[i]["share"], -i))
+        self.result = {
+            "device": device,
+            "axis": self.axis,
+            "shape": self.shape,
+            "baseline_bytes": baseline,
+            "cold_baseline_bytes": cold,
+            # The levels of the largest share stand for the curve; sizing reads each request's own.
+            "points": entries[typical]["points"],
+            "limit_reason": None,
+            "mix": entries,
+        }
+        for index, driver in enumerate(drivers):
+            self.entry = index
+            entries[index]["limit_reason"] = self._levels(
+                loop, driver, steps[index], host_baseline, entries[index]["points"], self.mix[index]["request"]
+            )
+        reasons = [e["limit_reason"] for e in entries if e["limit_reason"]]
+        self.result["limit_reason"] = "; ".join(reasons)[:2000] if reasons else None
+        return self.result
+
+    def _levels(
+        self, loop, driver: Driver, step: float, host_baseline: int, points: list, request: dict | None = None
+    ) -> str | None:
+        """Run the levels into `points` until one would cross the stop; why it stopped, or None."""
         knots = [(0, host_baseline)]
         for x in self.levels:
             _, used = node_memory()
@@ -576,17 +664,22 @@ class Calibration:
                     f"({step / MIB:.1f} MiB per {'token' if self.shape == 'hook' else 'request'}) against a stop at "
                     f"{self.stop / MIB:.0f} MiB"
                 )
-                if not self.result["points"]:
+                if not points:
+                    if self.entry is not None:
+                        raise CalibrationFailed(
+                            f"{reason}: {self._entry_name()} has no level within the budget, so the mix is not "
+                            "calibrated; nothing was pushed."
+                        )
                     raise CalibrationFailed(f"{reason}; nothing was pushed.")
-                self.result["limit_reason"] = f"{reason}; the larger levels were not run."
-                print(self.result["limit_reason"], flush=True)
-                break
+                limit = f"{reason}; the larger levels were not run."
+                print(limit, flush=True)
+                return limit
             # Each level runs REPEATS times: the spread of its peaks is what the memory budget's margin is
             # sized from, and what a replica keeps at rest afterwards is the allocator's retention.
             samples, seconds, uss_peak, rss_peak = [], [], None, 0
             for _ in range(REPEATS):
                 self._start_peak()
-                seconds += self._run_level(loop, driver, x)
+                seconds += self._run_level(loop, driver, x, request)
                 round_rss, round_uss = self._host_peaks()
                 if self.torch is not None:
                     self.torch.cuda.synchronize()
@@ -605,14 +698,14 @@ class Calibration:
             }
             if self.torch is not None:
                 point["rss_peak_bytes"] = rss_peak
-            self.result["points"].append(point)
+            points.append(point)
             knots.append((x, rss_peak))
             step = max(step, (knots[-1][1] - knots[-2][1]) / (knots[-1][0] - knots[-2][0]))
             print(
                 f"{self._what(x)}: peak {point['peak_bytes'] / MIB:.1f} MiB, {point['service_s']:.3f} s per request",
                 flush=True,
             )
-        return self.result
+        return None
 
 
 def calibrate(
@@ -626,9 +719,10 @@ def calibrate(
     route_prefix: str = "/",
     app_name: str = "",
     deployment_name: str = "",
+    mix: list[dict] | None = None,
 ) -> dict:
     return Calibration(
-        import_path, user_config, request, levels, axis, stop_at, route_prefix, app_name, deployment_name
+        import_path, user_config, request, levels, axis, stop_at, route_prefix, app_name, deployment_name, mix
     ).run()
 
 
@@ -656,6 +750,26 @@ def parse_request(text: str | None, call: str | None) -> dict:
     return request
 
 
+def parse_mix(text: str | None) -> list[dict] | None:
+    """The weighted mix, [{"request", "share"}, ...]; the headers of each request come apart, as a
+    list in the environment, in the mix's order."""
+    if text is None:
+        return None
+    mix = json.loads(text)
+    if not isinstance(mix, list) or not mix or not all(isinstance(e, dict) for e in mix):
+        raise CalibrationFailed('--mix must be a JSON list of {"request", "share"} objects')
+    headers = json.loads(os.environ.get(HEADERS_VAR) or "[]")
+    entries = []
+    for index, entry in enumerate(mix):
+        request = entry.get("request")
+        if not isinstance(request, dict) or request.get("kind") not in ("http", "handle"):
+            raise CalibrationFailed(f'mix[{index}].request must be a JSON object with "kind" "http" or "handle"')
+        if isinstance(headers, list) and index < len(headers) and headers[index] and request["kind"] == "http":
+            request = {**request, "headers": {**(request.get("headers") or {}), **headers[index]}}
+        entries.append({"request": request, "share": float(entry.get("share") or 0)})
+    return entries
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         # Bad arguments must end in the error line too, not in argparse's exit code 2.
@@ -672,6 +786,11 @@ def main(argv: list[str] | None = None) -> int:
         help='the representative request, JSON: {"kind": "http", "method", "path", '
         '"query", "headers", "body" or "json"} or {"kind": "handle", "args": [...]}',
     )
+    parser.add_argument(
+        "--mix",
+        default=None,
+        help='a weighted mix instead of one request, JSON: [{"request": {...}, "share": percent}, ...]',
+    )
     parser.add_argument("--call", default=None, help="JSON value passed as __call__'s one argument (a handle call)")
     parser.add_argument("--axis", choices=AXES, default="concurrency", help="what the levels count")
     parser.add_argument("--levels", default="1,2,4", help="concurrency levels or token sums, increasing")
@@ -681,16 +800,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deployment-name", default="", help="the deployment, for the replica context")
     try:
         args = parser.parse_args(argv)
+        mix = parse_mix(args.mix)
+        if mix is not None and (args.request is not None or args.call is not None):
+            raise CalibrationFailed("give --mix or --request (or --call), not both")
         result = calibrate(
             args.import_path,
             json.loads(args.user_config),
-            parse_request(args.request, args.call),
+            max(mix, key=lambda e: e["share"])["request"] if mix else parse_request(args.request, args.call),
             parse_levels(args.levels),
             args.axis,
             stop_at=args.stop_at_bytes,
             route_prefix=args.route_prefix,
             app_name=args.app_name,
             deployment_name=args.deployment_name,
+            mix=mix,
         )
     except Exception as exc:  # noqa: BLE001 - every failure must end in the error line
         traceback.print_exc()

@@ -97,10 +97,11 @@ def import_target(deployment: Deployment) -> str:
     return f"{module}:{deployment.name}"
 
 
-def job_runtime_env(deployment: Deployment, request: dict | None = None) -> dict | None:
+def job_runtime_env(deployment: Deployment, request: dict | None = None, mix: list[dict] | None = None) -> dict | None:
     """The runtime_env the deployment's replicas get, so the job can import the same code:
     the application's, overlaid with the deployment's own (env_vars merged), as Serve does; with
-    the headers of the representative `request`, which stay off the job's command line."""
+    the headers of the representative `request`, or a list of those of each request of the `mix`,
+    which stay off the job's command line."""
     app_env = (deployment.application.deployed_app_config or {}).get("runtime_env") or {}
     actor_options = (
         deployment.effective_config.get("ray_actor_options")
@@ -110,7 +111,10 @@ def job_runtime_env(deployment: Deployment, request: dict | None = None) -> dict
     own_env = actor_options.get("runtime_env") or {}
     merged = {**app_env, **own_env}
     env_vars = {**(app_env.get("env_vars") or {}), **(own_env.get("env_vars") or {})}
-    if headers := (request or {}).get("headers"):
+    if mix:
+        if any(entry["request"].get("headers") for entry in mix):
+            env_vars[HEADERS_VAR] = json.dumps([entry["request"].get("headers") or {} for entry in mix])
+    elif headers := (request or {}).get("headers"):
         env_vars[HEADERS_VAR] = json.dumps(headers)
     if env_vars:
         merged["env_vars"] = env_vars
@@ -130,10 +134,11 @@ def build_entrypoint(
     route_prefix: str | None = None,
     app_name: str = "",
     deployment_name: str = "",
+    mix: list[dict] | None = None,
 ) -> str:
     """The job's shell command: the measuring script shipped inline, so nothing is installed on the
-    cluster beforehand. Every argument is shell-quoted. The request goes without its headers'
-    values: `job_runtime_env` passes them."""
+    cluster beforehand. Every argument is shell-quoted. The request, or each request of a `mix`
+    (which replaces it), goes without its headers' values: `job_runtime_env` passes them."""
     code = base64.b64encode(JOB_SCRIPT.read_bytes()).decode("ascii")
     loader = f"import base64,sys;exec(compile(base64.b64decode('{code}'),'fleetdeck_calibrate','exec'))"
     args = [
@@ -151,7 +156,12 @@ def build_entrypoint(
     ]
     if call is not None:
         args += ["--call", json.dumps(call)]
-    if request is not None:
+    if mix:
+        args += [
+            "--mix",
+            json.dumps([{"request": _without_headers(entry["request"]), "share": entry["share"]} for entry in mix]),
+        ]
+    elif request is not None:
         args += ["--request", json.dumps({**request, "headers": {}} if request.get("headers") else request)]
     if stop_at_bytes is not None:
         args += ["--stop-at-bytes", str(stop_at_bytes)]
@@ -162,3 +172,7 @@ def build_entrypoint(
     if deployment_name:
         args += ["--deployment-name", deployment_name]
     return shlex.join(args)
+
+
+def _without_headers(request: dict) -> dict:
+    return {**request, "headers": {}} if request.get("headers") else request

@@ -46,8 +46,11 @@ class MemoryCalibration(models.Model):
     # What was measured: import path, user_config, the representative request, runtime_env,
     # resources and the memory stop.
     request = JSONField(default=dict, blank=True)
+    # A weighted mix measured instead of one request: [{"request" (headers redacted), "share", "tokens"?}, ...],
+    # with each request's "label", "points", "increment_bytes" and "limit_reason" once measured; [] for one request.
+    mix = JSONField(default=list, blank=True)
     # The representative request's headers (JSON), encrypted: they may carry credentials, so
-    # `request` holds them with their values redacted.
+    # `request` holds them with their values redacted. For a mix, a list of them in its order.
     headers_ciphertext = models.TextField(blank=True, default="")
     error = models.TextField(blank=True)
     log_tail = models.TextField(blank=True)

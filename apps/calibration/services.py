@@ -18,14 +18,25 @@ from django.utils import timezone
 from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
 from apps.accounts.models import Role
-from apps.calibration.curve import CalibrationOutputError, Curve, parse_output, reported_error
+from apps.calibration.curve import (
+    CalibrationOutputError,
+    Curve,
+    MixEntry,
+    mixed_service_s,
+    parse_output,
+    reported_error,
+    steepest_step,
+)
 from apps.calibration.inputs import (
     DEFAULTS_BY_AXIS,
+    WARMUP_MIX,
     default_request,
     validate_axis,
     validate_call,
     validate_levels,
+    validate_mix,
     validate_request,
+    warmup_mix,
 )
 from apps.calibration.job_script import MARKER
 from apps.calibration.job_spec import build_entrypoint, fitting_nodes, import_target, job_runtime_env, stop_at_bytes
@@ -76,16 +87,25 @@ def _resources(deployment: Deployment) -> dict[str, float]:
 
 
 def request_calibration(
-    actor: Actor, deployment: Deployment, *, levels=None, call=None, axis: str = "concurrency", request=None
+    actor: Actor,
+    deployment: Deployment,
+    *,
+    levels=None,
+    call=None,
+    axis: str = "concurrency",
+    request=None,
+    mix=None,
 ) -> MemoryCalibration:
     """Submit a calibration job for `deployment`. The caller checks the operator role.
 
     `axis` "concurrency" runs `levels` concurrent calls of the representative `request` (see
     validate_request: an HTTP request for a Starlette or ASGI handler, or a handle call);
     `call=` is shorthand for a handle call with that one argument. Neither given: the default of
-    default_request. "token_sum" runs one batch of each token sum in `levels` through the class's
-    `calibration_batch(token_sum)` hook (see job_script.py). `levels` defaults to the axis's
-    defaults. The user_config is the one the deployment runs now (its effective config).
+    default_request. `mix` instead measures a weighted mix of requests (see validate_mix), each on
+    its own at every level; "warmup" takes the application's warmup profiles as the mix, and a mix
+    of one request is that request. "token_sum" runs one batch of each token sum in `levels`
+    through the class's `calibration_batch(token_sum)` hook (see job_script.py). `levels` defaults
+    to the axis's defaults. The user_config is the one the deployment runs now (its effective config).
 
     The job reserves the replica's own CPUs and GPUs, so it runs where a replica could, and is
     refused before submitting when no node has them free. It stops before node memory crosses
@@ -94,6 +114,15 @@ def request_calibration(
     cluster = application.cluster
     axis = validate_axis(axis)
     levels = validate_levels(list(DEFAULTS_BY_AXIS[axis] if levels is None else levels), axis)
+    if mix is not None and (axis == "token_sum" or call is not None or request is not None):
+        raise ValidationError(
+            {
+                "mix": "mix: a mix replaces the representative request and the call argument, on the concurrency "
+                "axis: give only one of them."
+            }
+        )
+    if mix is not None and mix != WARMUP_MIX:
+        mix = validate_mix(mix, len(levels))
     if axis == "token_sum" and (call is not None or request is not None):
         raise ValidationError(
             "A token_sum calibration calls calibration_batch(token_sum), not the deployment's interface: "
@@ -118,7 +147,9 @@ def request_calibration(
         with dashboard_for(cluster) as ray:
             fitting = fitting_nodes(ray.resource_usage(), needs, cluster.name)
             memory = ray.node_memory()
-            if request is None and axis == "concurrency":
+            if mix == WARMUP_MIX:
+                mix = validate_mix(warmup_mix(deployment, ray.serve_ingresses().get(application.name)), len(levels))
+            elif request is None and mix is None and axis == "concurrency":
                 request = default_request(deployment, ray.serve_ingresses().get(application.name))
     except RayUnreachable as exc:
         raise ValidationError(
@@ -129,6 +160,12 @@ def request_calibration(
             f"Cluster {cluster.name} cannot be asked about its free resources and memory, so nothing was "
             f"calibrated: {exc.message}"
         ) from exc
+    if mix is not None and len(mix) == 1:
+        # One request with all the traffic is the representative request, measured exactly as one.
+        request, mix = mix[0]["request"], None
+    if mix is not None:
+        # The largest share stands for the curve (its levels are the calibration's points).
+        request = max(mix, key=lambda entry: entry["share"])["request"]
     stop_at = stop_at_bytes(
         [node for node in memory if "" in fitting or node.node_ip in fitting] or memory, cluster.name
     )
@@ -136,11 +173,13 @@ def request_calibration(
     cpus, gpus = needs["CPU"], needs["GPU"] or None
     # Header values are kept only encrypted, and env vars not at all: the job got them from Ray.
     headers = (request or {}).get("headers") or {}
+    mix_headers = [entry["request"].get("headers") or {} for entry in mix or []]
+    secret_headers = mix_headers if any(mix_headers) else headers
     stored = {
         "import_path": import_path,
         "axis": axis,
         "user_config": user_config,
-        "representative": {**request, "headers": redact_headers(headers)} if headers else request,
+        "representative": _redacted(request) if request is not None else None,
         "call": call,
         "runtime_env": redact_config(job_runtime_env(deployment)),
         "entrypoint_num_cpus": cpus,
@@ -158,7 +197,8 @@ def request_calibration(
                 axis=axis,
                 levels=levels,
                 request=stored,
-                headers_ciphertext=encrypt(json.dumps(headers)) if headers else "",
+                mix=[{**entry, "request": _redacted(entry["request"])} for entry in mix or []],
+                headers_ciphertext=encrypt(json.dumps(secret_headers)) if secret_headers else "",
                 created_by=actor.user,
             )
     except IntegrityError as exc:
@@ -175,12 +215,13 @@ def request_calibration(
         route_prefix=application.route_prefix,
         app_name=application.name,
         deployment_name=deployment.name,
+        mix=mix,
     )
     try:
         with dashboard_for(cluster) as ray:
             ray.submit_job(
                 entrypoint,
-                runtime_env=job_runtime_env(deployment, request),
+                runtime_env=job_runtime_env(deployment, request, mix),
                 metadata={"fleetdeck": "calibration", "deployment": f"{application.name}/{deployment.name}"},
                 submission_id=calibration.submission_id,
                 entrypoint_num_cpus=cpus,
@@ -208,11 +249,21 @@ def request_calibration(
             "levels": levels,
             "call": call,
             "request": {**request, "headers": sorted(headers)} if headers else request,
+            **({"mix": [{**e, "request": _header_names(e["request"])} for e in mix]} if mix else {}),
             "submission_id": calibration.submission_id,
         },
     )
     transaction.on_commit(lambda: _enqueue(calibration.pk))
     return calibration
+
+
+def _redacted(request: dict) -> dict:
+    headers = request.get("headers")
+    return {**request, "headers": redact_headers(headers)} if headers else request
+
+
+def _header_names(request: dict) -> dict:
+    return {**request, "headers": sorted(request["headers"])} if request.get("headers") else request
 
 
 def _enqueue(calibration_id: int) -> None:
@@ -320,6 +371,29 @@ def _finish_from_job(calibration: MemoryCalibration, info: JobInfo, logs: str) -
                 error=f"The job measured the {result['axis']} axis, but {calibration.axis} was requested.",
             )
         result["limit_reason"] = result["limit_reason"] or ""
+        measured = result.pop("mix")
+        if len(measured) != len(calibration.mix):
+            return _finish(
+                calibration,
+                State.FAILED,
+                log_tail=tail,
+                **times,
+                error=f"The job measured {f'a mix of {len(measured)}' if measured else 'one request'}, but "
+                f"{f'a mix of {len(calibration.mix)}' if calibration.mix else 'one representative request'} was asked.",
+            )
+        if measured:
+            result["mix"] = [
+                {
+                    **asked,
+                    "label": got["label"],
+                    "points": got["points"],
+                    "increment_bytes": steepest_step(
+                        result["baseline_bytes"], [(p["x"], p["peak_bytes"]) for p in got["points"]]
+                    ),
+                    "limit_reason": got["limit_reason"] or "",
+                }
+                for asked, got in zip(calibration.mix, measured, strict=True)
+            ]
         return _finish(calibration, State.SUCCEEDED, log_tail=tail, **times, **result)
     if info.status == "STOPPED":
         return _finish(calibration, State.STOPPED, error=info.message or "The job was stopped.", log_tail=tail, **times)
@@ -388,6 +462,9 @@ def latest_succeeded(deployment: Deployment) -> MemoryCalibration | None:
 
 
 def curve_of(calibration: MemoryCalibration) -> Curve:
+    mix = tuple(
+        _mix_entry(entry, int(calibration.baseline_bytes or 0)) for entry in calibration.mix if entry.get("points")
+    )
     return Curve(
         axis=calibration.axis,
         device=calibration.device,
@@ -396,7 +473,9 @@ def curve_of(calibration: MemoryCalibration) -> Curve:
         measured_at=calibration.finished_at or calibration.created_at,
         calibration_id=calibration.pk,
         monotone=calibration.monotone is not False,
-        service_s={
+        service_s=mixed_service_s(mix)
+        if len(mix) >= 2
+        else {
             float(point["x"]): float(point["service_s"])
             for point in calibration.points
             if point.get("service_s") is not None
@@ -406,4 +485,20 @@ def curve_of(calibration: MemoryCalibration) -> Curve:
         shape=calibration.shape,
         peak_samples={float(p["x"]): list(p["peak_samples"]) for p in calibration.points if p.get("peak_samples")},
         rest_after={float(p["x"]): int(p["rest_after_bytes"]) for p in calibration.points if "rest_after_bytes" in p},
+        mix=mix,
+    )
+
+
+def _mix_entry(entry: dict, baseline: int) -> MixEntry:
+    points = entry["points"]
+    return MixEntry(
+        label=entry.get("label") or "",
+        share=float(entry["share"]),
+        increment_bytes=steepest_step(baseline, [(p["x"], p["peak_bytes"]) for p in points]),
+        points=tuple((float(p["x"]), int(p["peak_bytes"])) for p in points),
+        service_s={float(p["x"]): float(p["service_s"]) for p in points if p.get("service_s") is not None},
+        peak_samples={float(p["x"]): list(p["peak_samples"]) for p in points if p.get("peak_samples")},
+        rest_after={float(p["x"]): int(p["rest_after_bytes"]) for p in points if "rest_after_bytes" in p},
+        tokens=entry.get("tokens"),
+        limit_reason=entry.get("limit_reason") or None,
     )

@@ -17,6 +17,7 @@ from apps.calibration import services
 from apps.calibration.curve import MIB
 from apps.calibration.forms import CalibrateForm
 from apps.calibration.job_script import describe
+from apps.calibration.mix import QUANTILE_TEXT
 from apps.fleet.models import Deployment
 
 CARD = "calibration/partials/card.html"
@@ -35,6 +36,7 @@ def card_context(request, deployment: Deployment, form: CalibrateForm | None = N
         "chart": _chart(curve) if curve else None,
         "levels": _levels(curve, measured) if curve else [],
         "representative": _representative(measured),
+        "mix": _mix(curve) if curve is not None and curve.is_mixed else None,
         "form": form or CalibrateForm(),
         # One calibration at a time per deployment: no form while one runs.
         "can_start": (latest is None or latest.is_final)
@@ -56,6 +58,28 @@ def _levels(curve: services.Curve, measured) -> list[dict]:
         }
         for x, peak in curve.points
     ]
+
+
+def _mix(curve: services.Curve) -> dict:
+    """Each request of the mix with its share and increment, and per measured level the peak
+    sizing reads (the quantile of that many requests drawn from the mix) beside the peak if every
+    request were the largest share's."""
+    return {
+        "quantile": QUANTILE_TEXT,
+        "entries": [
+            {
+                "label": e.label,
+                "share": e.share,
+                "increment_mib": e.increment_bytes / MIB,
+                "tokens": e.tokens,
+                "limit_reason": e.limit_reason,
+            }
+            for e in curve.mix
+        ],
+        "peaks": [
+            {"x": x, "mix_mib": curve.mix_peak(int(x)) / MIB, "typical_mib": peak / MIB} for x, peak in curve.points
+        ],
+    }
 
 
 def _representative(measured) -> str:
@@ -101,6 +125,7 @@ def calibrate(request, deployment_pk: int):
                 levels=form.cleaned_data["levels"],
                 call=form.cleaned_data["call"],
                 request=form.cleaned_data["request"],
+                mix=form.cleaned_data["mix"],
             )
         except ValidationError as exc:
             form.add_error(None, exc)

@@ -13,6 +13,10 @@ from apps.fleet.models import Application
 Source = Callable[[Application], dict | None]
 
 _sources: dict[str, Source] = {}
+# A mix source answers every vouched request of the application, each with a "weight" (how many of
+# it the operator sends), in a stable order; [] for none.
+MixSource = Callable[[Application], list[dict]]
+_mix_sources: dict[str, MixSource] = {}
 
 
 def register(name: str, source: Source) -> None:
@@ -25,3 +29,15 @@ def first(application: Application) -> dict | None:
         if (request := source(application)) is not None:
             return request
     return None
+
+
+def register_mix(name: str, source: MixSource) -> None:
+    _mix_sources[name] = source
+
+
+def all_of(application: Application) -> list[dict]:
+    """Every vouched request of the application, from the first source that has any."""
+    for source in _mix_sources.values():
+        if requests := source(application):
+            return requests
+    return []

@@ -152,3 +152,12 @@ def first_warmup_request(application: Application) -> dict | None:
     if profile is None:
         return None
     return {"method": profile.method, "path": profile.path, "headers": profile.headers, "body": profile.body}
+
+
+def warmup_requests(application: Application) -> list[dict]:
+    """Every warmup profile's request, by name, weighted by the requests it sends: the preset mix
+    a calibration may measure (apps.fleet.vouched_requests)."""
+    return [
+        {"method": p.method, "path": p.path, "headers": p.headers, "body": p.body, "weight": p.requests}
+        for p in WarmupProfile.objects.filter(application=application).order_by("name", "id")
+    ]

@@ -10,6 +10,7 @@ from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.drf import CONFLICT
 from apps.calibration import inputs as calibration_inputs
+from apps.calibration.api import MixField, checked_mix
 from apps.incidents.models import Incident
 from apps.remediation import findings, remedy_checks, verification, wizards
 from apps.remediation.filters import FindingFilter
@@ -232,6 +233,7 @@ class WizardCalibrateSerializer(RevisionSerializer):
     request = serializers.JSONField(
         required=False, allow_null=True, help_text=calibration_inputs.REPRESENTATIVE_REQUEST_HELP
     )
+    mix = MixField(required=False, allow_null=True, help_text=calibration_inputs.MIX_HELP)
     levels = serializers.ListField(
         child=serializers.IntegerField(min_value=1, max_value=64),
         required=False,
@@ -369,6 +371,7 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             Actor.from_request(request),
             wizard,
             request=data.get("request"),
+            mix=checked_mix(data.get("mix"), data.get("levels") or list(wizards.CALIBRATION_LEVELS)),
             levels=data.get("levels"),
             revision=data.get("revision"),
         )

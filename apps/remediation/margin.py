@@ -12,6 +12,8 @@ several times, so the margin is made of what it saw:
 - never below FLOOR: the calibration reads one process's RSS, Ray's monitor reads the node's used memory, which
   also holds the kernel's memory for the replica (page tables, socket buffers) and other processes' drift.
 
+For a weighted mix each request's own rounds count alike: the noisiest request of the mix sets the spread.
+
 Ray's memory monitor checks every 250 ms (memory_monitor_refresh_ms) and kills only what is above the threshold
 at a check; the calibration samples every 10 ms, so every peak the monitor can see was measured, and no term is
 added for the monitor's period.
@@ -44,21 +46,29 @@ def unmeasured(why: str = "no calibration repeated its levels, so the spread of 
 
 def from_curve(curve) -> Margin:
     """The margin a calibration curve's repeated rounds call for (see the module's docstring)."""
-    samples = getattr(curve, "peak_samples", None) or {}
-    repeated = {x: peaks for x, peaks in samples.items() if len(peaks) >= 2}
+    # Keyed by where the rounds ran: the level, and for a mix's other requests, which request.
+    repeated = {
+        f"{x:g}" if label is None else f"{x:g} of {label}": peaks
+        for label, samples in _rounds(curve)
+        for x, peaks in samples.items()
+        if len(peaks) >= 2
+    }
     if not repeated:
         return unmeasured()
     spreads = {x: (max(p) - min(p)) / max(p) for x, p in repeated.items() if max(p) > 0}
     worst_x = max(spreads, key=spreads.get)
     spread = spreads[worst_x]
+    mix = getattr(curve, "mix", ())
     _, top_peak = max(curve.points)
-    kept = max(curve.rest_after.values(), default=curve.baseline_bytes) - curve.baseline_bytes
+    top_peak = max([top_peak, *(peak for e in mix for _, peak in e.points)])
+    rests = [*curve.rest_after.values(), *(rest for e in mix for rest in e.rest_after.values())]
+    kept = max(rests, default=curve.baseline_bytes) - curve.baseline_bytes
     retained = max(kept, 0) / top_peak if top_peak else 0.0
     computed = SPREAD_FACTOR * spread + retained
     fraction = min(max(computed, FLOOR), CEILING)
     low, high = min(repeated[worst_x]) / 2**20, max(repeated[worst_x]) / 2**20
     parts = (
-        f"{SPREAD_FACTOR} x the {spread:.1%} spread of the peaks at {worst_x:g} ({len(repeated[worst_x])} rounds: "
+        f"{SPREAD_FACTOR} x the {spread:.1%} spread of the peaks at {worst_x} ({len(repeated[worst_x])} rounds: "
         f"{low:,.0f}-{high:,.0f} MiB) + {retained:.1%} the allocator kept at rest after the levels"
     )
     if computed < FLOOR:
@@ -70,6 +80,13 @@ def from_curve(curve) -> Margin:
     else:
         how = f"{fraction:.1%} kept free: {parts}"
     return Margin(fraction, f"{how} (calibration #{curve.calibration_id})")
+
+
+def _rounds(curve):
+    """(None, the curve's own rounds), then (label, rounds) for each request of a mix."""
+    yield None, getattr(curve, "peak_samples", None) or {}
+    for entry in getattr(curve, "mix", ()):
+        yield entry.label, entry.peak_samples
 
 
 # What an operator types to take less margin than the measurement calls for.

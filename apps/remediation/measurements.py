@@ -3,7 +3,8 @@ node and the load traffic put on the deployment. Pure functions; every figure sa
 from.
 
 Memory: `baseline` is a replica at rest (model, runtime), and a replica taking `c` requests at
-once peaks at `peak(c)`: the calibration curve where one was measured, else baseline + c ×
+once peaks at `peak(c)`: the calibration curve where one was measured (for a weighted mix of
+requests, a high quantile of c requests drawn from it: apps.calibration.mix), else baseline + c ×
 per_request. The budget is what this deployment's replicas may use on one node, with a safety
 margin below the point where Ray's memory monitor (or the kernel) kills, sized in
 apps.remediation.margin. A figure that can only be
@@ -12,8 +13,11 @@ never sizes anything: the wizard calibrates first."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
+from apps.calibration.mix import QUANTILE_REASON
 from apps.incidents.oom import ReplicaMemory
 from apps.remediation.margin import Margin, unmeasured
 
@@ -25,6 +29,20 @@ MIB = 2**20
 GIB = 2**30
 
 
+class MeasuredCurve(Protocol):
+    """What a replica's memory reads of a concurrency-axis calibration curve (apps.calibration.curve.Curve)."""
+
+    @property
+    def baseline_bytes(self) -> int: ...
+
+    @property
+    def points(self) -> Sequence[tuple[float, int]]: ...
+
+    def peak_at(self, x: float) -> int: ...
+
+    def mix_peak(self, concurrency: int) -> int: ...
+
+
 @dataclass(frozen=True)
 class Memory:
     baseline_bytes: int
@@ -33,13 +51,16 @@ class Memory:
     reason: str
     # Only a lower bound (requests admitted are not requests resident): shown, never sized from.
     lower_bound: bool = False
-    curve: object | None = None  # a concurrency-axis calibration curve, when one was measured
+    curve: MeasuredCurve | None = None  # a concurrency-axis calibration curve, when one was measured
     # What traffic showed a request holds at least: it can only raise a peak, so lower concurrency.
     per_request_floor_bytes: int = 0
 
     def peak(self, concurrency: int) -> int:
         """One replica's peak holding `concurrency` requests at once."""
         floor = self.baseline_bytes + concurrency * self.per_request_floor_bytes
+        if self.curve is not None and getattr(self.curve, "is_mixed", False):
+            # The quantile of the increments' sum, on top of this replica's own rest.
+            return max(self.baseline_bytes + self.curve.mix_peak(concurrency) - self.curve.baseline_bytes, floor)
         if self.curve is not None:
             # The curve's own baseline may be below a replica's (a Ray worker's runtime): lift it.
             lift = max(self.baseline_bytes - self.curve.baseline_bytes, 0)
@@ -104,6 +125,8 @@ def memory_from_curve(
         if replica_floor_bytes and replica_floor_bytes > curve.baseline_bytes
         else ""
     )
+    if curve.axis == "concurrency" and getattr(curve, "is_mixed", False):
+        return _memory_from_mix(curve, baseline, lifted)
     if curve.axis == "concurrency":
         levels = ", ".join(f"{mib(peak)} at {x:g}" for x, peak in curve.points)
         return Memory(
@@ -132,6 +155,24 @@ def memory_from_curve(
         f"Calibration #{curve.calibration_id} ({curve.device}, token sums up to {largest}): "
         f"{mib(curve.baseline_bytes)} at rest, +{curve.per_unit_bytes / 1024:.0f} KiB per token (steepest step); "
         f"{tokens_reason}: {mib(per_request)} per request.{lifted}",
+    )
+
+
+def _memory_from_mix(curve, baseline: int, lifted: str) -> Memory:
+    """A calibrated mix: peaks from the quantile of its increments' sum (Memory.peak); per request,
+    what an average request of the mix holds, which is what traffic's per-request figure compares to."""
+    total = sum(e.share for e in curve.mix)
+    mean = int(sum(e.share * e.increment_bytes for e in curve.mix) / total)
+    entries = "; ".join(f"{e.label} {e.share:g} % of traffic, +{mib(e.increment_bytes)} each" for e in curve.mix)
+    peaks = ", ".join(f"{mib(curve.mix_peak(int(x)))} at {x:g}" for x, _ in curve.points)
+    return Memory(
+        baseline,
+        max(mean, 1),
+        "calibration",
+        f"Calibration #{curve.calibration_id} ({curve.device}, {curve.measured_at:%Y-%m-%d %H:%M}) measured a mix of "
+        f"{len(curve.mix)} requests: {entries}; {mib(curve.baseline_bytes)} at rest. A replica holding c of them is "
+        f"sized at {QUANTILE_REASON}: peaks of {peaks} request(s) at once.{lifted}",
+        curve=curve,
     )
 
 

@@ -1,9 +1,13 @@
 """Token caps of a deployment that reads them from its user_config: the token-sum batch limit (R4)
-and the input caps (R3), from a token-sum calibration and the memory budget. Pure functions; every
-value comes with the reason it has that value."""
+and the input caps (R3), from a token-sum calibration (or a calibrated mix of requests whose tokens
+are known) and the memory budget. Pure functions; every value comes with the reason it has that
+value."""
 
 from __future__ import annotations
 
+import math
+
+from apps.calibration.mix import QUANTILE_TEXT, largest_tail_increment
 from apps.remediation.measurements import Budget, Memory, mib
 from apps.remediation.plan_choice import Plan
 
@@ -120,7 +124,8 @@ def input_caps(
     share of the memory budget, each token priced at the token-sum calibration's steepest step,
     and no more than the batch limit the deployment enforces (a larger request could never join a
     batch). Caps are only lowered, in their own proportion; caps that fit are kept, and without a
-    per-token measurement and a budget nothing is computed."""
+    per-token measurement and a budget nothing is computed. From a calibrated mix of requests the
+    cap is where the mix's tail would break the budget (`_fit_from_mix`)."""
     config = user_config or {}
     caps = {name: config.get(name) for name in INPUT_CAPS}
     # A cap the deployment reads but leaves null is one Fleetdeck may set; one it does not read at all, or holds
@@ -138,7 +143,8 @@ def input_caps(
                 "computes them from measured memory."
             ],
         }
-    if curve is None or curve.axis != "token_sum":
+    mixed = curve is not None and curve.axis == "concurrency" and getattr(curve, "is_mixed", False)
+    if curve is None or (curve.axis != "token_sum" and not mixed):
         measured = (
             f"calibration #{curve.calibration_id} measured memory per request, not per token"
             if curve is not None
@@ -153,17 +159,25 @@ def input_caps(
             "No caps are computed: there is no memory budget to fit a request into (no kill message and no node "
             "reading). Collect metrics or wait for a kill, then re-plan."
         )
-    per_token = max(curve.per_unit_bytes, 1)
-    per_node = max(plan.per_node, 1)
-    share = budget.bytes_per_node // per_node
-    room = share - memory.baseline_bytes
-    fit = int(room // (plan.concurrency * per_token)) if room > 0 else 0
-    why = (
-        f"one replica's share of the budget is {mib(share)} ({mib(budget.bytes_per_node)} per node ÷ {per_node} "
-        f"replica(s)); less its {mib(memory.baseline_bytes)} at rest, {mib(max(room, 0))} holds {plan.concurrency} "
-        f"request(s) at once (max_ongoing_requests {plan.concurrency}) of at most {fit} tokens at "
-        f"{per_token / 1024:,.0f} KiB per token (calibration #{curve.calibration_id}'s steepest step)"
-    )
+    if mixed:
+        priced = _fit_from_mix(curve, memory, budget, plan)
+        if isinstance(priced, dict):
+            return priced
+        fit, why, largest, largest_text = priced
+    else:
+        per_token = max(curve.per_unit_bytes, 1)
+        per_node = max(plan.per_node, 1)
+        share = budget.bytes_per_node // per_node
+        room = share - memory.baseline_bytes
+        fit = int(room // (plan.concurrency * per_token)) if room > 0 else 0
+        why = (
+            f"one replica's share of the budget is {mib(share)} ({mib(budget.bytes_per_node)} per node ÷ {per_node} "
+            f"replica(s)); less its {mib(memory.baseline_bytes)} at rest, {mib(max(room, 0))} holds "
+            f"{plan.concurrency} request(s) at once (max_ongoing_requests {plan.concurrency}) of at most {fit} tokens "
+            f"at {per_token / 1024:,.0f} KiB per token (calibration #{curve.calibration_id}'s steepest step)"
+        )
+        largest = int(max(x for x, _ in curve.points))
+        largest_text = f"the largest calibrated sum ({largest})"
     batch_limit = (batch or {}).get("value", {}).get("max_batch_tokens") if "max_batch_tokens" in config else None
     if batch_limit and batch_limit < fit:
         fit = batch_limit
@@ -197,11 +211,10 @@ def input_caps(
         f"{caps['max_tokens_cap']})"
     )
     warnings = []
-    largest = int(max(x for x, _ in curve.points))
     if prompt + generated > largest:
         warnings.append(
-            f"{prompt + generated} tokens is beyond the largest calibrated sum ({largest}): the curve's last step is "
-            "extrapolated. Calibrate larger token sums to confirm it."
+            f"{prompt + generated} tokens is beyond {largest_text}: the memory per token is extrapolated. Calibrate "
+            "larger requests to confirm it."
         )
     new = {"max_prompt_tokens": prompt, "max_tokens_cap": generated}
     return {
@@ -210,6 +223,42 @@ def input_caps(
         "warnings": warnings,
         "reasons": {name: f"{value}, down from {caps[name]}: {split}; {why}." for name, value in new.items()},
     }
+
+
+def _fit_from_mix(curve, memory: Memory, budget: Budget, plan: Plan) -> tuple[int, str, int, str] | dict:
+    """The most tokens one request may bring, from a calibrated mix: how far the mix's heaviest
+    request may grow, at its share, before c requests drawn from the mix pass one replica's share
+    of the budget at the sizing quantile (where the mix's tail breaks the budget), priced at the
+    costliest per token of the requests whose tokens are known. (fit, why, the largest measured
+    request's tokens, how to name it), or a waiting R3 when no request of the mix has tokens."""
+    per_node = max(plan.per_node, 1)
+    share = budget.bytes_per_node // per_node
+    room = share - memory.baseline_bytes
+    c = plan.concurrency
+    tail = largest_tail_increment([e.increment_bytes for e in curve.mix], [e.share for e in curve.mix], c, max(room, 0))
+    heaviest = max(curve.mix, key=lambda e: e.increment_bytes)
+    where = (
+        f"one replica's share of the budget is {mib(share)} ({mib(budget.bytes_per_node)} per node ÷ {per_node} "
+        f"replica(s)); less its {mib(memory.baseline_bytes)} at rest, {mib(max(room, 0))} holds {c} requests drawn "
+        f"from calibration #{curve.calibration_id}'s mix at the {QUANTILE_TEXT} while its heaviest request "
+        f"({heaviest.label}, {heaviest.share:g} % of traffic, +{mib(heaviest.increment_bytes)} measured) adds at "
+        f"most {mib(tail)}"
+    )
+    priced = [e for e in curve.mix if e.tokens]
+    if not priced:
+        return _caps_waiting(
+            f"No caps are computed: {where}, but no request of the mix says how many tokens it brings, so that "
+            "memory cannot be turned into a token cap. Give each request of the mix its tokens and calibrate again."
+        )
+    costliest = max(priced, key=lambda e: e.increment_bytes / e.tokens)
+    per_token = max(math.ceil(costliest.increment_bytes / costliest.tokens), 1)
+    fit = tail // per_token
+    why = (
+        f"{where}, which at {per_token / 1024:,.0f} KiB per token (the costliest per token of the mix's requests, "
+        f"{costliest.label} with {costliest.tokens} tokens) is {fit} tokens"
+    )
+    largest = max(e.tokens for e in priced)
+    return fit, why, largest, f"the largest request of the mix ({largest} tokens)"
 
 
 def _caps_waiting(why: str) -> dict:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Callable
 from urllib.parse import urlencode
@@ -19,6 +20,7 @@ from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role, teams_where
+from apps.calibration import inputs as calibration_inputs
 from apps.core import links
 from apps.fleet.templatetags.fleet_tags import human
 from apps.incidents.models import Incident
@@ -196,7 +198,9 @@ ACTIONS = {
     ),
     "replan": lambda actor, w, post, rev: wizards.replan(actor, w, revision=rev),
     "objectives": lambda actor, w, post, rev: wizards.set_objectives(actor, w, revision=rev, **_objectives(post)),
-    "calibrate": lambda actor, w, post, rev: wizards.calibrate(actor, w, request=_representative(post), revision=rev),
+    "calibrate": lambda actor, w, post, rev: wizards.calibrate(
+        actor, w, request=_representative(post), mix=_mix(post), revision=rev
+    ),
     "verify": lambda actor, w, post, rev: verification.start(
         actor, w, window_s=int(post.get("window_s") or 0) or None, revision=rev
     ),
@@ -222,6 +226,17 @@ def _objectives(post) -> dict:
         "margin_fraction": asked / 100 if asked is not None else None,
         "confirmation": post.get("confirm_less_margin", ""),
     }
+
+
+def _mix(post):
+    """The calibration form's mix: JSON, "warmup" for the warmup profiles, or None when empty."""
+    text = post.get("mix", "").strip()
+    if not text or text == calibration_inputs.WARMUP_MIX:
+        return text or None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(f"mix: not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}).") from exc
 
 
 def _representative(post) -> dict | None:

@@ -585,10 +585,17 @@ def _insert_steps(wizard: Wizard, remedies: list[str], found: diagnosis.Diagnosi
 
 
 def calibrate(
-    actor: Actor, wizard: Wizard, *, request: dict | None = None, levels: list[int] | None = None, revision: int | None
+    actor: Actor,
+    wizard: Wizard,
+    *,
+    request: dict | None = None,
+    levels: list[int] | None = None,
+    revision: int | None,
+    mix: list[dict] | str | None = None,
 ) -> WizardStep:
     """Measure the deployment's memory with a calibration job, through its own interface: with
-    `request` as the representative request, else Fleetdeck's default for the deployment (its
+    `request` as the representative request, or a weighted `mix` of requests (see
+    apps.calibration.inputs.validate_mix), else Fleetdeck's default for the deployment (its
     warmup profile's request, or a GET of its route). The values are recomputed when it ends."""
     with transaction.atomic():
         wizard = lock(wizard, revision)
@@ -609,7 +616,7 @@ def calibrate(
         )
     try:
         run = calibrations.request_calibration(
-            actor, deployment, levels=list(levels or CALIBRATION_LEVELS), request=request
+            actor, deployment, levels=list(levels or CALIBRATION_LEVELS), request=request, mix=mix
         )
     except ValidationError as exc:
         raise WizardError(f"Nothing was measured and nothing was pushed: {_message(exc)}") from exc

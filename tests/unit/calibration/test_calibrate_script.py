@@ -389,3 +389,58 @@ def test_the_sampler_ends_a_level_that_crosses_the_budget_and_keeps_the_levels_b
     )
     assert [p["concurrency"] for p in result["points"]] == [1]
     assert "during concurrency 2" in result["limit_reason"] and "the run ended there" in result["limit_reason"]
+
+
+# --- a weighted mix of requests ------------------------------------------------------------------
+
+
+def plain_post(mb: int, query: str = "") -> dict:
+    return {"kind": "http", "method": "POST", "path": "/plain", "query": query or f"mb={mb}", "json": {"extra_mb": 0}}
+
+
+def test_each_request_of_a_mix_is_measured_on_its_own(shapes_app):
+    mix = [{"request": plain_post(16), "share": 80}, {"request": plain_post(64), "share": 20}]
+    result = result_of(
+        run_script(shapes_app, "--import-path", "shapes_app:Plain", "--mix", json.dumps(mix), "--levels", "1,2")
+    )
+    parsed = parse_output("FLEETDECK_CALIBRATION " + json.dumps(result))
+    assert [(e["label"], e["share"]) for e in parsed["mix"]] == [("POST /plain?mb=16", 80), ("POST /plain?mb=64", 20)]
+    # The largest share's levels stand for the curve.
+    assert result["points"] == result["mix"][0]["points"]
+    small, large = (per_request_mib({**result, "points": e["points"]}) for e in result["mix"])
+    assert all(14 <= mib <= 22 for mib in small) and all(58 <= mib <= 72 for mib in large), (small, large)
+    assert all(len(p["peak_samples"]) == 3 for e in result["mix"] for p in e["points"])
+
+
+def test_a_request_of_a_mix_that_fails_is_named_and_nothing_is_measured(shapes_app):
+    mix = [{"request": plain_post(16), "share": 50}, {"request": plain_post(0, "missing=1"), "share": 50}]
+    message = error_of(run_script(shapes_app, "--import-path", "shapes_app:Plain", "--mix", json.dumps(mix)))
+    assert message == (
+        "mix[1] (POST /plain?missing=1) answered 404 at concurrency 1: give a request the deployment serves. Nothing "
+        "was measured."
+    )
+
+
+def test_a_request_of_a_mix_that_alone_would_cross_the_budget_stops_the_calibration(shapes_app):
+    mix = [
+        {"request": {"kind": "handle", "args": ["x", 4]}, "share": 90},
+        {"request": {"kind": "handle", "args": ["x", 700]}, "share": 10},
+    ]
+    message = error_of(
+        run_script(
+            shapes_app,
+            "--import-path",
+            "shapes_app:Handle",
+            "--mix",
+            json.dumps(mix),
+            "--levels",
+            "2",
+            "--stop-at-bytes",
+            str(node_used() + margin() + ROOM),
+        )
+    )
+    assert message.startswith('concurrency 2 of mix[1] (handle call __call__("x", 700)) would exceed the memory budget')
+    assert message.endswith(
+        'mix[1] (handle call __call__("x", 700)) has no level within the budget, so the mix is not calibrated; '
+        "nothing was pushed."
+    )

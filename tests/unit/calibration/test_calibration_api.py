@@ -38,7 +38,7 @@ def test_automation_calibrates_by_token_sum_through_the_api(api_as, model):
 
 def test_a_viewer_cannot_calibrate(api_as, model):
     response = api_as("viewer").post("/api/v1/calibrations/", {"deployment": model.pk}, format="json")
-    assert response.status_code == 403 and "operator role" in response.json()["detail"]
+    assert response.status_code == 403 and "operator role" in response.json()["detail"][0]
 
 
 def test_an_outsider_sees_no_calibration_and_cannot_request_one(api_as, model, operator):

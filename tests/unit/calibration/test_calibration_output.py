@@ -26,6 +26,7 @@ def test_the_concurrency_result_is_read_from_the_last_marker_line_among_other_lo
         ],
         "monotone": True,
         "warnings": [],
+        "mix": [],
     }
 
 
