@@ -20,6 +20,13 @@ class ConfigWriter(Protocol):
     def push(self, config: dict) -> None: ...
 
 
+class ReadBackWriter(ConfigWriter, Protocol):
+    """A writer that raises AdapterError (the RayService writer): a push whose answer was lost may
+    have landed, and `may_hold` reads back whether the cluster may hold `config`."""
+
+    def may_hold(self, config: dict) -> bool: ...
+
+
 @dataclass(frozen=True)
 class _Registered:
     writer: Callable[..., ConfigWriter]

@@ -243,7 +243,8 @@ def _effective_dict(key: str, entry: dict, effective: dict) -> dict:
     such as the autoscaling `policy` makes Serve rebuild the application's other deployments."""
     if isinstance(entry.get(key), dict):
         return copy.deepcopy(entry[key])
-    current = effective.get(key) if isinstance(effective.get(key), dict) else {}
+    value = effective.get(key)
+    current = value if isinstance(value, dict) else {}
     base = copy.deepcopy(current)
     if key == "ray_actor_options":
         # The effective runtime_env includes what the application level contributes; copying it

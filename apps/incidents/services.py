@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta
+from typing import cast
 
 from django.conf import settings
 from django.db import transaction
@@ -35,6 +36,7 @@ from apps.incidents.oom import OomKill, culprit, oom_kills
 from integrations import ray_metrics
 from integrations.ray.errors import RayError
 from integrations.ray.observation import DEAD_ACTORS, Observation
+from integrations.ray.payloads import StatePage
 
 HANDLE = Permission(Role.OPERATOR, "handle incidents")
 
@@ -67,6 +69,7 @@ def detect(cluster_id: int, observation: Observation | None = None, *, resolve: 
     cluster = Cluster.objects.filter(pk=cluster_id, reachability=Reachability.OK).first()
     if cluster is None:
         return []
+    page: StatePage | None
     try:
         if observation is None:
             with dashboard_for(cluster) as ray:
@@ -412,19 +415,19 @@ def _apply_reading(cluster: Cluster, at: float, reading: metric_readings.Reading
         key: metric_readings.DeploymentSignals() for key in engines.keys() - set(reading.deployments)
     }
     for (app, dep), values in sorted(deployments.items()):
-        window, _ = SignalWindow.objects.get_or_create(cluster=cluster, application_name=app, deployment_name=dep)
+        signals, _ = SignalWindow.objects.get_or_create(cluster=cluster, application_name=app, deployment_name=dep)
         point = metric_readings.point(
             at, reading.seconds, values, reading.applications.get(app), engines.get((app, dep))
         )
-        window.save_points(metric_readings.compact([*window.points, point], now=at))
-        if stuck := detectors.engine_stuck(window.points):
-            touched.append(_record_engine_stuck(cluster, app, dep, stuck, window.points))
-        finding = detectors.latency_spike(window.points)
+        signals.save_points(metric_readings.compact([*signals.points, point], now=at))
+        if stuck := detectors.engine_stuck(signals.points):
+            touched.append(_record_engine_stuck(cluster, app, dep, stuck, signals.points))
+        finding = detectors.latency_spike(signals.points)
         if finding:
-            touched.append(_record_latency(cluster, app, dep, finding, window.points, pressure))
-        elif queue := detectors.queue_buildup(window.points):
+            touched.append(_record_latency(cluster, app, dep, finding, signals.points, pressure))
+        elif queue := detectors.queue_buildup(signals.points):
             # Caught before it becomes a spike: the queue grows faster than replicas are added.
-            touched.append(_record_queue(cluster, app, dep, queue, window.points))
+            touched.append(_record_queue(cluster, app, dep, queue, signals.points))
     # An open OOM incident's charts follow the readings after the kill: whether memory came back down.
     for incident in Incident.objects.filter(
         cluster=cluster, kind=Incident.Kind.OOM_KILL, status__in=OPEN
@@ -434,10 +437,14 @@ def _apply_reading(cluster: Cluster, at: float, reading: metric_readings.Reading
 
 
 def _record_node(cluster: Cluster, ip: str, finding, points: list[dict]) -> int:
-    busy = list(
-        Deployment.objects.filter(application__cluster=cluster, removed_at__isnull=True, max_ongoing_requests__gt=2)
-        .select_related("application")
-        .values_list("application__name", "name", "max_ongoing_requests")[:5]
+    # max_ongoing_requests__gt=2 leaves out the NULLs the column's type allows.
+    busy = cast(
+        list[tuple[str, str, int]],
+        list(
+            Deployment.objects.filter(application__cluster=cluster, removed_at__isnull=True, max_ongoing_requests__gt=2)
+            .select_related("application")
+            .values_list("application__name", "name", "max_ongoing_requests")[:5]
+        ),
     )
     kind = Incident.Kind.MEMORY_RATCHET if finding.kind == "memory_ratchet" else Incident.Kind.MEMORY_PRESSURE
 
@@ -591,7 +598,7 @@ def add_note(actor: Actor, incident: Incident, text: str) -> IncidentEvent:
 
 
 def set_status(actor: Actor, incident: Incident, status: str) -> Incident:
-    transitions = {
+    transitions: dict[str, tuple[list[Incident.Status], IncidentEvent.Kind]] = {
         Incident.Status.ACKNOWLEDGED: ([Incident.Status.OPEN], IncidentEvent.Kind.ACKNOWLEDGED),
         Incident.Status.RESOLVED: (OPEN, IncidentEvent.Kind.RESOLVED),
     }

@@ -69,7 +69,10 @@ class LLMPlanSerializer(serializers.Serializer):
 
 class LLMMemoryPartSerializer(serializers.Serializer):
     bytes = serializers.IntegerField()
-    source = serializers.CharField(help_text="Where the figure comes from: a measurement, a formula or a setting.")
+    # A declared field named like Field.source: the metaclass takes it off the class, the stubs cannot tell.
+    source = serializers.CharField(  # type: ignore[assignment]
+        help_text="Where the figure comes from: a measurement, a formula or a setting."
+    )
     inside_budget = serializers.BooleanField(
         required=False, help_text="CUDA graphs only: whether this vLLM counts them inside gpu_memory_utilization."
     )
@@ -104,7 +107,7 @@ class LLMSuggestionsSerializer(serializers.Serializer):
 class LLMFigureSerializer(serializers.Serializer):
     value = serializers.FloatField()
     unit = serializers.CharField()
-    source = serializers.CharField()
+    source = serializers.CharField()  # type: ignore[assignment]  # a field named like Field.source, as above
 
 
 class LLMTradeoffSerializer(serializers.Serializer):

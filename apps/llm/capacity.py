@@ -7,7 +7,7 @@ raises PlanInputError naming the field, so both callers can answer 400 with it."
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, overload
 
 from apps.llm.accelerators import KNOWN_ACCELERATORS, UnknownAccelerator, accelerator
 from apps.llm.planner import EngineSettings, MemoryPlan, PlanError, over_context, plan_memory, tradeoff
@@ -34,7 +34,15 @@ class PlanInputError(ValueError):
         self.message = message
 
 
-def _int(payload: Mapping, field: str, default: int | None, *, low: int, high: int, allow: tuple = ()) -> int | None:
+@overload
+def _int(payload: Mapping, field: str, default: int, *, low: int, high: int, allow: tuple[int, ...] = ()) -> int: ...
+@overload
+def _int(
+    payload: Mapping, field: str, default: None, *, low: int, high: int, allow: tuple[int, ...] = ()
+) -> int | None: ...
+def _int(
+    payload: Mapping, field: str, default: int | None, *, low: int, high: int, allow: tuple[int, ...] = ()
+) -> int | None:
     # JSON's null is an unset field, as in vLLM's engine arguments: its default, not a None the planner trips on.
     value = default if payload.get(field) is None else payload[field]
     if value is None or value in allow:
@@ -92,7 +100,7 @@ def engine_settings(payload: Mapping) -> EngineSettings:
 def plan_request(payload: Any) -> MemoryPlan:
     """The plan for one request; PlanInputError names the first field that is wrong."""
     if not isinstance(payload, Mapping):
-        raise PlanInputError("non_field_errors", "the request body must be a JSON object")
+        raise PlanInputError("detail", "the request body must be a JSON object")
     config = payload.get("config")
     if not isinstance(config, Mapping):
         raise PlanInputError("config", "give the model's config.json as a JSON object")

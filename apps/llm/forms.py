@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 
@@ -82,7 +82,8 @@ class PlannerForm(forms.Form):
 
     def __init__(self, user, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["model"].queryset = seen_models(user)
+        # Declared above as a ModelChoiceField; `fields` is typed as plain Fields.
+        cast(forms.ModelChoiceField, self.fields["model"]).queryset = seen_models(user)
 
     def clean_config(self) -> dict | None:
         text = self.cleaned_data["config"].strip()
@@ -101,7 +102,8 @@ class PlannerForm(forms.Form):
         return value
 
     def clean(self) -> dict:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data  # what Form.clean returns; its stub says it may be None
         pasted, picked = data.get("config"), data.get("model")
         if pasted is not None and picked is not None:
             self.add_error("config", "Paste a config.json or pick a model, not both.")

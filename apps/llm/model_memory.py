@@ -135,6 +135,8 @@ def _dense_mlp_params(shape: ModelShape, tp: int) -> int:
 
 def _moe_mlp_params(shape: ModelShape, tp: int) -> int:
     # Under TP every rank holds a slice of every expert; the router is replicated.
+    # Called for a mixture of experts only, whose shape carries both (shapes.py sets them together).
+    assert shape.num_experts is not None and shape.expert_intermediate_size is not None
     experts = shape.num_experts * 3 * shape.hidden_size * math.ceil(shape.expert_intermediate_size / tp)
     router = shape.hidden_size * shape.num_experts
     shared = 0
@@ -188,6 +190,7 @@ def weights_bytes(shape: ModelShape, dtype: str | None = None) -> Figure:
         )
     name, why = weight_dtype(shape, dtype)
     per = DTYPE_BYTES[name]
+    count: float
     if shape.parameter_count:
         count, counted = shape.parameter_count, f"{shape.parameter_count:,} published parameters"
     else:

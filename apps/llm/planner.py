@@ -400,7 +400,8 @@ def plan_memory(
         f"(weights + activation + non-torch{' + CUDA graphs' if in_budget else ''} + the KV blocks of one "
         f"{length:,}-token request) / {gib(total)}",
     )
-    problems = [] if not over_context(shape, s) else [over_context(shape, s)]
+    overflow = over_context(shape, s)
+    problems = [overflow] if overflow else []
     problems += _problems(
         util=util,
         safe=safe,

@@ -60,6 +60,8 @@ def batch_defaults(gpu: Accelerator, vllm: Accounting, *, offline: bool = False)
 
 def _mlp_width(shape: ModelShape, tp: int) -> int:
     if shape.is_moe:
+        # A mixture of experts carries both (shapes.py sets them with num_experts).
+        assert shape.experts_per_token is not None and shape.expert_intermediate_size is not None
         width = shape.experts_per_token * math.ceil(shape.expert_intermediate_size / tp)
         return width + math.ceil((shape.shared_expert_intermediate_size or 0) / tp)
     return math.ceil(shape.intermediate_size / tp)
@@ -70,7 +72,7 @@ def forward_bytes(shape: ModelShape, tp: int, tokens: int, dtype_bytes: int) -> 
     qkv = (shape.num_attention_heads // tp + 2 * max(1, shape.num_kv_heads // tp)) * shape.head_dim
     attn = shape.num_attention_heads // tp * shape.head_dim
     per_token = 3 * shape.hidden_size + qkv + attn + 3 * _mlp_width(shape, tp)
-    router = tokens * shape.num_experts * 4 if shape.is_moe else 0
+    router = tokens * shape.num_experts * 4 if shape.num_experts is not None else 0  # is_moe, narrowed
     return tokens * per_token * dtype_bytes + router
 
 

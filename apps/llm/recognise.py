@@ -173,7 +173,10 @@ def recognise_app_config(
     """One application of a Serve config (`deployed_app_config`, or one about to be pushed); None if not serve.llm."""
     running = running or {}
     name = config.get("name", name)
-    overrides = {d.get("name"): d for d in config.get("deployments") or () if isinstance(d, Mapping)}
+    # A deployment entry without a name is kept under None, where no lookup by name finds it.
+    overrides: dict[str | None, Mapping[str, Any]] = {
+        d.get("name"): d for d in config.get("deployments") or () if isinstance(d, Mapping)
+    }
     builder = builder_of(config.get("import_path"))
     if builder is None:
         return _recognise_by_names(name, set(overrides) | set(running), overrides, running)
@@ -230,7 +233,7 @@ def recognise_app_config(
 
 
 def _recognise_by_names(
-    name: str | None, names: set[str], overrides: Mapping[str, Any], running: Mapping[str, Any]
+    name: str | None, names: set[str | None], overrides: Mapping[str | None, Any], running: Mapping[str, Any]
 ) -> LLMApplication | None:
     roles = {n: deployment_role(n) for n in names if n}
     if not any(role in ("server", "prefill", "decode") for role in roles.values()):
@@ -266,7 +269,12 @@ def _recognise_by_names(
 
 
 def _model_from_llm_config(
-    label: str, role: str, prefix: str, llm_config: Any, overrides: Mapping[str, Any], running: Mapping[str, Any]
+    label: str,
+    role: str,
+    prefix: str,
+    llm_config: Any,
+    overrides: Mapping[str | None, Any],
+    running: Mapping[str, Any],
 ) -> LLMModel | None:
     if not isinstance(llm_config, Mapping):
         return None
@@ -366,7 +374,10 @@ def _gpus(placement_group_config: Any, engine: Mapping[str, Setting]) -> tuple[f
 
 
 def _serve_settings(
-    deployment: str, deployment_config: Mapping[str, Any], overrides: Mapping[str, Any], running: Mapping[str, Any]
+    deployment: str,
+    deployment_config: Mapping[str, Any],
+    overrides: Mapping[str | None, Any],
+    running: Mapping[str, Any],
 ) -> dict[str, Setting]:
     """The Serve options that matter for an LLM engine, from the most to the least authoritative source."""
     live = (running.get(deployment) or {}).get("deployment_config") or {}

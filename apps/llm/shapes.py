@@ -286,7 +286,8 @@ def vision_tower(config: Mapping[str, Any]) -> dict[str, int]:
     channels = vision.get("in_channels") or vision.get("num_channels") or 3
     temporal = vision.get("temporal_patch_size") or 1
     merge = vision.get("spatial_merge_size") or 1
-    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+    text_config = config.get("text_config")
+    text = text_config if isinstance(text_config, Mapping) else config
     text_hidden = text.get("hidden_size") or vision.get("out_hidden_size") or hidden
     merged = embed * merge * merge
     projector = merged * merged + merged * int(text_hidden)

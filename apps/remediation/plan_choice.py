@@ -6,6 +6,7 @@ Pure functions."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from apps.remediation.measurements import Budget, Memory
 from apps.remediation.schedulable import Resources
@@ -46,7 +47,7 @@ def choose(memory: Memory, budget: Budget, resources: Resources | None, latency_
     guess); a token-sum curve, which measures no concurrency, offers 1 and 2."""
     levels = memory.measured_levels or [1, 2]
     by_resources, resource = resources.replicas() if resources is not None else (None, "")
-    candidates = []
+    candidates: list[dict[str, Any]] = []  # the rows Plan.as_dict shows, one per concurrency
     for c in levels:
         peak = memory.peak(c)
         per_node = budget.bytes_per_node // peak

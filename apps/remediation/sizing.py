@@ -110,6 +110,8 @@ def compute(
                 current.user_config, memory, budget, None, curve, sizing.values.get("R4")
             )
         return sizing
+    # why_not_sized is set whenever either is missing.
+    assert memory is not None and budget is not None
     plan = choose(memory, budget, resources, latency_objective_ms)
     sizing.plan = plan.as_dict()
     sizing.values["R1"] = _concurrency(current, memory, budget, resources, plan)
@@ -141,9 +143,8 @@ def _concurrency(current: Current, memory: Memory, budget: Budget, resources: Re
                 f"One request takes {plan.service_s:.1f} s, longer than the latency objective: no setting meets it."
             )
         else:
-            warnings.append(
-                f"The cluster has no {plan.binding} free for even one replica of this deployment. {resources.reason}"
-            )
+            why = resources.reason if resources else ""
+            warnings.append(f"The cluster has no {plan.binding} free for even one replica of this deployment. {why}")
     throughput = f"; its replicas then serve about {plan.throughput_rps:.2f} requests/s" if plan.throughput_rps else ""
     reason = (
         f"{c}: a replica holding {c} request(s) at once peaks at about {mib(plan.peak_bytes)}; {plan.per_node} such "
@@ -206,8 +207,9 @@ def _autoscaling(
         )
     else:
         cpu_each = (resources.per_replica.get(plan.binding) if resources else None) or 0
+        free = ((resources.free if resources else None) or {}).get(plan.binding, 0)
         reasons["max_replicas"] = (
-            f"{max_replicas}: the cluster schedules {amount_text((resources.free or {}).get(plan.binding, 0))} "
+            f"{max_replicas}: the cluster schedules {amount_text(free)} "
             f"{plan.binding} at {amount_text(cpu_each)} each; {plan.binding} binds (memory would hold "
             f"{plan.per_node * budget.nodes})."
         )

@@ -57,7 +57,7 @@ def start(actor: Actor, wizard: Wizard, *, window_s: int | None = None, revision
 
 
 def _before_start(wizard: Wizard) -> datetime:
-    anchor = wizard.incident.started_at if wizard.incident_id else wizard.created_at
+    anchor = wizard.incident.started_at if wizard.incident is not None else wizard.created_at
     return anchor - LOOKBACK
 
 
@@ -68,7 +68,7 @@ def _first_change_at(wizard: Wizard) -> datetime | None:
         .select_related("change")
         .first()
     )
-    return step.change.started_at if step else None
+    return step.change.started_at if step is not None and step.change is not None else None
 
 
 def measure(wizard: Wizard, since: datetime, until: datetime) -> dict:
@@ -172,12 +172,14 @@ def problems(summary: dict, *, failure_objective: float, latency_objective_ms: f
     share = summary.get("client_failed_share")
     if share is not None and share > failure_objective:
         out.append(
-            f"Clients: {_n(summary['client_failed'])} of {_n(clients)} requests failed ({_pct(share)}; "
-            f"{_codes(summary)}), above the {_objective(failure_objective)} objective."
+            f"Clients: {_n(summary['client_failed'])} of {_n(summary['client_requests'])} requests failed "
+            f"({_pct(share)}; {_codes(summary)}), above the {_objective(failure_objective)} objective."
         )
     p99 = summary.get("client_p99_ms")
-    low, high = summary.get("client_p99_between_ms") or (p99, p99)
-    spans = p99 is not None and low < latency_objective_ms and (high is None or high > latency_objective_ms)
+    spans = False
+    if p99 is not None:
+        low, high = summary.get("client_p99_between_ms") or (p99, p99)
+        spans = low < latency_objective_ms and (high is None or high > latency_objective_ms)
     if p99 is not None and p99 > latency_objective_ms and not spans:
         out.append(f"Clients: p99 {_latency(summary)} end to end, above the {latency_objective_ms:.0f} ms objective.")
     elif spans:
@@ -363,14 +365,16 @@ def evaluate(wizard_id: int, now: datetime | None = None) -> str | None:
         wizard = Wizard.objects.select_for_update().filter(pk=wizard_id, state=Wizard.State.VERIFYING).first()
         if wizard is None:
             return None
-        until = min(now, wizard.verify_ends_at)
-        wizard.after = measure(wizard, wizard.verify_started_at, until)
-        kind = wizard.incident.kind if wizard.incident_id else ""
+        started, ends = wizard.verify_started_at, wizard.verify_ends_at
+        assert started is not None and ends is not None  # verify() sets both as it enters VERIFYING
+        until = min(now, ends)
+        wizard.after = measure(wizard, started, until)
+        kind = wizard.incident.kind if wizard.incident is not None else ""
         result, why = verdict(
             kind,
             wizard.before,
             wizard.after,
-            window_over=now >= wizard.verify_ends_at,
+            window_over=now >= ends,
             failure_objective=wizard.failure_objective,
             latency_objective_ms=wizard.latency_objective_ms,
             metrics_expected=wizard.cluster.has_metrics_source,
@@ -395,7 +399,11 @@ def evaluate(wizard_id: int, now: datetime | None = None) -> str | None:
 
 def _conclude(wizard: Wizard, resolved: bool, why: str, now: datetime) -> None:
     changes = sorted(
-        {s.change_id for s in WizardStep.objects.filter(wizard=wizard, status=Status.APPLIED, change__isnull=False)}
+        {
+            s.change_id
+            for s in WizardStep.objects.filter(wizard=wizard, status=Status.APPLIED, change__isnull=False)
+            if s.change_id is not None  # what the query asked: mypy cannot see it
+        }
     )
     linked = ", ".join(f"#{pk}" for pk in changes) or "none"
     wizard.state = Wizard.State.RESOLVED if resolved else Wizard.State.NOT_RESOLVED
