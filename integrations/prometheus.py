@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from integrations.egress import PinnedTransport
+from integrations.egress import AnswerTooSlow, PinnedTransport
 from integrations.ray_metrics import MetricsUnavailable
 
 
@@ -21,6 +21,9 @@ def query(
             headers={"User-Agent": "fleetdeck-prometheus/1"},
         ) as client:
             response = client.get(f"{base_url.rstrip('/')}/api/v1/query", params={"query": promql})
+    except AnswerTooSlow as exc:
+        # Its own message names the deadline and the setting; "did not answer in time" would hide it.
+        raise MetricsUnavailable(str(exc), transient=True) from exc
     except httpx.TimeoutException as exc:
         raise MetricsUnavailable(f"Prometheus at {base_url} did not answer in time.", transient=True) from exc
     except httpx.TransportError as exc:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from integrations.egress import PinnedTransport
+from integrations.egress import AnswerTooSlow, PinnedTransport
 from integrations.errors import AdapterError
 
 USER_AGENT = "fleetdeck-metrics/1"
@@ -93,6 +93,9 @@ def scrape(
                         raise MetricsUnavailable(
                             f"{url} sent more than {MAX_BYTES // 2**20} MiB; not a metrics page.", transient=False
                         )
+    except AnswerTooSlow as exc:
+        # Its own message names the deadline and the setting; "did not answer in time" would hide it.
+        raise MetricsUnavailable(str(exc), transient=True) from exc
     except httpx.TimeoutException as exc:
         raise MetricsUnavailable(f"{url} did not answer in time.", transient=True) from exc
     except httpx.TransportError as exc:

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from integrations.egress import PinnedTransport
+from integrations.egress import AnswerTooSlow, PinnedTransport
 from integrations.errors import AdapterError
 
 USER_AGENT = "fleetdeck-webhook/1"
@@ -40,6 +40,9 @@ def post(
             timeout=timeout_s, follow_redirects=False, trust_env=False, transport=transport or PinnedTransport()
         ) as client:
             response = client.post(url, content=body, headers=headers)
+    except AnswerTooSlow as exc:
+        # Its own message names the deadline and the setting; "did not answer in time" would hide it.
+        raise DeliveryError(str(exc), transient=True) from exc
     except httpx.TimeoutException as exc:
         raise DeliveryError(f"{endpoint} did not answer in time.", transient=True) from exc
     except httpx.TransportError as exc:
