@@ -32,6 +32,7 @@ Both are reported in seconds and as a multiple of the interval (the product's sy
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -183,7 +184,7 @@ def score(traces: int, seed: int) -> dict[str, dict]:
                 counts[who] = [tp + (fired and positive), fp + (fired and not positive), fn + (positive and not fired)]
                 if who == "detector" and fired != positive:
                     misses[kind] = misses.get(kind, 0) + 1
-        results[name] = {who: _pr(*c) + (c,) for who, c in counts.items()} | {"wrong": misses}
+        results[name] = {who: (*_pr(*c), c) for who, c in counts.items()} | {"wrong": misses}
     return results
 
 
@@ -302,10 +303,8 @@ def latency_trial(head, interval: float, timeout_s: float) -> dict:
                     time.sleep(0.05)
                     continue
                 sent = time.time()
-                try:
+                with contextlib.suppress(httpx.HTTPError):
                     http.get(f"{head.serve_url}/demo?text=load")
-                except httpx.HTTPError:
-                    pass
                 latencies.append((time.time(), time.time() - sent))
 
     threads = [threading.Thread(target=client, args=(i < 2,), daemon=True) for i in range(34)]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from apps.incidents import detectors  # noqa: E402
+from apps.incidents import detectors
 
 
 def trace(rng: random.Random, kind: str) -> list[dict]:
@@ -47,7 +47,7 @@ def trace(rng: random.Random, kind: str) -> list[dict]:
         for p in points[-2:]:
             p["rps"], p["p99"] = 0.0, base * 10
     elif kind == "creep":
-        for i, p in enumerate(points[-2:]):
+        for _i, p in enumerate(points[-2:]):
             p["p99"] = min(base * 1.8, 240.0)
     return points
 

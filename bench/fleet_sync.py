@@ -232,7 +232,7 @@ def run_fleet(n: int, pool_kind: str, workers: int, repeats: int) -> dict:
     from apps.clusters.models import Cluster
     from apps.fleet import sync
 
-    assert settings.FLEETDECK_RAY_TIMEOUT_S == timeout_s
+    assert timeout_s == settings.FLEETDECK_RAY_TIMEOUT_S
     call_command("migrate", verbosity=0)
     team = Team.objects.create(name="Bench", slug="bench")
     Cluster.objects.bulk_create(

@@ -198,7 +198,7 @@ def main() -> None:
     os.environ.setdefault("FLEETDECK_CLUSTER_NETWORKS", "127.0.0.0/8,::1/128")
     os.environ.setdefault("FLEETDECK_LOG_LEVEL", "ERROR")
     pg = os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://"))
-    with scratch_database("signals") as (url, engine):
+    with scratch_database("signals") as (url, _engine):
         os.environ["DATABASE_URL"] = url
         import django
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -100,7 +101,7 @@ def measure(arm: str, args) -> dict:
 def quantile(values: list[float], q: float) -> float:
     """Nearest rank: the value below which a fraction q of the values lie."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
 
 
 def summary(r: dict) -> dict:
@@ -271,7 +272,7 @@ def wait_until(predicate, timeout_s: float, what: str, processes=()) -> None:
 def lags(claims: list[float], syncs: list[float], interval_s: float, start: float, end: float) -> tuple[list, int]:
     """Each sync in [start, end]: its time minus the earliest due time it served (see the module's
     docstring), and the dues still unserved at `end` after more than an interval, with their lag so far."""
-    events = [(next_at - interval_s, 0, due) for due, next_at in zip(claims, claims[1:])]
+    events = [(next_at - interval_s, 0, due) for due, next_at in itertools.pairwise(claims)]
     events += [(at, 1, 0.0) for at in syncs]
     pending: list[float] = []
     found = []
@@ -336,7 +337,7 @@ def run_arm(arm: str, n: int, run_s: float) -> dict:
         ]
     )
     measured = list(Cluster.objects.values_list("pk", flat=True))
-    for path, port in zip(("drip", "endless"), ports[n:]):
+    for path, port in zip(("drip", "endless"), ports[n:], strict=True):
         metrics_url = f"http://127.0.0.1:{metrics_port}/{path}" if arm == "stalls" else ""
         Cluster.objects.create(
             name=f"metrics-{path}", team=team, dashboard_url=f"http://127.0.0.1:{port}", metrics_url=metrics_url
@@ -440,7 +441,7 @@ def run_arm(arm: str, n: int, run_s: float) -> dict:
         "lags_s": found,
         "syncs": len(found) - unserved,
         "unserved": unserved,
-        "max_sample_gap_s": max(b - a for a, b in zip(in_window, in_window[1:])),
+        "max_sample_gap_s": max(b - a for a, b in itertools.pairwise(in_window)),
         "load_end": load_end,
         "endpoints": endpoint_stats,
         "scrape_errors": scrape_errors,

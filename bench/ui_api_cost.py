@@ -551,7 +551,7 @@ def main() -> None:
         analyze()
         # As a web process does once loaded (controlplane/wsgi.py): the collector skips what the
         # process holds for good, so the figures carry a server's collections, not the seeding's.
-        get_resolver().url_patterns
+        get_resolver().url_patterns  # noqa: B018 (the access loads every view)
         heap.freeze()
         small = server_times(user, token, targets, repeats)
         started = time.monotonic()

@@ -102,7 +102,7 @@ class Channel(kombu_sqla.Channel):
                 payload = loads(raw)
                 # What the consumer does with it next: a payload this cannot read would be raised there.
                 self.Message(payload, channel=self)
-            except Exception as exc:  # noqa: BLE001 - whatever a row holds, raising it here ends the worker
+            except Exception as exc:  # whatever a row holds, raising it here ends the worker
                 log.error(
                     "dropped corrupt message %s from queue %r (%s: %s): %r",
                     row_id,

@@ -44,7 +44,7 @@ def _builder(model):
         state.adding = False
         state.db = db
         attributes = obj.__dict__
-        attributes.update(zip(names, values))
+        attributes.update(zip(names, values, strict=True))
         attributes["_state"] = state
         return obj
 

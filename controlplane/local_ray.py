@@ -6,6 +6,7 @@ group: `ray stop` would end every Ray process on the machine, including other pe
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import math
@@ -163,7 +164,7 @@ class LocalRayHead:
         return f"http://127.0.0.1:{self.serve_http_port}"
 
     @classmethod
-    def start(cls, *, num_cpus: int = 2, object_store_mb: int = 200, extra_env: dict | None = None) -> "LocalRayHead":
+    def start(cls, *, num_cpus: int = 2, object_store_mb: int = 200, extra_env: dict | None = None) -> LocalRayHead:
         temp_dir = Path(tempfile.mkdtemp(prefix="fdray-", dir="/tmp"))
         args = [
             _ray_bin("ray"),
@@ -296,10 +297,8 @@ class LocalRayHead:
             return
         if self.process.poll() is None:
             self.begin_stop()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=max(self.stop_requested_at + timeout_s - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                pass
         self._kill_session()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
@@ -307,10 +306,8 @@ class LocalRayHead:
         deadline = time.monotonic() + 10
         while (pids := _pids_in_session(self.process.pid)) and time.monotonic() < deadline:
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.2)
         if self.process.poll() is None:
             self.process.wait(timeout=5)

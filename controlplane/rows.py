@@ -59,8 +59,12 @@ class FastRows:
             else:
                 values = read + tuple([write(self, instance) for write in plan.computed])
                 if plan.may_skip and SKIP in values:
-                    return {name: value for name, value in zip(plan.names, plan.order(values)) if value is not SKIP}
-                return dict(zip(plan.names, plan.order(values)))
+                    return {
+                        name: value
+                        for name, value in zip(plan.names, plan.order(values), strict=True)
+                        if value is not SKIP
+                    }
+                return dict(zip(plan.names, plan.order(values), strict=True))
         row = {}
         for name, write in plan.fields:
             value = given[name] if given and name in given else write(self, instance)

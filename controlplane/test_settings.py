@@ -13,7 +13,7 @@ os.environ.setdefault("FLEETDECK_CLUSTER_NETWORKS", "127.0.0.0/8,::1/128")
 # clients set it, on clusters that export every second.
 os.environ.setdefault("FLEETDECK_CLIENT_IMPACT_SETTLE_S", "0")
 
-from controlplane.settings import *  # noqa: E402,F403
+from controlplane.settings import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 STORAGES["staticfiles"]["BACKEND"] = "django.contrib.staticfiles.storage.StaticFilesStorage"  # noqa: F405

@@ -19,9 +19,9 @@ import asyncio
 import ipaddress
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import httpx
 

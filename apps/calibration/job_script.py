@@ -518,7 +518,7 @@ class Calibration:
         asyncio.set_event_loop(loop)
         try:
             instance = loop.run_until_complete(build(cls, self.app_name, self.deployment_name))
-        except Exception as exc:
+        except Exception as exc:  # every failure must end in the error line
             raise CalibrationFailed(f"{self.import_path} could not be built: {type(exc).__name__}: {exc}") from exc
         if self.user_config is not None and hasattr(instance, "reconfigure"):
             self.running = "reconfigure"
@@ -815,7 +815,7 @@ def main(argv: list[str] | None = None) -> int:
             deployment_name=args.deployment_name,
             mix=mix,
         )
-    except Exception as exc:  # noqa: BLE001 - every failure must end in the error line
+    except Exception as exc:
         traceback.print_exc()
         message = " ".join((str(exc) if isinstance(exc, CalibrationFailed) else f"{type(exc).__name__}: {exc}").split())
         print(f"{ERROR_MARKER} {message}", flush=True)

@@ -91,7 +91,7 @@ def largest_tail_increment(increments, shares, c: int, room: int, q: float = QUA
     heaviest = max(range(len(increments)), key=lambda i: increments[i])
 
     def fits(x: int) -> bool:
-        trial = increments[:heaviest] + [x] + increments[heaviest + 1 :]
+        trial = [*increments[:heaviest], x, *increments[heaviest + 1 :]]
         return quantile_sum(trial, shares, c, q) <= room
 
     mib = 2**20

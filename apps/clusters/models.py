@@ -18,7 +18,7 @@ class Reachability(models.TextChoices):
 
 
 class ClusterQuerySet(models.QuerySet):
-    def visible_to(self, user) -> "ClusterQuerySet":
+    def visible_to(self, user) -> ClusterQuerySet:
         return visible(user, self)
 
 

@@ -454,7 +454,9 @@ def compact(
             elif key in SUMMED:
                 summary[key] = sum(values)
             elif key in AVERAGED:
-                pairs = [(g[key], w) for g, w in zip(group, weights) if isinstance(g.get(key), (int, float))]
+                pairs = [
+                    (g[key], w) for g, w in zip(group, weights, strict=True) if isinstance(g.get(key), (int, float))
+                ]
                 summary[key] = round(sum(v * w for v, w in pairs) / sum(w for _, w in pairs), 3) if pairs else None
             else:
                 summary[key] = max(values) if values else None

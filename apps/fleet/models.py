@@ -15,7 +15,8 @@ class Application(models.Model):
     name = models.CharField(max_length=200)
     status = models.CharField(max_length=32)
     message = models.TextField(blank=True)
-    route_prefix = models.CharField(max_length=300, blank=True, null=True)
+    # None is Ray's "no HTTP route", apart from "": the null is Ray's, not a second empty value.
+    route_prefix = models.CharField(max_length=300, blank=True, null=True)  # noqa: DJ001
     import_path = models.CharField(max_length=300, blank=True)
     # What was submitted (Ray echoes only the fields that were set).
     deployed_app_config = SealedJSONField(null=True, blank=True)

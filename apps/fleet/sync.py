@@ -140,9 +140,9 @@ def sync_clusters(
         for cluster, observed, duration_ms, _ in unchanged:
             if cluster.pk in stamped:
                 outcome = SyncOutcome(cluster.pk, ok=True, unchanged=True, cluster=cluster, observation=observed)
-                guarded(cluster, lambda: settle(cluster, observed, outcome))
+                guarded(cluster, lambda: settle(cluster, observed, outcome))  # noqa: B023 (called before the loop moves on)
             else:  # its row changed while it was read: applied in full
-                guarded(cluster, lambda: settle(cluster, observed, _sync_one(cluster, observed, duration_ms)))
+                guarded(cluster, lambda: settle(cluster, observed, _sync_one(cluster, observed, duration_ms)))  # noqa: B023 (called before the loop moves on)
         unchanged.clear()
 
     for cluster, observed, duration_ms, more in _observations(Cluster.objects.filter(pk__in=list(cluster_ids))):
@@ -150,7 +150,7 @@ def sync_clusters(
         if refreshed is not None:
             unchanged.append((cluster, observed, duration_ms, refreshed))
         else:
-            guarded(cluster, lambda: settle(cluster, observed, _sync_one(cluster, observed, duration_ms)))
+            guarded(cluster, lambda: settle(cluster, observed, _sync_one(cluster, observed, duration_ms)))  # noqa: B023 (called before the loop moves on)
         if unchanged and (not more or len(unchanged) >= STAMP_BATCH):
             flush()
     return outcomes
@@ -287,7 +287,7 @@ def _observations(clusters: Iterable[Cluster]) -> Iterator[tuple[Cluster, Observ
                     result = await ray.observe(
                         resources=_wants_node_resources(cluster), expected_digest=_expected_digest(cluster)
                     )
-            except Exception as exc:  # noqa: BLE001 - handed to the consuming thread, which records it for this cluster
+            except Exception as exc:  # handed to the consuming thread, which records it for this cluster
                 result = exc
             finally:
                 answers.put((cluster, result, int((time.monotonic() - started) * 1000)))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from itertools import pairwise
 
 LATENCY_FLOOR_MS = 250.0  # below this a p99 is never a spike, whatever the baseline
 SPIKE_FACTOR = 3.0
@@ -56,7 +57,7 @@ def cold_start(points: list[dict], window: int = SUSTAIN + 1) -> bool:
 def queue_building(points: list[dict], window: int = 3) -> bool:
     """Queued requests grew at every recent reading and are not trivial (LAT-2)."""
     queued = [p.get("queued") or 0 for p in points[-window:]]
-    return len(queued) == window and queued[-1] >= 2 and all(b > a for a, b in zip(queued, queued[1:]))
+    return len(queued) == window and queued[-1] >= 2 and all(b > a for a, b in pairwise(queued))
 
 
 def queue_buildup(points: list[dict], window: int = 3) -> Finding | None:
@@ -104,7 +105,7 @@ def memory_ratchet(
     if len(series) < 3 or series[-1][0] - series[0][0] < min_hours * 3600:
         return None
     values = [v for _, v in series]
-    if any(b < a - 0.01 for a, b in zip(values, values[1:])) or values[-1] - values[0] < min_growth:
+    if any(b < a - 0.01 for a, b in pairwise(values)) or values[-1] - values[0] < min_growth:
         return None
     hours = (series[-1][0] - series[0][0]) / 3600
     return Finding(

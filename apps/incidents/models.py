@@ -94,6 +94,9 @@ class OomKillRecord(models.Model):
         ordering = ["seen_at", "id"]
         constraints = [models.UniqueConstraint(fields=["incident", "actor_id"], name="one_record_per_killed_actor")]
 
+    def __str__(self) -> str:
+        return f"OOM kill of {self.replica} ({self.actor_id})"
+
 
 class PodKillRecord(models.Model):
     """A Ray container Kubernetes reports OOMKilled (the kernel's kill, not Ray's memory monitor)."""
@@ -116,6 +119,9 @@ class PodKillRecord(models.Model):
         ordering = ["seen_at", "id"]
         constraints = [models.UniqueConstraint(fields=["incident", "kill_key"], name="one_record_per_pod_kill")]
 
+    def __str__(self) -> str:
+        return f"OOMKilled {self.namespace}/{self.pod}/{self.container}"
+
 
 class IncidentEvent(models.Model):
     class Kind(models.TextChoices):
@@ -136,6 +142,9 @@ class IncidentEvent(models.Model):
 
     class Meta:
         ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} on incident #{self.incident_id}"
 
 
 class Window(models.Model):
@@ -183,6 +192,9 @@ class SignalWindow(Window):
             )
         ]
 
+    def __str__(self) -> str:
+        return f"signals of {self.application_name}/{self.deployment_name} on cluster #{self.cluster_id}"
+
 
 class NodeWindow(Window):
     """A node's recent memory readings (fraction of total, GPU memory when Ray reports it)."""
@@ -192,6 +204,9 @@ class NodeWindow(Window):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["cluster", "node_ip"], name="one_window_per_node")]
+
+    def __str__(self) -> str:
+        return f"memory of {self.node_ip} on cluster #{self.cluster_id}"
 
 
 class ScrapeState(models.Model):
@@ -204,6 +219,9 @@ class ScrapeState(models.Model):
     error = models.TextField(blank=True)
     # When the reading now queued or running was asked for: one at a time per cluster.
     claimed_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"metrics scrape of cluster #{self.cluster_id}"
 
 
 class Webhook(models.Model):
@@ -255,3 +273,6 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"delivery #{self.pk} to webhook #{self.webhook_id}: {self.state}"

@@ -8,9 +8,10 @@ mistake is reported once, not once per replica.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from integrations.kubernetes.autoscalers import HorizontalPodAutoscaler, ScaledObject
 from integrations.kubernetes.kuberay import RayCluster, RayService

@@ -11,7 +11,7 @@ from apps.core.fields import JSONField
 
 
 class KubeConnectionQuerySet(models.QuerySet):
-    def visible_to(self, user) -> "KubeConnectionQuerySet":
+    def visible_to(self, user) -> KubeConnectionQuerySet:
         return visible(user, self)
 
 

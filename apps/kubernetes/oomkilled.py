@@ -6,9 +6,9 @@ Ray thinks it has). Pure functions over the adapter's pods."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Iterable
 
 from integrations.kubernetes.pods import Container, Pod, Termination
 

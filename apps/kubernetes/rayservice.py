@@ -8,8 +8,9 @@ the resourceVersion it read, and the API server refuses it (409) if anyone wrote
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 

@@ -180,10 +180,10 @@ class _Row:
     message: str = ""
 
     @classmethod
-    def of_hit(cls, dep: Deployment | None, hit: rules.Hit) -> "_Row":
+    def of_hit(cls, dep: Deployment | None, hit: rules.Hit) -> _Row:
         return cls(dep, hit.severity, hit.evidence, hit.patch, hit.action, hit.message)
 
-    def merged(self, other: "_Row") -> "_Row":
+    def merged(self, other: _Row) -> _Row:
         causes = ", ".join(dict.fromkeys(c for c in (self.evidence.get("cause"), other.evidence.get("cause")) if c))
         evidence = {**self.evidence, **other.evidence} | ({"cause": causes} if causes else {})
         severity = "major" if "major" in (self.severity, other.severity) else self.severity

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import Protocol
 
 from apps.calibration.mix import QUANTILE_REASON
@@ -83,7 +84,7 @@ class Memory:
         xs = sorted(times)
         if concurrency <= xs[0]:
             return times[xs[0]]
-        for x0, x1 in zip(xs, xs[1:]):
+        for x0, x1 in pairwise(xs):
             if concurrency <= x1:
                 return times[x0] + (times[x1] - times[x0]) * (concurrency - x0) / (x1 - x0)
         return times[xs[-1]] * concurrency / xs[-1]

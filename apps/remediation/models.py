@@ -59,16 +59,16 @@ class Finding(models.Model):
             )
         ]
 
-    def save(self, *args, **kwargs):
-        if not self.cluster_name and self.cluster_id:
-            self.cluster_name = self.cluster.name
-        super().save(*args, **kwargs)
-
     def __str__(self) -> str:
         where = (
             f"{self.application_name}/{self.deployment_name}" if self.deployment_name else (self.subject or "cluster")
         )
         return f"{self.rule} on {self.cluster.name} {where}"
+
+    def save(self, *args, **kwargs):
+        if not self.cluster_name and self.cluster_id:
+            self.cluster_name = self.cluster.name
+        super().save(*args, **kwargs)
 
 
 class Wizard(models.Model):

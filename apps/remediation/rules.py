@@ -4,9 +4,9 @@ matters, and the patch that fixes it. Pure functions over `Subject`; ids are sta
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Callable
+from datetime import UTC, datetime
 
 from apps.changes.serve_options import parse_version, unknown_fields
 from apps.llm.planner import MemoryPlan
@@ -224,7 +224,7 @@ def replicas_unschedulable(s: Subject) -> Hit | None:
     evidence = {
         "waiting_replicas": s.waiting_replicas,
         # When, not how long: evidence that changes with every sync would rewrite the finding each time.
-        "waiting_since": datetime.fromtimestamp(s.waiting_since_s or 0, tz=timezone.utc).isoformat(timespec="seconds"),
+        "waiting_since": datetime.fromtimestamp(s.waiting_since_s or 0, tz=UTC).isoformat(timespec="seconds"),
         "running_replicas": s.running_replicas,
         "target_replicas": s.target_replicas,
         "per_replica": per_replica,

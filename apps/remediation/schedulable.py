@@ -29,7 +29,7 @@ class Resources:
         for name, need in sorted(self.per_replica.items()):
             if need <= 0:
                 continue
-            fits = int(math.floor(self.free.get(name, 0.0) / need + 1e-9))
+            fits = math.floor(self.free.get(name, 0.0) / need + 1e-9)
             if best is None or fits < best[0]:
                 best = (fits, name)
         if best is None:
@@ -147,7 +147,7 @@ def replicas_that_fit(per_replica: dict[str, float], nodes: dict) -> tuple[int, 
         return 0, ""
     figures = node_figures(nodes).values()
     count = sum(
-        min(int(math.floor(f.get(name, (0.0, 0.0))[1] / need + 1e-9)) for name, need in demand.items()) for f in figures
+        min(math.floor(f.get(name, (0.0, 0.0))[1] / need + 1e-9) for name, need in demand.items()) for f in figures
     )
     totals = {name: sum(f.get(name, (0.0, 0.0))[1] for f in figures) for name in demand}
     return count, min(demand, key=lambda name: (totals[name] / demand[name], name))

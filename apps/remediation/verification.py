@@ -315,14 +315,14 @@ def verdict(
     before_p99, after_p99 = before.get(side), after.get(side)
     if kind in LATENCY_KINDS and before_p99 and after_p99 and after_p99 > 0.8 * before_p99:
         return "failed", " ".join(
-            lines + [f"p99 {before_p99:.0f} ms → {after_p99:.0f} ms did not come down by at least 20 %."]
+            [*lines, f"p99 {before_p99:.0f} ms → {after_p99:.0f} ms did not come down by at least 20 %."]
         )
     if kind in LATENCY_KINDS and not clients:
         return "inconclusive", " ".join(
-            lines
-            + [
+            [
+                *lines,
                 "A latency fix is judged by the latency clients see, queueing included; "
-                "replica processing time alone cannot pass it. Export the Serve proxy's metrics."
+                "replica processing time alone cannot pass it. Export the Serve proxy's metrics.",
             ]
         )
     if unlike := unlike_sized(after, sized_service_s):

@@ -85,7 +85,7 @@ class ByteLM(nn.Module):
     def step(self, tokens, index, caches, start: int, mask) -> torch.Tensor:
         """Run `tokens` (at cache slots start…) through the model; logits of the last slot."""
         x = self.embed(tokens) + self.positions(index)
-        for block, (keys, values) in zip(self.blocks, caches):
+        for block, (keys, values) in zip(self.blocks, caches, strict=True):
             x = block(x, keys, values, start, mask)
         return self.head(self.norm(x[:, -1]))
 
@@ -145,7 +145,7 @@ def generate(model: ByteLM, requests: list[Request]) -> list[bytes]:
         logits = model.step(next_tokens.unsqueeze(1), index[:, at : at + 1], caches, at, mask)
 
     rows = generated.cpu().tolist()
-    return [bytes(row[: request.max_tokens]) for row, request in zip(rows, requests)]
+    return [bytes(row[: request.max_tokens]) for row, request in zip(rows, requests, strict=True)]
 
 
 def warm_up(model: ByteLM) -> None:

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     try:
         main()
-    except Exception as exc:  # noqa: BLE001 - whatever it is, the caller reads it from the last line
+    except Exception as exc:  # whatever it is, the caller reads it from the last line
         traceback.print_exc()
         print(f"{ERROR_MARKER} {type(exc).__name__}: {exc}")
         sys.exit(1)

@@ -63,7 +63,7 @@ class Settings:
     scratch_mb_per_request: int = 0
 
     @classmethod
-    def from_user_config(cls, config: dict) -> "Settings":
+    def from_user_config(cls, config: dict) -> Settings:
         """Refuse what would silently do something else: a misspelt key would leave a limit at
         its default and nobody would be told."""
         known = {field.name for field in fields(cls)}

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterable, TypeVar
+from typing import Any, Generic, TypeVar
 
 import urllib3
 import yaml
@@ -78,7 +79,7 @@ class KubeAdapter:
         allow_plugins: bool = False,
         pin: Callable[[str, int], str] | None = None,
         **options: Any,
-    ) -> "KubeAdapter":
+    ) -> KubeAdapter:
         """From a kubeconfig file path or an already-parsed kubeconfig dict; `context` defaults to
         the kubeconfig's current-context. The file is never written back (no token persistence).
 
@@ -114,7 +115,7 @@ class KubeAdapter:
         return cls._from_configuration(configuration, **options)
 
     @classmethod
-    def in_cluster(cls, **options: Any) -> "KubeAdapter":
+    def in_cluster(cls, **options: Any) -> KubeAdapter:
         """From the pod's service account (token and CA mounted by Kubernetes)."""
         configuration = client.Configuration()
         try:
@@ -124,7 +125,7 @@ class KubeAdapter:
         return cls._from_configuration(configuration, **options)
 
     @classmethod
-    def _from_configuration(cls, configuration: client.Configuration, **options: Any) -> "KubeAdapter":
+    def _from_configuration(cls, configuration: client.Configuration, **options: Any) -> KubeAdapter:
         # One attempt per call: urllib3 would otherwise retry reads and multiply the timeout.
         configuration.retries = False
         # The client picks up HTTP(S)_PROXY from the environment; the bearer token must reach only
@@ -135,7 +136,7 @@ class KubeAdapter:
     def close(self) -> None:
         self._api.close()
 
-    def __enter__(self) -> "KubeAdapter":
+    def __enter__(self) -> KubeAdapter:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -298,7 +299,7 @@ class KubeAdapter:
                     return result
                 try:
                     body = self._call(
-                        lambda: fetch(namespace, min(self.page_size, room), token),
+                        lambda: fetch(namespace, min(self.page_size, room), token),  # noqa: B023 (called before the loop moves on)
                         verb="list",
                         kind=kind,
                         namespace=namespace,

@@ -58,7 +58,7 @@ class AsyncRayDashboard:
     async def aclose(self) -> None:
         await self._transport.aclose()
 
-    async def __aenter__(self) -> "AsyncRayDashboard":
+    async def __aenter__(self) -> AsyncRayDashboard:
         return self
 
     async def __aexit__(self, *exc) -> None:

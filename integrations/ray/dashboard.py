@@ -87,7 +87,7 @@ class RayDashboard:
     def close(self) -> None:
         self._client.close()
 
-    def __enter__(self) -> "RayDashboard":
+    def __enter__(self) -> RayDashboard:
         return self
 
     def __exit__(self, *exc) -> None:

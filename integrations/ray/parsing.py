@@ -50,6 +50,7 @@ def _parse_application(name: str, raw: dict[str, Any]) -> ApplicationStatus:
         source=str(raw.get("source") or ""),
         deployments=deployments,
         calls=_called_applications(name, raw.get("deployment_topology")),
+        external_scaler_enabled=external if isinstance(external := raw.get("external_scaler_enabled"), bool) else None,
     )
 
 

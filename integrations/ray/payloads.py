@@ -79,6 +79,9 @@ class ApplicationStatus:
     # Other applications this one's replicas hold handles to, as Serve's deployment topology reports
     # them: handles passed in at bind time and those the replicas created when they started.
     calls: tuple[str, ...] = ()
+    # Whether an outside scaler sets the replica counts (Ray 2.60's ApplicationDetails); None
+    # where the dashboard does not report it (an older Ray).
+    external_scaler_enabled: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -184,7 +184,7 @@ class Injector(threading.Thread):
                     db.commit()
                     self.kinds[kind] += 1
                     time.sleep(0.1)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test, not lost in the thread
+        except BaseException as exc:  # reported by the test, not lost in the thread
             self.error = exc
 
 

@@ -3,6 +3,7 @@ incident from Ray's own metrics (read every ~10 s, Ray's export interval)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 import time
@@ -37,10 +38,8 @@ def test_a_slow_handler_under_a_burst_becomes_a_latency_incident(ray_head, team)
     def burst():
         with httpx.Client(timeout=60) as client:
             while not stop.is_set():
-                try:
+                with contextlib.suppress(httpx.HTTPError):
                     client.get(f"{ray_head.serve_url}/demo?text=slow")
-                except httpx.HTTPError:
-                    pass
 
     workers = [threading.Thread(target=burst, daemon=True) for _ in range(24)]
     try:

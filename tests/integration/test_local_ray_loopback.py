@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 
 import psutil
@@ -18,10 +19,8 @@ def head_processes(head) -> list[psutil.Process]:
     processes = {root.pid: root, **{child.pid: child for child in root.children(recursive=True)}}
     for pid in _pids_in_session(head.process.pid):
         if pid not in processes:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 processes[pid] = psutil.Process(pid)
-            except psutil.NoSuchProcess:
-                pass
     return list(processes.values())
 
 

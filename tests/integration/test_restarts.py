@@ -67,8 +67,8 @@ class Stack:
         self.manage("shell", "-c", SEED.replace("{url}", fake.url))
         self.processes: dict[str, subprocess.Popen] = {}
         celery = [sys.executable, "-m", "celery", "-A", "controlplane"]
-        self.spawn("worker", celery + ["worker", "--loglevel", "INFO", "--concurrency", "2"])
-        self.spawn("beat", celery + ["beat", "--loglevel", "INFO", "--schedule", str(root / "var" / "beat-schedule")])
+        self.spawn("worker", [*celery, "worker", "--loglevel", "INFO", "--concurrency", "2"])
+        self.spawn("beat", [*celery, "beat", "--loglevel", "INFO", "--schedule", str(root / "var" / "beat-schedule")])
 
     def manage(self, *args: str) -> str:
         result = subprocess.run(

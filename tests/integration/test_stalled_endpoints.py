@@ -10,6 +10,7 @@ worker process survives it, and nobody else waits for it."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import select
 import signal
@@ -177,7 +178,7 @@ def test_stalled_metrics_endpoints_are_cut_off_and_recorded_while_other_clusters
     # The healthy cluster kept its interval and synced while a metrics reading was held open; the
     # stalled clusters' own syncs did not wait for their readings either.
     times = sorted(syncs[healthy.pk])
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     assert max(gaps) < 2 * INTERVAL_S, gaps
     drips = [(opened, closed) for path, opened, closed, _ in held if path == "drip"]
     assert any(opened <= t <= closed for t in times for opened, closed in drips), (times, drips)

@@ -4,8 +4,7 @@ the deployment page."""
 from __future__ import annotations
 
 import json
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 
 from django.urls import reverse
 
@@ -13,7 +12,7 @@ from apps.calibration.curve import Curve
 from tests.conftest import ray_fixture
 
 MIB = 2**20
-WHEN = datetime(2026, 11, 30, 12, 0, tzinfo=dt_timezone.utc)
+WHEN = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 def result_line(**overrides) -> str:

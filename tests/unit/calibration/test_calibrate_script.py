@@ -43,7 +43,7 @@ def test_the_calibration_curve_parses_and_grows_with_the_token_sum():
     assert (curve["axis"], curve["device"]) == ("token_sum", "cpu") and curve["baseline_bytes"] > 0
     assert [point["x"] for point in curve["points"]] == token_sums
     peaks = [point["peak_bytes"] for point in curve["points"]]
-    print(f"\nbaseline {curve['baseline_bytes']} bytes, peaks {dict(zip(token_sums, peaks))}")
+    print(f"\nbaseline {curve['baseline_bytes']} bytes, peaks {dict(zip(token_sums, peaks, strict=True))}")
     assert curve["monotone"] and curve["baseline_bytes"] <= peaks[0] < peaks[-1]
     # The default config's per-token temporaries alone account for this much of the rise.
     scratch_kb = generator_user_config()["scratch_kb_per_token"]

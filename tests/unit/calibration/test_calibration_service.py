@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -166,7 +165,7 @@ def test_polling_follows_the_job_to_a_curve_that_latest_curve_returns(model, ope
     job_says(use_replay, calibration, "SUCCEEDED", logs="baseline: 100 MiB\n" + result_line() + "\n")
     done = services.poll(calibration.pk)
     assert done.state == "succeeded" and done.monotone is True and done.baseline_bytes == 100 * MIB
-    assert done.finished_at == datetime(2026, 11, 30, 13, 6, 54, 770000, tzinfo=dt_timezone.utc)
+    assert done.finished_at == datetime(2026, 11, 30, 13, 6, 54, 770000, tzinfo=UTC)
 
     found = services.latest_curve(model)
     assert found == Curve(

@@ -69,7 +69,7 @@ def test_every_secret_of_a_serve_config_is_redacted_but_the_recycle_generation_a
         "AWS_KEY": placeholder("aws_abc"),
         GENERATION_VAR: "3",
     }
-    assert CONFIG == original
+    assert original == CONFIG
 
 
 def test_a_config_without_secrets_comes_back_as_it_is_without_a_copy():

@@ -104,7 +104,7 @@ def test_a_killed_worker_is_named_as_killed_and_what_it_left_running_is_ended(su
         f"child = subprocess.Popen(['sleep', '60']); open({str(pidfile)!r}, 'w').write(str(child.pid)); "
         "time.sleep(60)",
     ]
-    supervisor, lines, clock = supervised({"worker": leaves_a_child})
+    supervisor, lines, _clock = supervised({"worker": leaves_a_child})
     deadline = time.monotonic() + 30
     while not pidfile.exists() or not pidfile.read_text():
         assert time.monotonic() < deadline

@@ -270,9 +270,9 @@ def slower(scrape: ray_metrics.Scrape, at: float, extra: int = 60, over_ms: floa
     for s in scrape.samples:
         value = s.value
         model = s.labels.get("application") == "demo" and s.labels.get("deployment") == "Model"
-        if model and s.name == f"{metric_readings.LATENCY}_bucket" and float(s.labels["le"]) >= over_ms:
-            value += extra
-        elif model and s.name in (metric_readings.REQUESTS, f"{metric_readings.LATENCY}_count"):
+        if (model and s.name == f"{metric_readings.LATENCY}_bucket" and float(s.labels["le"]) >= over_ms) or (
+            model and s.name in (metric_readings.REQUESTS, f"{metric_readings.LATENCY}_count")
+        ):
             value += extra
         samples.append(ray_metrics.Sample(s.name, s.labels, value))
     return ray_metrics.Scrape(at=at, samples=samples)

@@ -56,7 +56,7 @@ def test_a_name_that_rebinds_to_the_metadata_service_is_refused_before_anything_
     monkeypatch.setattr("apps.clusters.validation.socket.getaddrinfo", egress.socket.getaddrinfo)
     check_network_policy("http://rebind.example:8265")
     inner = Recorder()
-    with pytest.raises(RayUnreachable, match="169.254.169.254, an address Fleetdeck never calls"):
+    with pytest.raises(RayUnreachable, match=r"169\.254\.169\.254, an address Fleetdeck never calls"):
         with RayDashboard("http://rebind.example:8265", transport=egress.PinnedTransport(inner=inner)) as ray:
             ray.version()
     assert inner.seen == [] and len(calls) == 2

@@ -120,7 +120,7 @@ def test_a_warmup_request_past_its_limits_is_a_failed_sample_not_a_held_worker(s
 
 def test_a_small_answer_within_the_limits_is_read_whole(server):
     # The positive control: the same transport reads an ordinary answer as it always did.
-    page = "ray_serve_num_http_requests_total 3\n".encode()
+    page = b"ray_serve_num_http_requests_total 3\n"
     limits = egress.Limits(max_bytes=len(page), deadline_s=5.0)
 
     class One(http.server.BaseHTTPRequestHandler):

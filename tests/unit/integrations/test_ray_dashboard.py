@@ -432,9 +432,8 @@ def test_a_closed_port_on_localhost_is_unreachable():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with RayDashboard(f"http://127.0.0.1:{port}", timeout_s=5.0) as ray:
-        with pytest.raises(RayUnreachable) as caught:
-            ray.version()
+    with RayDashboard(f"http://127.0.0.1:{port}", timeout_s=5.0) as ray, pytest.raises(RayUnreachable) as caught:
+        ray.version()
     assert caught.value.transient is True
     assert caught.value.message.startswith("Cannot reach the Ray dashboard: ")
 

@@ -73,7 +73,7 @@ def test_an_unknown_deployment_is_not_found_and_permanent():
 
 def test_a_bare_404_is_a_dashboard_without_the_scale_api():
     ray, _ = answering(404, text="404: Not Found")
-    with pytest.raises(RayScaleUnsupported, match="needs Ray 2.60's scale API"):
+    with pytest.raises(RayScaleUnsupported, match=r"needs Ray 2\.60's scale API"):
         ray.scale_deployment("demo", "Model", 2)
 
 
@@ -100,7 +100,7 @@ def test_a_crash_in_the_dashboard_handler_is_a_transient_bad_response():
 
 def test_a_ray_before_2_60_is_refused_without_a_request():
     ray, replay = answering(200, ACCEPTED)
-    with pytest.raises(RayScaleUnsupported, match="Ray 2.59.1 cannot .*needs Ray 2.60's scale API"):
+    with pytest.raises(RayScaleUnsupported, match=r"Ray 2\.59\.1 cannot .*needs Ray 2\.60's scale API"):
         ray.scale_deployment("demo", "Model", 2, ray_version="2.59.1")
     assert replay.requests == []
 

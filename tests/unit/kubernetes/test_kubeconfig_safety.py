@@ -171,7 +171,7 @@ def test_a_kubeconfig_stored_with_yaml_aliases_is_never_used(team):
         namespaces=["ml"],
         kubeconfig_ciphertext=secrets.encrypt(kubeconfig_text(alias_bomb())),
     )
-    with pytest.raises(KubeConfigInvalid, match="Connection old: .*anchors and aliases"):
+    with pytest.raises(KubeConfigInvalid, match=r"Connection old: .*anchors and aliases"):
         adapter_for(stored)
     assert "anchors and aliases" in discovery.discover(stored).error
 

@@ -231,7 +231,7 @@ def test_max_model_len_minus_one_is_fitted_to_the_cache():
     plan = plan_memory(shape(QWEN25_32B), accelerator("H100"), EngineSettings(max_model_len=-1), vllm=V0_29)
     assert plan.fits and 0 < plan.max_model_len.value < 32768
     assert plan.max_concurrency.value >= 1
-    with pytest.raises(PlanError, match="0.14 or later"):
+    with pytest.raises(PlanError, match=r"0\.14 or later"):
         plan_memory(
             shape(QWEN25_32B), accelerator("H100"), EngineSettings(max_model_len=-1), vllm=Accounting((0, 11, 0))
         )

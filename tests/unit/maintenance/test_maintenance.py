@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -31,7 +31,7 @@ from tests.conftest import ray_fixture
 from tests.factories import ClusterFactory
 from tests.fake_ray import FakeRay
 
-UTC = dt_timezone.utc
+UTC = UTC
 
 
 def at(*args) -> datetime:
@@ -108,7 +108,7 @@ def test_warmup_results_separate_the_first_request_from_the_steady_state():
     result = warmup_results.summarize(samples, p95_threshold_ms=50)
     assert result["first_ms"] == 900.0 and result["steady_p50_ms"] == 20.5 and result["passed"]
     failing = warmup_results.summarize(
-        samples[:5] + [Sample(5, 500, 12.0), Sample(6, None, 3000.0, "timeout")], p95_threshold_ms=50
+        [*samples[:5], Sample(5, 500, 12.0), Sample(6, None, 3000.0, "timeout")], p95_threshold_ms=50
     )
     assert (
         not failing["passed"] and "2 of 7 responses were not 2xx" in failing["verdict"] and "p95" in failing["verdict"]
@@ -460,10 +460,8 @@ def test_a_run_delivered_twice_at_once_runs_once(deployment, operator, monkeypat
     def both_read_it_queued(*args, **kwargs):
         rows = real_first(*args, **kwargs)
         if "state" in kwargs and not barrier.broken:
-            try:
+            with contextlib.suppress(threading.BrokenBarrierError):
                 barrier.wait(timeout=2)
-            except threading.BrokenBarrierError:
-                pass
         return rows
 
     monkeypatch.setattr(MaintenanceRun.objects, "filter", both_read_it_queued)

@@ -59,7 +59,7 @@ def measured(
         points=[(k, (baseline_mib + k * per_request_mib) * MIB) for k in levels],
         measured_at=datetime(2026, 11, 30, tzinfo=UTC),
         calibration_id=9,
-        service_s=dict(zip(map(float, levels), service_s)),
+        service_s=dict(zip(map(float, levels), service_s, strict=True)),
     )
     return measurements.memory_from_curve(found)
 

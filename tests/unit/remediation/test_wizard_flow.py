@@ -200,7 +200,7 @@ def test_a_cluster_with_no_cpu_free_for_a_calibration_replica_says_so_and_nothin
     use_replay.routes["/api/cluster_status"] = busy
     use_replay.routes["/api/jobs/"] = "jobs_submit_response.json"
     wizard, _ = wizards.start(actor(people), incident=incident)
-    with pytest.raises(wizards.WizardError, match="Nothing was measured and nothing was pushed: .*CPU free"):
+    with pytest.raises(wizards.WizardError, match=r"Nothing was measured and nothing was pushed: .*CPU free"):
         wizards.calibrate(actor(people), wizard, revision=None)
     assert not MemoryCalibration.objects.exists() and not [r for r in use_replay.requests if r.url.path == "/api/jobs/"]
 

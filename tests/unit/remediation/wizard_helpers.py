@@ -53,7 +53,7 @@ def calibrate(
         levels=list(levels),
         points=[
             {"x": k, "peak_bytes": (baseline_mib + k * per_request_mib) * MIB, "service_s": t}
-            for k, t in zip(levels, service_s)
+            for k, t in zip(levels, service_s, strict=True)
         ],
         monotone=True,
         finished_at=timezone.now(),

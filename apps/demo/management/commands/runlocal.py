@@ -7,6 +7,7 @@ memory use at start, so the misbehaving config's OOM kills happen without exhaus
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -157,14 +158,32 @@ class Command(BaseCommand):
             "web": [python, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
             # As deployed: changes and maintenance runs, which wait minutes on Ray, in processes of
             # their own, so syncs and the tick never wait behind them.
-            "worker": celery
-            + ["worker", "--loglevel", "INFO", "--concurrency", "2", "-Q", "celery,tick,metrics"]
-            + ["--hostname", "worker@%h"],
-            "worker-long": celery
-            + ["worker", "--loglevel", "INFO", "--concurrency", "1", "-Q", "long"]
-            + ["--hostname", "long@%h"],
+            "worker": [
+                *celery,
+                "worker",
+                "--loglevel",
+                "INFO",
+                "--concurrency",
+                "2",
+                "-Q",
+                "celery,tick,metrics",
+                "--hostname",
+                "worker@%h",
+            ],
+            "worker-long": [
+                *celery,
+                "worker",
+                "--loglevel",
+                "INFO",
+                "--concurrency",
+                "1",
+                "-Q",
+                "long",
+                "--hostname",
+                "long@%h",
+            ],
             # At INFO beat logs each tick it sends, a line every 10 s in the terminal; its warnings still show.
-            "beat": celery + ["beat", "--loglevel", "WARNING"],
+            "beat": [*celery, "beat", "--loglevel", "WARNING"],
         }
 
 
@@ -240,10 +259,8 @@ def exit_description(code: int) -> str:
 
 
 def _end_session(process: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # nothing of it is left
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # nothing of it is left
 
 
 def oom_headroom_gib(value: str | None) -> float | None:
