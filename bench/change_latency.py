@@ -40,7 +40,7 @@ from apps.accounts.services import ensure_team  # noqa: E402
 from apps.changes import protocol  # noqa: E402
 from apps.changes.models import ChangeState  # noqa: E402
 from apps.clusters.models import Cluster  # noqa: E402
-from controlplane.local_ray import DEMO_APP_DIR, LocalRayHead, _ray_bin  # noqa: E402
+from apps.demo.local_ray import DEMO_APP_DIR, LocalRayHead, _ray_bin  # noqa: E402
 from integrations.ray.dashboard import RayDashboard  # noqa: E402
 
 

@@ -251,7 +251,7 @@ def first_signal_after(kind: str, since: float, timeout_s: float) -> float | Non
 
 
 def demo_only(model: dict) -> dict:
-    from controlplane.local_ray import DEMO_APP_DIR
+    from apps.demo.local_ray import DEMO_APP_DIR
 
     config = json.loads((REPO / "tests/fixtures/ray/put_config_demo_and_echo2.json").read_text())
     config["applications"] = config["applications"][:1]
@@ -354,7 +354,7 @@ def real_cluster(interval: float, trials: int, timeout_s: float) -> dict:
 
         from apps.accounts.services import ensure_team
         from apps.clusters.models import Cluster
-        from controlplane.local_ray import LocalRayHead, memory_monitor_env, threshold_for_headroom
+        from apps.demo.local_ray import LocalRayHead, memory_monitor_env, threshold_for_headroom
 
         call_command("migrate", verbosity=0)
         # Room for the head and the demo (~1.5 GiB); a request that fills 4 GiB trips the monitor.

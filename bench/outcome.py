@@ -42,12 +42,12 @@ from apps.calibration import services as calibrations  # noqa: E402
 from apps.changes import protocol  # noqa: E402
 from apps.changes.models import Preset  # noqa: E402
 from apps.clusters.models import Cluster  # noqa: E402
+from apps.demo.local_ray import REFERENCE_APP_DIR, REFERENCE_WARMUP  # noqa: E402
 from apps.fleet.models import Application  # noqa: E402
 from apps.incidents.models import Incident  # noqa: E402
 from apps.maintenance import schedules  # noqa: E402
 from apps.remediation import wizards  # noqa: E402
 from bench.ray_lab import Burst, Lab, numbered, observe, replay  # noqa: E402
-from controlplane.local_ray import REFERENCE_APP_DIR, REFERENCE_WARMUP  # noqa: E402
 
 TARGET = [{"application": "reference", "deployment": "Generator"}]
 ACTOR = Actor.system(via="cli")

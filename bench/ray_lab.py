@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import httpx
 
 from apps.clusters.models import Cluster
+from apps.demo.local_ray import LocalRayHead, memory_monitor_env, memory_usage, threshold_for_headroom
 from apps.fleet import sync
 from apps.incidents import services as incidents
 from apps.incidents.oom import oom_kills
-from controlplane.local_ray import LocalRayHead, memory_monitor_env, memory_usage, threshold_for_headroom
 from integrations.ray.dashboard import RayDashboard
 from integrations.ray.errors import RayError
 

@@ -46,12 +46,12 @@ from apps.accounts.services import ensure_team, grant  # noqa: E402
 from apps.calibration import services as calibrations  # noqa: E402
 from apps.changes import protocol  # noqa: E402
 from apps.clusters.models import Cluster  # noqa: E402
+from apps.demo.local_ray import GIB, REFERENCE_APP_DIR, REFERENCE_WARMUP  # noqa: E402
 from apps.fleet.models import Application  # noqa: E402
 from apps.incidents.models import Incident  # noqa: E402
 from apps.maintenance import schedules  # noqa: E402
 from apps.remediation.models import Wizard, WizardStep  # noqa: E402
 from bench.ray_lab import Lab, bursty_schedule, node_used_bytes, numbered, observe, replay, span_s  # noqa: E402
-from controlplane.local_ray import GIB, REFERENCE_APP_DIR, REFERENCE_WARMUP  # noqa: E402
 from integrations.ray.dashboard import RayDashboard  # noqa: E402
 
 PLAIN_APP_DIR = REPO / "deploy" / "plain_app"

@@ -452,7 +452,7 @@ def server_times(user, token: str, targets: dict[str, str], repeats: int) -> dic
 
 
 def load(env: dict, token: str, seconds: float) -> dict[str, tuple[float, int, float]]:
-    from controlplane.local_ray import free_port
+    from apps.demo.local_ray import free_port
 
     port = free_port()
     server = subprocess.Popen(

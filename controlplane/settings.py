@@ -220,17 +220,17 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": [
-        "controlplane.renderers.FastJSONRenderer",
+        "controlplane.api.renderers.FastJSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
-    "DEFAULT_PAGINATION_CLASS": "controlplane.pagination.CappedCountPagination",
+    "DEFAULT_PAGINATION_CLASS": "controlplane.api.pagination.CappedCountPagination",
     "PAGE_SIZE": env_int("FLEETDECK_API_PAGE_SIZE", 50, minimum=1),
     "DEFAULT_FILTER_BACKENDS": [
         "apps.accounts.filters.FilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_VERSIONING_CLASS": "controlplane.versioning.APIVersioning",
+    "DEFAULT_VERSIONING_CLASS": "controlplane.api.versioning.APIVersioning",
     "EXCEPTION_HANDLER": "apps.accounts.drf.exception_handler",
     "DEFAULT_THROTTLE_CLASSES": [
         "rest_framework.throttling.UserRateThrottle",
@@ -252,8 +252,8 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "controlplane.openapi.document_errors",
-        "controlplane.openapi.rows_in_forms",
+        "controlplane.api.openapi.document_errors",
+        "controlplane.api.openapi.rows_in_forms",
     ],
     "ENUM_NAME_OVERRIDES": {
         "ChangeStateEnum": "apps.changes.models.ChangeState",

@@ -20,7 +20,7 @@ from apps.maintenance.api import ProfileViewSet, RunViewSet, ScheduleViewSet
 from apps.remediation.api import FindingViewSet, WizardViewSet
 from apps.scaler.api import DecisionViewSet, ScalerViewSet
 from controlplane import metrics as fleet_metrics
-from controlplane import versioning
+from controlplane.api import versioning
 
 router = DefaultRouter()
 router.register("clusters", ClusterViewSet, basename="cluster")
@@ -89,7 +89,7 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include(api_routes)),
-    # The same routes, named in the `v2` namespace: controlplane.versioning tells the versions apart by it.
+    # The same routes, named in the `v2` namespace: controlplane.api.versioning tells the versions apart by it.
     path("api/v2/", include((api_routes, versioning.NAMESPACE))),
     path("api/schema/", SpectacularAPIView.as_view(api_version=versioning.V1), name="schema"),
     path("api/v2/schema/", SpectacularAPIView.as_view(api_version=versioning.V2), name="schema-v2"),

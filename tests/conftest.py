@@ -129,7 +129,7 @@ def api_as(people):
 
 def two_app_config() -> dict:
     """The two-application config captured from the real cluster, pointed at our demo module."""
-    from controlplane.local_ray import DEMO_APP_DIR
+    from apps.demo.local_ray import DEMO_APP_DIR
 
     config = ray_fixture("put_config_demo_and_echo2.json")
     for app in config["applications"]:
@@ -141,7 +141,7 @@ def two_app_config() -> dict:
 def ray_head():
     """A real Ray 2.60 head on loopback with the two applications deployed through Ray's own
     REST API; stopped by its own process ids at the end of the session."""
-    from controlplane.local_ray import LocalRayHead
+    from apps.demo.local_ray import LocalRayHead
 
     head = LocalRayHead.start()
     try:

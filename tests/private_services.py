@@ -17,7 +17,7 @@ from pathlib import Path
 from mirakuru import TCPExecutor
 from mirakuru.exceptions import ProcessFinishedWithError
 
-from controlplane.local_ray import free_port
+from apps.demo.local_ray import free_port
 
 
 def _bundled(package: str, relative: str) -> Path | None:

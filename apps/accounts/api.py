@@ -4,8 +4,8 @@ from apps.accounts import access
 from apps.accounts.models import AuditEvent
 from apps.core.redaction import redact_anywhere
 from apps.core.serializer_fields import RedactedJSONField
-from controlplane.pagination import StreamPagination
-from controlplane.rows import FastRows, narrow
+from controlplane.api.pagination import StreamPagination
+from controlplane.api.rows import FastRows, narrow
 
 
 class AuditEventSerializer(FastRows, serializers.ModelSerializer):

@@ -16,7 +16,7 @@ from apps.calibration.models import MemoryCalibration
 from apps.core.redaction import redact_anywhere
 from apps.core.serializer_fields import RedactedJSONField
 from apps.fleet.models import Deployment
-from controlplane.pagination import StreamPagination
+from controlplane.api.pagination import StreamPagination
 
 
 class MixEntrySerializer(serializers.Serializer):

@@ -20,10 +20,10 @@ from apps.core.redaction import redact_patch
 from apps.core.serializer_fields import RedactedJSONField
 from apps.fleet import client_impact
 from apps.fleet.models import ConfigRevision
-from controlplane.lean import lean
-from controlplane.pagination import StreamPagination
-from controlplane.rows import FastRows, narrow
-from controlplane.versioning import lean_list
+from controlplane.api.lean import lean
+from controlplane.api.pagination import StreamPagination
+from controlplane.api.rows import FastRows, narrow
+from controlplane.api.versioning import lean_list
 
 
 class PresetSerializer(serializers.ModelSerializer):

@@ -18,9 +18,9 @@ from apps.changes.api import with_preset_or_options
 from apps.changes.models import Change, Preset, Rollout
 from apps.core.serializer_fields import RedactedJSONField
 from apps.fleet import client_impact
-from controlplane.pagination import StreamPagination
-from controlplane.rows import FastRows
-from controlplane.versioning import V1, lean_list
+from controlplane.api.pagination import StreamPagination
+from controlplane.api.rows import FastRows
+from controlplane.api.versioning import V1, lean_list
 
 
 class RolloutChangeSerializer(serializers.ModelSerializer):

@@ -15,7 +15,7 @@ from apps.clusters.filters import ClusterFilter
 from apps.clusters.models import EDITABLE_FIELDS, UPDATABLE_FIELDS, Cluster, ClusterEvent
 from apps.clusters.validation import normalize_dashboard_url, normalize_optional_url, validate_labels, validate_token
 from apps.fleet.selectors import cluster_listing
-from controlplane.rows import FastRows, narrow
+from controlplane.api.rows import FastRows, narrow
 
 # What the sync keeps on a cluster for itself; no cluster row shows it.
 SYNC_STATE = (

@@ -17,9 +17,9 @@ from apps.fleet.models import Application, ConfigRevision, Deployment
 from apps.fleet.scaling_history import scaling_series
 from apps.remediation.models import Finding
 from apps.remediation.rules import WHY_NOT_AT_TARGET
-from controlplane.pagination import StreamPagination
-from controlplane.rows import FastRows, narrow
-from controlplane.versioning import lean_list
+from controlplane.api.pagination import StreamPagination
+from controlplane.api.rows import FastRows, narrow
+from controlplane.api.versioning import lean_list
 
 
 class ApplicationSerializer(FastRows, serializers.ModelSerializer):

@@ -16,10 +16,10 @@ from apps.incidents import services, webhooks
 from apps.incidents.filters import IncidentFilter
 from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, PodKillRecord, Webhook, WebhookDelivery
 from apps.incidents.timeline import related_work, related_work_for
-from controlplane.lean import lean
-from controlplane.pagination import StreamPagination
-from controlplane.rows import FastRows, narrow
-from controlplane.versioning import V1, lean_list
+from controlplane.api.lean import lean
+from controlplane.api.pagination import StreamPagination
+from controlplane.api.rows import FastRows, narrow
+from controlplane.api.versioning import V1, lean_list
 
 RECENT_DELIVERIES = 10
 

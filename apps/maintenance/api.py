@@ -13,7 +13,7 @@ from apps.core.serializer_fields import RedactedJSONField
 from apps.fleet.models import Application, Deployment
 from apps.maintenance import dispatch, schedules
 from apps.maintenance.models import MaintenanceRun, RecycleSchedule, WarmupProfile
-from controlplane.pagination import StreamPagination
+from controlplane.api.pagination import StreamPagination
 
 WINDOW = ["window_days", "window_start_hour", "window_end_hour", "timezone"]
 

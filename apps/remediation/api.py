@@ -16,9 +16,9 @@ from apps.remediation import findings, remedy_checks, verification, wizards
 from apps.remediation.filters import FindingFilter
 from apps.remediation.models import Finding, Wizard, WizardStep
 from apps.remediation.rules import BY_ID
-from controlplane.lean import lean
-from controlplane.pagination import StreamPagination
-from controlplane.rows import FastRows, narrow
+from controlplane.api.lean import lean
+from controlplane.api.pagination import StreamPagination
+from controlplane.api.rows import FastRows, narrow
 
 
 class FindingSerializer(FastRows, serializers.ModelSerializer):

@@ -29,7 +29,7 @@ from apps.remediation.filters import FindingFilter
 from apps.remediation.models import Finding, Wizard
 from apps.remediation.presentation import wizard_context
 from apps.remediation.rules import BY_ID
-from controlplane.rows import narrow
+from controlplane.api.rows import narrow
 
 
 def fix_url(finding: Finding, plan: Callable[[int], str] | None = None, options: str | None = None) -> str:

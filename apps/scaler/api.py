@@ -11,7 +11,7 @@ from apps.fleet.models import Deployment
 from apps.scaler import services
 from apps.scaler.filters import DecisionFilter, ScalerFilter
 from apps.scaler.models import Scaler, ScalerDecision
-from controlplane.pagination import StreamPagination
+from controlplane.api.pagination import StreamPagination
 
 
 class ScalerSerializer(serializers.ModelSerializer):

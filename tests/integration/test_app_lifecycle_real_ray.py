@@ -10,7 +10,7 @@ from apps.accounts.audit import Actor
 from apps.changes import protocol
 from apps.changes.models import Change, ChangeState
 from apps.clusters.models import Cluster
-from controlplane.local_ray import DEMO_APP_DIR
+from apps.demo.local_ray import DEMO_APP_DIR
 from tests.conftest import two_app_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.django_db]

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from apps.demo.local_ray import DEMO_APP_DIR, OWN_HEAD, LocalRayHead
 from apps.fleet import sync
 from apps.fleet.models import Deployment
 from apps.remediation.models import Finding
-from controlplane.local_ray import DEMO_APP_DIR, OWN_HEAD, LocalRayHead
 from integrations.ray.dashboard import RayDashboard
 
 pytestmark = [pytest.mark.ray, pytest.mark.django_db]

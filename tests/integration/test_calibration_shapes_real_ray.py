@@ -12,9 +12,9 @@ import pytest
 from apps.accounts.audit import Actor
 from apps.calibration import services
 from apps.clusters.models import Cluster
+from apps.demo.local_ray import REPO
 from apps.fleet import sync
 from apps.fleet.models import Deployment
-from controlplane.local_ray import REPO
 from tests.conftest import two_app_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.django_db]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from controlplane import local_ray
-from controlplane.local_ray import LocalRayHead
+from apps.demo import local_ray
+from apps.demo.local_ray import LocalRayHead
 
 pytestmark = pytest.mark.ray
 

@@ -8,7 +8,7 @@ import ipaddress
 import psutil
 import pytest
 
-from controlplane.local_ray import _ephemeral_start, _pids_in_session
+from apps.demo.local_ray import _ephemeral_start, _pids_in_session
 
 pytestmark = pytest.mark.ray
 

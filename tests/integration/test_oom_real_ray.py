@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from apps.clusters.models import Cluster
+from apps.demo.local_ray import LocalRayHead, memory_monitor_env, threshold_for_headroom
 from apps.fleet import sync
 from apps.incidents import services
 from apps.incidents.models import Incident
-from controlplane.local_ray import LocalRayHead, memory_monitor_env, threshold_for_headroom
 from tests.conftest import two_app_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.django_db]

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from controlplane.local_ray import REFERENCE_APP_DIR, LocalRayHead
+from apps.demo.local_ray import REFERENCE_APP_DIR, LocalRayHead
 
 pytestmark = pytest.mark.ray
 MIB = 2**20

@@ -14,8 +14,8 @@ from apps.accounts.audit import Actor
 from apps.changes import protocol, rollouts
 from apps.changes.models import Change, ChangeState, Rollout
 from apps.clusters.models import Cluster
+from apps.demo.local_ray import LocalRayHead
 from apps.fleet import sync
-from controlplane.local_ray import LocalRayHead
 from tests.conftest import two_app_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.django_db]

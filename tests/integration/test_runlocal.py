@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controlplane.local_ray import free_port
+from apps.demo.local_ray import free_port
 
 pytestmark = pytest.mark.ray
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from controlplane.local_ray import DEMO_APP_DIR, OWN_HEAD, LocalRayHead
+from apps.demo.local_ray import DEMO_APP_DIR, OWN_HEAD, LocalRayHead
 from integrations.ray.dashboard import RayDashboard
 from integrations.ray.errors import RayDeploymentNotFound, RayExternalScalerDisabled, RayScaleUnsupported
 

@@ -15,12 +15,12 @@ from apps.accounts.audit import Actor
 from apps.calibration import services
 from apps.clusters.models import Cluster
 from apps.core.catalogue import cause
+from apps.demo.local_ray import REFERENCE_APP_DIR
 from apps.fleet import sync
 from apps.fleet.models import Deployment
 from apps.incidents import services as incidents
 from apps.incidents.models import Incident, NodeWindow
 from apps.remediation import wizards
-from controlplane.local_ray import REFERENCE_APP_DIR
 from tests.conftest import two_app_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.django_db]

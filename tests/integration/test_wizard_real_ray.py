@@ -24,12 +24,12 @@ from apps.calibration import services as calibrations
 from apps.calibration.models import MemoryCalibration
 from apps.changes import protocol
 from apps.clusters.models import Cluster
+from apps.demo.local_ray import REPO, LocalRayHead, memory_monitor_env, threshold_for_headroom
 from apps.fleet import sync
 from apps.incidents import services as incidents
 from apps.incidents.models import Incident, SignalWindow
 from apps.remediation import observed, verification
 from apps.remediation.models import Wizard
-from controlplane.local_ray import REPO, LocalRayHead, memory_monitor_env, threshold_for_headroom
 
 pytestmark = [pytest.mark.ray, pytest.mark.django_db]
 CLIENTS = 8

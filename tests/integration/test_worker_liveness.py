@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controlplane.local_ray import free_port
+from apps.demo.local_ray import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TICK_S = 1

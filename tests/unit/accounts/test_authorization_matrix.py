@@ -22,7 +22,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, resolve
 from rest_framework.views import APIView
 
 from apps.accounts.models import ROLE_RANK, AuditEvent, Role
-from controlplane import versioning
+from controlplane.api import versioning
 from tests.conftest import ReplayRay, route_adapters_to
 from tests.llm_world import llama_config
 from tests.world import (

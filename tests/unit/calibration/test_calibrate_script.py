@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from apps.calibration.curve import parse_output
-from controlplane.local_ray import REFERENCE_APP_DIR
+from apps.demo.local_ray import REFERENCE_APP_DIR
 
 # Each test runs a calibration script as its own process, the reference model included: `make test`
 # runs them, `make check` does not.

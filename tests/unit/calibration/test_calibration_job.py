@@ -240,7 +240,7 @@ def test_a_class_without_a_working_hook_cannot_be_calibrated_by_token_sum(fake_a
 def test_the_reference_generator_is_calibrated_by_token_sum_outside_serve():
     """The shipped reference app, built in a plain process as a Ray job builds it: no replica, no
     Serve metrics, its own temporaries (64 KiB per token in reference.json) in every batch."""
-    from controlplane.local_ray import REFERENCE_APP_DIR
+    from apps.demo.local_ray import REFERENCE_APP_DIR
 
     user_config = next(
         d

@@ -8,7 +8,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from apps.incidents.api import HEAVY_FIELDS
-from controlplane.pagination import CappedCountPagination
+from controlplane.api.pagination import CappedCountPagination
 from tests.unit.fleet.test_query_counts import add_rows
 
 pytestmark = pytest.mark.django_db

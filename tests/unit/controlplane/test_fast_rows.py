@@ -1,4 +1,4 @@
-"""List rows written by `controlplane.rows.FastRows` are what DRF's field walk writes: every list
+"""List rows written by `controlplane.api.rows.FastRows` are what DRF's field walk writes: every list
 endpoint under /api/v1/ and /api/v2/, its other forms and the detail of each row answer the same
 JSON both ways."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from controlplane import rows
+from controlplane.api import rows
 from controlplane.urls import router
 from tests.unit.fleet.test_query_counts import LIST_FORMS, V2_FORMS, add_rows
 

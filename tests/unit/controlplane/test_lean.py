@@ -11,7 +11,7 @@ from django.db.models.signals import post_init
 from apps.changes.models import Change, ChangeStep
 from apps.clusters.models import Cluster
 from apps.incidents.models import Incident
-from controlplane.lean import LeanModelIterable, lean
+from controlplane.api.lean import LeanModelIterable, lean
 from tests.factories import ChangeFactory, ClusterFactory, IncidentFactory
 
 pytestmark = pytest.mark.django_db

@@ -8,7 +8,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from apps.accounts.models import AuditEvent
-from controlplane import pagination
+from controlplane.api import pagination
 from tests.factories import ClusterFactory, IncidentFactory
 
 pytestmark = pytest.mark.django_db

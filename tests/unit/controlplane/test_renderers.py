@@ -12,7 +12,7 @@ from django.utils.translation import gettext_lazy
 from rest_framework.renderers import JSONRenderer
 from rest_framework.utils.serializer_helpers import ReturnDict, ReturnList
 
-from controlplane.renderers import FastJSONRenderer
+from controlplane.api.renderers import FastJSONRenderer
 
 
 @dataclass

@@ -79,7 +79,7 @@ def test_each_request_gets_its_number_so_an_answer_cache_cannot_serve_it(server,
 
 
 def test_an_unreachable_url_is_counted_not_raised(capsys):
-    from controlplane.local_ray import free_port
+    from apps.demo.local_ray import free_port
 
     burst_load.main([f"http://127.0.0.1:{free_port()}/", "--bursts", "1", "--burst-size", "2", "--period-s", "0"])
     out = capsys.readouterr().out

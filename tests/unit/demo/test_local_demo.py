@@ -15,8 +15,8 @@ from django.core.management import CommandError, call_command
 
 from apps.accounts.models import AuditEvent
 from apps.changes.models import Change, ChangeState
+from apps.demo.local_ray import GIB, REFERENCE_APP_DIR, memory_monitor_env, memory_usage, threshold_for_headroom
 from apps.demo.management.commands.runlocal import memory_monitor_line, oom_headroom_gib
-from controlplane.local_ray import GIB, REFERENCE_APP_DIR, memory_monitor_env, memory_usage, threshold_for_headroom
 from tests.conftest import ray_fixture
 from tests.factories import ClusterFactory
 
@@ -90,7 +90,7 @@ def test_a_bad_environment_variable_is_a_clear_error(value, message):
 
 
 def test_runlocal_stops_on_a_bad_headroom_before_starting_anything(monkeypatch):
-    from controlplane.local_ray import LocalRayHead
+    from apps.demo.local_ray import LocalRayHead
 
     monkeypatch.setenv("FLEETDECK_OOM_HEADROOM_GIB", "lots")
     monkeypatch.setattr(LocalRayHead, "start", lambda **kwargs: pytest.fail("a head was started"))

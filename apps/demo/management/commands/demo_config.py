@@ -19,8 +19,8 @@ from apps.accounts.audit import Actor
 from apps.changes import protocol
 from apps.changes.models import FINAL_STATES, Change, ChangeState
 from apps.clusters.models import Cluster
+from apps.demo.local_ray import REFERENCE_APP_DIR
 from apps.demo.management.commands.runlocal import DEMO_CLUSTER
-from controlplane.local_ray import REFERENCE_APP_DIR
 
 APPLICATION = "reference"
 CONFIGS = ("misbehaving", "reference")

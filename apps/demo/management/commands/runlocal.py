@@ -29,10 +29,7 @@ from apps.accounts.models import Role
 from apps.accounts.services import ensure_team, grant
 from apps.clusters import services
 from apps.clusters.models import Cluster
-from apps.fleet import sync
-from apps.fleet.models import Application
-from apps.maintenance import schedules
-from controlplane.local_ray import (
+from apps.demo.local_ray import (
     GIB,
     MAX_MEMORY_THRESHOLD,
     REFERENCE_APP_DIR,
@@ -42,6 +39,9 @@ from controlplane.local_ray import (
     memory_usage,
     threshold_for_headroom,
 )
+from apps.fleet import sync
+from apps.fleet.models import Application
+from apps.maintenance import schedules
 
 DEMO_CLUSTER = "local-demo"
 HEADROOM_VAR = "FLEETDECK_OOM_HEADROOM_GIB"

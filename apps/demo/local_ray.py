@@ -26,7 +26,7 @@ from apps.clusters.network_policy import NetworkPolicy
 from integrations.ray.dashboard import RayDashboard
 from integrations.ray.errors import RayError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEMO_APP_DIR = REPO / "deploy" / "demo_app"
 REFERENCE_APP_DIR = REPO / "deploy" / "reference_app"
 # The reference app's warmup request: a small generation on its POST-only route. It is also the

@@ -2,8 +2,8 @@
 
 import socket
 
-from controlplane import local_ray
-from controlplane.local_ray import free_ports
+from apps.demo import local_ray
+from apps.demo.local_ray import free_ports
 
 
 class Repeating:

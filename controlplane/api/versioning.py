@@ -10,7 +10,7 @@ reads, leaving the rest to the detail (issue 19: those items cost several times 
 - deployments: no `effective_config`, `submitted_config`, `llm`.
 
 In paging, v2 pages the lists in time order by keyset unless `page` is asked for, and counts
-numbered pages only with `count=true` (`controlplane/pagination.py`). v1 keeps its shapes and
+numbered pages only with `count=true` (`controlplane/api/pagination.py`). v1 keeps its shapes and
 paging for the clients written against it. v2 routes live in the URL namespace `v2`;
 v1 routes keep their unnamespaced names, so everything that reverses them is unchanged.
 """

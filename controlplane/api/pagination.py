@@ -11,7 +11,7 @@ runs, calibrations, wizards) also page by keyset: `?cursor=` (empty for the firs
 `next` and `previous` links that carry the last row's position, so a deep page costs what the
 first one does, and rows arriving meanwhile never shift a page. Version 2 pages them so by
 default (`StreamPagination`). Like NetBox's paginator, both refuse an unordered queryset: its
-pages would overlap. Both build the page's instances with `controlplane.lean`.
+pages would overlap. Both build the page's instances with `controlplane.api.lean`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from rest_framework.pagination import CursorPagination, PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.utils.urls import remove_query_param, replace_query_param
 
-from controlplane.lean import lean
-from controlplane.versioning import V2
+from controlplane.api.lean import lean
+from controlplane.api.versioning import V2
 
 COUNT_CAP = 1000
 
