@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# The alert rules in deploy/monitoring are tested with promtool, from Debian's prometheus package.
-# Install it when it is missing (the Prometheus server it brings is not started: promtool is all the
-# tests run).
+# The alert rules in deploy/monitoring are tested with promtool, and the Prometheus path of the
+# readings against a Prometheus server (tests/integration/prometheus_server.py starts its own on
+# loopback), both from Debian's prometheus package. Install it when either is missing (the service
+# the package brings is not started).
 set -euo pipefail
 promtool=${FLEETDECK_PROMTOOL:-/usr/bin/promtool}
-[ -x "$promtool" ] && exit 0
+prometheus=${FLEETDECK_PROMETHEUS:-/usr/bin/prometheus}
+[ -x "$promtool" ] && [ -x "$prometheus" ] && exit 0
 if ! command -v apt-get >/dev/null; then
-  echo "No $promtool and no apt-get: install Prometheus's promtool and set FLEETDECK_PROMTOOL to its path." >&2
+  echo "No $promtool or $prometheus and no apt-get: install Prometheus (server and promtool) and set" \
+    "FLEETDECK_PROMTOOL and FLEETDECK_PROMETHEUS to their paths." >&2
   exit 1
 fi
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
-echo "Installing Debian's prometheus (for promtool) for the alert rules' tests…"
+echo "Installing Debian's prometheus (server and promtool) for the monitoring tests…"
 $sudo apt-get update -qq
 # The package's postinst would start a Prometheus: policy-rc.d tells it not to.
 policy=/usr/sbin/policy-rc.d

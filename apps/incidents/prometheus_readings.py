@@ -42,12 +42,14 @@ def read(base_url: str, selector: str = "", *, timeout_s: float = 5.0, transport
     for labels, value in q(f"sum by ({by}) (rate(ray_serve_deployment_request_counter_total{sel}[{WINDOW}]))"):
         if (d := dep(labels)) is not None:
             d.requests = value * seconds
+    # Per `seconds`, like the requests: increase() over the 2 min window counted twice the errors of
+    # the requests beside them, and doubled every error rate read through Prometheus.
     for labels, value in q(
-        f"sum by ({by}, exception_type) (increase(ray_serve_deployment_error_counter_total{sel}[{WINDOW}]))"
+        f"sum by ({by}, exception_type) (rate(ray_serve_deployment_error_counter_total{sel}[{WINDOW}]))"
     ):
         if (d := dep(labels)) is not None and value:
-            d.errors += value
-            d.errors_by_type[labels.get("exception_type", "unknown")] = value
+            d.errors += value * seconds
+            d.errors_by_type[labels.get("exception_type", "unknown")] = value * seconds
     for metric, attr in (
         ("ray_serve_replica_processing_queries", "ongoing"),
         ("ray_serve_deployment_queued_queries", "queued"),
