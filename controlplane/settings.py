@@ -354,6 +354,12 @@ FLEETDECK_SCALER_DECISION_DAYS = env_int("FLEETDECK_SCALER_DECISION_DAYS", 14, m
 # Link-local addresses (cloud metadata services) are always refused.
 FLEETDECK_CLUSTER_NETWORKS = env_list("FLEETDECK_CLUSTER_NETWORKS", [])
 FLEETDECK_UI_REFRESH_S = env_int("FLEETDECK_UI_REFRESH_S", 5, minimum=1)
+# Where people reach this Fleetdeck (e.g. https://fleetdeck.example.com): links in Slack messages and
+# Alertmanager alerts point there. Unset, they carry no link.
+FLEETDECK_BASE_URL = env_str("FLEETDECK_BASE_URL", "").rstrip("/")
+# How often an open incident's alert is sent again to an Alertmanager, which resolves an alert nobody
+# re-sends after its resolve_timeout (5 min by default).
+FLEETDECK_ALERTMANAGER_RESEND_S = env_int("FLEETDECK_ALERTMANAGER_RESEND_S", 60, minimum=10)
 # The bearer token Prometheus scrapes /metrics with; unset, the endpoint answers 404 (controlplane/metrics.py).
 FLEETDECK_METRICS_TOKEN = env_str("FLEETDECK_METRICS_TOKEN", "")
 # The push protocol: how long a change may take to verify, how often it polls, and after how

@@ -27,7 +27,12 @@ def shown(url: str) -> str:
 
 
 def post(
-    url: str, payload: dict, *, secret: str = "", timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None
+    url: str,
+    payload: dict | list,
+    *,
+    secret: str = "",
+    timeout_s: float = 5.0,
+    transport: httpx.BaseTransport | None = None,
 ) -> int:
     body = json.dumps(payload, sort_keys=True).encode()
     headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}

@@ -251,7 +251,7 @@ class WebhookSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Webhook
-        fields = ["id", "team", "url", "secret", "has_secret", "enabled", "created_at", "recent_deliveries"]
+        fields = ["id", "team", "kind", "url", "secret", "has_secret", "enabled", "created_at", "recent_deliveries"]
         read_only_fields = ["created_at"]
 
     def get_has_secret(self, obj) -> bool:
@@ -261,6 +261,7 @@ class WebhookSerializer(serializers.ModelSerializer):
         return [
             {
                 "incident": d.incident_id,
+                "event": d.event,
                 "state": d.state,
                 "attempts": d.attempts,
                 "last_status": d.last_status,
@@ -277,7 +278,10 @@ class WebhookSerializer(serializers.ModelSerializer):
 
 
 class WebhookViewSet(viewsets.ModelViewSet):
-    """Per-team JSON webhooks on new incidents, retried with backoff on 5xx, 429 and timeouts."""
+    """Per-team webhooks for incidents as they open and resolve: Fleetdeck's JSON (`kind: json`), an
+    Alertmanager's alerts API (`alertmanager`: the URL is Alertmanager's base; open incidents are
+    re-sent, resolved ones end) or a Slack incoming webhook (`slack`). Retried with backoff on 5xx,
+    429 and timeouts."""
 
     serializer_class = WebhookSerializer
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
@@ -308,6 +312,7 @@ class WebhookViewSet(viewsets.ModelViewSet):
                 url=data.get("url"),
                 secret=data.get("secret", ""),
                 enabled=data.get("enabled", webhook.enabled if webhook else True),
+                kind=data.get("kind"),
                 webhook=webhook,
             )
         except DjangoValidationError as exc:

@@ -20,4 +20,5 @@ class IncidentsConfig(AppConfig):
         cluster_synced.connect(metrics_jobs.on_cluster_synced, dispatch_uid="incidents.request_metrics")
         batch_synced.connect(services.on_batch_synced, dispatch_uid="incidents.on_batch_synced")
         ticks.register("incidents.webhooks", 50, webhooks.lost_deliveries)
+        ticks.register("incidents.alerts_still_open", 55, webhooks.alerts_still_open)
         ticks.register("incidents.windows", 98, retention.prune_windows)

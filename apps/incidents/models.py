@@ -225,12 +225,19 @@ class ScrapeState(models.Model):
 
 
 class Webhook(models.Model):
-    """A team's endpoint for new incidents: a JSON POST, signed with HMAC-SHA256 when a secret is set.
+    """A team's endpoint for incidents as they open and resolve: Fleetdeck's JSON body (signed with
+    HMAC-SHA256 when a secret is set), an Alertmanager's alerts API or a Slack incoming webhook.
 
     The URL is a credential too (a Slack-style URL carries its secret in the path): it is stored
     encrypted, and what is shown of it, anywhere, is `url_shown`, its scheme and host."""
 
+    class Kind(models.TextChoices):
+        JSON = "json", "JSON (Fleetdeck's own body)"
+        ALERTMANAGER = "alertmanager", "Alertmanager (POST /api/v2/alerts)"
+        SLACK = "slack", "Slack incoming webhook"
+
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="webhooks")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.JSON)
     url_ciphertext = models.TextField()
     url_shown = models.CharField(max_length=500)
     secret_ciphertext = models.TextField(blank=True)
@@ -260,8 +267,15 @@ class WebhookDelivery(models.Model):
         DELIVERED = "delivered", "Delivered"
         FAILED = "failed", "Failed"
 
+    class Event(models.TextChoices):
+        OPENED = "opened", "Opened"
+        RESOLVED = "resolved", "Resolved"
+        # Alertmanager forgets an alert nobody re-sends: an open incident's alert is sent again.
+        STILL_OPEN = "still_open", "Still open"
+
     webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="deliveries")
     incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="webhook_deliveries")
+    event = models.CharField(max_length=16, choices=Event.choices, default=Event.OPENED)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     last_status = models.PositiveIntegerField(null=True, blank=True)

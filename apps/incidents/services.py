@@ -31,7 +31,15 @@ from apps.incidents.causes import (
     rank_ratchet_causes,
     severity,
 )
-from apps.incidents.models import Incident, IncidentEvent, NodeWindow, OomKillRecord, ScrapeState, SignalWindow
+from apps.incidents.models import (
+    Incident,
+    IncidentEvent,
+    NodeWindow,
+    OomKillRecord,
+    ScrapeState,
+    SignalWindow,
+    WebhookDelivery,
+)
 from apps.incidents.oom import OomKill, culprit, oom_kills
 from integrations import ray_metrics
 from integrations.ray.errors import RayError
@@ -585,6 +593,7 @@ def resolve_quiet(now=None) -> int:
             kind=IncidentEvent.Kind.RESOLVED,
             message=f"No new signal for {settings.FLEETDECK_INCIDENT_QUIET_S // 60} min: resolved automatically.",
         )
+        webhooks.queue_for(incident, WebhookDelivery.Event.RESOLVED)
         count += 1
     return count
 
@@ -610,6 +619,8 @@ def set_status(actor: Actor, incident: Incident, status: str) -> Incident:
     incident.save(update_fields=["status", "resolved_at"])
     IncidentEvent.objects.create(incident=incident, kind=event, author=actor.user, message=f"By {actor.name}.")
     record(actor, f"incident.{status}", incident, team=incident.cluster.team)
+    if status == Incident.Status.RESOLVED:
+        webhooks.queue_for(incident, WebhookDelivery.Event.RESOLVED)
     return incident
 
 

@@ -69,6 +69,7 @@ def test_the_tick_runs_each_apps_due_work_in_its_order():
         "advance_running",
         "due_runs",
         "lost_deliveries",
+        "alerts_still_open",
         "stale_polls",
         "evaluate_due",
         "decide_shadows",
