@@ -139,6 +139,8 @@ class Change(models.Model):
         RESTORE = "restore", "Restore application configs"
         CREATE_APP = "create_app", "Deploy a new application"
         DELETE_APP = "delete_app", "Delete an application"
+        # external_scaler_enabled and a fixed num_replicas, or Serve's autoscaling_config back.
+        SCALER = "scaler", "Hand a replica count to or from a scaler"
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="changes")
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.PATCH)

@@ -132,6 +132,37 @@ def plan_restore(serve: ServeStatus, app_configs: dict[str, dict]) -> Plan:
     return finish_plan(base, new, [])
 
 
+def plan_scaler(serve: ServeStatus, application: str, deployment: str, *, external: bool, options: dict) -> Plan:
+    """Hand a deployment's replica count to an outside scaler (`external`: the application's
+    external_scaler_enabled on, `options` a fixed num_replicas) or back to Serve's autoscaler (the
+    flag off, `options` an autoscaling_config). The flag is the application's, and Ray refuses it
+    while any of its deployments autoscales, so another deployment that does refuses the plan."""
+    app_status = serve.applications.get(application)
+    if app_status is None:
+        raise PlanError(f"No application {application!r} on this cluster.")
+    if external:
+        autoscaled = sorted(
+            name
+            for name, dep in app_status.deployments.items()
+            if name != deployment and isinstance(dep.deployment_config.get("autoscaling_config"), dict)
+        )
+        if autoscaled:
+            raise PlanError(
+                f"{application}'s deployment(s) {', '.join(autoscaled)} use Serve's autoscaling_config. An outside "
+                "scaler is turned on for a whole application (external_scaler_enabled), and Ray refuses it while any "
+                "of its deployments autoscales: give them a fixed num_replicas (or scalers of their own) first."
+            )
+    plan = plan_patch(serve, [{"application": application, "deployment": deployment}], options, "")
+    new = copy.deepcopy(plan.new_config)
+    app = next(a for a in new["applications"] if a["name"] == application)
+    if external:
+        app["external_scaler_enabled"] = True
+    else:
+        # False is Serve's default: leaving the key out says the same and keeps the config as written.
+        app.pop("external_scaler_enabled", None)
+    return finish_plan(plan.base_config, new, plan.warnings)
+
+
 def finish_plan(base: dict, new: dict, warnings: list[str], *, deleting: frozenset[str] = frozenset()) -> Plan:
     """The plan from `base` to `new`; only the applications in `deleting` may go."""
     dropped = dropped_applications(base, new, named=set(deleting))
@@ -293,10 +324,29 @@ def expected_deployments(new_config: dict, targets: list, kind: str) -> dict[tup
     return wanted
 
 
+def expected_applications(new_config: dict, applications: list[str]) -> dict[str, dict]:
+    """Application -> the application-level fields its status must report once applied: whether
+    an outside scaler sets its replica counts (a deployment's options cannot show it)."""
+    return {
+        app["name"]: {"external_scaler_enabled": bool(app.get("external_scaler_enabled"))}
+        for app in new_config.get("applications", [])
+        if app["name"] in applications
+    }
+
+
 def verify(
-    serve: ServeStatus, expected: dict[tuple[str, str], dict], base_deploy_times: dict[str, float | None]
+    serve: ServeStatus,
+    expected: dict[tuple[str, str], dict],
+    base_deploy_times: dict[str, float | None],
+    applications: dict[str, dict] | None = None,
 ) -> Verdict:
     waiting: list[str] = []
+    for app_name, fields in sorted((applications or {}).items()):
+        app = serve.applications.get(app_name)
+        wanted = fields.get("external_scaler_enabled")
+        # None: a Ray that does not report the flag, which cannot have it set either.
+        if app is not None and app.external_scaler_enabled is not None and app.external_scaler_enabled != wanted:
+            waiting.append(f"{app_name}: external_scaler_enabled is not {str(wanted).lower()} yet")
     for app_name in sorted({app for app, _ in expected} | set(base_deploy_times)):
         app = serve.applications.get(app_name)
         if app is None:

@@ -19,6 +19,7 @@ from django.utils import timezone
 from apps.accounts.audit import Actor, record
 from apps.changes import lifecycle, planner
 from apps.changes.app_validation import validate_application
+from apps.changes.config_pins import pinned
 from apps.changes.config_writers import ReadBackWriter, WriterUnavailable, owner_waiting_for, writer_for
 from apps.changes.llm_validation import changed_llm_problems
 from apps.changes.models import ACTIVE_STATES, Change, ChangeState, ChangeStep, Preset
@@ -113,6 +114,20 @@ def plan_delete_app(actor: Actor, cluster: Cluster, *, application: str, reason:
     return _save_plan(actor, cluster, plan, Change.Kind.DELETE_APP, [application], reason)
 
 
+def plan_scaler(
+    actor: Actor, cluster: Cluster, *, application: str, deployment: str, external: bool, options: dict, reason: str
+) -> Change:
+    """Plan handing a deployment's replica count to an outside scaler (`external`) or back to
+    Serve's autoscaler: the application's external_scaler_enabled and the deployment's `options`."""
+    plan = _make_plan(
+        cluster,
+        lambda live: planner.plan_scaler(live, application, deployment, external=external, options=options),
+        "The deployment already runs that way: there is nothing to change.",
+    )
+    targets = [{"application": application, "deployment": deployment}]
+    return _save_plan(actor, cluster, plan, Change.Kind.SCALER, targets, reason, patch=options)
+
+
 def _make_plan(cluster: Cluster, build, nothing_to_do: str) -> planner.Plan:
     try:
         plan = build(read_live(cluster))
@@ -120,11 +135,19 @@ def _make_plan(cluster: Cluster, build, nothing_to_do: str) -> planner.Plan:
         raise ChangeRefused(f"Could not read the cluster's live config: {exc.message}") from exc
     except planner.PlanError as exc:
         raise ChangeRefused(str(exc)) from exc
+    new, notes = pinned(cluster, plan.new_config)
+    if notes:
+        plan = planner.finish_plan(plan.base_config, new, [*plan.warnings, *notes], deleting=_deleted(plan))
     if not plan.changes_anything:
         raise ChangeRefused(nothing_to_do)
     if problems := changed_llm_problems(plan.base_config, plan.new_config):
         raise ChangeRefused(problems)
     return plan
+
+
+def _deleted(plan: planner.Plan) -> frozenset[str]:
+    before = {app["name"] for app in plan.base_config.get("applications", [])}
+    return frozenset(before - {app["name"] for app in plan.new_config.get("applications", [])})
 
 
 def roll_back_change(actor: Actor, change: Change) -> Change:
@@ -307,7 +330,9 @@ def _verify_or_roll_back(change: Change) -> None:
             # A new application with no deployment options listed is still waited for: it has no
             # deploy stamp before the push, so any stamp Ray reports is its own.
             times = {**{name: None for name in change.targets}, **times}
-        check = _present_check(expected, times)
+        check = _present_check(
+            expected, times, planner.expected_applications(change.new_config, change.touched_applications)
+        )
         if change.kind == Change.Kind.CREATE_APP:
             check = _and_unchanged(check, change.new_config, frozenset(change.targets))
         verdict = _wait(change, check, _owner_apps(expected, times))
@@ -335,19 +360,23 @@ def roll_back(change: Change, why: str) -> None:
         # The base config goes back even when the cluster cannot be read now; verification then
         # goes by statuses and effective configs alone, without Ray's deploy stamps.
         times = {}
+    # The base config as the live config read it, with what the pins hold now: a scaler's count
+    # set since the plan is not reset by the way back either.
+    base, _ = pinned(change.cluster, change.base_config)
     try:
-        writer_for(change.cluster).push(change.base_config)
+        writer_for(change.cluster).push(base)
     except (AdapterError, WriterUnavailable) as exc:
         return _finish(
             change, ChangeState.ROLLBACK_FAILED, f"{why}\nThe rollback push failed too: {_message(exc)}", error=True
         )
     if change.kind == Change.Kind.CREATE_APP:
         # Rolling back a new application is removing it, every other application left as it runs.
-        verdict = _wait(change, _gone_check(change.touched_applications, change.base_config), [])
+        verdict = _wait(change, _gone_check(change.touched_applications, base), [])
         done = f"Rolled back: {change.targets[0]} was removed; every other application runs as before."
     else:
-        expected = planner.expected_deployments(change.base_config, change.touched_applications, Change.Kind.RESTORE)
-        verdict = _wait(change, _present_check(expected, times), _owner_apps(expected, times))
+        expected = planner.expected_deployments(base, change.touched_applications, Change.Kind.RESTORE)
+        check = _present_check(expected, times, planner.expected_applications(base, change.touched_applications))
+        verdict = _wait(change, check, _owner_apps(expected, times))
         done = "Rolled back: the base config runs again."
     if verdict.done:
         return _finish(change, ChangeState.ROLLED_BACK, done, error=True)
@@ -362,8 +391,8 @@ def roll_back(change: Change, why: str) -> None:
 Check = Callable[[ServeStatus], planner.Verdict]
 
 
-def _present_check(expected: dict, base_deploy_times: dict) -> Check:
-    return lambda serve: planner.verify(serve, expected, base_deploy_times)
+def _present_check(expected: dict, base_deploy_times: dict, applications: dict | None = None) -> Check:
+    return lambda serve: planner.verify(serve, expected, base_deploy_times, applications)
 
 
 def _gone_check(gone: list[str], remaining: dict) -> Check:

@@ -2,13 +2,14 @@ from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.drf import VisiblePrimaryKeyRelatedField
 from apps.fleet.models import Deployment
-from apps.scaler import services
+from apps.scaler import control, services
 from apps.scaler.filters import DecisionFilter, ScalerFilter
 from apps.scaler.models import Scaler, ScalerDecision
 from controlplane.api.pagination import StreamPagination
@@ -18,6 +19,10 @@ class ScalerSerializer(serializers.ModelSerializer):
     cluster = serializers.IntegerField(source="deployment.application.cluster_id", read_only=True)
     application_name = serializers.CharField(source="deployment.application.name", read_only=True)
     deployment_name = serializers.CharField(source="deployment.name", read_only=True)
+    # Blank until the first change: a plain string, since the schema's enum would not hold "".
+    change_purpose = serializers.CharField(
+        read_only=True, help_text="What its last change did: activate, deactivate or hand_back; blank: none yet."
+    )
 
     class Meta:
         model = Scaler
@@ -37,8 +42,17 @@ class ScalerSerializer(serializers.ModelSerializer):
             "created_at",
             "updated_at",
             "evaluated_at",
+            "target",
+            "change",
+            "change_purpose",
+            "attention",
         ]
         read_only_fields = fields
+
+
+class ScalerChangeSerializer(serializers.Serializer):
+    change = serializers.IntegerField(help_text="The queued change: follow it at /api/v1/changes/{id}/.")
+    scaler = ScalerSerializer()
 
 
 class CreateScalerSerializer(serializers.Serializer):
@@ -81,7 +95,19 @@ class DecisionSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ScalerDecision
-        fields = ["id", "scaler", "at", "kind", "current", "target", "reason", "inputs", "signals_at", "applied"]
+        fields = [
+            "id",
+            "scaler",
+            "at",
+            "kind",
+            "current",
+            "target",
+            "reason",
+            "inputs",
+            "signals_at",
+            "applied",
+            "error",
+        ]
         read_only_fields = fields
 
 
@@ -117,6 +143,29 @@ class ScalerViewSet(
         access.demand(request.user, deployment.application.cluster.team, services.MANAGE)
         scaler = services.create_shadow_scaler(Actor.from_request(request), deployment, **data)
         return Response(ScalerSerializer(scaler).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={202: ScalerChangeSerializer})
+    @action(detail=True, methods=["post"])
+    def activate(self, request, pk=None):
+        """Hand the deployment's replica count to the scaler (operator role): queues a change that
+        sets the application's external_scaler_enabled and a fixed num_replicas; the scaler turns
+        active when it succeeds. 400 with the reason when refused (another deployment of the
+        application autoscales, a Ray before 2.60), 409 while another change holds the cluster."""
+        return self._control(request, control.activate)
+
+    @extend_schema(request=None, responses={202: ScalerChangeSerializer})
+    @action(detail=True, methods=["post"])
+    def deactivate(self, request, pk=None):
+        """Give the count back to Serve's autoscaler (operator role): queues a change that turns
+        external_scaler_enabled off and puts back a sized autoscaling_config."""
+        return self._control(request, control.deactivate)
+
+    def _control(self, request, turn):
+        scaler = self.get_object()
+        access.demand(request.user, scaler.deployment.application.cluster.team, control.CONTROL)
+        change = turn(Actor.from_request(request), scaler)
+        scaler.refresh_from_db()
+        return Response({"change": change.pk, "scaler": ScalerSerializer(scaler).data}, status=status.HTTP_202_ACCEPTED)
 
     def perform_destroy(self, instance):
         access.demand(self.request.user, instance.deployment.application.cluster.team, services.MANAGE)

@@ -16,7 +16,14 @@ class Scaler(models.Model):
         SHADOW = "shadow", "Shadow"
         # Sets the count through Ray's scale API (needs the application's external_scaler_enabled).
         ACTIVE = "active", "Active"
+        # Active until the change that gives the count back to Serve's autoscaler has succeeded.
+        HANDING_BACK = "handing_back", "Handing back"
         OFF = "off", "Off"
+
+    class Purpose(models.TextChoices):
+        ACTIVATE = "activate", "Take control"
+        DEACTIVATE = "deactivate", "Turn off"
+        HAND_BACK = "hand_back", "Hand back (watchdog)"
 
     deployment = models.OneToOneField(Deployment, on_delete=models.CASCADE, related_name="scaler")
     mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.SHADOW)
@@ -34,6 +41,20 @@ class Scaler(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     # When the tick last decided for it: the tick takes the longest-waiting scalers first.
     evaluated_at = models.DateTimeField(null=True, blank=True)
+    # The count last sent through the scale API (or handed over at activation): every config push
+    # carries it as the deployment's num_replicas, which Serve would otherwise reset it to.
+    target = models.PositiveIntegerField(null=True, blank=True)
+    # The deployment's autoscaling_config before activation (Serve's defaults left out): what a
+    # hand-back restores when no calibration sizes a new one.
+    autoscaling_config = JSONField(null=True, blank=True)
+    # The change that turns it on or off, while it runs and after (the last one), and why it was made.
+    change = models.ForeignKey(
+        "changes.Change", null=True, blank=True, on_delete=models.SET_NULL, related_name="scalers"
+    )
+    change_purpose = models.CharField(max_length=16, choices=Purpose.choices, blank=True)
+    # Set when an active scaler cannot act (Ray answered 412: the flag is off); it stops acting until
+    # a person turns it off or on again.
+    attention = models.TextField(blank=True)
 
     # How a row reaches the team that owns it (apps.accounts.access).
     team_path = "deployment__application__cluster__team"
@@ -72,6 +93,8 @@ class ScalerDecision(models.Model):
     signals_at = models.FloatField(null=True, blank=True)
     # Whether it was carried out; shadow decisions never are.
     applied = models.BooleanField(default=False)
+    # Why carrying it out failed (Ray's answer), or the hand-back's change could not be made.
+    error = models.TextField(blank=True)
 
     team_path = "scaler__deployment__application__cluster__team"
 

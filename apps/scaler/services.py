@@ -1,5 +1,5 @@
 """Creating and deleting scalers, audited. Only shadow scalers are created here: turning one
-active goes through the change protocol, which is not built yet."""
+active goes through the change protocol (apps.scaler.control)."""
 
 from __future__ import annotations
 
@@ -71,6 +71,12 @@ def create_shadow_scaler(
 
 
 def delete_scaler(actor: Actor, scaler: Scaler) -> None:
+    if scaler.mode in (Scaler.Mode.ACTIVE, Scaler.Mode.HANDING_BACK):
+        # Deleted in control, it would leave the count fixed where it was and nothing watching it.
+        raise ValidationError(
+            f"The scaler is {scaler.get_mode_display().lower()}: turn it off first (deactivate), so Serve's "
+            "autoscaler gets the deployment back."
+        )
     with transaction.atomic():
         # Recorded before the delete: the row's id is gone after it.
         record(

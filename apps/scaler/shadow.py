@@ -1,6 +1,8 @@
-"""The tick's shadow scalers: for each one due, build its policy and signals, decide, and record
-the decision without acting on it. Reads the database only (what the sync and its metrics reading
-stored), so a tick with many scalers costs queries, not calls to clusters."""
+"""The tick's scalers: for each one due, build its policy and signals, decide, and record the
+decision. A shadow scaler stops there. An active one sends a new target through the scale API
+(apps.scaler.control), and hands the deployment back to Serve's autoscaler when its signals or its
+watch went stale. Deciding reads the database only (what the sync and its metrics reading stored),
+so a tick with many scalers costs queries; only an active scaler's changed target calls a cluster."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from apps.scaler import control
 from apps.scaler import policy as policies
 from apps.scaler.decision import Decision, Inputs, Kind, decide
 from apps.scaler.models import Scaler, ScalerDecision
@@ -22,6 +25,7 @@ log = logging.getLogger(__name__)
 
 # Scalers decided per tick: each costs a handful of queries; the rest wait for the next tick.
 BATCH = 200
+DECIDING = (Scaler.Mode.SHADOW, Scaler.Mode.ACTIVE)
 
 
 def decide_shadows() -> None:
@@ -31,7 +35,7 @@ def decide_shadows() -> None:
     due_before = now - timedelta(seconds=settings.FLEETDECK_SYNC_INTERVAL_S)
     ids = list(
         Scaler.objects.filter(
-            mode=Scaler.Mode.SHADOW,
+            mode__in=DECIDING,
             deployment__removed_at__isnull=True,
             deployment__application__removed_at__isnull=True,
         )
@@ -49,14 +53,19 @@ def decide_shadows() -> None:
 
 
 def evaluate(scaler_id: int, *, now: float | None = None) -> ScalerDecision | None:
-    """Decide for one shadow scaler and record it; None when the scaler is gone or not in shadow
-    mode, or when nothing changed since its last decision (no newer reading, the same outcome)."""
+    """Decide for one scaler and record it, and act on it if the scaler is active; None when the
+    scaler is gone or neither shadow nor active, or when nothing changed since its last decision
+    (no newer reading, the same outcome) and there is nothing to send."""
     scaler = (
-        Scaler.objects.filter(pk=scaler_id, mode=Scaler.Mode.SHADOW)
+        Scaler.objects.filter(pk=scaler_id, mode__in=DECIDING)
         .select_related("deployment__application__cluster")
         .first()
     )
     if scaler is None:
+        return None
+    acting = scaler.mode == Scaler.Mode.ACTIVE and not scaler.attention
+    if acting and (lapsed := control.watch_lapsed(scaler)):
+        control.hand_back(scaler, lapsed)
         return None
     now = time.time() if now is None else now
     built = policies.build(scaler)
@@ -64,11 +73,16 @@ def evaluate(scaler_id: int, *, now: float | None = None) -> ScalerDecision | No
         decision = not_decidable(scaler, built.why_not)
     else:
         decision = decide(signals_for(scaler, built.policy, now), built.policy)
+    if acting and decision.kind == Kind.HAND_BACK:
+        Scaler.objects.filter(pk=scaler.pk).update(evaluated_at=timezone.now())
+        control.hand_back(scaler, decision.reason)
+        return None
+    sending = acting and decision.target != (scaler.target if scaler.target is not None else decision.current)
     with transaction.atomic():
         Scaler.objects.filter(pk=scaler.pk).update(evaluated_at=timezone.now())
-        if _repeats(scaler, decision):
+        if _repeats(scaler, decision) and not sending:
             return None
-        return ScalerDecision.objects.create(
+        row = ScalerDecision.objects.create(
             scaler=scaler,
             at=timezone.now(),
             target=decision.target,
@@ -79,6 +93,10 @@ def evaluate(scaler_id: int, *, now: float | None = None) -> ScalerDecision | No
             signals_at=decision.inputs.signals_at,
             applied=False,
         )
+    if sending:
+        control.scale(scaler, row)
+        row.refresh_from_db()
+    return row
 
 
 def not_decidable(scaler: Scaler, why: str) -> Decision:

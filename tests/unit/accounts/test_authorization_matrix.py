@@ -243,6 +243,8 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("scaler-list", "POST"): OPERATE,
     ("scaler-detail", "GET"): READ,
     ("scaler-detail", "DELETE"): OPERATE,
+    ("scaler-activate", "POST"): OPERATE,
+    ("scaler-deactivate", "POST"): OPERATE,
     ("scalerdecision-list", "GET"): READ,
     ("scalerdecision-detail", "GET"): READ,
 }
