@@ -5,8 +5,9 @@ the dashboard). A cluster whose owner has no registered writer is never pushed."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from apps.changes.dashboard_writer import DashboardWriter
 from apps.clusters.models import Cluster

@@ -64,7 +64,10 @@ class PlanForm(OptionsChoice, forms.Form):
 
     @property
     def target_list(self) -> list[dict]:
-        return [dict(zip(("application", "deployment"), value.split("/", 1))) for value in self.cleaned_data["targets"]]
+        return [
+            dict(zip(("application", "deployment"), value.split("/", 1), strict=False))
+            for value in self.cleaned_data["targets"]
+        ]
 
 
 class PresetForm(forms.ModelForm):

@@ -33,16 +33,16 @@ class Preset(models.Model):
     # How a row reaches the team that owns it (apps.accounts.access).
     team_path = "team"
 
-    @classmethod
-    def visible_rows(cls, user, teams) -> Q:
-        """Built-ins are everyone's; a team's own presets are its members'."""
-        return Q(builtin=True) | Q(team__in=teams)
-
     class Meta:
         ordering = ["-builtin", "name"]
 
     def __str__(self) -> str:
         return self.name
+
+    @classmethod
+    def visible_rows(cls, user, teams) -> Q:
+        """Built-ins are everyone's; a team's own presets are its members'."""
+        return Q(builtin=True) | Q(team__in=teams)
 
 
 class ChangeState(models.TextChoices):
@@ -109,6 +109,12 @@ class Rollout(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"Rollout #{self.pk}"
+
     @property
     def client_error_budget_pct(self) -> str:
         return f"{100 * self.client_error_budget:g}"
@@ -119,14 +125,8 @@ class Rollout(models.Model):
         a cluster of one of the teams."""
         return Q(created_by=user) | Q(pk__in=Change.objects.filter(cluster__team__in=teams).values("rollout"))
 
-    class Meta:
-        ordering = ["-created_at", "-id"]
-
-    def __str__(self) -> str:
-        return f"Rollout #{self.pk}"
-
     @property
-    def waves(self) -> list[list["Change"]]:
+    def waves(self) -> list[list[Change]]:
         grouped: dict[int, list[Change]] = {}
         for change in self.changes.all():
             grouped.setdefault(change.wave or 0, []).append(change)

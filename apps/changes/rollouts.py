@@ -133,7 +133,7 @@ def plan_rollout(
                 continue
             Change.objects.filter(pk=change.pk).update(rollout=rollout, wave=0 if index == 0 else 1)
         if problems:
-            raise ValidationError(["The rollout cannot be planned:"] + problems)
+            raise ValidationError(["The rollout cannot be planned:", *problems])
         record(
             actor,
             "rollout.plan",

@@ -264,7 +264,7 @@ def test_an_import_path_that_does_not_import_is_rolled_back_by_removing_the_new_
     assert "echo3 is DEPLOY_FAILED" in change.error
     assert "ModuleNotFoundError: No module named 'no_such_module_xyz'" in change.error
     assert change.steps.last().message == "Rolled back: echo3 was removed; every other application runs as before."
-    forward, back = ray.pushes
+    _forward, back = ray.pushes
     assert names(back) == ["demo", "echo2"] and back == change.base_config
     assert set(ray.payload["applications"]) == {"demo", "echo2"}
     for name in ("demo", "echo2"):

@@ -5,6 +5,7 @@ deployment's target at the next reading."""
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 
 import pytest
 
@@ -59,7 +60,7 @@ def targets(decisions: list[Decision]) -> list[int]:
 
 def reversals(decisions: list[Decision]) -> int:
     moves = [d.kind for d in decisions if d.kind in Kind.moving()]
-    return sum(1 for a, b in zip(moves, moves[1:]) if a != b)
+    return sum(1 for a, b in pairwise(moves) if a != b)
 
 
 # --- the arithmetic ------------------------------------------------------------------------------
