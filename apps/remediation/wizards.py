@@ -392,8 +392,7 @@ def step_at(wizard: Wizard, position: int) -> WizardStep:
 
 def apply(actor: Actor, wizard: Wizard, positions: list[int], *, revision: int | None) -> Change:
     """Apply one or several config remedies as one change (one rolling update instead of several)."""
-    with transaction.atomic():
-        wizard = lock(wizard, revision)
+    with changing(wizard, actor, revision) as wizard:
         if wizard.state != Wizard.State.OPEN:
             raise WizardError("Verification is running: wait for its outcome, or abandon it, before changing more.")
         busy = WizardStep.objects.filter(wizard=wizard, status=Status.APPLYING).first()
@@ -422,7 +421,6 @@ def apply(actor: Actor, wizard: Wizard, positions: list[int], *, revision: int |
                     f"Step {step.position} ({step.remedy}) is {step.get_status_display().lower()}: nothing to apply."
                 )
         WizardStep.objects.filter(pk__in=[s.pk for s in steps]).update(status=Status.APPLYING, updated_by=actor.user)
-        bump(wizard, actor)
     pending = [s.pk for s in steps]
     try:
         effective = _live_effective(wizard)
@@ -518,8 +516,7 @@ def replan(actor: Actor, wizard: Wizard, *, revision: int | None = None, effecti
         return Wizard.objects.get(pk=wizard.pk)
     if effective is None:
         effective = _live_effective(wizard)
-    with transaction.atomic():
-        wizard = lock(wizard, revision)
+    with changing(wizard, actor, revision) as wizard:
         found = _diagnose(wizard, effective)
         _take_objectives(wizard, found)
         wizard.diagnosis = found.summary
@@ -546,7 +543,6 @@ def replan(actor: Actor, wizard: Wizard, *, revision: int | None = None, effecti
                 calibration_step.status = Status.DONE
                 calibration_step.note = f"Measured: {found.summary['memory']['reason']}"
             calibration_step.save(update_fields=["values", "status", "note", "updated_at"])
-        bump(wizard, actor)
         record(actor, "wizard.replan", wizard, team=wizard.cluster.team)
     return wizard
 
@@ -697,8 +693,7 @@ def settle_calibration(wizard_id: int) -> bool:
 
 def confirm(actor: Actor, wizard: Wizard, position: int, *, note: str = "", revision: int | None) -> WizardStep:
     """An operator says a code-level remedy is in place."""
-    with transaction.atomic():
-        wizard = lock(wizard, revision)
+    with changing(wizard, actor, revision) as wizard:
         step = step_at(wizard, position)
         if step.kind != WizardStep.Kind.CHECKLIST:
             raise WizardError(
@@ -706,7 +701,6 @@ def confirm(actor: Actor, wizard: Wizard, position: int, *, note: str = "", revi
             )
         step.status, step.note, step.updated_by = Status.DONE, note.strip()[:2000], actor.user
         step.save(update_fields=["status", "note", "updated_by", "updated_at"])
-        bump(wizard, actor)
         record(
             actor, "wizard.confirm", wizard, team=wizard.cluster.team, changes={"step": position, "remedy": step.remedy}
         )
@@ -716,14 +710,12 @@ def confirm(actor: Actor, wizard: Wizard, position: int, *, note: str = "", revi
 def skip(actor: Actor, wizard: Wizard, position: int, *, reason: str, revision: int | None) -> WizardStep:
     if not reason.strip():
         raise WizardError("Say why this remedy is skipped: the outcome lists skipped remedies as what to try next.")
-    with transaction.atomic():
-        wizard = lock(wizard, revision)
+    with changing(wizard, actor, revision) as wizard:
         step = step_at(wizard, position)
         if step.kind not in (WizardStep.Kind.CONFIG, WizardStep.Kind.CHECKLIST) or step.status == Status.APPLYING:
             raise WizardError(f"Step {position} cannot be skipped now.")
         step.status, step.note, step.updated_by = Status.SKIPPED, reason.strip()[:2000], actor.user
         step.save(update_fields=["status", "note", "updated_by", "updated_at"])
-        bump(wizard, actor)
         record(actor, "wizard.skip", wizard, team=wizard.cluster.team, changes={"step": position, "reason": step.note})
     return step
 
@@ -754,14 +746,12 @@ def settle_orphaned_steps(wizard_id: int | None = None) -> int:
 
 def abandon(actor: Actor, wizard: Wizard, *, reason: str, revision: int | None) -> Wizard:
     settle_orphaned_steps(wizard.pk)
-    with transaction.atomic():
-        wizard = lock(wizard, revision)
+    with changing(wizard, actor, revision) as wizard:
         if WizardStep.objects.filter(wizard=wizard, status=Status.APPLYING).exists():
             raise WizardError("A change of this wizard is in progress; abandon it when the change has finished.")
         wizard.state, wizard.finished_at = Wizard.State.ABANDONED, timezone.now()
         wizard.outcome = f"Abandoned by {actor.name}: {reason.strip() or 'no reason given'}"
         wizard.save(update_fields=["state", "finished_at", "outcome"])
-        bump(wizard, actor)
         record(actor, "wizard.abandon", wizard, team=wizard.cluster.team, changes={"reason": reason.strip()[:500]})
     return wizard
 
