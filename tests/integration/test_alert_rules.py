@@ -9,7 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.scripts import loaded
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "monitoring"
@@ -41,3 +44,21 @@ def test_the_rules_read_only_metrics_fleetdeck_exports(client, settings):
         names |= {sample.name for sample in family.samples} | {family.name}
     used = set(re.findall(r"\b(fleetdeck_[a-z_]+)", (RULES / "fleetdeck-rules.yml").read_text()))
     assert used and used <= names | {n + "_bucket" for n in names} | {n + "_count" for n in names}, used - names
+
+
+def test_promtool_parses_every_query_of_the_grafana_dashboard(tmp_path):
+    with loaded("grafana_dashboard") as dashboard:
+        queries = dashboard.queries(dashboard.dashboard())
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [{"record": f"fleetdeck:dashboard:{n}", "expr": q} for n, q in enumerate(queries)],
+            }
+        ]
+    }
+    path = tmp_path / "dashboard-queries.yml"
+    path.write_text(yaml.safe_dump(rules))
+    checked = promtool("check", "rules", str(path))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(queries)} rules found" in checked.stdout

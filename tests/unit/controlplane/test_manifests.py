@@ -32,8 +32,8 @@ ENV_EXAMPLE = DEPLOY / ".env.example"
 # The oldest Kubernetes the manifests promise to work on, and the newest schemas shipped.
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 # Not Kubernetes API objects (Kustomization) or custom resources without a published schema
-# (RayService): both are checked structurally below.
-NO_SCHEMA = {"Kustomization", "RayService"}
+# (RayService, the Prometheus Operator's ServiceMonitor and PrometheusRule): checked structurally below.
+NO_SCHEMA = {"Kustomization", "RayService", "ServiceMonitor", "PrometheusRule"}
 SECRET_TEMPLATE = "secret.example.yaml"
 READ_VERBS = {"get", "list", "watch"}
 
@@ -839,3 +839,26 @@ def test_the_user_config_names_only_settings_the_reference_app_knows():
     deployment = serve_config(rayservice())["applications"][0]["deployments"][0]
     assert deployment["user_config"]
     assert set(deployment["user_config"]) <= known
+
+
+# --- the monitoring overlay ----------------------------------------------------------------------
+
+
+def test_the_operator_alert_rules_are_the_tested_rules_file():
+    rule = one(load_docs(K8S / "optional" / "monitoring"), "PrometheusRule", "fleetdeck")
+    tested = yaml.safe_load((DEPLOY / "monitoring" / "fleetdeck-rules.yml").read_text())
+    assert rule["spec"] == tested, "copy deploy/monitoring/fleetdeck-rules.yml's groups into prometheusrule.yaml"
+
+
+def test_the_service_monitor_scrapes_the_web_service_with_the_token_the_web_pods_get():
+    overlay = load_docs(K8S / "optional" / "monitoring")
+    monitor = one(overlay, "ServiceMonitor", "fleetdeck")["spec"]
+    web = one(fleetdeck_docs(), "Service", "fleetdeck-web")
+    assert monitor["selector"]["matchLabels"].items() <= web["metadata"]["labels"].items()
+    [endpoint] = monitor["endpoints"]
+    assert endpoint["port"] in {port["name"] for port in web["spec"]["ports"]} and endpoint["path"] == "/metrics"
+    [patch] = one(overlay, "Kustomization", "")["patches"]
+    [operation] = yaml.safe_load(patch["patch"])
+    env = operation["value"]
+    assert env["name"] == "FLEETDECK_METRICS_TOKEN" and env["name"] in settings_env_vars()
+    assert env["valueFrom"]["secretKeyRef"] == endpoint["authorization"]["credentials"]

@@ -4,25 +4,15 @@ itself runs in `make typecheck`, not here: a cold run takes half a minute."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "mypy_baseline.py"
+from tests.scripts import loaded
 
 
 @pytest.fixture(scope="module")
 def gate():
-    spec = importlib.util.spec_from_file_location("mypy_baseline", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through it
-    try:
-        spec.loader.exec_module(module)
+    with loaded("mypy_baseline") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 ATTR = 'apps/fleet/views.py:40: error: "Model" has no attribute "team"  [attr-defined]'
