@@ -22,6 +22,7 @@ import httpx
 from apps.clusters.models import Cluster
 from apps.demo.local_ray import LocalRayHead, memory_monitor_env, memory_usage, threshold_for_headroom
 from apps.fleet import sync
+from apps.incidents import ingest
 from apps.incidents import services as incidents
 from apps.incidents.oom import oom_kills
 from integrations.ray.dashboard import RayDashboard
@@ -48,7 +49,7 @@ def observe(cluster: Cluster) -> None:
     """One pass of what the worker does for a cluster: sync, OOM evidence, metrics."""
     sync.sync_cluster(cluster.pk)
     incidents.detect(cluster.pk)
-    incidents.collect_metrics(cluster.pk)
+    ingest.collect_metrics(cluster.pk)
 
 
 @dataclass

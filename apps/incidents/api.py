@@ -12,7 +12,7 @@ from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.drf import VisibleSlugRelatedField, require_role
 from apps.accounts.models import Role, Team
-from apps.incidents import services, webhooks
+from apps.incidents import actions, webhooks
 from apps.incidents.filters import IncidentFilter
 from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, PodKillRecord, Webhook, WebhookDelivery
 from apps.incidents.timeline import related_work, related_work_for
@@ -196,9 +196,9 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
 
     def _transition(self, request, status):
         incident = self.get_object()
-        access.demand(request.user, incident.cluster.team, services.HANDLE)
+        access.demand(request.user, incident.cluster.team, actions.HANDLE)
         try:
-            services.set_status(Actor.from_request(request), incident, status)
+            actions.set_status(Actor.from_request(request), incident, status)
         except ValueError as exc:
             raise serializers.ValidationError({"detail": [str(exc)]}) from exc
         return Response(IncidentSerializer(self.get_queryset().get(pk=incident.pk)).data)
@@ -220,7 +220,7 @@ class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
         require_role(request, incident.cluster.team, Role.VIEWER, "comment on incidents")
         body = NoteSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        services.add_note(Actor.from_request(request), incident, body.validated_data["text"])
+        actions.add_note(Actor.from_request(request), incident, body.validated_data["text"])
         return Response(IncidentSerializer(self.get_queryset().get(pk=incident.pk)).data, status=201)
 
 

@@ -17,7 +17,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.core import jobs
-from apps.incidents import services
+from apps.incidents import ingest
 from apps.incidents.models import ScrapeState
 from apps.incidents.signals import metrics_collected
 
@@ -56,7 +56,7 @@ def request(cluster_id: int) -> bool:
 def run(cluster_id: int) -> list[int]:
     """Take the reading and release the claim, whatever happens; returns the incidents touched."""
     try:
-        touched = services.collect_metrics(cluster_id)
+        touched = ingest.collect_metrics(cluster_id)
     finally:
         release(cluster_id)
     metrics_collected.send(sender=run, cluster_id=cluster_id)

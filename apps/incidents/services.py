@@ -1,34 +1,25 @@
 """Turning signals into incidents: open one per deployment and kind, extend it with later
-signals, resolve it after a quiet period. Notes, acknowledgements and resolutions."""
+signals, record OOM kills with their evidence, resolve quiet ones. Metrics readings come in
+through `ingest`; what people do to an incident is in `actions`."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta
-from typing import cast
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.accounts.access import Permission
-from apps.accounts.audit import Actor, record
-from apps.accounts.models import Role
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
 from apps.clusters.services import dashboard_for
-from apps.fleet import llm, metric_readings
+from apps.fleet import metric_readings
 from apps.fleet.models import Deployment
-from apps.incidents import cluster_history, detectors, prometheus_readings, webhooks
+from apps.incidents import cluster_history, webhooks
 from apps.incidents.causes import (
-    LatencyContext,
     OomContext,
     change_in_effect,
-    rank_engine_stuck_causes,
-    rank_latency_causes,
     rank_oom_causes,
-    rank_pressure_causes,
-    rank_ratchet_causes,
     severity,
 )
 from apps.incidents.models import (
@@ -36,7 +27,6 @@ from apps.incidents.models import (
     IncidentEvent,
     NodeWindow,
     OomKillRecord,
-    ScrapeState,
     SignalWindow,
     WebhookDelivery,
 )
@@ -45,8 +35,6 @@ from integrations import ray_metrics
 from integrations.ray.errors import RayError
 from integrations.ray.observation import DEAD_ACTORS, Observation
 from integrations.ray.payloads import StatePage
-
-HANDLE = Permission(Role.OPERATOR, "handle incidents")
 
 RECENT = timedelta(minutes=15)
 # Readings an OOM incident keeps from before it began: the build-up to the kill.
@@ -138,7 +126,7 @@ def _metrics_evidence(cluster: Cluster) -> dict:
     }
 
 
-def _deployment(cluster: Cluster, app: str, dep: str) -> Deployment | None:
+def deployment_of(cluster: Cluster, app: str, dep: str) -> Deployment | None:
     return (
         Deployment.objects.filter(application__cluster=cluster, application__name=app, name=dep).first()
         if dep
@@ -201,7 +189,7 @@ def _record_oom(
     cluster: Cluster, app: str, dep: str, kills: list[OomKill], crowded: dict[str, bool], metrics: dict
 ) -> int:
     now = timezone.now()
-    deployment = _deployment(cluster, app, dep)
+    deployment = deployment_of(cluster, app, dep)
     controller_killed = cluster.events.filter(
         kind=ClusterEvent.Kind.CONTROLLER_RESTARTED, created_at__gte=now - RECENT
     ).exists()
@@ -245,7 +233,7 @@ def _record_oom(
             ],
             ignore_conflicts=True,
         )
-        _keep_windows(incident)
+        keep_windows(incident)
     return incident.pk
 
 
@@ -259,7 +247,7 @@ def _killed_beside(app: str, dep: str, kills: list[OomKill]) -> str:
     )
 
 
-def _keep_windows(incident: Incident) -> None:
+def keep_windows(incident: Incident) -> None:
     """Copy the readings around an OOM incident into its evidence: the deployment's and those of
     the nodes where its replicas were killed, from a while before it began, never from before
     its session began (readings from before a restart are of replicas long gone), and only while
@@ -344,241 +332,6 @@ def _evidence(deployment: Deployment | None, ctx: OomContext) -> dict:
     }
 
 
-def collect_metrics(cluster_id: int) -> list[int]:
-    """Take a metrics reading (from Prometheus when configured, else by differencing two scrapes
-    of Ray's endpoint), add it to the deployment and node windows, and run the detectors.
-    Returns the incident ids opened or extended."""
-    cluster = Cluster.objects.filter(pk=cluster_id).exclude(metrics_url="", prometheus_url="").first()
-    if cluster is None:
-        return []
-    taken = _prometheus_reading(cluster) if cluster.prometheus_url else _scrape_reading(cluster)
-    return _apply_reading(cluster, *taken) if taken else []
-
-
-def _prometheus_reading(cluster: Cluster):
-    try:
-        reading = prometheus_readings.read(
-            cluster.prometheus_url, cluster.prometheus_selector, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S
-        )
-    except ray_metrics.MetricsUnavailable as exc:
-        ScrapeState.objects.update_or_create(cluster=cluster, defaults={"at": 0, "samples": [], "error": exc.message})
-        return None
-    ScrapeState.objects.update_or_create(
-        cluster=cluster, defaults={"at": time.time(), "samples": [], "error": "", "warnings": reading.warnings}
-    )
-    return time.time(), reading
-
-
-def _scrape_reading(cluster: Cluster):
-    state = ScrapeState.objects.filter(cluster=cluster).first()
-    try:
-        current = metric_readings.relevant(
-            ray_metrics.scrape(
-                cluster.metrics_url, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S, names=metric_readings.SCRAPED
-            )
-        )
-    except ray_metrics.MetricsUnavailable as exc:
-        ScrapeState.objects.update_or_create(
-            cluster=cluster,
-            defaults={"at": state.at if state else 0, "samples": state.samples if state else [], "error": exc.message},
-        )
-        return None
-    ScrapeState.objects.update_or_create(
-        cluster=cluster,
-        defaults={
-            "at": current.at,
-            "samples": [[s.name, s.labels, s.value] for s in current.samples],
-            "error": "",
-        },
-    )
-    if state is None or not state.samples:
-        return None  # a rate needs two scrapes
-    previous = ray_metrics.Scrape(
-        at=state.at, samples=[ray_metrics.Sample(n, labels, v) for n, labels, v in state.samples]
-    )
-    reading = metric_readings.read(previous, current)
-    if reading.warnings:
-        ScrapeState.objects.filter(cluster=cluster).update(warnings=reading.warnings)
-    return current.at, reading
-
-
-def _apply_reading(cluster: Cluster, at: float, reading: metric_readings.Reading) -> list[int]:
-    touched, pressure = [], False
-    for ip, node in sorted(reading.nodes.items()):
-        window, _ = NodeWindow.objects.get_or_create(cluster=cluster, node_ip=ip)
-        window.save_points(metric_readings.compact([*window.points, metric_readings.node_point(at, node)], now=at))
-        for finding in (
-            detectors.memory_pressure(window.points),
-            detectors.memory_pressure(window.points, key="gpu"),
-            detectors.memory_ratchet(window.points),
-        ):
-            if finding:
-                pressure = pressure or finding.kind == "memory_pressure"
-                touched.append(_record_node(cluster, ip, finding, window.points))
-    engines = {
-        where: reading.engines[model]
-        for model, where in llm.deployments_by_model(cluster.pk, set(reading.engines)).items()
-    }
-    deployments = reading.deployments | {
-        key: metric_readings.DeploymentSignals() for key in engines.keys() - set(reading.deployments)
-    }
-    for (app, dep), values in sorted(deployments.items()):
-        signals, _ = SignalWindow.objects.get_or_create(cluster=cluster, application_name=app, deployment_name=dep)
-        point = metric_readings.point(
-            at, reading.seconds, values, reading.applications.get(app), engines.get((app, dep))
-        )
-        signals.save_points(metric_readings.compact([*signals.points, point], now=at))
-        if stuck := detectors.engine_stuck(signals.points):
-            touched.append(_record_engine_stuck(cluster, app, dep, stuck, signals.points))
-        finding = detectors.latency_spike(signals.points)
-        if finding:
-            touched.append(_record_latency(cluster, app, dep, finding, signals.points, pressure))
-        elif queue := detectors.queue_buildup(signals.points):
-            # Caught before it becomes a spike: the queue grows faster than replicas are added.
-            touched.append(_record_queue(cluster, app, dep, queue, signals.points))
-    # An open OOM incident's charts follow the readings after the kill: whether memory came back down.
-    for incident in Incident.objects.filter(
-        cluster=cluster, kind=Incident.Kind.OOM_KILL, status__in=OPEN
-    ).select_related("cluster"):
-        _keep_windows(incident)
-    return touched
-
-
-def _record_node(cluster: Cluster, ip: str, finding, points: list[dict]) -> int:
-    # max_ongoing_requests__gt=2 leaves out the NULLs the column's type allows.
-    busy = cast(
-        list[tuple[str, str, int]],
-        list(
-            Deployment.objects.filter(application__cluster=cluster, removed_at__isnull=True, max_ongoing_requests__gt=2)
-            .select_related("application")
-            .values_list("application__name", "name", "max_ongoing_requests")[:5]
-        ),
-    )
-    kind = Incident.Kind.MEMORY_RATCHET if finding.kind == "memory_ratchet" else Incident.Kind.MEMORY_PRESSURE
-
-    def build():
-        causes = rank_ratchet_causes() if kind == Incident.Kind.MEMORY_RATCHET else rank_pressure_causes(busy)
-        return causes, {"summary": finding.summary, "node_series": points[-120:]}
-
-    with transaction.atomic():
-        incident = open_or_extend(
-            cluster,
-            "",
-            "",
-            kind,
-            node_ip=ip,
-            count=1,
-            build=build,
-            severity_for=lambda total: "major" if finding.peak >= 0.95 else "warning",
-            detected=finding.summary,
-            extended=finding.summary,
-        )
-    return incident.pk
-
-
-def _latency_context(deployment: Deployment | None, points: list[dict], *, pressure: bool) -> LatencyContext:
-    recent = points[-detectors.SUSTAIN :]
-    return LatencyContext(
-        cold_start=detectors.cold_start(points),
-        queue_building=detectors.queue_building(points),
-        # The busiest recent reading, not the last one: queues drain as a spike ends.
-        ongoing=max(p.get("ongoing") or 0 for p in recent),
-        queued=max(p.get("queued") or 0 for p in recent),
-        max_ongoing_requests=deployment.max_ongoing_requests if deployment else None,
-        running_replicas=deployment.running_replicas if deployment else None,
-        at_max_replicas=bool(
-            deployment
-            and deployment.autoscaling
-            and deployment.running_replicas >= (deployment.autoscaling_max_replicas or 0)
-        ),
-        memory_pressure=pressure,
-        kv_cache_full=max((p.get("kv_usage") or 0) for p in recent) >= detectors.KV_FULL,
-        preemptions=sum(p.get("preemptions") or 0 for p in recent),
-    )
-
-
-def _record_signal(cluster: Cluster, app: str, dep: str, kind: str, finding, causes, severity_for) -> int:
-    """Open or extend the deployment's incident of `kind` from a detector's finding; `causes(deployment)`
-    ranks them when the incident opens."""
-    deployment = _deployment(cluster, app, dep)
-    with transaction.atomic():
-        incident = open_or_extend(
-            cluster,
-            app,
-            dep,
-            kind,
-            count=1,
-            build=lambda: causes(deployment),
-            deployment=deployment,
-            severity_for=severity_for,
-            detected=finding.summary,
-            extended=finding.summary,
-        )
-    return incident.pk
-
-
-def _record_queue(cluster: Cluster, app: str, dep: str, finding, points: list[dict]) -> int:
-    def causes(deployment):
-        ctx = _latency_context(deployment, points, pressure=False)
-        return rank_latency_causes(ctx), {"summary": finding.summary, "series": points[-60:]}
-
-    return _record_signal(
-        cluster,
-        app,
-        dep,
-        Incident.Kind.QUEUE_BUILDUP,
-        finding,
-        causes,
-        lambda total: "major" if finding.peak >= 50 else "warning",
-    )
-
-
-def _record_engine_stuck(cluster: Cluster, app: str, dep: str, finding, points: list[dict]) -> int:
-    return _record_signal(
-        cluster,
-        app,
-        dep,
-        Incident.Kind.ENGINE_STUCK,
-        finding,
-        lambda deployment: (rank_engine_stuck_causes(), {"summary": finding.summary, "series": points[-60:]}),
-        lambda total: "critical" if finding.peak >= 10 else "major",
-    )
-
-
-def _record_latency(cluster: Cluster, app: str, dep: str, finding, points: list[dict], pressure: bool) -> int:
-    deployment = _deployment(cluster, app, dep)
-
-    def build():
-        ctx = _latency_context(deployment, points, pressure=pressure)
-        return rank_latency_causes(ctx), {
-            "summary": finding.summary,
-            "baseline_p99_ms": finding.baseline,
-            "peak_p99_ms": finding.peak,
-            "series": points[-60:],
-        }
-
-    with transaction.atomic():
-        incident = open_or_extend(
-            cluster,
-            app,
-            dep,
-            Incident.Kind.LATENCY_SPIKE,
-            count=1,
-            build=build,
-            deployment=deployment,
-            severity_for=lambda total: (
-                "critical" if finding.peak > 10_000 else ("major" if total > 2 or finding.peak > 2_000 else "warning")
-            ),
-            detected=finding.summary,
-            extended=finding.summary,
-        )
-        evidence = dict(incident.evidence)
-        evidence["series"] = points[-60:]
-        evidence["peak_p99_ms"] = max(evidence.get("peak_p99_ms") or 0, finding.peak)
-        Incident.objects.filter(pk=incident.pk).update(evidence=evidence)
-    return incident.pk
-
-
 def resolve_quiet(now=None) -> int:
     now = now or timezone.now()
     quiet = Incident.objects.filter(
@@ -596,32 +349,6 @@ def resolve_quiet(now=None) -> int:
         webhooks.queue_for(incident, WebhookDelivery.Event.RESOLVED)
         count += 1
     return count
-
-
-def add_note(actor: Actor, incident: Incident, text: str) -> IncidentEvent:
-    event = IncidentEvent.objects.create(
-        incident=incident, kind=IncidentEvent.Kind.NOTE, message=text.strip()[:4000], author=actor.user
-    )
-    record(actor, "incident.note", incident, team=incident.cluster.team)
-    return event
-
-
-def set_status(actor: Actor, incident: Incident, status: str) -> Incident:
-    transitions: dict[str, tuple[list[Incident.Status], IncidentEvent.Kind]] = {
-        Incident.Status.ACKNOWLEDGED: ([Incident.Status.OPEN], IncidentEvent.Kind.ACKNOWLEDGED),
-        Incident.Status.RESOLVED: (OPEN, IncidentEvent.Kind.RESOLVED),
-    }
-    allowed, event = transitions[status]
-    if incident.status not in allowed:
-        raise ValueError(f"The incident is {incident.get_status_display().lower()}.")
-    incident.status = status
-    incident.resolved_at = timezone.now() if status == Incident.Status.RESOLVED else None
-    incident.save(update_fields=["status", "resolved_at"])
-    IncidentEvent.objects.create(incident=incident, kind=event, author=actor.user, message=f"By {actor.name}.")
-    record(actor, f"incident.{status}", incident, team=incident.cluster.team)
-    if status == Incident.Status.RESOLVED:
-        webhooks.queue_for(incident, WebhookDelivery.Event.RESOLVED)
-    return incident
 
 
 def open_for(deployment: Deployment) -> Incident | None:

@@ -11,7 +11,7 @@ from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role
-from apps.incidents import services
+from apps.incidents import actions
 from apps.incidents.charts import chart_data, incident_scaling
 from apps.incidents.filters import IncidentFilter
 from apps.incidents.models import Incident
@@ -60,12 +60,12 @@ def incident_action(request, pk: int, action: str):
     actor = Actor.from_request(request)
     if action == "note":
         if request.POST.get("text", "").strip():
-            services.add_note(actor, incident, request.POST["text"])
+            actions.add_note(actor, incident, request.POST["text"])
         return redirect("incidents:detail", pk=pk)
-    access.demand(request.user, incident.cluster.team, services.HANDLE)
+    access.demand(request.user, incident.cluster.team, actions.HANDLE)
     status = statuses[action]
     try:
-        services.set_status(actor, incident, status)
+        actions.set_status(actor, incident, status)
     except ValueError as exc:
         messages.error(request, str(exc))
     return redirect("incidents:detail", pk=pk)

@@ -12,7 +12,7 @@ from django.utils import timezone
 from apps.accounts.audit import Actor, record
 from apps.core.catalogue import REMEDIES, REMEDIES_FOR
 from apps.fleet import metric_readings
-from apps.incidents import services as incidents
+from apps.incidents import actions as incidents
 from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, SignalWindow
 from apps.remediation.models import Wizard, WizardStep
 from apps.remediation.wizards import WizardError, changing

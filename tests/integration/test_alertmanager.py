@@ -18,7 +18,7 @@ import pytest
 
 from apps.accounts.audit import Actor
 from apps.demo.local_ray import free_port
-from apps.incidents import services, webhooks
+from apps.incidents import actions, services, webhooks
 from apps.incidents.models import Incident, Webhook, WebhookDelivery
 from tests.unit.incidents.test_webhooks import oom_cluster  # noqa: F401  (fixture)
 
@@ -104,7 +104,7 @@ def test_an_incident_fires_in_alertmanager_and_resolves_with_it(alertmanager, oo
     webhooks.deliver(job.args[0])
     assert len(alerts(alertmanager, active="true")) == 1
 
-    services.set_status(Actor(user=people["operator"]), incident, Incident.Status.RESOLVED)
+    actions.set_status(Actor(user=people["operator"]), incident, Incident.Status.RESOLVED)
     *_, resolved = deliver_all(incident)
     assert resolved.event == "resolved" and resolved.state == "delivered", resolved.last_error
     assert alerts(alertmanager, active="true") == []

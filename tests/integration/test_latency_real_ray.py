@@ -13,7 +13,7 @@ import pytest
 
 from apps.clusters.models import Cluster
 from apps.fleet import sync
-from apps.incidents import services
+from apps.incidents import ingest
 from apps.incidents.models import Incident
 from tests.conftest import two_app_config
 
@@ -44,7 +44,7 @@ def test_a_slow_handler_under_a_burst_becomes_a_latency_incident(ray_head, team)
     workers = [threading.Thread(target=burst, daemon=True) for _ in range(24)]
     try:
         sync.sync_cluster(cluster.pk)
-        services.collect_metrics(cluster.pk)  # the base reading
+        ingest.collect_metrics(cluster.pk)  # the base reading
         for worker in workers:
             worker.start()
         # Each replica exports its histograms on its own ~10 s clock, so the ingress can cross the
@@ -57,7 +57,7 @@ def test_a_slow_handler_under_a_burst_becomes_a_latency_incident(ray_head, team)
             assert time.monotonic() < deadline, f"no latency incident for Model; recorded: {seen}"
             time.sleep(11)
             sync.sync_cluster(cluster.pk)
-            incident_ids.update(services.collect_metrics(cluster.pk))
+            incident_ids.update(ingest.collect_metrics(cluster.pk))
     finally:
         stop.set()
         for worker in workers:

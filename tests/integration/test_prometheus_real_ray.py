@@ -15,7 +15,7 @@ import pytest
 
 from apps.clusters.models import Cluster
 from apps.fleet import metric_readings, sync
-from apps.incidents import prometheus_readings, services
+from apps.incidents import ingest, prometheus_readings
 from apps.incidents.models import Incident, ScrapeState, SignalWindow
 from apps.remediation import verification
 from integrations import prometheus as prometheus_api
@@ -171,7 +171,7 @@ def test_the_same_traffic_through_prometheus_and_the_scrape(ray_head, start_prom
         )
         for cluster in (scraped, via_prom):
             assert sync.sync_cluster(cluster.pk).ok
-            services.collect_metrics(cluster.pk)  # the scrape's base; Prometheus's quiet first reading
+            ingest.collect_metrics(cluster.pk)  # the scrape's base; Prometheus's quiet first reading
         base = stored_scrape(scraped)
 
         def load(path: str, pause_s: float) -> None:
@@ -194,7 +194,7 @@ def test_the_same_traffic_through_prometheus_and_the_scrape(ray_head, start_prom
             assert time.monotonic() < deadline, f"a source saw no latency spike of Model: {spikes}"
             time.sleep(11)
             for cluster in (scraped, via_prom):
-                spikes[cluster.name].update(services.collect_metrics(cluster.pk))
+                spikes[cluster.name].update(ingest.collect_metrics(cluster.pk))
     finally:
         stop.set()
         for worker in workers:
@@ -205,8 +205,8 @@ def test_the_same_traffic_through_prometheus_and_the_scrape(ray_head, start_prom
         # A Prometheus reading stands for the 60 s before it (its `seconds`): past them, the last one
         # lies wholly inside a window opened at the base, as a wizard's verification selects readings.
         time.sleep(max(base.at + 61 - time.time(), 0))
-        services.collect_metrics(scraped.pk)
-        services.collect_metrics(via_prom.pk)
+        ingest.collect_metrics(scraped.pk)
+        ingest.collect_metrics(via_prom.pk)
         whole = metric_readings.read(base, stored_scrape(scraped))
         now = time.time()
 

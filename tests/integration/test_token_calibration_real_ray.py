@@ -18,7 +18,7 @@ from apps.core.catalogue import cause
 from apps.demo.local_ray import REFERENCE_APP_DIR
 from apps.fleet import sync
 from apps.fleet.models import Deployment
-from apps.incidents import services as incidents
+from apps.incidents import ingest
 from apps.incidents.models import Incident, NodeWindow
 from apps.remediation import wizards
 from tests.conftest import two_app_config
@@ -54,7 +54,7 @@ def node_reading(cluster: Cluster) -> dict:
     """The node's memory as Ray's own metrics report it (a reading needs two scrapes)."""
     deadline = time.monotonic() + 90
     while True:
-        incidents.collect_metrics(cluster.pk)
+        ingest.collect_metrics(cluster.pk)
         window = NodeWindow.objects.filter(cluster=cluster).first()
         if window is not None and window.points and window.points[-1].get("mem_total"):
             return window.points[-1]

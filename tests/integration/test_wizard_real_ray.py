@@ -26,6 +26,7 @@ from apps.changes import protocol
 from apps.clusters.models import Cluster
 from apps.demo.local_ray import REPO, LocalRayHead, memory_monitor_env, threshold_for_headroom
 from apps.fleet import sync
+from apps.incidents import ingest
 from apps.incidents import services as incidents
 from apps.incidents.models import Incident, SignalWindow
 from apps.remediation import observed, verification
@@ -113,7 +114,7 @@ def observe(cluster: Cluster) -> list[int]:
     """One pass of what the worker does for a cluster: sync, OOM evidence, metrics."""
     sync.sync_cluster(cluster.pk)
     touched = incidents.detect(cluster.pk)
-    incidents.collect_metrics(cluster.pk)
+    ingest.collect_metrics(cluster.pk)
     return touched
 
 

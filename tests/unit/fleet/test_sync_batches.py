@@ -18,7 +18,7 @@ from apps.clusters.models import Cluster, Reachability
 from apps.core import jobs
 from apps.fleet import llm, sync
 from apps.fleet.models import Application, Deployment
-from apps.incidents import services as incidents
+from apps.incidents import ingest
 from apps.incidents.models import Incident, ScrapeState
 from apps.maintenance.models import RecycleSchedule
 from apps.remediation import findings
@@ -149,7 +149,7 @@ def test_an_unchanged_sync_asks_for_a_metrics_reading_and_does_not_take_it(fleet
     ScrapeState.objects.update(claimed_at=None)  # the reading the first sync asked for has run
     sent, read, recomputed = [], [], []
     monkeypatch.setattr(jobs, "enqueue", lambda job, *args, **options: sent.append((job, *args)) or True)
-    monkeypatch.setattr(incidents, "collect_metrics", lambda cluster_id: read.append(cluster_id) or [])
+    monkeypatch.setattr(ingest, "collect_metrics", lambda cluster_id: read.append(cluster_id) or [])
     monkeypatch.setattr(findings, "recompute", lambda cluster_id: recomputed.append(cluster_id) or {})
 
     tasks.sync_batch(ids)

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from apps.accounts.audit import Actor
 from apps.core import jobs
-from apps.incidents import services, webhooks
+from apps.incidents import actions, services, webhooks
 from apps.incidents.models import Incident, Webhook, WebhookDelivery
 from tests.unit.incidents.test_webhooks import endpoint, oom_cluster  # noqa: F401  (fixtures)
 
@@ -40,7 +40,7 @@ def test_alertmanager_gets_the_alert_with_routing_labels_then_its_end(
     incident = opened(oom_cluster, team, people, hook.url, Webhook.Kind.ALERTMANAGER)
     webhooks.deliver(WebhookDelivery.objects.get(incident=incident).pk)
 
-    services.set_status(Actor(user=people["operator"]), incident, Incident.Status.RESOLVED)
+    actions.set_status(Actor(user=people["operator"]), incident, Incident.Status.RESOLVED)
     webhooks.deliver(WebhookDelivery.objects.get(incident=incident, event="resolved").pk)
 
     (path, [firing]), (_, [ended]) = sent(hook)
@@ -93,7 +93,7 @@ def test_slack_gets_a_readable_message_with_the_link_and_the_resolution(
 def test_the_json_webhook_hears_of_the_resolution_too(oom_cluster, team, people, endpoint):
     hook = endpoint(200, 200)
     incident = opened(oom_cluster, team, people, hook.url, Webhook.Kind.JSON)
-    services.set_status(Actor(user=people["operator"]), incident, Incident.Status.RESOLVED)
+    actions.set_status(Actor(user=people["operator"]), incident, Incident.Status.RESOLVED)
     for delivery in WebhookDelivery.objects.filter(incident=incident).order_by("pk"):
         webhooks.deliver(delivery.pk)
     assert [body["event"] for _, body in sent(hook)] == ["incident.opened", "incident.resolved"]
@@ -119,7 +119,7 @@ def test_an_open_incident_is_re_sent_to_alertmanager_and_a_resolved_one_is_not(
     assert reminder.event == "still_open"
 
     # Resolved before the reminder went out: it is not sent, or it would open the alert again.
-    services.set_status(Actor(user=people["operator"]), incident, Incident.Status.RESOLVED)
+    actions.set_status(Actor(user=people["operator"]), incident, Incident.Status.RESOLVED)
     webhooks.deliver(reminder.pk)
     reminder.refresh_from_db()
     assert reminder.state == "delivered" and "resolved meanwhile" in reminder.last_error and hook.received == []

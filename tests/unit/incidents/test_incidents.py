@@ -15,7 +15,7 @@ from apps.changes.models import Change
 from apps.clusters.models import Cluster
 from apps.fleet import metric_readings, sync
 from apps.fleet.models import Deployment
-from apps.incidents import services
+from apps.incidents import ingest, services
 from apps.incidents.models import Incident
 from apps.incidents.oom import culprit, oom_kills, replica_of
 from integrations import ray_metrics
@@ -106,7 +106,7 @@ def cluster(team, use_replay, monkeypatch):
     cluster = ClusterFactory(name="gpu-prod", team=team, metrics_url="http://ray.test:8080/metrics")
     sync.sync_cluster(cluster.pk)
     monkeypatch.setattr(
-        services.ray_metrics,
+        ingest.ray_metrics,
         "scrape",
         lambda url, timeout_s, names=None: metrics("metrics_after_oom_kills_filtered.prom"),
     )
@@ -210,7 +210,7 @@ def test_an_unreachable_metrics_endpoint_leaves_a_visible_warning(cluster, monke
     def down(url, timeout_s, names=None):
         raise ray_metrics.MetricsUnavailable("http://ray.test:8080/metrics did not answer in time.", transient=True)
 
-    monkeypatch.setattr(services.ray_metrics, "scrape", down)
+    monkeypatch.setattr(ingest.ray_metrics, "scrape", down)
     [incident_id] = services.detect(cluster.pk)
     assert "did not answer" in Incident.objects.get(pk=incident_id).evidence["metrics_warning"]
 
@@ -302,7 +302,7 @@ def test_a_sustained_slowdown_in_the_metrics_opens_a_latency_incident(metered, m
 
     cluster, base = metered
     scrapes = iter([base, slower(base, 1030, over_ms=5000)])
-    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
+    monkeypatch.setattr(ingest.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
     SignalWindow.objects.create(
         cluster=cluster,
         application_name="demo",
@@ -313,8 +313,8 @@ def test_a_sustained_slowdown_in_the_metrics_opens_a_latency_incident(metered, m
         + [{"t": 990, "p99": 6000.0, "rps": 5.0, "queued": 3, "ongoing": 8, "starts": 0}],
     )
 
-    assert services.collect_metrics(cluster.pk) == []  # the first scrape only sets the base
-    [incident_id] = services.collect_metrics(cluster.pk)
+    assert ingest.collect_metrics(cluster.pk) == []  # the first scrape only sets the base
+    [incident_id] = ingest.collect_metrics(cluster.pk)
 
     incident = Incident.objects.get(pk=incident_id)
     assert incident.kind == "latency_spike" and incident.deployment_name == "Model"
@@ -329,15 +329,15 @@ def test_an_unchanged_scrape_is_quiet_and_a_down_endpoint_is_recorded(metered, m
     from apps.incidents.models import ScrapeState
 
     cluster, base = metered
-    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s, names=None: base)
-    assert services.collect_metrics(cluster.pk) == [] and services.collect_metrics(cluster.pk) == []
+    monkeypatch.setattr(ingest.ray_metrics, "scrape", lambda url, timeout_s, names=None: base)
+    assert ingest.collect_metrics(cluster.pk) == [] and ingest.collect_metrics(cluster.pk) == []
     assert not Incident.objects.filter(kind="latency_spike").exists()
 
     def down(url, timeout_s, names=None):
         raise ray_metrics.MetricsUnavailable("http://ray.test:8080/metrics answered HTTP 502.", transient=True)
 
-    monkeypatch.setattr(services.ray_metrics, "scrape", down)
-    assert services.collect_metrics(cluster.pk) == []
+    monkeypatch.setattr(ingest.ray_metrics, "scrape", down)
+    assert ingest.collect_metrics(cluster.pk) == []
     assert "502" in ScrapeState.objects.get(cluster=cluster).error
 
 
@@ -439,8 +439,8 @@ def with_memory(
 def test_sustained_node_memory_pressure_opens_a_node_incident(metered, monkeypatch, client, people):
     cluster, base = metered
     scrapes = iter([with_memory(base, 1000 + 30 * i, f) for i, f in enumerate([0.5, 0.93, 0.96])])
-    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
-    touched = [services.collect_metrics(cluster.pk) for _ in range(3)]
+    monkeypatch.setattr(ingest.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
+    touched = [ingest.collect_metrics(cluster.pk) for _ in range(3)]
     assert touched[:2] == [[], []]
     incident = Incident.objects.get(pk=touched[2][0])
     assert incident.kind == "memory_pressure" and incident.node_ip == "192.0.2.2" and incident.severity == "major"
@@ -456,8 +456,8 @@ def test_gpu_memory_is_read_when_ray_reports_it(metered, monkeypatch):
     scrapes = iter(
         [with_memory(base, 1000 + 30 * i, 0.3, gpu=(g, 80_000 - g)) for i, g in enumerate([10_000, 77_000, 78_000])]
     )
-    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
-    touched = [services.collect_metrics(cluster.pk) for _ in range(3)]
+    monkeypatch.setattr(ingest.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
+    touched = [ingest.collect_metrics(cluster.pk) for _ in range(3)]
     incident = Incident.objects.get(pk=touched[2][0])
     assert incident.kind == "memory_pressure" and "GPU memory at 98%" in incident.evidence["summary"]
 
@@ -471,9 +471,9 @@ def test_memory_that_only_grows_for_hours_opens_a_ratchet_incident_suspecting_oo
         cluster=cluster, node_ip="192.0.2.2", points=[{"t": 1000 + 3600 * h, "mem": 0.40 + 0.04 * h} for h in range(4)]
     )
     scrapes = iter([with_memory(base, 1000 + 3600 * 4, 0.58), with_memory(base, 1000 + 3600 * 4 + 30, 0.58)])
-    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
-    services.collect_metrics(cluster.pk)
-    [incident_id] = services.collect_metrics(cluster.pk)
+    monkeypatch.setattr(ingest.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
+    ingest.collect_metrics(cluster.pk)
+    [incident_id] = ingest.collect_metrics(cluster.pk)
     incident = Incident.objects.get(pk=incident_id)
     assert incident.kind == "memory_ratchet" and incident.causes[0]["id"] == "OOM-5"
     assert incident.causes[0]["remedies"][0]["id"] == "R8"
@@ -545,7 +545,7 @@ def test_a_growing_queue_opens_a_queue_incident_before_latency_spikes(metered, m
         ],
     )
     scrapes = iter([base, queued])
-    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
+    monkeypatch.setattr(ingest.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
     SignalWindow.objects.create(
         cluster=cluster,
         application_name="demo",
@@ -555,8 +555,8 @@ def test_a_growing_queue_opens_a_queue_incident_before_latency_spikes(metered, m
             for i, q in enumerate([0, 0, 3, 9])
         ],
     )
-    services.collect_metrics(cluster.pk)
-    touched = services.collect_metrics(cluster.pk)
+    ingest.collect_metrics(cluster.pk)
+    touched = ingest.collect_metrics(cluster.pk)
     incidents = Incident.objects.filter(pk__in=touched, kind="queue_buildup")
     model = incidents.get(deployment_name="Model")
     assert "3 → 9 → 20" in model.evidence["summary"] and model.causes[0]["id"] == "LAT-2"
@@ -838,9 +838,9 @@ def test_an_oom_incident_charts_node_memory_against_the_kill_threshold_and_memor
     # Later readings follow into the open incident's evidence: whether memory came back down after the kill.
     later = metrics("metrics_after_oom_kills_filtered.prom", at=now + 30)
     scrapes = iter([metrics("metrics_after_oom_kills_filtered.prom", at=now), later])
-    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
-    services.collect_metrics(cluster.pk)
-    services.collect_metrics(cluster.pk)
+    monkeypatch.setattr(ingest.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
+    ingest.collect_metrics(cluster.pk)
+    ingest.collect_metrics(cluster.pk)
     evidence = Incident.objects.get(pk=incident_id).evidence
     assert evidence["series"][-1]["t"] == round(now + 30, 1) and evidence["node_memory"]["192.0.2.2"][-1]["t"] == round(
         now + 30, 1

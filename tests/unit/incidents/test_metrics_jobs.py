@@ -10,7 +10,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.utils import timezone
 
 from apps.core import jobs
-from apps.incidents import metrics_jobs, services
+from apps.incidents import ingest, metrics_jobs
 from apps.incidents.models import ScrapeState
 from tests.factories import ClusterFactory
 from workers import tasks
@@ -31,7 +31,7 @@ def sent(monkeypatch):
 
 
 def test_one_reading_per_cluster_is_queued_until_it_has_run(cluster, sent, monkeypatch):
-    monkeypatch.setattr(services, "collect_metrics", lambda cluster_id: [])
+    monkeypatch.setattr(ingest, "collect_metrics", lambda cluster_id: [])
 
     assert metrics_jobs.request(cluster.pk) is True
     assert metrics_jobs.request(cluster.pk) is False  # the next syncs, while it waits or runs
@@ -45,7 +45,7 @@ def test_a_reading_that_raises_still_releases_its_claim(cluster, sent, monkeypat
     def broken(cluster_id):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(services, "collect_metrics", broken)
+    monkeypatch.setattr(ingest, "collect_metrics", broken)
     metrics_jobs.request(cluster.pk)
     with pytest.raises(RuntimeError):
         metrics_jobs.run(cluster.pk)
@@ -73,7 +73,7 @@ def test_the_time_limit_stops_the_reading_and_says_so(cluster, sent, monkeypatch
     def slow(cluster_id):
         raise SoftTimeLimitExceeded()
 
-    monkeypatch.setattr(services, "collect_metrics", slow)
+    monkeypatch.setattr(ingest, "collect_metrics", slow)
     metrics_jobs.request(cluster.pk)
     tasks.collect_metrics(cluster.pk)
 

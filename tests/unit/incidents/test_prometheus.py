@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from apps.clusters.models import Cluster
-from apps.incidents import prometheus_readings, services
+from apps.incidents import ingest, prometheus_readings
 from apps.incidents.models import SignalWindow
 from integrations import prometheus, ray_metrics
 from tests.factories import ClusterFactory
@@ -111,13 +111,13 @@ def test_a_cluster_with_prometheus_reads_it_instead_of_scraping(team, monkeypatc
     )
     real_read = prometheus_readings.read
     monkeypatch.setattr(
-        services.prometheus_readings,
+        ingest.prometheus_readings,
         "read",
         lambda url, selector, timeout_s: real_read(url, selector, transport=httpx.MockTransport(replay)),
     )
-    monkeypatch.setattr(services.ray_metrics, "scrape", lambda *a, **k: pytest.fail("must not scrape"))
+    monkeypatch.setattr(ingest.ray_metrics, "scrape", lambda *a, **k: pytest.fail("must not scrape"))
 
-    assert services.collect_metrics(cluster.pk) == []
+    assert ingest.collect_metrics(cluster.pk) == []
 
     window = SignalWindow.objects.get(cluster=cluster, application_name="demo", deployment_name="Model")
     assert window.points[-1]["rps"] == pytest.approx(29.276, abs=0.01)

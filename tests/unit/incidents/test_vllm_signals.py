@@ -12,7 +12,7 @@ import pytest
 
 from apps.fleet import metric_readings
 from apps.fleet.metric_readings import EngineSignals
-from apps.incidents import detectors, services
+from apps.incidents import detectors, ingest
 from apps.incidents.causes import LatencyContext, rank_latency_causes
 from apps.incidents.models import Incident, SignalWindow
 from integrations import ray_metrics
@@ -133,9 +133,9 @@ def test_a_stuck_engine_behind_a_healthy_replica_opens_an_incident_on_its_deploy
     llm_deployment(cluster)
     frozen = dict(running=0, waiting=6, kv=0.2, generated=5000, preempted=0, ttft={0.5: 40})
     scrapes = iter(scrape(100.0 + 30 * i, engine("w1", **frozen)) for i in range(5))
-    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
+    monkeypatch.setattr(ingest.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
 
-    touched = [services.collect_metrics(cluster.pk) for _ in range(4)]
+    touched = [ingest.collect_metrics(cluster.pk) for _ in range(4)]
 
     assert touched[:3] == [[], [], []]  # the first scrape only starts the rates; then two readings
     [incident_id] = touched[3]
@@ -147,7 +147,7 @@ def test_a_stuck_engine_behind_a_healthy_replica_opens_an_incident_on_its_deploy
     window = SignalWindow.objects.get(cluster=cluster, deployment_name=SERVER)
     assert window.points[-1]["llm_waiting"] == 6 and window.points[-1]["gen_tokens"] == 0
     # The next reading extends the same incident instead of opening another.
-    assert services.collect_metrics(cluster.pk) == [incident_id]
+    assert ingest.collect_metrics(cluster.pk) == [incident_id]
     assert Incident.objects.get(pk=incident_id).signal_count == 2
 
 

@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.fleet import metric_readings
-from apps.incidents import prometheus_readings, services
+from apps.incidents import ingest, prometheus_readings
 from apps.incidents.models import OomKillRecord, SignalWindow
 from apps.remediation import presentation, verification
 from apps.remediation.models import Wizard, WizardStep
@@ -174,9 +174,9 @@ def cluster(team):
 def test_collected_points_of_every_deployment_carry_what_the_applications_clients_saw(cluster, monkeypatch):
     base = metrics(HEALTHY, at=1000)
     scrapes = iter([base, proxy_answers(base, 1030, {"200": 44, "503": 690, "500": 4}, bucket_ms=5000.0)])
-    monkeypatch.setattr(services.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
-    services.collect_metrics(cluster.pk)
-    services.collect_metrics(cluster.pk)
+    monkeypatch.setattr(ingest.ray_metrics, "scrape", lambda url, timeout_s, names=None: next(scrapes))
+    ingest.collect_metrics(cluster.pk)
+    ingest.collect_metrics(cluster.pk)
     for dep in ("Model", "Echo"):
         point = SignalWindow.objects.get(cluster=cluster, application_name="demo", deployment_name=dep).points[-1]
         assert point["http"] == 738 and point["http_errors"] == {"503": 690, "500": 4} and point["errors"] == 0
