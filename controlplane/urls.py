@@ -86,6 +86,7 @@ urlpatterns = [
     path("", include("apps.calibration.urls")),
     path("", include("apps.kubernetes.urls")),
     path("", include("apps.llm.urls")),
+    path("", include("apps.scaler.urls")),
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include(api_routes)),

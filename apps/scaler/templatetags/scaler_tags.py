@@ -2,6 +2,8 @@
 
 from django import template
 
+from apps.accounts.models import Role
+from apps.accounts.permissions import has_role
 from apps.scaler.models import Scaler
 
 register = template.Library()
@@ -10,8 +12,16 @@ register = template.Library()
 SHOWN = 5
 
 
-@register.inclusion_tag("scaler/partials/card.html")
-def scaler_card(deployment):
+@register.inclusion_tag("scaler/partials/card.html", takes_context=True)
+def scaler_card(context, deployment):
     scaler = Scaler.objects.filter(deployment=deployment).first()
     decisions = list(scaler.decisions.order_by("-at", "-id")[:SHOWN]) if scaler is not None else []
-    return {"scaler": scaler, "decisions": decisions}
+    request = context.get("request")
+    user = getattr(request, "user", None)
+    return {
+        "scaler": scaler,
+        "decisions": decisions,
+        "deployment": deployment,
+        "can_operate": user is not None and has_role(user, deployment.application.cluster.team, Role.OPERATOR),
+        "csrf_token": context.get("csrf_token"),
+    }

@@ -132,6 +132,9 @@ EXPECTED: dict[tuple[str, str], Need] = {
     # calibration card
     ("calibration:card", "GET"): READ,
     ("calibration:calibrate", "POST"): OPERATE,
+    # the deployment page's scaler buttons
+    ("scaler:create", "POST"): OPERATE,
+    **{(f"scaler:action[{action}]", "POST"): OPERATE for action in ("activate", "deactivate", "delete")},
     # Kubernetes connections: their admins manage them; the discovery page is for everyone on the team
     ("kubernetes:connections", "GET"): READ,
     ("kubernetes:connection_create", "GET"): ADMINISTER,
@@ -269,6 +272,7 @@ STAFF_ONLY_NAMESPACE = "admin"
 SEGMENT_MODELS = {
     "clusters": "clusters.cluster",
     "deployments": "fleet.deployment",
+    "scalers": "scaler.scaler",
     "applications": "fleet.application",
     "revisions": "fleet.configrevision",
     "changes": "changes.change",
@@ -372,6 +376,7 @@ BODIES: dict[tuple[str, str], Callable[[Refs], dict]] = {
     ("remediation:mute", "POST"): lambda r: {"reason": "known"},
     ("remediation:wizard_start", "POST"): lambda r: {"incident": r.id("incidents.incident")},
     ("calibration:calibrate", "POST"): lambda r: {"axis": "concurrency", "levels": "1"},
+    ("scaler:create", "POST"): lambda r: {"min_replicas": "1", "max_replicas": "2"},
     ("kubernetes:connection_create", "POST"): lambda r: {
         "team": r.team,
         "name": "k2",
