@@ -593,15 +593,7 @@ class Calibration:
             f"shape {self.shape}; at rest {cold / MIB:.1f} MiB cold, {baseline / MIB:.1f} MiB warm on {device}",
             flush=True,
         )
-        self.result = {
-            "device": device,
-            "axis": self.axis,
-            "shape": self.shape,
-            "baseline_bytes": baseline,
-            "cold_baseline_bytes": cold,
-            "points": [],
-            "limit_reason": None,
-        }
+        self.result = self._result(device, baseline, cold, [])
         # Host memory per unit of the axis at worst so far; the warm call gives the first estimate.
         step = max(warm_peak - min(host_baseline, host_cold), 0) / warm_x
         self.result["limit_reason"] = self._levels(loop, driver, step, host_baseline, self.result["points"])
@@ -630,17 +622,8 @@ class Calibration:
             for e in self.mix
         ]
         typical = max(range(len(entries)), key=lambda i: (entries[i]["share"], -i))
-        self.result = {
-            "device": device,
-            "axis": self.axis,
-            "shape": self.shape,
-            "baseline_bytes": baseline,
-            "cold_baseline_bytes": cold,
-            # The levels of the largest share stand for the curve; sizing reads each request's own.
-            "points": entries[typical]["points"],
-            "limit_reason": None,
-            "mix": entries,
-        }
+        # The levels of the largest share stand for the curve; sizing reads each request's own.
+        self.result = {**self._result(device, baseline, cold, entries[typical]["points"]), "mix": entries}
         for index, driver in enumerate(drivers):
             self.entry = index
             entries[index]["limit_reason"] = self._levels(
@@ -649,6 +632,17 @@ class Calibration:
         reasons = [e["limit_reason"] for e in entries if e["limit_reason"]]
         self.result["limit_reason"] = "; ".join(reasons)[:2000] if reasons else None
         return self.result
+
+    def _result(self, device: str, baseline: int, cold: int, points: list) -> dict:
+        return {
+            "device": device,
+            "axis": self.axis,
+            "shape": self.shape,
+            "baseline_bytes": baseline,
+            "cold_baseline_bytes": cold,
+            "points": points,
+            "limit_reason": None,
+        }
 
     def _levels(
         self, loop, driver: Driver, step: float, host_baseline: int, points: list, request: dict | None = None
