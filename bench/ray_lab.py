@@ -171,6 +171,33 @@ def bursty_schedule(seed: int, *, bursts: int, period_s: float, sizes: list[int]
     return [Burst(at_s=i * period_s, clients=n, duration_s=duration_s) for i, n in enumerate(drawn[:bursts])]
 
 
+class SeededKinds:
+    """Which kind of request each send of a replay is, the same sequence for every arm: `weights`
+    (kind -> integer weight, e.g. {"light": 4, "heavy": 1}) drawn with `seed` in blocks where every
+    kind appears exactly its weight, each block shuffled, so the split holds within every few
+    requests. `restart()` before each replay; `counts` is what the last replay sent."""
+
+    def __init__(self, seed: int, weights: dict[str, int]) -> None:
+        self.seed, self.weights = seed, dict(weights)
+        self._lock = threading.Lock()
+        self.restart()
+
+    def restart(self) -> None:
+        with self._lock:
+            self._rng = random.Random(self.seed)
+            self._block: list[str] = []
+            self.counts: Counter = Counter()
+
+    def next(self) -> str:
+        with self._lock:
+            if not self._block:
+                self._block = [kind for kind, weight in self.weights.items() for _ in range(weight)]
+                self._rng.shuffle(self._block)
+            kind = self._block.pop()
+            self.counts[kind] += 1
+            return kind
+
+
 def span_s(schedule: list[Burst]) -> float:
     return max(b.at_s + b.duration_s for b in schedule)
 
