@@ -325,6 +325,7 @@ class Bench:
                 "outcome": wizard["outcome"],
                 "latency_objective_ms": wizard["latency_objective_ms"],
                 "failure_objective": wizard["failure_objective"],
+                "objectives_given": bool(objectives),
                 "calibration": calibration,
                 "steps": [
                     {k: s[k] for k in ("position", "kind", "remedy", "status", "patch", "values")}
@@ -573,7 +574,8 @@ def report(name: str, result: dict) -> dict:
     print(
         f"Fleetdeck sizing: {sizing(fleetdeck['config'])}; objectives p99 "
         f"{(wizard['latency_objective_ms'] or 0) / 1000:g} s, failed {(wizard['failure_objective'] or 0):.0%} "
-        f"(the wizard's own, no person's); wizard {wizard['state']}"
+        f"({'given on the command line' if wizard.get('objectives_given') else 'the wizard own, no person'}); "
+        f"wizard {wizard['state']}"
     )
     if fleetdeck.get("kinds"):
         print(f"requests sent by kind (each arm the same sequence): {fleetdeck['kinds']}")
