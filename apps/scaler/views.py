@@ -4,6 +4,8 @@ back to the deployment page with what happened."""
 
 from __future__ import annotations
 
+from typing import cast
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
@@ -27,7 +29,9 @@ ACTIONS = {
 @login_required
 @require_POST
 def scaler_create(request, pk: int):
-    deployment = access.get_visible_or_404(request.user, Deployment.objects.select_related("application"), pk=pk)
+    deployment = cast(
+        Deployment, access.get_visible_or_404(request.user, Deployment.objects.select_related("application"), pk=pk)
+    )
     access.demand(request.user, deployment.application.cluster.team, services.MANAGE)
     try:
         services.create_shadow_scaler(
@@ -47,7 +51,9 @@ def scaler_create(request, pk: int):
 def scaler_action(request, pk: int, action: str):
     if action not in ACTIONS:
         raise Http404(f"A scaler has no action {action!r}.")
-    scaler = access.get_visible_or_404(request.user, Scaler.objects.select_related("deployment__application"), pk=pk)
+    scaler = cast(
+        Scaler, access.get_visible_or_404(request.user, Scaler.objects.select_related("deployment__application"), pk=pk)
+    )
     permission, done = ACTIONS[action]
     access.demand(request.user, scaler.deployment.application.cluster.team, permission)
     actor = Actor.from_request(request)
