@@ -63,7 +63,11 @@ class VisiblePrimaryKeyRelatedField(VisibleRelatedField, serializers.PrimaryKeyR
 
 
 class VisibleSlugRelatedField(VisibleRelatedField, serializers.SlugRelatedField):
-    pass
+    def to_internal_value(self, data):
+        # PostgreSQL refuses a NUL in any text it is asked to compare: a 400, not a 500 from the query.
+        if isinstance(data, str) and "\x00" in data:
+            self.fail("does_not_exist", slug_name=self.slug_field, value="(a value with a NUL character)")
+        return super().to_internal_value(data)
 
 
 def as_api_error(exc: DjangoValidationError) -> serializers.ValidationError:

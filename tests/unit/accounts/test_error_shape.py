@@ -42,3 +42,9 @@ def test_the_api_answers_a_missing_object_a_refusal_and_bad_fields_in_the_same_s
         assert response.status_code >= 400 and body, response.content
         assert all(isinstance(v, list) and all(isinstance(m, str) for m in v) for v in body.values()), body
     assert set(bad.json()) >= {"name", "dashboard_url"}
+
+
+@pytest.mark.django_db
+def test_a_nul_character_in_a_team_slug_is_a_400_naming_the_field(api_as):
+    response = api_as("admin").post("/api/v1/webhooks/", {"team": "vi\x00sion", "url": "http://x.test/"}, format="json")
+    assert response.status_code == 400 and list(response.json()) == ["team"], response.content
