@@ -283,20 +283,25 @@ def budget_from_kill(
     )
 
 
-def budget_from_nodes(node_points: list[dict], margin: Margin | None = None) -> Budget | None:
-    """Without a kill: the headroom nodes have now below Ray's default kill threshold."""
+def budget_from_nodes(
+    node_points: list[dict], margin: Margin | None = None, threshold: float | None = None, threshold_reason: str = ""
+) -> Budget | None:
+    """Without a kill: the headroom nodes have now below Ray's kill threshold, the default one
+    unless `threshold` (a fraction of node memory, e.g. from a kill message) says otherwise."""
     latest = [p for p in node_points if p.get("mem_total")]
     if not latest:
         return None
-    rooms = [RAY_MEMORY_THRESHOLD * p["mem_total"] - p.get("mem_used", 0) for p in latest]
+    fraction = threshold or RAY_MEMORY_THRESHOLD
+    rooms = [fraction * p["mem_total"] - p.get("mem_used", 0) for p in latest]
     room = min(rooms)
     if room <= 0:
         return None
     margin = margin or unmeasured()
+    which = f"the kill threshold of {fraction:.0%} ({threshold_reason})" if threshold else "Ray's kill threshold"
     return Budget(
         margin.apply(room),
         len(latest),
-        f"The tightest of {len(latest)} node(s) has {mib(room)} below Ray's kill threshold now; of it, "
+        f"The tightest of {len(latest)} node(s) has {mib(room)} below {which} now; of it, "
         f"{margin.reason} (replicas already running count against it).",
     )
 

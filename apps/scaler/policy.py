@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from apps.calibration.services import latest_curve
 from apps.fleet.models import Deployment
-from apps.incidents.models import NodeWindow
+from apps.incidents.models import NodeWindow, OomKillRecord
 from apps.remediation import measurements, schedulable
 from apps.scaler.decision import Policy
 from apps.scaler.models import Scaler
@@ -81,8 +81,13 @@ def _ceiling(deployment: Deployment, peak: int | None) -> tuple[int | None, str]
     cluster = deployment.application.cluster
     reasons, bounds = [], []
     if peak:
-        latest = [window.points[-1] for window in NodeWindow.objects.filter(cluster=cluster) if window.points]
-        budget = measurements.budget_from_nodes(latest)
+        windows = {
+            window.node_ip: window.points[-1] for window in NodeWindow.objects.filter(cluster=cluster) if window.points
+        }
+        threshold, threshold_reason = _kill_threshold(cluster, windows)
+        budget = measurements.budget_from_nodes(
+            list(windows.values()), threshold=threshold, threshold_reason=threshold_reason
+        )
         if budget is not None:
             by_memory = deployment.running_replicas + (budget.bytes_per_node // peak) * budget.nodes
             bounds.append(by_memory)
@@ -99,6 +104,26 @@ def _ceiling(deployment: Deployment, peak: int | None) -> tuple[int | None, str]
     if not bounds:
         return None, "Neither node memory nor node resources are known: no ceiling."
     return min(bounds), "; ".join(reasons)
+
+
+def _kill_threshold(cluster, latest: dict[str, dict]) -> tuple[float | None, str]:
+    """The fraction of node memory where Ray's monitor kills, as the newest kill on the cluster
+    reported it: operators lower RAY_memory_usage_threshold (or a container limit sits below the
+    node), and a ceiling under Ray's default would then hold replicas the monitor kills."""
+    kill = (
+        OomKillRecord.objects.filter(incident__cluster=cluster, threshold_bytes__isnull=False)
+        .order_by("-seen_at", "-id")
+        .only("threshold_bytes", "node_ip", "seen_at")
+        .first()
+    )
+    if kill is None or not kill.threshold_bytes:
+        return None, ""
+    node = latest.get(kill.node_ip) or (next(iter(latest.values())) if len(latest) == 1 else None)
+    if not node or not node.get("mem_total"):
+        return None, ""
+    where = kill.node_ip or "the node"
+    reason = f"Ray's kill on {where} at {kill.seen_at:%Y-%m-%d %H:%M} named {kill.threshold_bytes / 2**30:.2f} GiB"
+    return min(kill.threshold_bytes / node["mem_total"], 1.0), reason
 
 
 def _others(deployment: Deployment) -> list[tuple[dict, int]]:

@@ -40,6 +40,23 @@ def test_the_policy_comes_from_the_calibration_the_nodes_and_the_deployment(scal
     assert "memory holds 4" in built.ceiling_reason and "CPU schedules" in built.ceiling_reason
 
 
+def test_a_kill_that_named_a_lower_threshold_lowers_the_memory_ceiling(scaler, model):
+    # The operator lowered RAY_memory_usage_threshold to 0.75: the monitor kills at 12 GiB of 16, so
+    # 4 GiB are left above the 8 used, not 7.2, and (less the margin) hold 2 more replicas of 1.5 GiB.
+    incident = IncidentFactory(cluster=model.application.cluster, kind="oom_kill", deployment=model)
+    OomKillRecord.objects.create(
+        incident=incident,
+        actor_id="a" * 32,
+        replica="r",
+        node_ip="10.0.0.1",
+        used_bytes=12 * GIB,
+        threshold_bytes=12 * GIB,
+    )
+    built = policies.build(scaler)
+    assert built.policy.memory_ceiling == 1 + 2
+    assert "kill threshold of 75%" in built.ceiling_reason and "named 12.00 GiB" in built.ceiling_reason
+
+
 def test_a_scalers_own_concurrency_and_service_time_override_the_calibration(scaler):
     scaler.concurrency, scaler.service_s = 2, 0.25
     policy = policies.build(scaler).policy
