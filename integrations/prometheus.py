@@ -1,17 +1,30 @@
 """Client of a Prometheus server's HTTP API (`/api/v1/query`): the only code that queries
-Prometheus. It answers an instant vector as (labels, value) pairs."""
+Prometheus. It answers an instant vector as (labels, value) pairs, or Ray's series as a scrape of
+Ray's own endpoint would have them."""
 
 from __future__ import annotations
+
+import time
+from collections.abc import Collection
 
 import httpx
 
 from integrations.egress import AnswerTooSlow, PinnedTransport
-from integrations.ray_metrics import MetricsUnavailable
+from integrations.ray_metrics import MetricsUnavailable, Sample, Scrape
 
 
 def query(
-    base_url: str, promql: str, *, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None
+    base_url: str,
+    promql: str,
+    *,
+    at: float | None = None,
+    timeout_s: float = 5.0,
+    transport: httpx.BaseTransport | None = None,
 ) -> list[tuple[dict, float]]:
+    """`at` is the evaluation time (Unix seconds); None is the server's now."""
+    params: dict[str, str | float] = {"query": promql}
+    if at is not None:
+        params["time"] = at
     try:
         with httpx.Client(
             timeout=timeout_s,
@@ -20,7 +33,7 @@ def query(
             transport=transport or PinnedTransport(),
             headers={"User-Agent": "fleetdeck-prometheus/1"},
         ) as client:
-            response = client.get(f"{base_url.rstrip('/')}/api/v1/query", params={"query": promql})
+            response = client.get(f"{base_url.rstrip('/')}/api/v1/query", params=params)
     except AnswerTooSlow as exc:
         # Its own message names the deadline and the setting; "did not answer in time" would hide it.
         raise MetricsUnavailable(str(exc), transient=True) from exc
@@ -51,3 +64,23 @@ def query(
         except (KeyError, IndexError, TypeError, ValueError):
             continue
     return out
+
+
+def series(
+    base_url: str,
+    names: Collection[str],
+    selector: str = "",
+    *,
+    timeout_s: float = 5.0,
+    transport: httpx.BaseTransport | None = None,
+) -> Scrape:
+    """The latest value of every series of `names` that `selector` matches, in one query. Counters
+    come as totals, so two of these difference exactly like two scrapes of Ray's endpoint, without
+    the extrapolation of increase()."""
+    at = time.time()
+    matchers = ", ".join(m for m in (f'__name__=~"{"|".join(sorted(names))}"', selector) if m)
+    samples = []
+    for labels, value in query(base_url, f"{{{matchers}}}", at=at, timeout_s=timeout_s, transport=transport):
+        rest = {k: v for k, v in labels.items() if k != "__name__"}
+        samples.append(Sample(labels.get("__name__", ""), rest, value))
+    return Scrape(at=at, samples=samples)

@@ -1,6 +1,7 @@
 """What clients saw at a cluster's Serve proxy while Fleetdeck acted on it (a push, a recycle, a
-rollout wave): requests answered and failed, by HTTP code, per application, from two scrapes of
-Ray's metrics endpoint taken before and after. Serve can report every application RUNNING while
+rollout wave): requests answered and failed, by HTTP code, per application, from two readings of
+the proxy's counters taken before and after (through the cluster's Prometheus, else its metrics
+endpoint: `metric_sources`). Serve can report every application RUNNING while
 its proxy answered 500s to requests cut by a replica that went away: only these counters say.
 
 The proxy's counters reach the metrics endpoint once per export interval (Ray's
@@ -14,6 +15,7 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 
+from apps.fleet import metric_sources
 from apps.fleet.metric_readings import HTTP_ERRORS, HTTP_REQUESTS, is_failure, read
 from integrations import ray_metrics
 from integrations.ray_metrics import Sample, Scrape
@@ -23,17 +25,23 @@ COUNTERS = (HTTP_REQUESTS, HTTP_ERRORS)
 
 def opening(cluster) -> dict:
     """The proxy's counters now, as JSON to keep on the change or run until it ends; what went
-    wrong instead when the cluster has no metrics endpoint or it does not answer."""
+    wrong instead when the cluster has no metrics source or it does not answer."""
     scrape, why = _scrape(cluster)
     if scrape is None:
         return {"why": why}
-    return {"at": scrape.at, "samples": [[s.name, s.labels, s.value] for s in scrape.samples]}
+    return {
+        "at": scrape.at,
+        "samples": [[s.name, s.labels, s.value] for s in scrape.samples],
+        "source": metric_sources.source(cluster),
+    }
 
 
 def closing(cluster, opened: dict | None, *, settle_s: float | None = None) -> dict:
     """What clients saw between `opened` and now, after waiting one export interval."""
     if not opened or "samples" not in opened:
         return _unmeasured((opened or {}).get("why") or "No opening reading of the proxy's counters was taken.")
+    if opened.get("source", "metrics") != metric_sources.source(cluster):
+        return _unmeasured("the cluster's metrics source changed meanwhile; its counters cannot be compared.")
     time.sleep(settings.FLEETDECK_CLIENT_IMPACT_SETTLE_S if settle_s is None else settle_s)
     current, why = _scrape(cluster)
     if current is None:
@@ -106,10 +114,12 @@ def sentence(impact: dict | None) -> str:
 
 
 def _scrape(cluster) -> tuple[Scrape | None, str]:
-    if not cluster.metrics_url:
-        return None, "the cluster has no metrics endpoint (set its metrics URL to measure the proxy's errors)."
+    if not cluster.has_metrics_source:
+        return None, (
+            "the cluster has no metrics source (set its Prometheus or metrics URL to measure the proxy's errors)."
+        )
     try:
-        scrape = ray_metrics.scrape(cluster.metrics_url, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S)
+        scrape = metric_sources.current(cluster, COUNTERS)
     except ray_metrics.MetricsUnavailable as exc:
         return None, exc.message
     return Scrape(at=scrape.at, samples=[s for s in scrape.samples if s.name in COUNTERS]), ""

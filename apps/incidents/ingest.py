@@ -43,17 +43,28 @@ def collect_metrics(cluster_id: int) -> list[int]:
 
 
 def _prometheus_reading(cluster: Cluster):
+    state = ScrapeState.objects.filter(cluster=cluster).first()
+    previous_at = state.at if state else 0.0
+    span = prometheus_readings.interval(previous_at, time.time())
+    if span is None:
+        return None
+    end, seconds = span
     try:
         reading = prometheus_readings.read(
-            cluster.prometheus_url, cluster.prometheus_selector, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S
+            cluster.prometheus_url,
+            cluster.prometheus_selector,
+            end=end,
+            seconds=seconds,
+            timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S,
         )
     except ray_metrics.MetricsUnavailable as exc:
-        ScrapeState.objects.update_or_create(cluster=cluster, defaults={"at": 0, "samples": [], "error": exc.message})
+        # The previous reading's end is kept: the next one counts the whole gap, once, as a scrape would.
+        ScrapeState.objects.update_or_create(cluster=cluster, defaults={"at": previous_at, "error": exc.message})
         return None
     ScrapeState.objects.update_or_create(
-        cluster=cluster, defaults={"at": time.time(), "samples": [], "error": "", "warnings": reading.warnings}
+        cluster=cluster, defaults={"at": end, "samples": [], "error": "", "warnings": reading.warnings}
     )
-    return time.time(), reading
+    return end, reading
 
 
 def _scrape_reading(cluster: Cluster):

@@ -1,5 +1,8 @@
 """The readings of `metric_readings.py` computed by PromQL on a Prometheus server instead of by
-differencing two scrapes; `integrations.prometheus` sends the queries."""
+differencing two scrapes; `integrations.prometheus` sends the queries.
+
+A reading covers the whole seconds since the cluster's previous one and counts what happened in
+them, as a difference of scrapes does: consumers sum counts and seconds across readings."""
 
 from __future__ import annotations
 
@@ -14,38 +17,65 @@ from apps.fleet.metric_readings import (
 )
 from integrations.prometheus import query
 
-WINDOW = "2m"
+# Fleetdeck cannot know the Prometheus's scrape interval, and rate() over a range holding fewer
+# than two samples answers no series at all, which would read as no traffic. Two minutes hold two
+# at Prometheus's default 1 m scrape interval, the one assumption the fixed 2 m window made before.
+MIN_RANGE_S = 120
 
 
-def read(base_url: str, selector: str = "", *, timeout_s: float = 5.0, transport=None) -> Reading:
-    """`transport` replaces the client's own (tests replay captured answers through it)."""
+def interval(previous_at: float, now: float) -> tuple[float, int] | None:
+    """(end, seconds) of a reading taken at `now`: the whole seconds since the previous reading
+    (`previous_at`, 0 when there was none), ending where the next reading will start, so that
+    readings neither overlap nor leave gaps. None while not a second has passed.
+
+    A first reading covers MIN_RANGE_S: Prometheus holds that history and no other reading counted
+    it, so the cluster's windows get a full reading at once instead of one sync later."""
+    if not previous_at:
+        return now, MIN_RANGE_S
+    seconds = int(now - previous_at)
+    return (previous_at + seconds, seconds) if seconds >= 1 else None
+
+
+def read(
+    base_url: str,
+    selector: str = "",
+    *,
+    end: float | None = None,
+    seconds: int = MIN_RANGE_S,
+    timeout_s: float = 5.0,
+    transport=None,
+) -> Reading:
+    """What happened in the `seconds` up to `end` (None: Prometheus's now). `transport` replaces
+    the client's own (tests replay captured answers through it)."""
     sel = "{" + selector + "}" if selector else ""
     by = "application, deployment"
+    # Counts are rates times the reading's own seconds. Under MIN_RANGE_S the rate is that of the
+    # last MIN_RANGE_S: smoothed, yet readings that follow each other still count each request once.
+    window = f"{max(seconds, MIN_RANGE_S)}s"
 
     def q(promql: str) -> list[tuple[dict, float]]:
-        return query(base_url, promql, timeout_s=timeout_s, transport=transport)
+        return query(base_url, promql, at=end, timeout_s=timeout_s, transport=transport)
 
-    seconds = 60.0  # rates are per second; a reading stands for a minute of traffic
     deployments: dict[tuple[str, str], DeploymentSignals] = {}
 
     def dep(labels: dict) -> DeploymentSignals | None:
         key = (labels.get("application"), labels.get("deployment"))
         return deployments.setdefault(key, DeploymentSignals()) if all(key) else None
 
+    # Quantiles over the counts' range rather than a fixed window, so that they describe the requests
+    # the reading counts: a spike shows in the reading it happened in and leaves with its range.
     for q_value, attr in ((0.5, "p50_ms"), (0.95, "p95_ms"), (0.99, "p99_ms")):
         for labels, value in q(
             f"histogram_quantile({q_value}, sum by ({by}, le) "
-            f"(rate(ray_serve_deployment_processing_latency_ms_bucket{sel}[{WINDOW}])))"
+            f"(rate(ray_serve_deployment_processing_latency_ms_bucket{sel}[{window}])))"
         ):
             if (d := dep(labels)) is not None and value == value:  # NaN when there was no traffic
                 setattr(d, attr, value)
-    for labels, value in q(f"sum by ({by}) (rate(ray_serve_deployment_request_counter_total{sel}[{WINDOW}]))"):
+    for labels, value in q(f"sum by ({by}) (rate(ray_serve_deployment_request_counter_total{sel}[{window}]))"):
         if (d := dep(labels)) is not None:
             d.requests = value * seconds
-    # Per `seconds`, like the requests: increase() over the 2 min window counted twice the errors of
-    # the requests beside them, and doubled every error rate read through Prometheus.
     for labels, value in q(
-        f"sum by ({by}, exception_type) (rate(ray_serve_deployment_error_counter_total{sel}[{WINDOW}]))"
+        f"sum by ({by}, exception_type) (rate(ray_serve_deployment_error_counter_total{sel}[{window}]))"
     ):
         if (d := dep(labels)) is not None and value:
             d.errors += value * seconds
@@ -57,9 +87,9 @@ def read(base_url: str, selector: str = "", *, timeout_s: float = 5.0, transport
         for labels, value in q(f"sum by ({by}) ({metric}{sel})"):
             if (d := dep(labels)) is not None:
                 setattr(d, attr, value)
-    for labels, value in q(f"sum by ({by}) (increase(ray_serve_replica_startup_latency_ms_count{sel}[{WINDOW}]))"):
+    for labels, value in q(f"sum by ({by}) (rate(ray_serve_replica_startup_latency_ms_count{sel}[{window}]))"):
         if (d := dep(labels)) is not None:
-            d.replica_starts = value
+            d.replica_starts = value * seconds
     for labels, value in q(f"count by ({by}) ({ONGOING}{sel})"):
         if (d := dep(labels)) is not None:
             d.replicas = int(value)
@@ -67,7 +97,7 @@ def read(base_url: str, selector: str = "", *, timeout_s: float = 5.0, transport
         deployments,
         [(labels.get("Component", ""), value) for labels, value in q(f"sum by (Component) ({COMPONENT_RSS}{sel})")],
     )
-    applications = _applications(q, sel, seconds)
+    applications = _applications(q, sel, window, seconds)
     nodes: dict[str, NodeSignals] = {}
     total = {labels.get("ip", ""): value for labels, value in q(f"sum by (ip) (ray_node_mem_total{sel})")}
     for labels, value in q(f"sum by (ip) (ray_node_mem_used{sel})"):
@@ -83,10 +113,12 @@ def read(base_url: str, selector: str = "", *, timeout_s: float = 5.0, transport
         if deployments
         else ["Prometheus has no Serve series for this selector: check it matches the cluster's labels."]
     )
-    return Reading(seconds=seconds, deployments=deployments, nodes=nodes, warnings=warnings, applications=applications)
+    return Reading(
+        seconds=float(seconds), deployments=deployments, nodes=nodes, warnings=warnings, applications=applications
+    )
 
 
-def _applications(q, sel: str, seconds: float) -> dict[str, ApplicationSignals]:
+def _applications(q, sel: str, window: str, seconds: float) -> dict[str, ApplicationSignals]:
     """What clients saw at the Serve proxies, per application. Counts are rates times `seconds`,
     like the deployments' requests, so that failed / answered is a ratio of the same window."""
     apps: dict[str, ApplicationSignals] = {}
@@ -95,18 +127,18 @@ def _applications(q, sel: str, seconds: float) -> dict[str, ApplicationSignals]:
         name = labels.get("application")
         return apps.setdefault(name, ApplicationSignals()) if name else None  # "" is the proxy's own routes
 
-    for labels, value in q(f"sum by (application) (rate(ray_serve_num_http_requests_total{sel}[{WINDOW}]))"):
+    for labels, value in q(f"sum by (application) (rate(ray_serve_num_http_requests_total{sel}[{window}]))"):
         if (a := app(labels)) is not None:
             a.requests = value * seconds
     for labels, value in q(
-        f"sum by (application, error_code) (rate(ray_serve_num_http_error_requests_total{sel}[{WINDOW}]))"
+        f"sum by (application, error_code) (rate(ray_serve_num_http_error_requests_total{sel}[{window}]))"
     ):
         if (a := app(labels)) is not None and value:
             a.errors_by_code[labels.get("error_code", "unknown")] = value * seconds
     for q_value, attr in ((0.5, "p50_ms"), (0.95, "p95_ms"), (0.99, "p99_ms")):
         for labels, value in q(
             f"histogram_quantile({q_value}, sum by (application, le) "
-            f"(rate(ray_serve_http_request_latency_ms_bucket{sel}[{WINDOW}])))"
+            f"(rate(ray_serve_http_request_latency_ms_bucket{sel}[{window}])))"
         ):
             if (a := app(labels)) is not None and value == value:  # NaN when there was no traffic
                 setattr(a, attr, value)

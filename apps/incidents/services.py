@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from apps.clusters.models import Cluster, ClusterEvent, Reachability
 from apps.clusters.services import dashboard_for
-from apps.fleet import metric_readings
+from apps.fleet import metric_readings, metric_sources
 from apps.fleet.models import Deployment
 from apps.incidents import cluster_history, webhooks
 from apps.incidents.causes import (
@@ -43,6 +43,13 @@ LEAD = timedelta(minutes=30)
 # incident the API lists, so a long incident keeps its latest ones.
 KEPT_POINTS = 120
 OPEN = [Incident.Status.OPEN, Incident.Status.ACKNOWLEDGED]
+# What the OOM evidence shows: nodes' memory and the monitor's kills, replicas' OutOfMemoryErrors.
+EVIDENCE = (
+    metric_readings.MEM_USED,
+    metric_readings.MEM_TOTAL,
+    metric_readings.EVICTIONS,
+    metric_readings.ERRORS,
+)
 
 
 def on_cluster_synced(sender, cluster_id: int, outcome, **kwargs) -> None:
@@ -98,16 +105,11 @@ def detect(cluster_id: int, observation: Observation | None = None, *, resolve: 
 
 
 def _metrics_evidence(cluster: Cluster) -> dict:
-    """Totals since start from one scrape of Ray's metrics, when the cluster has an endpoint."""
-    if not cluster.metrics_url:
+    """Totals since start from the cluster's metrics source (its Prometheus, else its endpoint), when it has one."""
+    if not cluster.has_metrics_source:
         return {}
     try:
-        reading = metric_readings.read(
-            ray_metrics.Scrape(at=0),
-            ray_metrics.scrape(
-                cluster.metrics_url, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S, names=metric_readings.SCRAPED
-            ),
-        )
+        reading = metric_readings.read(ray_metrics.Scrape(at=0), metric_sources.current(cluster, EVIDENCE))
     except ray_metrics.MetricsUnavailable as exc:
         return {"metrics_warning": exc.message}
     return {

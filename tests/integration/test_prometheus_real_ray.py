@@ -45,7 +45,6 @@ COUNTERS = (
     metric_readings.HTTP_ERRORS,
 )
 EXPORT_S = 10.0  # Ray's metrics_report_interval_ms
-WINDOW_S = 120.0  # prometheus_readings.WINDOW
 
 
 @pytest.fixture
@@ -91,8 +90,10 @@ def test_every_promql_fleetdeck_sends_is_accepted_by_a_real_prometheus(prometheu
     for selector in ("", SELECTOR, f'{SELECTOR}, job=~"ra.*", instance!=""'):
         recording = Recording()
         # Raises MetricsUnavailable on the first query Prometheus refuses.
-        prometheus_readings.read(prometheus.url, selector, transport=recording)
-        assert len(recording.queries) >= 15
+        prometheus_readings.read(prometheus.url, selector, end=time.time(), seconds=300, transport=recording)
+        # The raw series a change's client figures and an OOM incident's evidence are read from.
+        prometheus_api.series(prometheus.url, metric_readings.SCRAPED, selector, transport=recording)
+        assert len(recording.queries) >= 16
         for promql in recording.queries:
             assert refusal(prometheus, promql) is None, promql
         sent |= set(recording.queries)
@@ -202,12 +203,14 @@ def test_the_same_traffic_through_prometheus_and_the_scrape(ray_head, start_prom
 
     try:
         wait_quiet(metrics_url)
-        # A Prometheus reading stands for the 60 s before it (its `seconds`): past them, the last one
-        # lies wholly inside a window opened at the base, as a wizard's verification selects readings.
-        time.sleep(max(base.at + 61 - time.time(), 0))
+        # Past MIN_RANGE_S since the base, a Prometheus reading of the span since the base rates over
+        # exactly that span, as the scrape differences it.
+        time.sleep(max(base.at + prometheus_readings.MIN_RANGE_S + 1 - time.time(), 0))
         ingest.collect_metrics(scraped.pk)
         ingest.collect_metrics(via_prom.pk)
-        whole = metric_readings.read(base, stored_scrape(scraped))
+        last = stored_scrape(scraped)
+        whole = metric_readings.read(base, last)
+        span = prometheus_readings.read(prom.url, SELECTOR, end=last.at, seconds=int(whole.seconds))
         now = time.time()
 
         for name, ids in spikes.items():
@@ -217,44 +220,36 @@ def test_the_same_traffic_through_prometheus_and_the_scrape(ray_head, start_prom
             assert "LAT-2" in [c["id"] for c in model.causes]
 
         # Counts. The scrape differences the counters over its interval: every request since the base.
-        # rate() over the 2 min window is the increase between its first and last samples over 120 s,
-        # extrapolated by at most ~1.5 s of the >60 s they span (<3 %); the reading reports it per
-        # minute, so the window's count is rps x 120. Both windows hold the same settled counters.
-        # Latency quantiles interpolate the same bucket counts, scaled alike, so they agree closely.
+        # The Prometheus reading of the same seconds is the increase between the first and last
+        # samples of its range, extrapolated by at most ~1.5 s of the >120 s they span (<2 %), and
+        # reports it as a count of those seconds. Both hold the same settled counters. Latency
+        # quantiles interpolate the same bucket counts, so they agree closely.
+        assert span.seconds == int(whole.seconds)
         figures = []
         for dep in ("Echo", "Model"):
-            direct = metric_readings.point(
-                base.at + whole.seconds, whole.seconds, whole.deployments[("demo", dep)], whole.applications["demo"]
-            )
-            via = SignalWindow.objects.get(cluster=via_prom, application_name="demo", deployment_name=dep).points[-1]
-            count, prom_count = direct["rps"] * direct["seconds"], via["rps"] * WINDOW_S
+            direct, via = whole.deployments[("demo", dep)], span.deployments[("demo", dep)]
             figures.append(
-                f"{dep}: requests {count:.0f} / {prom_count:.1f}, p99 {direct['p99']} / {via['p99']} ms, "
-                f"errors {direct['errors']:.0f} of {count:.0f} / "
-                f"{via['errors']:.1f} of {via['rps'] * via['seconds']:.1f}"
+                f"{dep}: requests {direct.requests:.0f} / {via.requests:.1f}, p99 {direct.p99_ms} / {via.p99_ms} ms, "
+                f"errors {direct.errors:.0f} / {via.errors:.1f}"
             )
-            assert count > 50 and near(count, prom_count, 0.05, 1), figures[-1]
-            assert near(direct["p99"], via["p99"], 0.05), figures[-1]
+            assert direct.requests > 50 and near(direct.requests, via.requests, 0.05, 1), figures[-1]
+            assert near(direct.p99_ms, via.p99_ms, 0.05), figures[-1]
             # Errors on the same scale as requests: a window's error rate is the same ratio.
-            assert near(direct["errors"] / count, via["errors"] / (via["rps"] * via["seconds"]), 0.05, 0.005), figures[
-                -1
-            ]
+            assert near(direct.errors / direct.requests, via.errors / via.requests, 0.05, 0.005), figures[-1]
         print("\n" + "\n".join(figures))
         echo = whole.deployments[("demo", "Echo")]
         assert echo.errors > 10  # the failing client's ValueErrors
 
         # What clients saw at the proxy: the same requests, the same 500s, the same latency.
-        app = whole.applications["demo"]
-        via = SignalWindow.objects.get(cluster=via_prom, application_name="demo", deployment_name="Model").points[-1]
-        ratio = WINDOW_S / via["seconds"]
+        app, via_app = whole.applications["demo"], span.applications["demo"]
         print(
-            f"clients: {app.requests:.0f} / {via['http'] * ratio:.1f}, "
-            f"500s {app.errors_by_code} / {via['http_errors']}, "
-            f"p99 {app.p99_ms:.0f} / {via['http_p99']} ms"
+            f"clients: {app.requests:.0f} / {via_app.requests:.1f}, "
+            f"500s {app.errors_by_code} / {via_app.errors_by_code}, "
+            f"p99 {app.p99_ms:.0f} / {via_app.p99_ms} ms"
         )
-        assert near(app.requests, via["http"] * ratio, 0.05, 1)
-        assert near(app.errors_by_code["500"], via["http_errors"]["500"] * ratio, 0.05, 1)
-        assert near(app.p99_ms, via["http_p99"], 0.05)
+        assert near(app.requests, via_app.requests, 0.05, 1)
+        assert near(app.errors_by_code["500"], via_app.errors_by_code["500"], 0.05, 1)
+        assert near(app.p99_ms, via_app.p99_ms, 0.05)
 
         # The wizard's memory readings: replicas and their resident memory, both gauges read at once.
         for dep in ("Echo", "Model"):

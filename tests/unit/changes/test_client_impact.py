@@ -54,7 +54,7 @@ def scrapes(monkeypatch):
     """Ray's metrics endpoint, answering the scrapes queued here in order."""
     queued: list[Scrape] = []
 
-    def scrape(url, *, timeout_s):
+    def scrape(url, *, timeout_s, names=None):
         if not queued:
             raise ray_metrics.MetricsUnavailable(f"Cannot reach {url}: connection refused.", transient=True)
         return queued.pop(0)
@@ -105,7 +105,7 @@ def test_a_cluster_without_metrics_says_its_clients_were_not_measured(team, scra
     assert change.state == ChangeState.SUCCEEDED
     assert change.client_impact == {
         "measured": False,
-        "why": "the cluster has no metrics endpoint (set its metrics URL to measure the proxy's errors).",
+        "why": "the cluster has no metrics source (set its Prometheus or metrics URL to measure the proxy's errors).",
     }
     assert "Clients not measured" in change.clients_seen
 

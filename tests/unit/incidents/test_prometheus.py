@@ -113,7 +113,7 @@ def test_a_cluster_with_prometheus_reads_it_instead_of_scraping(team, monkeypatc
     monkeypatch.setattr(
         ingest.prometheus_readings,
         "read",
-        lambda url, selector, timeout_s: real_read(url, selector, transport=httpx.MockTransport(replay)),
+        lambda url, selector, **kwargs: real_read(url, selector, **kwargs, transport=httpx.MockTransport(replay)),
     )
     monkeypatch.setattr(ingest.ray_metrics, "scrape", lambda *a, **k: pytest.fail("must not scrape"))
 
