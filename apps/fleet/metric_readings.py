@@ -257,11 +257,7 @@ def read(prev: Scrape, cur: Scrape) -> Reading:
     add_replica_memory(deployments, [(s.labels.get("Component", ""), s.value) for s in cur.named(COMPONENT_RSS)])
     if not cur.named(f"{LATENCY}_bucket") and cur.named(REQUESTS):
         warnings.append(f"{LATENCY} histograms are missing: no latency percentiles.")
-    nodes: dict[str, NodeSignals] = {}
-    used = {s.labels.get("ip", ""): s.value for s in cur.named(MEM_USED)}
-    for sample in cur.named(MEM_TOTAL):
-        ip = sample.labels.get("ip", "")
-        nodes[ip] = NodeSignals(ip=ip, mem_used=used.get(ip, 0.0), mem_total=sample.value)
+    nodes = _node_memory(prev, cur)
     gram_used: dict[str, float] = defaultdict(float)
     gram_total: dict[str, float] = defaultdict(float)
     for sample in cur.named(GRAM_USED):
@@ -273,12 +269,15 @@ def read(prev: Scrape, cur: Scrape) -> Reading:
         if ip in nodes and total:
             nodes[ip].gpu_used_mb, nodes[ip].gpu_total_mb = gram_used[ip], total
     for labels, delta in _deltas(prev, cur, EVICTIONS, warnings):
+        if not delta:
+            # A node known only from an unchanged counter has nothing to say; a point of zeros
+            # would read as a node with no memory.
+            continue
         node = nodes.setdefault(
             labels.get("ip", labels.get("NodeAddress", "")), NodeSignals(labels.get("NodeAddress", ""), 0.0, 0.0)
         )
-        if delta:
-            name = labels.get("Name", "unknown")
-            node.evictions[name] = node.evictions.get(name, 0.0) + delta
+        name = labels.get("Name", "unknown")
+        node.evictions[name] = node.evictions.get(name, 0.0) + delta
     applications = _applications(prev, cur, warnings)
     return Reading(
         seconds=max(cur.at - prev.at, 0.0),
@@ -337,6 +336,20 @@ KEPT = (
 
 
 # What a scrape parses at all: the readings' series and the per-process memory they pick replicas from.
+def _node_memory(prev: Scrape, cur: Scrape) -> dict[str, NodeSignals]:
+    """Each node's memory gauges, from `cur`, else from `prev` for a node `cur` lacks them for.
+    At a short RAY_metrics_report_interval_ms (1 s, for a scaler) Ray's exporter leaves a node's
+    gauges out of about every other scrape; the previous scrape's figures are one reading old,
+    while leaving the node out would hide it from every memory budget for that reading."""
+    nodes: dict[str, NodeSignals] = {}
+    for scrape in (prev, cur):
+        used = {s.labels.get("ip", ""): s.value for s in scrape.named(MEM_USED)}
+        for sample in scrape.named(MEM_TOTAL):
+            ip = sample.labels.get("ip", "")
+            nodes[ip] = NodeSignals(ip=ip, mem_used=used.get(ip, 0.0), mem_total=sample.value)
+    return nodes
+
+
 SCRAPED = frozenset((*KEPT, COMPONENT_RSS))
 
 

@@ -276,7 +276,8 @@ def _memory_and_budget(
         )
     if budget is None:
         budget = measurements.budget_from_nodes(
-            [w.points[-1] for w in NodeWindow.objects.filter(cluster=cluster) if w.points], safety
+            [p for w in NodeWindow.objects.filter(cluster=cluster) if (p := measurements.newest_node_memory(w.points))],
+            safety,
         )
     return memory, budget
 

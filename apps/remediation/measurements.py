@@ -283,6 +283,12 @@ def budget_from_kill(
     )
 
 
+def newest_node_memory(points: list[dict]) -> dict | None:
+    """A node window's newest reading that has the node's memory: a reading can lack it
+    (apps.fleet.metric_readings), and a point of zeros would leave the node out of the budget."""
+    return next((p for p in reversed(points) if p.get("mem_total")), None)
+
+
 def budget_from_nodes(
     node_points: list[dict], margin: Margin | None = None, threshold: float | None = None, threshold_reason: str = ""
 ) -> Budget | None:

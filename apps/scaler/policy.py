@@ -82,7 +82,9 @@ def _ceiling(deployment: Deployment, peak: int | None) -> tuple[int | None, str]
     reasons, bounds = [], []
     if peak:
         windows = {
-            window.node_ip: window.points[-1] for window in NodeWindow.objects.filter(cluster=cluster) if window.points
+            window.node_ip: point
+            for window in NodeWindow.objects.filter(cluster=cluster)
+            if (point := measurements.newest_node_memory(window.points))
         }
         threshold, threshold_reason = _kill_threshold(cluster, windows)
         budget = measurements.budget_from_nodes(

@@ -48,3 +48,24 @@ def test_a_full_window_compacted_again_is_unchanged_and_keeps_its_summary_counts
     assert compact(list(points), now=at) == points
     summaries = [p for p in points if "summary" in p]
     assert summaries and all(p["summary"] == 10 for p in summaries[1:-1])  # ten 30 s readings per 5 minutes
+
+
+def _without_node_gauges(scrape: ray_metrics.Scrape) -> ray_metrics.Scrape:
+    gauges = {metric_readings.MEM_USED, metric_readings.MEM_TOTAL}
+    return ray_metrics.Scrape(at=scrape.at, samples=[s for s in scrape.samples if s.name not in gauges])
+
+
+def test_a_scrape_missing_a_nodes_memory_gauges_keeps_the_previous_figures_not_zeros():
+    # At RAY_metrics_report_interval_ms=1000 Ray's exporter leaves the node gauges out of about
+    # every other scrape (seen on Ray 2.60); a zero point hid the node from every memory budget.
+    text = (FIXTURES / "metrics_after_200_requests_filtered.prom").read_text()
+    before = relevant(ray_metrics.parse(text, at=0.0))
+    (total,) = [s for s in before.samples if s.name == metric_readings.MEM_TOTAL]
+    (used,) = [s for s in before.samples if s.name == metric_readings.MEM_USED]
+    gapped = _without_node_gauges(relevant(ray_metrics.parse(text, at=1.0)))
+
+    node = metric_readings.read(before, gapped).nodes[total.labels["ip"]]
+    assert (node.mem_total, node.mem_used) == (total.value, used.value) and total.value > 0
+
+    # Missing from both scrapes: no point at all, rather than one that says the node has no memory.
+    assert metric_readings.read(_without_node_gauges(before), gapped).nodes == {}

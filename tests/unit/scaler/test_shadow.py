@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from apps.core import ticks
-from apps.incidents.models import Incident, OomKillRecord
+from apps.incidents.models import Incident, NodeWindow, OomKillRecord
 from apps.scaler import policy as policies
 from apps.scaler import shadow
 from apps.scaler.models import Scaler, ScalerDecision
@@ -55,6 +55,13 @@ def test_a_kill_that_named_a_lower_threshold_lowers_the_memory_ceiling(scaler, m
     built = policies.build(scaler)
     assert built.policy.memory_ceiling == 1 + 2
     assert "kill threshold of 75%" in built.ceiling_reason and "named 12.00 GiB" in built.ceiling_reason
+
+
+def test_a_newer_reading_without_the_nodes_memory_does_not_drop_the_memory_ceiling(scaler, model):
+    window = NodeWindow.objects.get(cluster=model.application.cluster)
+    window.save_points([*window.points, {"t": time.time(), "mem_used": 0.0, "mem_total": 0.0, "evictions": 1}])
+    built = policies.build(scaler)
+    assert built.policy.memory_ceiling == 4 and "memory holds 4" in built.ceiling_reason
 
 
 def test_a_scalers_own_concurrency_and_service_time_override_the_calibration(scaler):
