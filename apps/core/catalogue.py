@@ -32,6 +32,8 @@ REMEDIES = {
     "R8": "Recycle replicas on a schedule as a rolling restart",
     "R9": "Roll updates with headroom, one deployment at a time",
     "R10": "Bound the queue (max_queued_requests) so overload fails fast",
+    # Offered by the wizard from the incident's load (apps.remediation.scaler_offer), not by a cause.
+    "R11": "Let Fleetdeck scale it",
 }
 
 REMEDIES_FOR = {

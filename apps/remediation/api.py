@@ -16,6 +16,7 @@ from apps.remediation import findings, remedy_checks, verification, wizards
 from apps.remediation.filters import FindingFilter
 from apps.remediation.models import Finding, Wizard, WizardStep
 from apps.remediation.rules import BY_ID
+from apps.scaler import wizard_step
 from controlplane.api.lean import lean
 from controlplane.api.pagination import StreamPagination
 from controlplane.api.rows import FastRows, narrow
@@ -351,6 +352,13 @@ class WizardViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def skip(self, request, pk=None):
         """Skip a remedy; `note` says why (required)."""
         return self._step_action(request, wizards.skip, "skip", extra=lambda d: {"reason": d.get("note", "")})
+
+    @extend_schema(request=StepSerializer, responses={200: WizardSerializer, 409: CONFLICT})
+    @action(detail=True, methods=["post"])
+    def scaler(self, request, pk=None):
+        """Take R11: create the deployment's scaler in shadow mode with the sized bounds (or keep the one it
+        has). It never takes control: activate it on the scaler itself."""
+        return self._step_action(request, wizard_step.take, "scaler", extra=lambda d: {})
 
     @extend_schema(request=StepSerializer, responses={200: WizardSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])

@@ -11,7 +11,17 @@ from apps.fleet.configs import key_settings
 from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, NodeWindow, OomKillRecord, SignalWindow
 from apps.incidents.oom import replica_memory
-from apps.remediation import capacity, margin, measurements, objectives, observed, schedulable, sizing, token_caps
+from apps.remediation import (
+    capacity,
+    margin,
+    measurements,
+    objectives,
+    observed,
+    scaler_offer,
+    schedulable,
+    sizing,
+    token_caps,
+)
 from apps.remediation.models import Finding
 from apps.remediation.rules import BY_ID
 
@@ -27,6 +37,8 @@ class Diagnosis:
     summary: dict
     remedies: list[str]
     sizing: sizing.Sizing
+    # R11's values where the load varied more than one fixed config serves; empty where it was steady.
+    scaler: dict
 
 
 def settings_of(effective: dict) -> dict:
@@ -137,6 +149,10 @@ def diagnose(
             **finding.evidence,
         }
     remedies = relevant_remedies(causes, current)
+    bound = (computed.patch("R10") or {}).get("max_queued_requests", current.max_queued_requests)
+    offer = scaler_offer.assess(points, computed.plan, bound, effective, cluster.ray_version)
+    if offer:
+        remedies.append(scaler_offer.REMEDY)
     summary = {
         "evidence": evidence,
         "causes": causes,
@@ -171,7 +187,7 @@ def diagnose(
         "why_not_sized": computed.why_not_sized,
         "remedies": [{"id": r, "title": REMEDIES[r]} for r in remedies],
     }
-    return Diagnosis(summary, remedies, computed)
+    return Diagnosis(summary, remedies, computed, offer)
 
 
 def summary_load(load: measurements.Load) -> dict:

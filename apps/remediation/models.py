@@ -139,6 +139,8 @@ class WizardStep(models.Model):
         CALIBRATION = "calibration", "Memory calibration"
         CONFIG = "config", "Config remedy"
         CHECKLIST = "checklist", "Code-level remedy"
+        # R11: creates the deployment's shadow scaler; nothing is pushed to the cluster.
+        SCALER = "scaler", "Fleetdeck scaler"
         VERIFICATION = "verification", "Verification"
         OUTCOME = "outcome", "Outcome"
 

@@ -39,7 +39,8 @@ def start(actor: Actor, wizard: Wizard, *, window_s: int | None = None, revision
             raise WizardError("A change of this wizard is still being applied: verify once it has finished.")
         if (
             not steps.filter(status__in=DONE)
-            .exclude(kind__in=[WizardStep.Kind.DIAGNOSIS, WizardStep.Kind.CALIBRATION])
+            # A shadow scaler changes nothing live: there is nothing of it to verify.
+            .exclude(kind__in=[WizardStep.Kind.DIAGNOSIS, WizardStep.Kind.CALIBRATION, WizardStep.Kind.SCALER])
             .exists()
         ):
             raise WizardError("No remedy is applied or confirmed yet: there is nothing to verify.")

@@ -29,6 +29,7 @@ from apps.remediation.filters import FindingFilter
 from apps.remediation.models import Finding, Wizard
 from apps.remediation.presentation import wizard_context
 from apps.remediation.rules import BY_ID
+from apps.scaler import wizard_step
 from controlplane.api.rows import narrow
 
 
@@ -196,6 +197,7 @@ ACTIONS = {
         revision=rev,
         params={k: post[k] for k in ("method", "path", "field", "size") if post.get(k)},
     ),
+    "scaler": lambda actor, w, post, rev: wizard_step.take(actor, w, int(post["step"]), revision=rev),
     "replan": lambda actor, w, post, rev: wizards.replan(actor, w, revision=rev),
     "objectives": lambda actor, w, post, rev: wizards.set_objectives(actor, w, revision=rev, **_objectives(post)),
     "calibrate": lambda actor, w, post, rev: wizards.calibrate(

@@ -26,7 +26,7 @@ from apps.core.catalogue import CONFIG_REMEDIES, GUIDANCE, REMEDIES
 from apps.core.errors import Conflict
 from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, IncidentEvent
-from apps.remediation import diagnosis, margin
+from apps.remediation import diagnosis, margin, scaler_offer
 from apps.remediation.models import Finding, Wizard, WizardStep
 from integrations.ray.errors import RayError
 
@@ -46,6 +46,9 @@ OPERATIONS = {
     "verify": Permission(Role.OPERATOR, "verify fixes"),
     "evaluate": Permission(Role.OPERATOR, "verify fixes"),
     "abandon": Permission(Role.OPERATOR, "abandon wizards"),
+    # R11 creates a scaler: whoever may create one elsewhere may here, no one else. The scaler's
+    # own MANAGE (apps.scaler.services) is a layer up; a test holds the two equal.
+    "scaler": Permission(Role.OPERATOR, "manage scalers"),
 }
 
 
@@ -305,7 +308,10 @@ def remedy_title(remedy: str, patch: dict | None) -> str:
 
 def _remedy_step(wizard: Wizard, position: int, remedy: str, found: diagnosis.Diagnosis, effective: dict) -> WizardStep:
     step = WizardStep(wizard=wizard, position=position, remedy=remedy, title=remedy_title(remedy, None))
-    _set_values(step, found, effective)
+    if remedy == scaler_offer.REMEDY:
+        scaler_offer.fill(step, found.scaler)
+    else:
+        _set_values(step, found, effective)
     return step
 
 
@@ -524,12 +530,21 @@ def replan(actor: Actor, wizard: Wizard, *, revision: int | None = None, effecti
         wizard.save(update_fields=["diagnosis", "basis", "latency_objective_ms", "failure_objective"])
         steps = {s.remedy: s for s in WizardStep.objects.filter(wizard=wizard).exclude(remedy="")}
         for step in steps.values():
+            if step.remedy == scaler_offer.REMEDY:
+                if step.status in (Status.PENDING, Status.NOT_APPLICABLE):
+                    scaler_offer.fill(step, found.scaler)
+                    step.save(update_fields=["values", "status", "note"])
+                continue
             # Checklists with computed values (R4) follow a new calibration too, and may become config steps.
             recomputed = step.kind == WizardStep.Kind.CONFIG or step.remedy in found.sizing.values
             if recomputed and step.status in (Status.PENDING, Status.FAILED, Status.NOT_APPLICABLE):
                 _set_values(step, found, effective)
                 step.save(update_fields=["kind", "values", "patch", "status", "note", "title"])
-        missing = [r for r in found.remedies if r not in steps and (r in CONFIG_REMEDIES or found.sizing.patch(r))]
+        missing = [
+            r
+            for r in found.remedies
+            if r not in steps and (r in CONFIG_REMEDIES or r == scaler_offer.REMEDY or found.sizing.patch(r))
+        ]
         if missing:
             _insert_steps(wizard, missing, found, effective)
         calibration_step = WizardStep.objects.filter(wizard=wizard, kind=WizardStep.Kind.CALIBRATION).first()
@@ -712,7 +727,8 @@ def skip(actor: Actor, wizard: Wizard, position: int, *, reason: str, revision: 
         raise WizardError("Say why this remedy is skipped: the outcome lists skipped remedies as what to try next.")
     with changing(wizard, actor, revision) as wizard:
         step = step_at(wizard, position)
-        if step.kind not in (WizardStep.Kind.CONFIG, WizardStep.Kind.CHECKLIST) or step.status == Status.APPLYING:
+        skippable = (WizardStep.Kind.CONFIG, WizardStep.Kind.CHECKLIST, WizardStep.Kind.SCALER)
+        if step.kind not in skippable or step.status == Status.APPLYING:
             raise WizardError(f"Step {position} cannot be skipped now.")
         step.status, step.note, step.updated_by = Status.SKIPPED, reason.strip()[:2000], actor.user
         step.save(update_fields=["status", "note", "updated_by", "updated_at"])

@@ -30,12 +30,11 @@ from apps.clusters.services import dashboard_for
 from apps.remediation.sizing import SCALE_OUT_AT
 from apps.scaler import policy as policies
 from apps.scaler.models import Scaler, ScalerDecision
+from integrations.ray.dashboard import SCALE_API_SINCE
 from integrations.ray.errors import RayError, RayExternalScalerDisabled
 
 # Turning a scaler on or off changes the cluster's config: an operator's act, as any change is.
 CONTROL = Permission(Role.OPERATOR, "turn scalers on and off")
-# The first Ray whose dashboard serves the scale API and `external_scaler_enabled`.
-SCALE_API_SINCE = (2, 60)
 # An active scaler whose last decision is older than this many sync intervals was not watched:
 # the worker or the tick was down, and the count it left may no longer fit the load.
 STALE_AFTER_INTERVALS = 4

@@ -53,6 +53,7 @@ WIZARD_ACTIONS = (
     "skip",
     "confirm",
     "check",
+    "scaler",
     "calibrate",
     "replan",
     "objectives",

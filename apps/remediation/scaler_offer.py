@@ -1,0 +1,127 @@
+"""R11, "Let Fleetdeck scale it": offered where the incident's load varied more than one fixed
+config serves, with this deployment's calibration and load as the reason. No queries: it reads the signal
+window's readings and the wizard's sizing, and says what a shadow scaler's bounds would be.
+
+Varied means the busiest reading needs at least VARIATION times the replicas the calm (the median
+reading) needs at the calibrated concurrency, and more requests than the calm's replicas and the
+queue bound hold. A fixed count sized for the calm then sheds the peak; one sized for the peak
+leaves at least half its replicas idle in the calm. Below that, R2's sized autoscaling serves it."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from apps.changes.serve_options import parse_version
+from apps.remediation.measurements import mib
+from apps.remediation.models import WizardStep
+from integrations.ray.dashboard import SCALE_API_SINCE
+
+REMEDY = "R11"
+# Twice the calm's replicas: a fixed count for the peak idles half of them or more the rest of the time.
+VARIATION = 2
+# Too few readings tell no calm from a peak.
+MIN_READINGS = 3
+# Serve's own defaults where the deployment's autoscaling_config sets none.
+SERVE_UPSCALE_DELAY_S = 30.0
+SERVE_LOOK_BACK_S = 30.0
+
+
+def assess(points: list[dict], plan: dict | None, queue_bound: int | None, effective: dict, ray_version: str) -> dict:
+    """{} where the load was steady (or too few readings show it); otherwise the step's values:
+    `refused` says why it cannot be taken, else `min_replicas`, `max_replicas` and `reasons`."""
+    readings = [(p.get("ongoing") or 0) + (p.get("queued") or 0) for p in points]
+    if len(readings) < MIN_READINGS:
+        return {}
+    calm, peak = sorted(readings)[len(readings) // 2], max(readings)
+    concurrency = (plan or {}).get("concurrency")
+    service_s = (plan or {}).get("service_s")
+    # Unsized, the readings alone say whether the load varied (one request a replica); what a
+    # replica and the queue hold is known only from a calibration.
+    calm_need, peak_need = _need(calm, concurrency or 1), _need(peak, concurrency or 1)
+    bound = max(queue_bound or 0, 0)
+    if peak_need < VARIATION * calm_need or (concurrency and peak <= calm_need * concurrency + bound):
+        return {}
+    load = {"calm_in_flight": calm, "peak_in_flight": peak}
+    if ray_version and parse_version(ray_version) < SCALE_API_SINCE:
+        return load | {
+            "refused": f"Needs Ray 2.60's scale API: this cluster runs Ray {ray_version}. Upgrade Ray to let "
+            "Fleetdeck scale it; until then R2's autoscaling is what serves the variation."
+        }
+    if not concurrency or not service_s:
+        return load | {
+            "refused": "No calibration to size from: the replicas the calm and the peak need come from the "
+            "calibrated concurrency and service time. Run the calibration step, then re-plan."
+        }
+    assert plan is not None  # a concurrency comes only from a plan
+    ceiling = max(int(plan["replicas"]), 1)
+    figures = load | {
+        "calm_replicas": calm_need,
+        "peak_replicas": peak_need,
+        "min_replicas": min(calm_need, ceiling),
+        "max_replicas": ceiling,
+        "idle_replica_s": _idle_replica_seconds(points, min(peak_need, ceiling), concurrency),
+    }
+    return figures | {"reasons": _reasons(plan, figures, bound, effective)}
+
+
+def _need(in_flight: float, concurrency: int) -> int:
+    return max(1, math.ceil(in_flight / concurrency))
+
+
+def _reasons(plan: dict, figures: dict, bound: int, effective: dict) -> list[str]:
+    concurrency, service_s = plan["concurrency"], plan["service_s"]
+    calm, peak = figures["calm_in_flight"], figures["peak_in_flight"]
+    calm_need, peak_need, ceiling = figures["calm_replicas"], figures["peak_replicas"], figures["max_replicas"]
+    sized, idle = min(peak_need, ceiling), figures["idle_replica_s"]
+    auto = effective.get("autoscaling_config")
+    auto = auto if isinstance(auto, dict) else {}
+    delay = _or(auto.get("upscale_delay_s"), SERVE_UPSCALE_DELAY_S)
+    look_back = _or(auto.get("look_back_period_s"), SERVE_LOOK_BACK_S)
+    holds = "Memory" if plan.get("binding") == "memory" else f"{plan.get('binding')} (binding before memory)"
+    return [
+        f"The calm (median reading) had {calm:g} request(s) in flight or queued: {calm_need} replica(s) at the "
+        f"calibrated {concurrency} per replica, {service_s:.2f} s a request.",
+        f"The busiest moment had {peak:g}: {peak_need} replica(s), {peak_need / calm_need:.1f}× the calm's. A fixed "
+        f"count for the calm holds {calm_need * concurrency} in flight and {bound} queued, and sheds the rest.",
+        f"{holds} holds {ceiling} replica(s) of {mib(plan['peak_bytes'])}: the scaler's max_replicas."
+        + (f" The peak needs {peak_need}: past {ceiling} it queues or sheds." if peak_need > ceiling else ""),
+        f"A fixed count sized for the peak ({sized}) keeps {sized - calm_need} replica(s) idle in the calm"
+        + (f", {idle:,.0f} replica-seconds over the readings." if idle else "."),
+        f"Serve's autoscaler adds replicas only after upscale_delay_s ({delay:g} s) on ongoing requests averaged "
+        f"over look_back_period_s ({look_back:g} s): a burst shorter than that is served by the replicas already up. "
+        "The scaler sizes from the in-flight readings and the calibration directly.",
+        f"Created in shadow mode with min {figures['min_replicas']} and max {ceiling}: it only records what it "
+        "would do; taking control stays your act on the scaler's card.",
+    ]
+
+
+def _or(value: float | None, default: float) -> float:
+    """A null is Serve's default; a 0 is the deployment's choice."""
+    return default if value is None else value
+
+
+def _idle_replica_seconds(points: list[dict], fixed: int, concurrency: int) -> float:
+    """Replica-seconds a fixed count of `fixed` would have held beyond what each reading needed,
+    each reading standing until the next."""
+    timed = [p for p in points if isinstance(p.get("t"), (int, float))]
+    total = 0.0
+    for here, after in itertools.pairwise(timed):
+        need = _need((here.get("ongoing") or 0) + (here.get("queued") or 0), concurrency)
+        total += max(fixed - need, 0) * (after["t"] - here["t"])
+    return total
+
+
+def fill(step: WizardStep, offer: dict) -> None:
+    """The step as the latest diagnosis reads: offered, refused with its reason, or no longer
+    called for because the load since was steady."""
+    step.kind, step.patch, step.values = WizardStep.Kind.SCALER, None, offer
+    if not offer:
+        step.status, step.note = (
+            WizardStep.Status.NOT_APPLICABLE,
+            "The load in the readings is steady now: R2 serves it.",
+        )
+    elif offer.get("refused"):
+        step.status, step.note = WizardStep.Status.NOT_APPLICABLE, offer["refused"]
+    else:
+        step.status, step.note = WizardStep.Status.PENDING, ""
