@@ -303,7 +303,11 @@ def budget_from_nodes(
     if room <= 0:
         return None
     margin = margin or unmeasured()
-    which = f"the kill threshold of {fraction:.0%} ({threshold_reason})" if threshold else "Ray's kill threshold"
+    which = (
+        f"the kill threshold, {fraction:.0%} of node memory ({threshold_reason})"
+        if threshold
+        else "Ray's kill threshold"
+    )
     return Budget(
         margin.apply(room),
         len(latest),

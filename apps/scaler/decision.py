@@ -304,6 +304,11 @@ def memory_ceiling(policy: Policy, rss: float | None, kills: int, current: Curre
             f"{kills} OOM kill(s) in the last {policy.oom_memory_s / 60:.0f} min: no replica is added to memory "
             "that is already short",
         )
+    floor = max(policy.min_replicas, 1)
+    if ceiling is not None and ceiling < floor:
+        # Fewer replicas than the floor (none at all, when a node reads full under load) would turn
+        # a memory shortage into an outage: the floor stays and the queue bound sheds the rest.
+        ceiling, why = floor, f"{why}, fewer than min_replicas: the floor of {floor} stays"
     return ceiling, why
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from apps.calibration.services import latest_curve
 from apps.fleet.models import Deployment
-from apps.incidents.models import NodeWindow, OomKillRecord
+from apps.incidents.models import NodeWindow, OomKillRecord, SignalWindow
 from apps.remediation import measurements, schedulable
 from apps.scaler.decision import Policy
 from apps.scaler.models import Scaler
@@ -48,7 +48,7 @@ def build(scaler: Scaler) -> Built:
             "cannot be turned into requests in flight.",
         )
     peak = memory.peak(concurrency) if memory is not None else None
-    ceiling, ceiling_reason = _ceiling(deployment, peak)
+    ceiling, ceiling_reason = _ceiling(deployment, peak, memory.baseline_bytes if memory is not None else None)
     bound = deployment.max_queued_requests
     policy = Policy(
         concurrency=concurrency,
@@ -73,11 +73,11 @@ def _calibrated_concurrency(memory: measurements.Memory | None, cap: int | None)
     return max(levels) if levels else min(memory.measured_levels)
 
 
-def _ceiling(deployment: Deployment, peak: int | None) -> tuple[int | None, str]:
-    """Replicas memory and schedulable resources hold. By memory: those running now plus what the
-    tightest node's headroom below Ray's kill threshold holds at the calibrated peak, on every node
-    (the headroom already counts the running replicas). By resources: what the nodes' totals less
-    every other deployment's replicas schedule of this one."""
+def _ceiling(deployment: Deployment, peak: int | None, baseline: int | None = None) -> tuple[int | None, str]:
+    """Replicas memory and schedulable resources hold. By memory: the tightest node's headroom
+    below the kill threshold, plus what this deployment's running replicas hold now (room they grow
+    into: at rest they are far below their peak), divided by the calibrated peak, on every node. By
+    resources: what the nodes' totals less every other deployment's replicas schedule of this one."""
     cluster = deployment.application.cluster
     reasons, bounds = [], []
     if peak:
@@ -87,13 +87,18 @@ def _ceiling(deployment: Deployment, peak: int | None) -> tuple[int | None, str]
             if (point := measurements.newest_node_memory(window.points))
         }
         threshold, threshold_reason = _kill_threshold(cluster, windows)
-        budget = measurements.budget_from_nodes(
-            list(windows.values()), threshold=threshold, threshold_reason=threshold_reason
-        )
+        mine, mine_reason = _replicas_memory(deployment, baseline)
+        # Spread evenly: which node holds how many of them is not in the readings.
+        share = mine / len(windows) if windows else 0
+        points = [{**p, "mem_used": max(p.get("mem_used", 0) - share, 0)} for p in windows.values()]
+        budget = measurements.budget_from_nodes(points, threshold=threshold, threshold_reason=threshold_reason)
         if budget is not None:
-            by_memory = deployment.running_replicas + (budget.bytes_per_node // peak) * budget.nodes
+            by_memory = (budget.bytes_per_node // peak) * budget.nodes
             bounds.append(by_memory)
-            reasons.append(f"memory holds {by_memory} ({budget.reason})")
+            reasons.append(
+                f"memory holds {by_memory} of {measurements.mib(peak)} at their calibrated peak ({budget.reason}; "
+                f"{mine_reason}, counted as room they grow into)"
+            )
     totals = [
         {name: float(pair[1]) for name, pair in (resources or {}).items() if isinstance(pair, (list, tuple))}
         for resources in (cluster.node_resources or {}).values()
@@ -106,6 +111,21 @@ def _ceiling(deployment: Deployment, peak: int | None) -> tuple[int | None, str]
     if not bounds:
         return None, "Neither node memory nor node resources are known: no ceiling."
     return min(bounds), "; ".join(reasons)
+
+
+def _replicas_memory(deployment: Deployment, baseline: int | None) -> tuple[float, str]:
+    """What the deployment's running replicas hold now, and where the figure comes from: the
+    newest reading of their resident memory, else the calibrated baseline of each."""
+    application = deployment.application
+    window = SignalWindow.objects.filter(
+        cluster_id=application.cluster_id, application_name=application.name, deployment_name=deployment.name
+    ).first()
+    newest = next((p for p in reversed(window.points if window else []) if p.get("rss_mb")), None)
+    if newest is not None:
+        return newest["rss_mb"] * 2**20, f"its replicas hold {newest['rss_mb']:,.0f} MiB now"
+    running = deployment.running_replicas
+    rest = running * (baseline or 0)
+    return rest, f"its {running} running replica(s) at their calibrated {measurements.mib(baseline or 0)} at rest"
 
 
 def _kill_threshold(cluster, latest: dict[str, dict]) -> tuple[float | None, str]:

@@ -226,3 +226,12 @@ def test_a_decision_carries_the_inputs_it_used():
     assert inputs["stable_in_flight"] == 16 and inputs["stable_needed"] == 4
     assert inputs["shed"] == 3 and inputs["p99_ms"] == 800
     assert inputs["concurrency"] == 4 and inputs["service_s"] == 0.5 and inputs["memory_ceiling"] == 8
+
+
+def test_a_memory_ceiling_under_the_floor_never_scales_to_zero():
+    # Under load a node can read full, and a ceiling computed then holds no replica at all: the
+    # benchmark's first run sent a target of 0 in the middle of a burst.
+    policy = replace(POLICY, memory_ceiling=0, min_replicas=1)
+    decision = decide(signals([reading(0, 40), reading(1, 40)], 2), policy)
+    assert decision.kind == Kind.AT_CEILING and decision.target == 1
+    assert "fewer than min_replicas: the floor of 1 stays" in decision.reason

@@ -34,7 +34,8 @@ def test_the_policy_comes_from_the_calibration_the_nodes_and_the_deployment(scal
     assert policy.service_s == 0.5
     assert policy.peak_bytes == 1536 * MIB
     assert policy.queue_bound == 100  # the deployment's max_queued_requests
-    # Memory: 1 running + (0.95 * 16 GiB - 8 GiB, less the unmeasured margin) // 1.5 GiB = 1 + 3.
+    # Memory: (0.95 * 16 GiB - 8 GiB + the running replica's 512 MiB at rest, less the unmeasured
+    # 20 % margin) // 1.5 GiB = 6.16 GiB // 1.5 GiB = 4.
     # Resources: 2 CPUs less what the other deployments hold, 0.2 CPU each: 9.
     assert policy.memory_ceiling == 4
     assert "memory holds 4" in built.ceiling_reason and "CPU schedules" in built.ceiling_reason
@@ -42,7 +43,8 @@ def test_the_policy_comes_from_the_calibration_the_nodes_and_the_deployment(scal
 
 def test_a_kill_that_named_a_lower_threshold_lowers_the_memory_ceiling(scaler, model):
     # The operator lowered RAY_memory_usage_threshold to 0.75: the monitor kills at 12 GiB of 16, so
-    # 4 GiB are left above the 8 used, not 7.2, and (less the margin) hold 2 more replicas of 1.5 GiB.
+    # 4 GiB are left above the 8 used, not 7.2; with the running replica's 512 MiB and less the margin,
+    # 3.6 GiB hold 2 replicas of 1.5 GiB at their peak.
     incident = IncidentFactory(cluster=model.application.cluster, kind="oom_kill", deployment=model)
     OomKillRecord.objects.create(
         incident=incident,
@@ -53,8 +55,17 @@ def test_a_kill_that_named_a_lower_threshold_lowers_the_memory_ceiling(scaler, m
         threshold_bytes=12 * GIB,
     )
     built = policies.build(scaler)
-    assert built.policy.memory_ceiling == 1 + 2
-    assert "kill threshold of 75%" in built.ceiling_reason and "named 12.00 GiB" in built.ceiling_reason
+    assert built.policy.memory_ceiling == 2
+    assert "kill threshold, 75% of node memory" in built.ceiling_reason and "named 12.00 GiB" in built.ceiling_reason
+    assert "running replica(s) at their calibrated 512 MiB at rest" in built.ceiling_reason
+
+
+def test_the_running_replicas_memory_is_room_they_grow_into_not_room_taken(scaler, model):
+    # Two replicas read at 3 GiB together: of the 8 GiB used, they may grow into those 3.
+    # (0.95 * 16 - 8 + 3) GiB less 20 % = 8.16 GiB // 1.5 GiB = 5 (not 4 with the rest at 512 MiB).
+    record_readings(model, [1, 1, 1], rss_mb=3072.0, replicas=2)
+    built = policies.build(scaler)
+    assert built.policy.memory_ceiling == 5 and "its replicas hold 3,072 MiB now" in built.ceiling_reason
 
 
 def test_a_newer_reading_without_the_nodes_memory_does_not_drop_the_memory_ceiling(scaler, model):
@@ -104,10 +115,11 @@ def test_a_deployment_never_calibrated_is_handed_back_with_what_to_do(model, ope
 
 
 def test_replicas_above_the_calibrated_peak_lower_the_recorded_ceiling(scaler, model):
-    # 4 replicas' worth of load, each replica holding 2.4 GiB against a 1.5 GiB calibrated peak.
+    # 4 replicas' worth of load, the one replica holding 2.4 GiB against a 1.5 GiB calibrated peak:
+    # memory holds (7.2 + 2.4 GiB less 20 %) // 1.5 = 5 at the calibrated peak, 5 x 1.5 / 2.4 = 3 at this one.
     record_readings(model, [32, 32, 32], rss_mb=2.4 * 1024, replicas=1)
     decision = shadow.evaluate(scaler.pk)
-    assert decision.kind == ScalerDecision.Kind.AT_CEILING and decision.target == 2
+    assert decision.kind == ScalerDecision.Kind.AT_CEILING and decision.target == 3
     assert "max_queued_requests 100" in decision.reason
 
 
