@@ -60,6 +60,8 @@ class Signals:
     samples: tuple[Sample, ...]  # oldest first
     current: Current
     oom_kills: tuple[float, ...] = ()  # when this deployment's replicas were OOM-killed
+    # The fewest replicas that ran when one of those kills happened: that many did not fit.
+    killed_at_replicas: int | None = None
     last_upscale_at: float | None = None  # this scaler's own last "up" decision
 
 
@@ -169,7 +171,9 @@ def decide(signals: Signals, policy: Policy) -> Decision:
     panicking = panic_needed >= policy.panic_threshold * max(current.target, 1) and panic_needed > current.target
     kills = [t for t in signals.oom_kills if t >= signals.now - policy.oom_memory_s]
     rss = max((s.rss_bytes_per_replica for s in stable if s.rss_bytes_per_replica), default=None)
-    ceiling, ceiling_why = memory_ceiling(policy, rss, len(kills), current)
+    ceiling, ceiling_why = memory_ceiling(
+        policy, rss, len(kills), current, signals.killed_at_replicas if kills else None
+    )
     inputs = _with(
         base,
         signals_at=newest.at,
@@ -278,10 +282,13 @@ def needed(load: float, policy: Policy) -> int:
     return max(math.ceil(load / max(policy.concurrency, 1) - EPSILON), 0)
 
 
-def memory_ceiling(policy: Policy, rss: float | None, kills: int, current: Current) -> tuple[int | None, str]:
+def memory_ceiling(
+    policy: Policy, rss: float | None, kills: int, current: Current, killed_at: int | None = None
+) -> tuple[int | None, str]:
     """The most replicas memory holds, and why, in words. The calibrated ceiling comes down when
     replicas are seen holding more than their calibrated peak (the curve was measured on other
-    requests, or the allocator keeps pages), and stops at the count running now after an OOM kill."""
+    requests, or the allocator keeps pages), and after an OOM kill it is one fewer than ran at the
+    kill (that many did not fit), else the count running now."""
     ceiling, why = (
         policy.memory_ceiling,
         (
@@ -298,11 +305,16 @@ def memory_ceiling(policy: Policy, rss: float | None, kills: int, current: Curre
                 f"replicas hold {rss / 2**20:,.0f} MiB against a calibrated peak of {policy.peak_bytes / 2**20:,.0f} "
                 f"MiB, so memory holds {lowered} replica(s), not {policy.memory_ceiling}",
             )
-    if kills and (ceiling is None or ceiling > current.target):
+    limit = killed_at - 1 if killed_at else current.target
+    if kills and (ceiling is None or ceiling > limit):
         ceiling, why = (
-            max(current.target, 1),
-            f"{kills} OOM kill(s) in the last {policy.oom_memory_s / 60:.0f} min: no replica is added to memory "
-            "that is already short",
+            max(limit, 1),
+            f"{kills} OOM kill(s) in the last {policy.oom_memory_s / 60:.0f} min"
+            + (
+                f" with {killed_at} replica(s) running: at most {max(limit, 1)} until memory is known to hold more"
+                if killed_at
+                else ": no replica is added to memory that is already short"
+            ),
         )
     floor = max(policy.min_replicas, 1)
     if ceiling is not None and ceiling < floor:

@@ -27,9 +27,11 @@ def signals_for(scaler: Scaler, policy: Policy, now: float) -> Signals:
     since = now - max(policy.stable_window_s, policy.stale_after_s) * 2
     points = [p for p in raw if p["t"] >= since] or raw[-1:]
     samples = tuple(sample_of(point) for point in points)
-    kills = OomKillRecord.objects.filter(
-        incident__deployment=deployment, seen_at__gte=datetime.fromtimestamp(now - policy.oom_memory_s, tz=UTC)
-    ).values_list("seen_at", flat=True)
+    kills = list(
+        OomKillRecord.objects.filter(
+            incident__deployment=deployment, seen_at__gte=datetime.fromtimestamp(now - policy.oom_memory_s, tz=UTC)
+        ).values_list("seen_at", flat=True)
+    )
     last_up = scaler.decisions.filter(kind=ScalerDecision.Kind.UP).order_by("-at").values_list("at", flat=True).first()
     return Signals(
         now=now,
@@ -43,6 +45,7 @@ def signals_for(scaler: Scaler, policy: Policy, now: float) -> Signals:
             starting=deployment.waiting_replicas,
         ),
         oom_kills=tuple(sorted(at.timestamp() for at in kills)),
+        killed_at_replicas=replicas_at(raw, [at.timestamp() for at in kills]),
         last_upscale_at=last_up.timestamp() if last_up is not None else None,
     )
 
@@ -68,3 +71,18 @@ def sample_of(point: dict) -> Sample:
         p99_ms=point.get("http_p99") if point.get("http_p99") is not None else point.get("p99"),
         rss_bytes_per_replica=rss_mb * MIB / replicas if rss_mb and replicas else None,
     )
+
+
+# A kill is recorded at the sync after it: the readings of the minute before tell what ran then.
+KILL_LOOK_BACK_S = 60.0
+
+
+def replicas_at(points: list[dict], kills: list[float]) -> int | None:
+    """The fewest replicas that ran at any of `kills`: the most any reading counted in the minute
+    before each kill (a killed replica is gone from the reading after it), the smallest of those."""
+    counts = []
+    for kill in kills:
+        seen = [p["replicas"] for p in points if p.get("replicas") and kill - KILL_LOOK_BACK_S <= p["t"] <= kill]
+        if seen:
+            counts.append(max(seen))
+    return min(counts) if counts else None

@@ -235,3 +235,29 @@ def test_a_memory_ceiling_under_the_floor_never_scales_to_zero():
     decision = decide(signals([reading(0, 40), reading(1, 40)], 2), policy)
     assert decision.kind == Kind.AT_CEILING and decision.target == 1
     assert "fewer than min_replicas: the floor of 1 stays" in decision.reason
+
+
+def test_after_an_oom_kill_the_ceiling_is_one_fewer_than_ran_at_the_kill():
+    # Four ran when a replica was killed: four do not fit, whatever the calibration said; holding
+    # four (the count running now) let the benchmark's ramp be killed a second time.
+    samples = [reading(i, 40) for i in range(3)]
+    decision = decide(signals(samples, 4, oom_kills=(samples[-1].at - 10,), killed_at_replicas=4), POLICY)
+    assert decision.kind == Kind.AT_CEILING and decision.target == 3
+    assert "with 4 replica(s) running: at most 3" in decision.reason
+    # A kill with one replica running never scales to zero.
+    alone = decide(signals(samples, 1, oom_kills=(samples[-1].at - 10,), killed_at_replicas=1), POLICY)
+    assert alone.target == 1
+
+
+def test_the_replicas_at_a_kill_are_read_from_the_minute_before_it():
+    from apps.scaler.readings import replicas_at
+
+    points = [
+        {"t": 100, "replicas": 2},
+        {"t": 150, "replicas": 4},
+        {"t": 170, "replicas": 3},
+        {"t": 300, "replicas": 3},
+    ]
+    assert replicas_at(points, [175]) == 4
+    assert replicas_at(points, [175, 310]) == 3
+    assert replicas_at(points, [1000]) is None
