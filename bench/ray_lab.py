@@ -58,9 +58,9 @@ class Lab:
     threshold_fraction: float
 
     @classmethod
-    def start(cls, headroom_gib: float) -> Lab:
+    def start(cls, headroom_gib: float, extra_env: dict[str, str] | None = None) -> Lab:
         threshold = threshold_for_headroom(headroom_gib)
-        head = LocalRayHead.start(extra_env=memory_monitor_env(threshold))
+        head = LocalRayHead.start(extra_env={**memory_monitor_env(threshold), **(extra_env or {})})
         try:
             head.wait_ready()
         except BaseException:
