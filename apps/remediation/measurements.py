@@ -290,7 +290,11 @@ def newest_node_memory(points: list[dict]) -> dict | None:
 
 
 def budget_from_nodes(
-    node_points: list[dict], margin: Margin | None = None, threshold: float | None = None, threshold_reason: str = ""
+    node_points: list[dict],
+    margin: Margin | None = None,
+    threshold: float | None = None,
+    threshold_reason: str = "",
+    running: str = "replicas already running count against it",
 ) -> Budget | None:
     """Without a kill: the headroom nodes have now below Ray's kill threshold, the default one
     unless `threshold` (a fraction of node memory, e.g. from a kill message) says otherwise."""
@@ -311,8 +315,7 @@ def budget_from_nodes(
     return Budget(
         margin.apply(room),
         len(latest),
-        f"The tightest of {len(latest)} node(s) has {mib(room)} below {which} now; of it, "
-        f"{margin.reason} (replicas already running count against it).",
+        f"The tightest of {len(latest)} node(s) has {mib(room)} below {which} now; of it, {margin.reason} ({running}).",
     )
 
 

@@ -91,13 +91,17 @@ def _ceiling(deployment: Deployment, peak: int | None, baseline: int | None = No
         # Spread evenly: which node holds how many of them is not in the readings.
         share = mine / len(windows) if windows else 0
         points = [{**p, "mem_used": max(p.get("mem_used", 0) - share, 0)} for p in windows.values()]
-        budget = measurements.budget_from_nodes(points, threshold=threshold, threshold_reason=threshold_reason)
+        budget = measurements.budget_from_nodes(
+            points,
+            threshold=threshold,
+            threshold_reason=threshold_reason,
+            running=f"{mine_reason}, counted as room they grow into",
+        )
         if budget is not None:
             by_memory = (budget.bytes_per_node // peak) * budget.nodes
             bounds.append(by_memory)
             reasons.append(
-                f"memory holds {by_memory} of {measurements.mib(peak)} at their calibrated peak ({budget.reason}; "
-                f"{mine_reason}, counted as room they grow into)"
+                f"memory holds {by_memory} of {measurements.mib(peak)} at their calibrated peak ({budget.reason})"
             )
     totals = [
         {name: float(pair[1]) for name, pair in (resources or {}).items() if isinstance(pair, (list, tuple))}
