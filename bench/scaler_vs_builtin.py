@@ -38,11 +38,9 @@ import argparse
 import copy
 import itertools
 import json
-import os
 import random
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -52,16 +50,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-os.environ.setdefault("FLEETDECK_DEBUG", "1")
-os.environ.setdefault("FLEETDECK_VAR_DIR", tempfile.mkdtemp(prefix="fleetdeck-bench-"))
-os.environ.pop("DATABASE_URL", None)
-# The private head is on loopback, which the egress allow-list refuses unless listed.
-os.environ.setdefault("FLEETDECK_CLUSTER_NETWORKS", "127.0.0.0/8,::1/128")
 
-import django  # noqa: E402
+from bench.lab_setup import setup_django  # noqa: E402
 
-django.setup()
+setup_django()
 
 import httpx  # noqa: E402
 from django.core.management import call_command  # noqa: E402

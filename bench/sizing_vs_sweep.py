@@ -24,25 +24,17 @@ import argparse
 import copy
 import json
 import math
-import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-os.environ.setdefault("FLEETDECK_DEBUG", "1")
-os.environ.setdefault("FLEETDECK_VAR_DIR", tempfile.mkdtemp(prefix="fleetdeck-bench-"))
-os.environ.pop("DATABASE_URL", None)
-# The private head is on loopback, which the egress allow-list refuses unless listed.
-os.environ.setdefault("FLEETDECK_CLUSTER_NETWORKS", "127.0.0.0/8,::1/128")
 
-import django  # noqa: E402
+from bench.lab_setup import setup_django  # noqa: E402
 
-django.setup()
+setup_django()
 
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
