@@ -136,9 +136,15 @@ _HEAD_PORTS = (
     "node-manager-port",
     "object-manager-port",
 )
-# What `ray start` prints when a port it was given is not free after all. Another process can
-# bind a free port between our pick and Ray's bind; a new pick is then the whole cure.
-_PORT_FAILURES = ("is trying to use a port number", "Address already in use", "Failed to bind")
+# What `ray start` prints when a start can succeed if tried again: a port it was given is not free
+# after all (another process can bind a free port between our pick and Ray's bind; a new pick is the
+# cure), or its GCS did not answer in time on a machine busy with other clusters (seen on 2 CPUs).
+_RETRYABLE_FAILURES = (
+    "is trying to use a port number",
+    "Address already in use",
+    "Failed to bind",
+    "The current node timed out during startup",
+)
 START_ATTEMPTS = 3
 
 
@@ -222,14 +228,14 @@ class LocalRayHead:
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
         """Wait for the dashboard and Serve's API. A head that exits because a port it was given
-        was taken meanwhile is started again on new ports, up to START_ATTEMPTS times."""
+        was taken meanwhile, or whose GCS timed out, is started again on new ports, up to START_ATTEMPTS times."""
         deadline = time.monotonic() + timeout_s
         last_error = ""
         with RayDashboard(self.dashboard_url, timeout_s=2.0, policy=OWN_HEAD) as ray:
             while time.monotonic() < deadline:
                 if self.process and self.process.poll() is not None:
                     log = self.log_tail()
-                    if self.attempts < START_ATTEMPTS and any(failure in log for failure in _PORT_FAILURES):
+                    if self.attempts < START_ATTEMPTS and any(failure in log for failure in _RETRYABLE_FAILURES):
                         self._kill_session()
                         self._launch()
                         return self.wait_ready(max(deadline - time.monotonic(), 1.0))

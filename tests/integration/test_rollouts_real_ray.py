@@ -29,9 +29,10 @@ CLIENTS = 6
 def heads():
     started: list[LocalRayHead] = []
     try:
+        # One after the other: two GCSs starting at once on 2 CPUs (beside the session's own
+        # cluster) missed their start-up deadline in CI.
         for _ in range(2):
-            started.append(LocalRayHead.start(extra_env=EXPORT))
-        for head in started:
+            started.append(head := LocalRayHead.start(extra_env=EXPORT))
             head.wait_ready()
             head.deploy(two_app_config())
         yield started

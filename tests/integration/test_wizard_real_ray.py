@@ -177,9 +177,12 @@ def test_an_operator_fixes_a_plain_app_s_oom_kills_with_measured_values_verified
     client.force_login(people["operator"])
     assert client.post(reverse("remediation:wizard_start"), {"incident": incident.pk}).status_code == 302
     wizard = Wizard.objects.get(incident=incident)
-    # The operator's objective for this service: clients may wait up to 20 s (the queue bound follows it).
-    Wizard.objects.filter(pk=wizard.pk).update(latency_objective_ms=20_000)
     assert wizard.diagnosis["needs_calibration"]
+    # The operator states this service's objectives on the wizard: clients may wait up to 20 s and 5 % may
+    # fail. The queue bound is sized for them, and the verdict judges against them.
+    post(client, wizard, "objectives", latency_objective_ms=20_000, failure_percent=5)
+    wizard.refresh_from_db()
+    assert wizard.latency_objective_ms == 20_000 and wizard.diagnosis["objectives"]["given"]["latency_objective_ms"]
     # What Ray's per-process memory showed under the load: a replica's size at rest and a bound
     # per request that is below the truth (admitted is not resident), shown but sizing nothing.
     seen = wizard.diagnosis["observed"]
