@@ -24,6 +24,11 @@ BEFORE_HEADROOM = 1.25
 # The objective's smallest sensible multiple of one request's service time: a queue of about one request per slot.
 SERVICE_MULTIPLE = 2.5
 STEP_MS = 500
+# An incident's lead-up (the load rising, queues growing, latency climbing towards the kill) is part of
+# it, not what clients saw before it: readings this close to its start are left out. A benchmark's
+# first OOM showed the proxy's p99 at 59.6 s in the readings just before the kill, and an objective
+# of 74.5 s suggested from them.
+LEAD_UP_S = 300
 PRICE_FACTORS = (0.5, 0.75, 1.0, 1.5, 2.0)
 
 
@@ -84,8 +89,9 @@ def _round_up(ms: float) -> int:
 
 
 def before_incident(points: list[dict], started_at: float | None) -> tuple[float | None, float | None]:
-    """The worst p99 clients saw at the proxy, and their failed share, in the readings before `started_at`."""
-    before = [p for p in points if started_at is None or p.get("t", 0) < started_at]
+    """The worst p99 clients saw at the proxy, and their failed share, in the readings before the
+    incident's lead-up (LEAD_UP_S before `started_at`)."""
+    before = [p for p in points if started_at is None or p.get("t", 0) < started_at - LEAD_UP_S]
     p99s = [p["http_p99"] for p in before if p.get("http_p99")]
     requests = sum(p.get("http") or 0 for p in before)
     failed = sum(sum((p.get("http_errors") or {}).values()) for p in before)
@@ -106,7 +112,11 @@ def suggest(points: list[dict], started_at: float | None, service_s: float | Non
     else:
         # Without what clients saw, a tight objective would shed load nobody asked to shed: never below the default.
         candidates.append(
-            (DEFAULT_LATENCY_MS, "Fleetdeck's default, since no client p99 before the incident was measured")
+            (
+                DEFAULT_LATENCY_MS,
+                "Fleetdeck's default, since no client p99 was measured before the incident's "
+                f"{LEAD_UP_S // 60}-minute lead-up",
+            )
         )
     if service_s:
         candidates.append(

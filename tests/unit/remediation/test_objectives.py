@@ -14,9 +14,11 @@ def test_the_suggestion_starts_from_what_clients_saw_before_the_incident():
     points = [
         {"t": 100, "http_p99": 8000, "http": 1000, "http_errors": {"503": 5}},
         {"t": 200, "http_p99": 9600, "http": 1000, "http_errors": {}},
-        {"t": 400, "http_p99": 60000, "http": 1000, "http_errors": {"503": 500}},  # the incident itself
+        # The lead-up, the load climbing in the five minutes before the kill: part of the incident.
+        {"t": 450, "http_p99": 59600, "http": 1000, "http_errors": {"500": 40}},
+        {"t": 700, "http_p99": 60000, "http": 1000, "http_errors": {"503": 500}},  # the incident itself
     ]
-    goals = objectives.suggest(points, started_at=300, service_s=3.0, service_source="calibrated")
+    goals = objectives.suggest(points, started_at=600, service_s=3.0, service_source="calibrated")
     # 1.25 x 9.6 s = 12 s beats 2.5 x 3 s = 7.5 s; rounded up to the half second.
     assert goals.latency_ms == 12_000 and "9.6 s before the incident" in goals.latency_reason
     # 5 of 2,000 failed before: twice that, at least 1 %.
@@ -178,3 +180,11 @@ def test_the_operator_may_widen_the_margin_and_narrow_it_only_when_typed(api_as,
     assert typed.status_code == 200, typed.content
     assert typed.json()["diagnosis"]["objectives"]["margin"]["fraction"] == 0.1
     assert "as the operator confirmed" in typed.json()["diagnosis"]["budget"]["reason"]
+
+
+def test_an_incident_with_only_its_lead_up_recorded_gets_the_default_not_its_own_latency():
+    # The readings start as the load does, minutes before the kill: none of them says what clients
+    # saw in normal operation, and 1.25 x the lead-up's 59.6 s would have suggested 74.5 s.
+    points = [{"t": 500 + 30 * i, "http_p99": 59600, "http": 100, "http_errors": {}} for i in range(8)]
+    goals = objectives.suggest(points, started_at=750, service_s=2.2, service_source="calibrated")
+    assert goals.latency_ms == 10_000 and "lead-up" in goals.latency_reason
