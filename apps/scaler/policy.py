@@ -11,9 +11,12 @@ from dataclasses import dataclass
 from apps.calibration.services import latest_curve
 from apps.fleet.models import Deployment
 from apps.incidents.models import NodeWindow, OomKillRecord, SignalWindow
-from apps.remediation import measurements, schedulable
+from apps.remediation import measurements, plan_choice, schedulable
 from apps.scaler.decision import Policy
 from apps.scaler.models import Scaler
+
+# Without a latency objective no calibrated concurrency is too slow.
+NO_OBJECTIVE_MS = 10**9
 
 
 @dataclass(frozen=True)
@@ -23,23 +26,22 @@ class Built:
     policy: Policy | None
     why_not: str = ""
     ceiling_reason: str = ""
+    concurrency_reason: str = ""
 
 
 def build(scaler: Scaler) -> Built:
     deployment = scaler.deployment
     curve = latest_curve(deployment)
     memory = measurements.memory_from_curve(curve) if curve is not None else None
-    cap = deployment.max_ongoing_requests
-    concurrency = scaler.concurrency or _calibrated_concurrency(memory, cap)
+    budget = _budget(deployment, memory.baseline_bytes if memory is not None else None)
+    resources = _resources(deployment)
+    concurrency, concurrency_reason = _concurrency(scaler, memory, budget, resources)
     if concurrency is None:
         return Built(
             None,
             "The deployment has no calibration on the concurrency axis and the scaler names no concurrency: "
             "calibrate it (or set the scaler's concurrency) so a replica's capacity is measured, not guessed.",
         )
-    # A replica never takes more than Serve admits to it, whatever memory would allow.
-    if cap:
-        concurrency = min(concurrency, cap)
     service_s = scaler.service_s or (memory.service_s(concurrency) if memory is not None else None)
     if not service_s:
         return Built(
@@ -48,7 +50,7 @@ def build(scaler: Scaler) -> Built:
             "cannot be turned into requests in flight.",
         )
     peak = memory.peak(concurrency) if memory is not None else None
-    ceiling, ceiling_reason = _ceiling(deployment, peak, memory.baseline_bytes if memory is not None else None)
+    ceiling, ceiling_reason = _ceiling(budget, resources, peak)
     bound = deployment.max_queued_requests
     policy = Policy(
         concurrency=concurrency,
@@ -61,7 +63,38 @@ def build(scaler: Scaler) -> Built:
         queue_bound=bound if bound is not None and bound >= 0 else None,
         latency_objective_ms=scaler.latency_objective_ms,
     )
-    return Built(policy, ceiling_reason=ceiling_reason)
+    return Built(policy, ceiling_reason=ceiling_reason, concurrency_reason=concurrency_reason)
+
+
+def _concurrency(
+    scaler: Scaler,
+    memory: measurements.Memory | None,
+    budget: measurements.Budget | None,
+    resources: schedulable.Resources,
+) -> tuple[int | None, str]:
+    """Requests a replica takes. The scaler's own setting, within what Serve admits. In control, what
+    Serve admits (max_ongoing_requests, which its activation set). Before that, the calibrated level
+    whose replicas, as many as memory and resources hold, serve the most requests per second (the
+    wizard's choice): the level a fixed config needed is not the one a scaler that adds replicas
+    needs, and every replica's memory at rest makes fewer, fuller replicas the cheaper way to more
+    slots. The activation pushes it as max_ongoing_requests."""
+    cap = scaler.deployment.max_ongoing_requests
+    if scaler.concurrency:
+        # A replica never takes more than Serve admits to it, whatever memory would allow.
+        chosen = min(scaler.concurrency, cap) if cap else scaler.concurrency
+        return chosen, f"{chosen} a replica, as set on the scaler"
+    calibrated = _calibrated_concurrency(memory, cap)
+    if calibrated is None or memory is None:
+        return None, ""
+    if scaler.mode in (Scaler.Mode.ACTIVE, Scaler.Mode.HANDING_BACK) or budget is None:
+        return calibrated, f"{calibrated} a replica, what Serve admits (max_ongoing_requests {cap})"
+    plan = plan_choice.choose(memory, budget, resources, scaler.latency_objective_ms or NO_OBJECTIVE_MS)
+    if plan.replicas <= 0:
+        return calibrated, f"{calibrated} a replica, what Serve admits (max_ongoing_requests {cap})"
+    return plan.concurrency, (
+        f"{plan.concurrency} a replica: of the calibrated levels, the one whose replicas memory and resources "
+        f"hold serve the most requests per second ({plan.replicas} × {plan.concurrency} now)"
+    )
 
 
 def _calibrated_concurrency(memory: measurements.Memory | None, cap: int | None) -> int | None:
@@ -73,41 +106,51 @@ def _calibrated_concurrency(memory: measurements.Memory | None, cap: int | None)
     return max(levels) if levels else min(memory.measured_levels)
 
 
-def _ceiling(deployment: Deployment, peak: int | None, baseline: int | None = None) -> tuple[int | None, str]:
-    """Replicas memory and schedulable resources hold. By memory: the tightest node's headroom
-    below the kill threshold, plus what this deployment's running replicas hold now (room they grow
-    into: at rest they are far below their peak), divided by the calibrated peak, on every node. By
-    resources: what the nodes' totals less every other deployment's replicas schedule of this one."""
+def _budget(deployment: Deployment, baseline: int | None) -> measurements.Budget | None:
+    """The tightest node's headroom below the kill threshold, plus what this deployment's running
+    replicas hold now (room they grow into: at rest they are far below their peak)."""
     cluster = deployment.application.cluster
-    reasons, bounds = [], []
-    if peak:
-        windows = {
-            window.node_ip: point
-            for window in NodeWindow.objects.filter(cluster=cluster)
-            if (point := measurements.newest_node_memory(window.points))
-        }
-        threshold, threshold_reason = _kill_threshold(cluster, windows)
-        mine, mine_reason = _replicas_memory(deployment, baseline)
-        # Spread evenly: which node holds how many of them is not in the readings.
-        share = mine / len(windows) if windows else 0
-        points = [{**p, "mem_used": max(p.get("mem_used", 0) - share, 0)} for p in windows.values()]
-        budget = measurements.budget_from_nodes(
-            points,
-            threshold=threshold,
-            threshold_reason=threshold_reason,
-            running=f"{mine_reason}, counted as room they grow into",
-        )
-        if budget is not None:
-            by_memory = (budget.bytes_per_node // peak) * budget.nodes
-            bounds.append(by_memory)
-            reasons.append(
-                f"memory holds {by_memory} of {measurements.mib(peak)} at their calibrated peak ({budget.reason})"
-            )
+    windows = {
+        window.node_ip: point
+        for window in NodeWindow.objects.filter(cluster=cluster)
+        if (point := measurements.newest_node_memory(window.points))
+    }
+    if not windows:
+        return None
+    threshold, threshold_reason = _kill_threshold(cluster, windows)
+    mine, mine_reason = _replicas_memory(deployment, baseline)
+    # Spread evenly: which node holds how many of them is not in the readings.
+    share = mine / len(windows)
+    points = [{**p, "mem_used": max(p.get("mem_used", 0) - share, 0)} for p in windows.values()]
+    return measurements.budget_from_nodes(
+        points,
+        threshold=threshold,
+        threshold_reason=threshold_reason,
+        running=f"{mine_reason}, counted as room they grow into",
+    )
+
+
+def _resources(deployment: Deployment) -> schedulable.Resources:
+    """What the nodes' totals less every other deployment's replicas schedule of this one."""
     totals = [
         {name: float(pair[1]) for name, pair in (resources or {}).items() if isinstance(pair, (list, tuple))}
-        for resources in (cluster.node_resources or {}).values()
+        for resources in (deployment.application.cluster.node_resources or {}).values()
     ]
-    resources = schedulable.resources_from(deployment.effective_config or {}, totals or None, _others(deployment))
+    return schedulable.resources_from(deployment.effective_config or {}, totals or None, _others(deployment))
+
+
+def _ceiling(
+    budget: measurements.Budget | None, resources: schedulable.Resources, peak: int | None
+) -> tuple[int | None, str]:
+    """Replicas memory and schedulable resources hold: by memory, the budget on every node divided
+    by the calibrated peak."""
+    reasons, bounds = [], []
+    if peak and budget is not None:
+        by_memory = (budget.bytes_per_node // peak) * budget.nodes
+        bounds.append(by_memory)
+        reasons.append(
+            f"memory holds {by_memory} of {measurements.mib(peak)} at their calibrated peak ({budget.reason})"
+        )
     by_resources, binding = resources.replicas()
     if by_resources is not None:
         bounds.append(by_resources)
