@@ -13,6 +13,7 @@ from apps.incidents.models import Incident, SignalWindow
 from apps.maintenance.models import RecycleSchedule
 from apps.remediation.findings import cold_start_ratio
 from apps.remediation.models import Wizard, WizardStep
+from apps.remediation.verification import Verdict
 from apps.remediation.wizards import WizardError, changing, lock, step_at
 from integrations import serve_http
 
@@ -33,7 +34,7 @@ REFUSALS = {400, 413, 414, 422, 429, 431}
 
 @dataclass(frozen=True)
 class CheckResult:
-    result: str  # passed, failed, inconclusive
+    result: Verdict  # never RUNNING: a check answers at once
     why: str
     data: dict
 
@@ -52,7 +53,9 @@ def run(actor: Actor, wizard: Wizard, position: int, *, params: dict | None = No
     with changing(wizard, actor, revision) as wizard:
         step = step_at(wizard, position)
         step.check_result = {"result": outcome.result, "why": outcome.why, **outcome.data, "at": time.time()}
-        step.status = {"passed": Status.PASSED, "failed": Status.CHECK_FAILED}.get(outcome.result, step.status)
+        step.status = {Verdict.PASSED: Status.PASSED, Verdict.FAILED: Status.CHECK_FAILED}.get(
+            outcome.result, step.status
+        )
         step.updated_by = actor.user
         step.save(update_fields=["check_result", "status", "updated_by", "updated_at"])
         record(
@@ -70,7 +73,7 @@ def oversized_input(wizard: Wizard, params: dict) -> CheckResult:
     app = wizard.deployment.application if wizard.deployment_id else None
     base = wizard.cluster.serve_endpoint
     if not base:
-        return CheckResult("inconclusive", "The cluster has no Serve HTTP address to send the probe to.", {})
+        return CheckResult(Verdict.INCONCLUSIVE, "The cluster has no Serve HTTP address to send the probe to.", {})
     method = str(params.get("method") or "POST").upper()
     if method not in ("GET", "POST"):
         raise WizardError("The probe method must be GET or POST.")
@@ -104,30 +107,30 @@ def oversized_input(wizard: Wizard, params: dict) -> CheckResult:
     data = {"status": sample.status, "latency_ms": round(sample.latency_ms, 1), "size": size, "method": method}
     if sample.status is None:
         return CheckResult(
-            "failed",
+            Verdict.FAILED,
             f"No answer to a {size:,}-character input ({sample.error}): it may have exhausted the replica.",
             data,
         )
     if sample.status in REFUSALS:
         return CheckResult(
-            "passed",
+            Verdict.PASSED,
             f"A {size:,}-character input was refused with {sample.status} in {sample.latency_ms:.0f} ms.",
             data,
         )
     if sample.status in (401, 403, 404, 405):
         return CheckResult(
-            "inconclusive",
+            Verdict.INCONCLUSIVE,
             f"Got {sample.status}: the probe did not reach the handler. Check the path, method and field.",
             data,
         )
     if sample.status >= 500:
         return CheckResult(
-            "failed",
+            Verdict.FAILED,
             f"A {size:,}-character input made the application fail with {sample.status} instead of a 4xx.",
             data,
         )
     return CheckResult(
-        "failed", f"A {size:,}-character input was accepted with {sample.status}: nothing caps input size.", data
+        Verdict.FAILED, f"A {size:,}-character input was accepted with {sample.status}: nothing caps input size.", data
     )
 
 
@@ -156,23 +159,23 @@ def cold_start(wizard: Wizard, params: dict) -> CheckResult:
     started, ratio = cold_start_ratio(points)
     if not started:
         return CheckResult(
-            "inconclusive",
+            Verdict.INCONCLUSIVE,
             "No replica started in the last hour: recycle one (Maintenance) under traffic, then check again.",
             {},
         )
     if ratio is None:
         return CheckResult(
-            "inconclusive",
+            Verdict.INCONCLUSIVE,
             "Replicas started, but there was no steady traffic to compare their first requests with.",
             {},
         )
     data = {"ratio": round(ratio, 2), "factor": factor}
     if ratio <= factor:
         return CheckResult(
-            "passed", f"After replica starts, p99 was {ratio:.1f} × the steady p50 (limit {factor:g} ×).", data
+            Verdict.PASSED, f"After replica starts, p99 was {ratio:.1f} × the steady p50 (limit {factor:g} ×).", data
         )
     return CheckResult(
-        "failed",
+        Verdict.FAILED,
         f"After replica starts, p99 was {ratio:.1f} × the steady p50 (limit {factor:g} ×): still a cold start.",
         data,
     )
@@ -183,10 +186,10 @@ def recycle_scheduled(wizard: Wizard, params: dict) -> CheckResult:
     schedule = RecycleSchedule.objects.filter(deployment_id=wizard.deployment_id, enabled=True).first()
     if schedule is None:
         return CheckResult(
-            "failed", "No enabled recycle schedule for this deployment yet (Maintenance → Schedule).", {}
+            Verdict.FAILED, "No enabled recycle schedule for this deployment yet (Maintenance → Schedule).", {}
         )
     return CheckResult(
-        "passed", f"Recycled {_cadence(schedule)}; next at {schedule.next_run_at:%Y-%m-%d %H:%M %Z}.", {}
+        Verdict.PASSED, f"Recycled {_cadence(schedule)}; next at {schedule.next_run_at:%Y-%m-%d %H:%M %Z}.", {}
     )
 
 
@@ -194,7 +197,7 @@ def headroom(wizard: Wizard, params: dict) -> CheckResult:
     """R9: at least two replicas, so a rolling update never empties the deployment."""
     deployment = wizard.deployment
     if deployment is None:
-        return CheckResult("inconclusive", "The deployment is no longer in the inventory.", {})
+        return CheckResult(Verdict.INCONCLUSIVE, "The deployment is no longer in the inventory.", {})
     minimum = (
         deployment.autoscaling_min_replicas
         if deployment.autoscaling
@@ -202,10 +205,12 @@ def headroom(wizard: Wizard, params: dict) -> CheckResult:
     )
     if isinstance(minimum, int) and minimum >= 2:
         return CheckResult(
-            "passed", f"At least {minimum} replicas: a rolling update keeps one serving.", {"min_replicas": minimum}
+            Verdict.PASSED,
+            f"At least {minimum} replicas: a rolling update keeps one serving.",
+            {"min_replicas": minimum},
         )
     return CheckResult(
-        "failed",
+        Verdict.FAILED,
         f"Minimum replicas is {minimum}: an update or recycle leaves none serving for a few seconds.",
         {"min_replicas": minimum},
     )
@@ -218,10 +223,12 @@ def bounded_caches(wizard: Wizard, params: dict) -> CheckResult:
     ).first()
     if ratchet is not None:
         return CheckResult(
-            "failed", f"Memory still ratchets up (incident #{ratchet.pk}): a cache or allocator keeps growing.", {}
+            Verdict.FAILED,
+            f"Memory still ratchets up (incident #{ratchet.pk}): a cache or allocator keeps growing.",
+            {},
         )
     return CheckResult(
-        "passed",
+        Verdict.PASSED,
         "No memory ratchet on the cluster since this wizard began. Confirm the code bounds every cache too.",
         {},
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NotRequired, TypedDict
 
 from apps.changes.serve_options import parse_version
 from apps.remediation import token_caps
@@ -50,9 +51,30 @@ class Current:
         )
 
 
+class RemedyValues(TypedDict):
+    """A remedy's computed values, kept on its wizard step as JSON."""
+
+    patch: dict | None
+    reasons: dict[str, str]  # option -> why it has its value
+    warnings: list[str]
+    # No values yet: they wait for a calibration or a budget.
+    waiting: NotRequired[bool]
+    why_waiting: NotRequired[str]
+    # Nothing this remedy sets can help here (too old a Ray, not even the smallest request fits).
+    not_applicable: NotRequired[bool]
+    # R3 and R4: the values computed, also where no patch can set them and they are guidance.
+    value: NotRequired[dict[str, int | None]]
+    largest_fitting_tokens: NotRequired[int | None]
+    # R1: what its concurrency was sized with.
+    replica_peak_bytes: NotRequired[int]
+    replicas_per_node: NotRequired[int]
+    sized_at_concurrency: NotRequired[int]
+    binding: NotRequired[str]
+
+
 @dataclass
 class Sizing:
-    values: dict[str, dict] = field(default_factory=dict)  # remedy -> {"patch", "reasons", "warnings"}
+    values: dict[str, RemedyValues] = field(default_factory=dict)  # by remedy
     # Nothing trustworthy to size from: the wizard's first step is a calibration.
     needs_calibration: bool = False
     why_not_sized: str = ""
@@ -63,7 +85,8 @@ class Sizing:
         return self.needs_calibration or bool(self.why_not_sized)
 
     def patch(self, remedy: str) -> dict | None:
-        return self.values.get(remedy, {}).get("patch")
+        values = self.values.get(remedy)
+        return values["patch"] if values is not None else None
 
 
 def compute(
@@ -128,7 +151,9 @@ def compute(
     return sizing
 
 
-def _concurrency(current: Current, memory: Memory, budget: Budget, resources: Resources | None, plan: Plan) -> dict:
+def _concurrency(
+    current: Current, memory: Memory, budget: Budget, resources: Resources | None, plan: Plan
+) -> RemedyValues:
     warnings: list[str] = []
     c = plan.concurrency
     if plan.replicas == 0:
@@ -193,7 +218,7 @@ def _target(concurrency: int) -> int:
 
 def _autoscaling(
     current: Current, plan: Plan, memory: Memory, budget: Budget, resources: Resources | None, load: Load
-) -> dict:
+) -> RemedyValues:
     """R2: as many replicas as memory and resources hold, at least 2 kept warm, scaled out before
     replicas are full, fast up and slow down."""
     warnings: list[str] = []
@@ -257,7 +282,7 @@ def _autoscaling(
     return {"patch": patch, "reasons": reasons, "warnings": warnings}
 
 
-def _queue_bound(current: Current, plan: Plan, load: Load, objective_ms: int) -> dict:
+def _queue_bound(current: Current, plan: Plan, load: Load, objective_ms: int) -> RemedyValues:
     """R10: a queue no longer than what the replicas serve within the latency objective, from the
     measured service time; beyond that, failing fast beats answering late."""
     if parse_version(current.ray_version) < (2, 10):

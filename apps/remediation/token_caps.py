@@ -6,10 +6,15 @@ value."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from apps.calibration.mix import QUANTILE_TEXT, largest_tail_increment
 from apps.remediation.measurements import Budget, Memory, mib
 from apps.remediation.plan_choice import Plan
+
+if TYPE_CHECKING:
+    # sizing imports this module to fill its values.
+    from apps.remediation.sizing import RemedyValues
 
 # A batch limit may extrapolate the curve's last step this far past the largest calibrated sum;
 # further out a straight line is a guess, and a calibration of larger sums is the answer.
@@ -35,7 +40,7 @@ def request_tokens(user_config: dict | None) -> tuple[int | None, str]:
 
 def batch_tokens(
     user_config: dict | None, curve, budget: Budget | None, per_node: int | None, concurrency: int | None
-) -> dict:
+) -> RemedyValues:
     """R4: the largest batch token sum whose measured peak fits one replica's share of the node
     budget (the budget ÷ the replicas per node that R1 sized at its concurrency, which R2 keeps
     to). A patch only
@@ -117,8 +122,13 @@ def reads_input_caps(user_config: dict | None) -> bool:
 
 
 def input_caps(
-    user_config: dict | None, memory: Memory | None, budget: Budget | None, plan: Plan | None, curve, batch: dict | None
-) -> dict:
+    user_config: dict | None,
+    memory: Memory | None,
+    budget: Budget | None,
+    plan: Plan | None,
+    curve,
+    batch: RemedyValues | None,
+) -> RemedyValues:
     """R3 where the deployment reads its caps from user_config: the most tokens one request may
     bring (prompt plus requested) so that a replica holding as many requests as R1 sized fits its
     share of the memory budget, each token priced at the token-sum calibration's steepest step,
@@ -178,7 +188,9 @@ def input_caps(
         )
         largest = int(max(x for x, _ in curve.points))
         largest_text = f"the largest calibrated sum ({largest})"
-    batch_limit = (batch or {}).get("value", {}).get("max_batch_tokens") if "max_batch_tokens" in config else None
+    batch_limit = (
+        batch.get("value", {}).get("max_batch_tokens") if batch is not None and "max_batch_tokens" in config else None
+    )
     if batch_limit and batch_limit < fit:
         fit = batch_limit
         why += f"; a request larger than the batch limit of {batch_limit} tokens (R4) could never join a batch"
@@ -225,7 +237,7 @@ def input_caps(
     }
 
 
-def _fit_from_mix(curve, memory: Memory, budget: Budget, plan: Plan) -> tuple[int, str, int, str] | dict:
+def _fit_from_mix(curve, memory: Memory, budget: Budget, plan: Plan) -> tuple[int, str, int, str] | RemedyValues:
     """The most tokens one request may bring, from a calibrated mix: how far the mix's heaviest
     request may grow, at its share, before c requests drawn from the mix pass one replica's share
     of the budget at the sizing quantile (where the mix's tail breaks the budget), priced at the
@@ -261,7 +273,7 @@ def _fit_from_mix(curve, memory: Memory, budget: Budget, plan: Plan) -> tuple[in
     return fit, why, largest, f"the largest request of the mix ({largest} tokens)"
 
 
-def _caps_waiting(why: str) -> dict:
+def _caps_waiting(why: str) -> RemedyValues:
     return {
         "patch": None,
         "waiting": True,
@@ -302,7 +314,7 @@ def largest_token_sum(curve, limit_bytes: int, ceiling: int) -> int:
 PROMPT_SHARE = 0.75
 
 
-def _caps_for_unset(caps: dict, unset: list[str], fit: int, why: str) -> dict:
+def _caps_for_unset(caps: dict, unset: list[str], fit: int, why: str) -> RemedyValues:
     """R3 where the deployment reads its caps but has them null: set them so a request fits, saying so."""
     prompt = caps["max_prompt_tokens"] or max(1, int(fit * PROMPT_SHARE))
     generated = caps["max_tokens_cap"] or max(1, fit - prompt)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 from datetime import datetime, timedelta
+from enum import StrEnum
 
 from django.db import transaction
 from django.utils import timezone
@@ -25,6 +26,13 @@ MIN_WINDOW_S, MAX_WINDOW_S = 30, 24 * 3600
 ROUNDING_S = 0.2  # readings store their time and interval to a tenth of a second each
 FAILURE_OBJECTIVE = Wizard._meta.get_field("failure_objective").default
 LATENCY_OBJECTIVE_MS = Wizard._meta.get_field("latency_objective_ms").default
+
+
+class Verdict(StrEnum):
+    PASSED = "passed"
+    FAILED = "failed"
+    INCONCLUSIVE = "inconclusive"
+    RUNNING = "running"
 
 
 def start(actor: Actor, wizard: Wizard, *, window_s: int | None = None, revision: int | None) -> Wizard:
@@ -276,15 +284,18 @@ def verdict(
     latency_objective_ms: float = LATENCY_OBJECTIVE_MS,
     metrics_expected: bool = False,
     sized_service_s: float | None = None,
-) -> tuple[str, str]:
-    """("passed" | "failed" | "inconclusive" | "running", why). An OOM kill fails at once; the
-    rest is judged when the window is over, by what clients saw at the proxy first. A window whose
-    requests were processed far faster or slower than the request the values were sized for
-    (`sized_service_s`) cannot pass: it did not test the fix."""
+) -> tuple[Verdict, str]:
+    """(verdict, why). An OOM kill fails at once; the rest is judged when the window is over, by
+    what clients saw at the proxy first. A window whose requests were processed far faster or
+    slower than the request the values were sized for (`sized_service_s`) cannot pass: it did not
+    test the fix."""
     if after["oom_kills"]:
-        return "failed", f"{after['oom_kills']} OOM kill(s) during verification (before: {before.get('oom_kills', 0)})."
+        return (
+            Verdict.FAILED,
+            f"{after['oom_kills']} OOM kill(s) during verification (before: {before.get('oom_kills', 0)}).",
+        )
     if not window_over:
-        return "running", "No OOM kill so far."
+        return Verdict.RUNNING, "No OOM kill so far."
     lines = [f"No OOM kill in the window (before: {before.get('oom_kills', 0)})."]
     if not after["points"] and metrics_expected:
         # The cluster has a metrics source, so no reading means no evidence, not a clean window.
@@ -292,12 +303,12 @@ def verdict(
             "No metrics reading lies wholly inside the window: the cluster's metrics did not answer, or the "
             "window is shorter than the time between readings. Start it again with a longer window."
         )
-        return "inconclusive", " ".join(lines)
+        return Verdict.INCONCLUSIVE, " ".join(lines)
     if not after["points"]:
         lines.append(
             "Latency, errors and queues were not compared: the cluster reports no metrics (set its metrics URL)."
         )
-        return ("passed" if kind not in LATENCY_KINDS else "inconclusive"), " ".join(lines)
+        return (Verdict.PASSED if kind not in LATENCY_KINDS else Verdict.INCONCLUSIVE), " ".join(lines)
     clients = after.get("client_requests") is not None
     if clients:
         lines.append(_side("Clients", _client_line, after, before, "client_requests"))
@@ -306,20 +317,20 @@ def verdict(
     lines.append(_side("Replicas", _replica_line, after, before, "replica_requests"))
     failing = problems(after, failure_objective=failure_objective, latency_objective_ms=latency_objective_ms)
     if failing:
-        return "failed", " ".join(failing + lines)
+        return Verdict.FAILED, " ".join(failing + lines)
     if not after["rps_mean"] and not after.get("client_requests"):
         return (
-            "inconclusive",
+            Verdict.INCONCLUSIVE,
             "No traffic reached the deployment during the window: verification needs live traffic. Start it again.",
         )
     side = "client_p99_ms" if before.get("client_p99_ms") and after.get("client_p99_ms") else "p99_ms"
     before_p99, after_p99 = before.get(side), after.get(side)
     if kind in LATENCY_KINDS and before_p99 and after_p99 and after_p99 > 0.8 * before_p99:
-        return "failed", " ".join(
+        return Verdict.FAILED, " ".join(
             [*lines, f"p99 {before_p99:.0f} ms → {after_p99:.0f} ms did not come down by at least 20 %."]
         )
     if kind in LATENCY_KINDS and not clients:
-        return "inconclusive", " ".join(
+        return Verdict.INCONCLUSIVE, " ".join(
             [
                 *lines,
                 "A latency fix is judged by the latency clients see, queueing included; "
@@ -327,8 +338,8 @@ def verdict(
             ]
         )
     if unlike := unlike_sized(after, sized_service_s):
-        return "inconclusive", " ".join([*lines, unlike])
-    return "passed", " ".join(lines)
+        return Verdict.INCONCLUSIVE, " ".join([*lines, unlike])
+    return Verdict.PASSED, " ".join(lines)
 
 
 # How far the window's processing p50 may lie from the sized request's service time, either way, before the
@@ -359,7 +370,7 @@ def unlike_sized(after: dict, sized_service_s: float | None) -> str | None:
     return None
 
 
-def evaluate(wizard_id: int, now: datetime | None = None) -> str | None:
+def evaluate(wizard_id: int, now: datetime | None = None) -> Verdict | None:
     """Called by the beat tick and on demand: fail early on a kill, conclude when the window is over."""
     now = now or timezone.now()
     with transaction.atomic():
@@ -383,18 +394,18 @@ def evaluate(wizard_id: int, now: datetime | None = None) -> str | None:
         )
         step = WizardStep.objects.get(wizard=wizard, kind=WizardStep.Kind.VERIFICATION)
         step.check_result = {"result": result, "why": why, "at": now.isoformat()}
-        if result == "running":
+        if result == Verdict.RUNNING:
             step.save(update_fields=["check_result", "updated_at"])
             wizard.save(update_fields=["after", "updated_at"])
             return result
-        step.status = {"passed": Status.PASSED, "failed": Status.CHECK_FAILED}.get(result, Status.PENDING)
+        step.status = {Verdict.PASSED: Status.PASSED, Verdict.FAILED: Status.CHECK_FAILED}.get(result, Status.PENDING)
         step.save(update_fields=["check_result", "status", "updated_at"])
-        if result == "inconclusive":
+        if result == Verdict.INCONCLUSIVE:
             wizard.state = Wizard.State.OPEN
             wizard.revision += 1
             wizard.save(update_fields=["after", "state", "revision", "updated_at"])
             return result
-        _conclude(wizard, result == "passed", why, now)
+        _conclude(wizard, result == Verdict.PASSED, why, now)
     return result
 
 

@@ -28,6 +28,7 @@ from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, IncidentEvent
 from apps.remediation import diagnosis, margin, scaler_offer
 from apps.remediation.models import Finding, Wizard, WizardStep
+from apps.remediation.sizing import RemedyValues
 from integrations.ray.errors import RayError
 
 Status = WizardStep.Status
@@ -320,7 +321,7 @@ def _set_values(step: WizardStep, found: diagnosis.Diagnosis, effective: dict) -
     or will once measured (R4 where the deployment reads its batch limit from user_config, R3
     where it reads its input caps from there); a checklist otherwise, with the computed values,
     if any, as guidance."""
-    computed = found.sizing.values.get(step.remedy, {})
+    computed: RemedyValues | dict = found.sizing.values.get(step.remedy, {})
     if step.remedy not in CONFIG_REMEDIES and not any(computed.get(k) for k in ("patch", "waiting", "not_applicable")):
         step.kind, step.patch, step.values = WizardStep.Kind.CHECKLIST, None, {"guidance": GUIDANCE[step.remedy]}
         if computed:
