@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from apps.calibration.services import latest_curve
 from apps.fleet.models import Deployment
 from apps.incidents.models import NodeWindow, OomKillRecord, SignalWindow
-from apps.remediation import measurements, plan_choice, schedulable
+from apps.remediation import margin, measurements, plan_choice, schedulable
 from apps.scaler.decision import Policy
 from apps.scaler.models import Scaler
 
@@ -33,7 +33,7 @@ def build(scaler: Scaler) -> Built:
     deployment = scaler.deployment
     curve = latest_curve(deployment)
     memory = measurements.memory_from_curve(curve) if curve is not None else None
-    budget = _budget(deployment, memory.baseline_bytes if memory is not None else None)
+    budget = _budget(deployment, curve, memory.baseline_bytes if memory is not None else None)
     resources = _resources(deployment)
     concurrency, concurrency_reason = _concurrency(scaler, memory, budget, resources)
     if concurrency is None:
@@ -106,9 +106,10 @@ def _calibrated_concurrency(memory: measurements.Memory | None, cap: int | None)
     return max(levels) if levels else min(memory.measured_levels)
 
 
-def _budget(deployment: Deployment, baseline: int | None) -> measurements.Budget | None:
+def _budget(deployment: Deployment, curve, baseline: int | None) -> measurements.Budget | None:
     """The tightest node's headroom below the kill threshold, plus what this deployment's running
-    replicas hold now (room they grow into: at rest they are far below their peak)."""
+    replicas hold now (room they grow into: at rest they are far below their peak), less the margin
+    the calibration's repeated rounds call for, as the wizard keeps it."""
     cluster = deployment.application.cluster
     windows = {
         window.node_ip: point
@@ -124,6 +125,7 @@ def _budget(deployment: Deployment, baseline: int | None) -> measurements.Budget
     points = [{**p, "mem_used": max(p.get("mem_used", 0) - share, 0)} for p in windows.values()]
     return measurements.budget_from_nodes(
         points,
+        margin=margin.from_curve(curve) if curve is not None else None,
         threshold=threshold,
         threshold_reason=threshold_reason,
         running=f"{mine_reason}, counted as room they grow into",

@@ -24,7 +24,7 @@ from apps.scaler.models import Scaler, ScalerDecision
 from apps.scaler.services import create_shadow_scaler
 from integrations.ray.parsing import parse_serve_status
 from tests.conftest import ray_fixture
-from tests.unit.scaler.conftest import record_readings
+from tests.unit.scaler.conftest import MIB, record_readings
 
 pytestmark = pytest.mark.django_db
 
@@ -166,6 +166,21 @@ def test_the_count_handed_over_never_exceeds_the_memory_ceiling(model, calibrate
     assert control.handover_count(scaler) == 6
     scaler.max_replicas = 2
     assert control.handover_count(scaler) == 2
+
+
+def test_the_ceiling_keeps_the_margin_the_calibrations_rounds_measured(model, calibrated, operator):
+    Deployment.objects.filter(pk=model.pk).update(running_replicas=10, target_replicas=10)
+    calibrated.points = [
+        {**p, "peak_samples": [p["peak_bytes"], p["peak_bytes"] - MIB, p["peak_bytes"] - 2 * MIB]}
+        for p in calibrated.points
+    ]
+    calibrated.save(update_fields=["points"])
+    scaler = create_shadow_scaler(operator, Deployment.objects.get(pk=model.pk), min_replicas=1, max_replicas=12)
+    built = policies.build(scaler)
+    # Steady rounds call for the 5 % floor, as the wizard keeps: (0.95 x 16 - 8 GiB + the ten at 512 MiB)
+    # less 5 % // 1.5 GiB = 7, where the flat 20 % held 6.
+    assert built.policy is not None and built.policy.memory_ceiling == 7, built
+    assert "5% kept free, the floor" in built.ceiling_reason
 
 
 def test_taking_control_sets_the_concurrency_whose_replicas_serve_the_most_within_memory(
