@@ -332,14 +332,13 @@ def sized_config(app: App, live: dict) -> dict:
     return config
 
 
-def scaled_config(sized: dict, patch: dict) -> dict:
-    """B''s config handed to an outside scaler, as the scaler's activation change made it: its
-    `patch` (the starting count, and the scaler's concurrency where it differs)."""
+def scaled_config(sized: dict, start: int) -> dict:
+    """B''s config handed to an outside scaler, as the scaler's activation change makes it."""
     config = copy.deepcopy(sized)
     config["applications"][0]["external_scaler_enabled"] = True
     deployment = deployment_of(config)
     deployment.pop("autoscaling_config", None)
-    deployment.update(patch)
+    deployment["num_replicas"] = start
     return config
 
 
@@ -485,13 +484,7 @@ class Bench:
             f"memory ceiling {built.policy.memory_ceiling} ({built.ceiling_reason})",
             flush=True,
         )
-        return {
-            "policy": built.policy.__dict__,
-            "ceiling_reason": built.ceiling_reason,
-            "concurrency_reason": built.concurrency_reason,
-            "change": change.pk,
-            "patch": change.patch,
-        }
+        return {"policy": built.policy.__dict__, "ceiling_reason": built.ceiling_reason, "change": change.pk}
 
     def reset_scaler(self) -> None:
         """Each shape starts the scaler as activation leaves it: at its starting count, no decision
@@ -668,7 +661,7 @@ def run_app(app: App, args, output: dict) -> dict:
         result["sized"] = sized
         result["scaler"] = bench.take_control(sized)
         bench.start = bench.scaler.target or bench.scaler.min_replicas
-        scaled = scaled_config(sized, {**result["scaler"]["patch"], "num_replicas": bench.start})
+        scaled = scaled_config(sized, bench.start)
         result["scaled"] = scaled
         if args.fixed:
             replicas, ongoing, bound = args.fixed

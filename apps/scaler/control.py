@@ -65,27 +65,15 @@ def activate(actor: Actor, scaler: Scaler) -> Change:
     count = handover_count(scaler)
     effective = deployment.effective_config or {}
     recorded = _without_defaults(effective.get("autoscaling_config"))
-    options: dict = {"num_replicas": count}
-    reason = (
-        f"Scaler #{scaler.pk} takes control of {deployment.application.name}/{deployment.name}'s replica "
-        f"count, starting at {count}."
-    )
-    built = policies.build(scaler)
-    if built.policy is not None and built.policy.concurrency != deployment.max_ongoing_requests:
-        # The scaler counts replicas at its concurrency: Serve must admit exactly that many to each.
-        options["max_ongoing_requests"] = built.policy.concurrency
-        reason += (
-            f" max_ongoing_requests {deployment.max_ongoing_requests} → {built.policy.concurrency}: "
-            f"{built.concurrency_reason}."
-        )
     change = protocol.plan_scaler(
         actor,
         cluster,
         application=deployment.application.name,
         deployment=deployment.name,
         external=True,
-        options=options,
-        reason=reason,
+        options={"num_replicas": count},
+        reason=f"Scaler #{scaler.pk} takes control of {deployment.application.name}/{deployment.name}'s replica "
+        f"count, starting at {count}.",
     )
     _hand_change(actor, scaler, change, Scaler.Purpose.ACTIVATE, (Scaler.Mode.SHADOW, Scaler.Mode.OFF), recorded)
     return change

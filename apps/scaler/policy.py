@@ -11,12 +11,9 @@ from dataclasses import dataclass
 from apps.calibration.services import latest_curve
 from apps.fleet.models import Deployment
 from apps.incidents.models import NodeWindow, OomKillRecord, SignalWindow
-from apps.remediation import margin, measurements, plan_choice, schedulable
+from apps.remediation import margin, measurements, schedulable
 from apps.scaler.decision import Policy
 from apps.scaler.models import Scaler
-
-# Without a latency objective no calibrated concurrency is too slow.
-NO_OBJECTIVE_MS = 10**9
 
 
 @dataclass(frozen=True)
@@ -26,7 +23,6 @@ class Built:
     policy: Policy | None
     why_not: str = ""
     ceiling_reason: str = ""
-    concurrency_reason: str = ""
 
 
 def build(scaler: Scaler) -> Built:
@@ -35,7 +31,7 @@ def build(scaler: Scaler) -> Built:
     memory = measurements.memory_from_curve(curve) if curve is not None else None
     budget = _budget(deployment, curve, memory.baseline_bytes if memory is not None else None)
     resources = _resources(deployment)
-    concurrency, concurrency_reason = _concurrency(scaler, memory, budget, resources)
+    concurrency = _concurrency(scaler, memory)
     if concurrency is None:
         return Built(
             None,
@@ -63,38 +59,17 @@ def build(scaler: Scaler) -> Built:
         queue_bound=bound if bound is not None and bound >= 0 else None,
         latency_objective_ms=scaler.latency_objective_ms,
     )
-    return Built(policy, ceiling_reason=ceiling_reason, concurrency_reason=concurrency_reason)
+    return Built(policy, ceiling_reason=ceiling_reason)
 
 
-def _concurrency(
-    scaler: Scaler,
-    memory: measurements.Memory | None,
-    budget: measurements.Budget | None,
-    resources: schedulable.Resources,
-) -> tuple[int | None, str]:
-    """Requests a replica takes. The scaler's own setting, within what Serve admits. In control, what
-    Serve admits (max_ongoing_requests, which its activation set). Before that, the calibrated level
-    whose replicas, as many as memory and resources hold, serve the most requests per second (the
-    wizard's choice): the level a fixed config needed is not the one a scaler that adds replicas
-    needs, and every replica's memory at rest makes fewer, fuller replicas the cheaper way to more
-    slots. The activation pushes it as max_ongoing_requests."""
+def _concurrency(scaler: Scaler, memory: measurements.Memory | None) -> int | None:
+    """Requests a replica takes: the scaler's own setting, else the calibrated level Serve admits, and
+    never more than Serve admits to it, whatever memory would allow."""
     cap = scaler.deployment.max_ongoing_requests
-    if scaler.concurrency:
-        # A replica never takes more than Serve admits to it, whatever memory would allow.
-        chosen = min(scaler.concurrency, cap) if cap else scaler.concurrency
-        return chosen, f"{chosen} a replica, as set on the scaler"
-    calibrated = _calibrated_concurrency(memory, cap)
-    if calibrated is None or memory is None:
-        return None, ""
-    if scaler.mode in (Scaler.Mode.ACTIVE, Scaler.Mode.HANDING_BACK) or budget is None:
-        return calibrated, f"{calibrated} a replica, what Serve admits (max_ongoing_requests {cap})"
-    plan = plan_choice.choose(memory, budget, resources, scaler.latency_objective_ms or NO_OBJECTIVE_MS)
-    if plan.replicas <= 0:
-        return calibrated, f"{calibrated} a replica, what Serve admits (max_ongoing_requests {cap})"
-    return plan.concurrency, (
-        f"{plan.concurrency} a replica: of the calibrated levels, the one whose replicas memory and resources "
-        f"hold serve the most requests per second ({plan.replicas} × {plan.concurrency} now)"
-    )
+    concurrency = scaler.concurrency or _calibrated_concurrency(memory, cap)
+    if concurrency is not None and cap:
+        concurrency = min(concurrency, cap)
+    return concurrency
 
 
 def _calibrated_concurrency(memory: measurements.Memory | None, cap: int | None) -> int | None:

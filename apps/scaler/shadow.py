@@ -89,11 +89,7 @@ def evaluate(scaler_id: int, *, now: float | None = None) -> ScalerDecision | No
             current=decision.current,
             kind=decision.kind.value,
             reason=decision.reason,
-            inputs={
-                **decision.inputs.as_dict(),
-                "ceiling_reason": built.ceiling_reason,
-                "concurrency_reason": built.concurrency_reason,
-            },
+            inputs={**decision.inputs.as_dict(), "ceiling_reason": built.ceiling_reason},
             signals_at=decision.inputs.signals_at,
             applied=False,
         )

@@ -183,38 +183,6 @@ def test_the_ceiling_keeps_the_margin_the_calibrations_rounds_measured(model, ca
     assert "5% kept free, the floor" in built.ceiling_reason
 
 
-def test_taking_control_sets_the_concurrency_whose_replicas_serve_the_most_within_memory(
-    model, calibrated, operator, ray
-):
-    Deployment.objects.filter(pk=model.pk).update(max_ongoing_requests=2)
-    scaler = create_shadow_scaler(operator, Deployment.objects.get(pk=model.pk), min_replicas=1, max_replicas=8)
-    built = policies.build(scaler)
-    # 2 a replica (a fixed config's sizing) holds 6 replicas x 2 = 12 requests in the node's budget;
-    # 4 a replica, 512 MiB at rest paid fewer times, holds 4 x 4 = 16 at the same service time.
-    assert built.policy is not None and built.policy.concurrency == 4, built
-    assert "serve the most requests per second (4 × 4 now)" in built.concurrency_reason
-
-    change = control.activate(operator, scaler)
-
-    assert change.patch == {"num_replicas": 1, "max_ongoing_requests": 4}
-    assert entry(change.new_config, "demo", "Model")["max_ongoing_requests"] == 4
-    assert "max_ongoing_requests 2 → 4" in change.reason
-    protocol.run(change.pk)
-    scaler.refresh_from_db()
-    assert scaler.mode == Scaler.Mode.ACTIVE
-    # In control it counts what Serve admits: a later config's max_ongoing_requests of 2 is what it sizes for.
-    Deployment.objects.filter(pk=model.pk).update(max_ongoing_requests=2)
-    scaler = Scaler.objects.get(pk=scaler.pk)
-    assert policies.build(scaler).policy.concurrency == 2
-
-
-def test_a_scaler_already_at_its_concurrency_changes_only_the_count(model, calibrated, operator, ray):
-    Deployment.objects.filter(pk=model.pk).update(max_ongoing_requests=4)
-    scaler = create_shadow_scaler(operator, Deployment.objects.get(pk=model.pk), min_replicas=1, max_replicas=8)
-
-    assert control.activate(operator, scaler).patch == {"num_replicas": 1}
-
-
 def test_an_application_whose_other_deployment_autoscales_is_explained_and_nothing_is_planned(
     cluster, calibrated, operator, ray
 ):
