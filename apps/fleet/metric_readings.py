@@ -42,6 +42,9 @@ VLLM_GENERATED = "ray_vllm_generation_tokens_total"
 VLLM_PREEMPTIONS = "ray_vllm_num_preemptions_total"
 VLLM_TTFT = "ray_vllm_time_to_first_token_seconds"
 COMPONENT_RSS = "ray_component_rss_mb"
+# The same processes' unique memory (USS): what the node gets back when the process ends. RSS counts
+# the pages every worker shares (Ray's and Python's libraries) once per replica.
+COMPONENT_USS = "ray_component_uss_mb"
 REPLICA_TITLE = "ServeReplica:"
 
 Key = tuple[str, str]  # (application, deployment)
@@ -60,6 +63,7 @@ class DeploymentSignals:
     replica_starts: float = 0.0
     replicas: int = 0  # replicas reporting their ongoing requests
     rss_mb: float | None = None  # resident memory of all its replicas; None where Ray exports none
+    uss_mb: float | None = None  # their unique memory, shared pages left out; None where Ray exports none
 
     @property
     def oom_errors(self) -> float:
@@ -161,11 +165,12 @@ def replica_deployment(title: str, keys) -> Key | None:
     return max(matches, key=lambda key: len(key[0]) + len(key[1])) if matches else None
 
 
-def add_replica_memory(deployments: dict, titled: list[tuple[str, float]]) -> None:
-    """Attribute per-title resident memory (MB) to the deployments whose replicas carry the title."""
+def add_replica_memory(deployments: dict, titled: list[tuple[str, float]], attr: str = "rss_mb") -> None:
+    """Attribute per-title memory (MB; resident, or unique with `attr` "uss_mb") to the deployments
+    whose replicas carry the title."""
     for title, mb in titled:
         if (key := replica_deployment(title, list(deployments))) is not None:
-            deployments[key].rss_mb = (deployments[key].rss_mb or 0.0) + mb
+            setattr(deployments[key], attr, (getattr(deployments[key], attr) or 0.0) + mb)
 
 
 def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
@@ -255,6 +260,9 @@ def read(prev: Scrape, cur: Scrape) -> Reading:
         if key := _deployment(sample.labels):
             deployments[key].replicas += 1
     add_replica_memory(deployments, [(s.labels.get("Component", ""), s.value) for s in cur.named(COMPONENT_RSS)])
+    add_replica_memory(
+        deployments, [(s.labels.get("Component", ""), s.value) for s in cur.named(COMPONENT_USS)], "uss_mb"
+    )
     if not cur.named(f"{LATENCY}_bucket") and cur.named(REQUESTS):
         warnings.append(f"{LATENCY} histograms are missing: no latency percentiles.")
     nodes = _node_memory(prev, cur)
@@ -350,7 +358,7 @@ def _node_memory(prev: Scrape, cur: Scrape) -> dict[str, NodeSignals]:
     return nodes
 
 
-SCRAPED = frozenset((*KEPT, COMPONENT_RSS))
+SCRAPED = frozenset((*KEPT, COMPONENT_RSS, COMPONENT_USS))
 
 
 def relevant(scrape: Scrape) -> Scrape:
@@ -360,7 +368,8 @@ def relevant(scrape: Scrape) -> Scrape:
         samples=[
             s
             for s in scrape.samples
-            if s.name in KEPT or (s.name == COMPONENT_RSS and REPLICA_TITLE in s.labels.get("Component", ""))
+            if s.name in KEPT
+            or (s.name in (COMPONENT_RSS, COMPONENT_USS) and REPLICA_TITLE in s.labels.get("Component", ""))
         ],
     )
 
@@ -389,6 +398,8 @@ def point(
     }
     if d.rss_mb is not None and d.replicas:
         out |= {"rss_mb": round(d.rss_mb, 1), "replicas": d.replicas}
+        if d.uss_mb is not None:
+            out["uss_mb"] = round(d.uss_mb, 1)
     if app is not None:
         out |= {
             "http": app.requests,

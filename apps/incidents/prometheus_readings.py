@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from apps.fleet.metric_readings import (
     COMPONENT_RSS,
+    COMPONENT_USS,
     ONGOING,
     ApplicationSignals,
     DeploymentSignals,
@@ -96,6 +97,11 @@ def read(
     add_replica_memory(
         deployments,
         [(labels.get("Component", ""), value) for labels, value in q(f"sum by (Component) ({COMPONENT_RSS}{sel})")],
+    )
+    add_replica_memory(
+        deployments,
+        [(labels.get("Component", ""), value) for labels, value in q(f"sum by (Component) ({COMPONENT_USS}{sel})")],
+        "uss_mb",
     )
     applications = _applications(q, sel, window, seconds)
     nodes: dict[str, NodeSignals] = {}

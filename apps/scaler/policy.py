@@ -15,6 +15,8 @@ from apps.remediation import margin, measurements, schedulable
 from apps.scaler.decision import Policy
 from apps.scaler.models import Scaler
 
+MB = 10**6  # Ray exports process memory in decimal megabytes
+
 
 @dataclass(frozen=True)
 class Built:
@@ -138,15 +140,19 @@ def _ceiling(
 
 
 def _replicas_memory(deployment: Deployment, baseline: int | None) -> tuple[float, str]:
-    """What the deployment's running replicas hold now, and where the figure comes from: the
-    newest reading of their resident memory, else the calibrated baseline of each."""
+    """What the deployment's running replicas hold now, and where the figure comes from: their
+    unique memory in the newest reading (what the node gets back if they go; their resident memory
+    counts the pages all workers share once per replica, and overstated the room), else their
+    resident memory, else the calibrated baseline of each."""
     application = deployment.application
     window = SignalWindow.objects.filter(
         cluster_id=application.cluster_id, application_name=application.name, deployment_name=deployment.name
     ).first()
     newest = next((p for p in reversed(window.points if window else []) if p.get("rss_mb")), None)
+    if newest is not None and newest.get("uss_mb"):
+        return newest["uss_mb"] * MB, f"its replicas hold {newest['uss_mb'] * MB / 2**20:,.0f} MiB of their own now"
     if newest is not None:
-        return newest["rss_mb"] * 2**20, f"its replicas hold {newest['rss_mb']:,.0f} MiB now"
+        return newest["rss_mb"] * MB, f"its replicas hold {newest['rss_mb'] * MB / 2**20:,.0f} MiB now"
     running = deployment.running_replicas
     rest = running * (baseline or 0)
     return rest, f"its {running} running replica(s) at their calibrated {measurements.mib(baseline or 0)} at rest"

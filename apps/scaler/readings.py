@@ -10,7 +10,7 @@ from apps.incidents.models import OomKillRecord, SignalWindow
 from apps.scaler.decision import Current, Policy, Sample, Signals
 from apps.scaler.models import Scaler, ScalerDecision
 
-MIB = 2**20
+MB = 10**6  # Ray exports process memory in decimal megabytes
 
 
 def signals_for(scaler: Scaler, policy: Policy, now: float) -> Signals:
@@ -69,7 +69,7 @@ def sample_of(point: dict) -> Sample:
         shed=shed,
         # What clients saw, queueing included, where the proxy exports it; else the replicas' own.
         p99_ms=point.get("http_p99") if point.get("http_p99") is not None else point.get("p99"),
-        rss_bytes_per_replica=rss_mb * MIB / replicas if rss_mb and replicas else None,
+        rss_bytes_per_replica=rss_mb * MB / replicas if rss_mb and replicas else None,
     )
 
 

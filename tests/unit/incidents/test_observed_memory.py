@@ -39,6 +39,12 @@ def test_a_replicas_memory_is_summed_over_the_titles_it_carries_at_rest_and_serv
     assert (idle["rss_mb"], idle["replicas"], idle["ongoing"]) == (450.2, 1, 0.0)
 
 
+def test_a_replicas_unique_memory_is_read_beside_its_resident_memory():
+    # Its resident memory counts the ~235 MB of pages every Ray worker shares; its unique memory does not.
+    assert point("busy_one_replica", 100)["uss_mb"] == 1637.4
+    assert point("idle_one_replica", 200)["uss_mb"] == 214.5
+
+
 def test_a_replica_still_starting_is_left_out_and_a_killed_ones_requests_do_not_make_memory():
     starting = point("replica_starting", 100)
     # The only memory is the new replica's __init__ (380 MiB); the killed one still reports 4 requests.

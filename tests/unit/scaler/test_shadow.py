@@ -19,6 +19,8 @@ from apps.scaler.services import create_shadow_scaler
 from tests.factories import IncidentFactory
 from tests.unit.scaler.conftest import GIB, MIB, record_readings
 
+MB = 10**6  # Ray's unit of process memory
+
 pytestmark = pytest.mark.django_db
 
 
@@ -61,11 +63,21 @@ def test_a_kill_that_named_a_lower_threshold_lowers_the_memory_ceiling(scaler, m
 
 
 def test_the_running_replicas_memory_is_room_they_grow_into_not_room_taken(scaler, model):
-    # Two replicas read at 3 GiB together: of the 8 GiB used, they may grow into those 3.
+    # Two replicas read at 3 GiB together (Ray's MB): of the 8 GiB used, they may grow into those 3.
     # (0.95 * 16 - 8 + 3) GiB less 20 % = 8.16 GiB // 1.5 GiB = 5 (not 4 with the rest at 512 MiB).
-    record_readings(model, [1, 1, 1], rss_mb=3072.0, replicas=2)
+    record_readings(model, [1, 1, 1], rss_mb=3 * GIB / MB, replicas=2)
     built = policies.build(scaler)
     assert built.policy.memory_ceiling == 5 and "its replicas hold 3,072 MiB now" in built.ceiling_reason
+
+
+def test_only_the_replicas_own_memory_is_room_shared_pages_are_not(scaler, model):
+    # The same two replicas, 2.5 GiB resident but 1 GiB of it pages all workers share: the node gets
+    # 1.5 GiB back if they go. (7.2 + 1.5) GiB less 20 % = 6.96 GiB // 1.5 GiB = 4, where their
+    # resident memory (7.2 + 2.5 GiB less 20 % = 7.76 GiB) would have let in 5 that OOM.
+    record_readings(model, [1, 1, 1], rss_mb=2.5 * GIB / MB, uss_mb=1.5 * GIB / MB, replicas=2)
+    built = policies.build(scaler)
+    assert built.policy.memory_ceiling == 4, built.ceiling_reason
+    assert "its replicas hold 1,536 MiB of their own now" in built.ceiling_reason
 
 
 def test_a_newer_reading_without_the_nodes_memory_does_not_drop_the_memory_ceiling(scaler, model):
@@ -117,7 +129,7 @@ def test_a_deployment_never_calibrated_is_handed_back_with_what_to_do(model, ope
 def test_replicas_above_the_calibrated_peak_lower_the_recorded_ceiling(scaler, model):
     # 4 replicas' worth of load, the one replica holding 2.4 GiB against a 1.5 GiB calibrated peak:
     # memory holds (7.2 + 2.4 GiB less 20 %) // 1.5 = 5 at the calibrated peak, 5 x 1.5 / 2.4 = 3 at this one.
-    record_readings(model, [32, 32, 32], rss_mb=2.4 * 1024, replicas=1)
+    record_readings(model, [32, 32, 32], rss_mb=2.4 * GIB / MB, replicas=1)
     decision = shadow.evaluate(scaler.pk)
     assert decision.kind == ScalerDecision.Kind.AT_CEILING and decision.target == 3
     assert "max_queued_requests 100" in decision.reason
@@ -211,7 +223,7 @@ def test_a_reading_counts_the_proxys_503s_as_arrivals_and_reads_memory_per_repli
             "http_errors": {"503": 60, "500": 3},
             "http_p99": 900.0,
             "p99": 400.0,
-            "rss_mb": 3072.0,
+            "rss_mb": 3 * GIB / MB,
             "replicas": 2,
         }
     )
