@@ -41,8 +41,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(PY) scripts/mypy_baseline.py
 
+# The slowest tests are listed at the end: CI's 45-minute budget is watched from them.
 test: lint browser monitoring
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
 # The fast lane: lint and the unit tests, which need neither Ray nor a browser, on every core;
 # the few marked slow (processes, fuzzing) are left to `make test`.
