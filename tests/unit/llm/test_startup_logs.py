@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from apps.llm.shapes import parse_hf_config
 from apps.llm.startup_log import HIGH, LOW, load
 from apps.llm.vllm_versions import parse_version
 
@@ -40,3 +41,4 @@ def test_the_records_cover_what_the_accounting_depends_on():
     assert any(c.get("num_key_value_heads") == c.get("num_attention_heads") for c in configs)  # no GQA
     assert any(c.get("num_key_value_heads", 0) < c.get("num_attention_heads", 0) for c in configs)  # GQA
     assert any(v < (0, 21, 0) for v in versions) and any(v >= (0, 21, 0) for v in versions)
+    assert any(parse_hf_config(c).sliding_layers for c in configs)  # interleaved sliding-window attention
