@@ -200,8 +200,7 @@ def parse_hf_config(config: Mapping[str, Any], *, parameter_count: int | None = 
         head_dim=head_dim,
         intermediate_size=_int(config, "intermediate_size", "the width of the MLP"),
         vocab_size=_int(config, "vocab_size", "the embedding rows"),
-        # False is the default of LlamaConfig, Qwen2Config and MixtralConfig.
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", _tied_by_default(config))),
         dtype=_dtype(config),
         qkv_bias=bool(config.get("attention_bias", architecture in _QKV_BIAS_ARCHITECTURES)),
         max_position_embeddings=(
@@ -216,6 +215,13 @@ def parse_hf_config(config: Mapping[str, Any], *, parameter_count: int | None = 
         **vision,
         **moe,
     )
+
+
+def _tied_by_default(config: Mapping[str, Any]) -> bool:
+    """What transformers assumes when config.json leaves tie_word_embeddings out: True for the Gemma
+    configs (whose published config.json files omit it), False for LlamaConfig, Qwen2Config and
+    MixtralConfig. Untied, a Gemma's 256k-row LM head would be counted twice (1 GiB for Gemma 2 2B)."""
+    return str(config.get("model_type", "")).lower().startswith("gemma")
 
 
 def _refuse_state_layers(config: Mapping[str, Any]) -> None:

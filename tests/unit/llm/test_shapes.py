@@ -149,3 +149,9 @@ def test_head_dim_that_cannot_be_derived():
 def test_a_config_that_is_not_an_object():
     with pytest.raises(ModelConfigError, match="JSON object"):
         parse_hf_config(["LlamaForCausalLM"])
+
+
+def test_a_gemma_config_without_the_key_ties_its_embeddings_as_transformers_does():
+    gemma = {k: v for k, v in config(LLAMA3_8B).items() if k != "tie_word_embeddings"}
+    assert parse_hf_config(gemma | {"model_type": "gemma2"}).tie_word_embeddings
+    assert not parse_hf_config(gemma).tie_word_embeddings  # LlamaConfig's default
