@@ -4,6 +4,7 @@ call for, and the measured memory and load the config values are computed from."
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, TypedDict
 
 from apps.clusters.models import Cluster
 from apps.core.catalogue import PRESCRIPTION, REMEDIES, REMEDIES_FOR, cause
@@ -32,13 +33,89 @@ USER_CONFIG_KEYS = ("max_prompt_tokens", "max_tokens_cap", "max_batch_tokens")
 CHART_SERIES = ("series", "node_memory")
 
 
+class MemorySummary(TypedDict):
+    baseline_bytes: int
+    per_request_bytes: int
+    source: str  # "calibration", "kill message", "traffic"
+    reason: str
+    lower_bound: bool  # a kill message or traffic alone: shown, sizing nothing
+
+
+class BudgetSummary(TypedDict):
+    bytes_per_node: int  # the margin already kept free
+    nodes: int
+    reason: str
+
+
+class LoadSummary(TypedDict):
+    peak_in_flight: float | None
+    p50_ms: float | None
+    peak_rps: float | None
+    cold_starts: bool
+
+
+class ResourcesSummary(TypedDict):
+    per_replica: dict[str, float]
+    free: dict[str, float] | None
+    reason: str
+
+
+class MarginSummary(TypedDict):
+    fraction: float
+    percent: float
+    reason: str
+    computed: float  # what the calibration's rounds call for
+    asked: float | None  # the operator's, where asked
+    confirmed: bool  # less than computed, typed as confirmed
+
+
+class ObjectivesSummary(objectives.Stated):
+    price: list[dict[str, Any]]  # objectives.price's rows
+    margin: MarginSummary
+
+
+class RemedyRef(TypedDict):
+    id: str
+    title: str
+
+
+class Summary(TypedDict):
+    """A wizard's diagnosis, stored as its JSON: what every value was computed from."""
+
+    evidence: dict[str, Any]
+    causes: list[dict[str, Any]]
+    settings: dict[str, Any]
+    memory: MemorySummary | None
+    observed: dict[str, Any] | None
+    budget: BudgetSummary | None
+    load: LoadSummary
+    resources: ResourcesSummary
+    plan: dict[str, Any] | None  # plan_choice.Plan.as_dict()
+    objectives: ObjectivesSummary
+    conservative: bool
+    needs_calibration: bool
+    why_not_sized: str
+    remedies: list[RemedyRef]
+
+
 @dataclass
 class Diagnosis:
-    summary: dict
+    summary: Summary
     remedies: list[str]
     sizing: sizing.Sizing
     # R11's values where the load varied more than one fixed config serves; empty where it was steady.
     scaler: dict
+
+
+class Basis(TypedDict):
+    """What a wizard's values were computed from: the deployment's settings, and when."""
+
+    at: str  # ISO 8601
+    settings: dict[str, Any]  # settings_of(the effective config)
+
+
+def basis_of(effective: dict, at: str) -> Basis:
+    return {"at": at, "settings": settings_of(effective)}
 
 
 def settings_of(effective: dict) -> dict:
@@ -153,7 +230,7 @@ def diagnose(
     offer = scaler_offer.assess(points, computed.plan, bound, effective, cluster.ray_version)
     if offer:
         remedies.append(scaler_offer.REMEDY)
-    summary = {
+    summary: Summary = {
         "evidence": evidence,
         "causes": causes,
         "settings": key_settings(effective),
@@ -170,8 +247,8 @@ def diagnose(
         },
         "resources": {"per_replica": resources.per_replica, "free": resources.free, "reason": resources.reason},
         "plan": computed.plan,
-        "objectives": goals.as_dict()
-        | {
+        "objectives": {
+            **goals.as_dict(),
             "price": objectives.price(computed.plan, summary_load(load), goals.latency_ms, service_s),
             "margin": {
                 "fraction": safety.fraction,
@@ -323,7 +400,7 @@ def _in_flight_per_replica(points: list[dict], cap: int | None, replicas: int) -
     return min(value, cap) if cap else value
 
 
-def _describe_memory(memory: measurements.Memory | None) -> dict | None:
+def _describe_memory(memory: measurements.Memory | None) -> MemorySummary | None:
     if memory is None:
         return None
     return {

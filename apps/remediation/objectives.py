@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypedDict
 
 # A request queued behind the bound must still finish inside this share of the objective: service under load runs
 # slower than calibrated.
@@ -32,6 +33,16 @@ LEAD_UP_S = 300
 PRICE_FACTORS = (0.5, 0.75, 1.0, 1.5, 2.0)
 
 
+class Stated(TypedDict):
+    """The objectives as a wizard's diagnosis keeps them."""
+
+    latency_objective_ms: int
+    failure_objective: float
+    failure_percent: float
+    reasons: dict[str, str]  # by objective: where a suggested one came from
+    given: dict[str, bool]  # by objective: the operator's (True) or suggested
+
+
 @dataclass(frozen=True)
 class Objectives:
     latency_ms: int
@@ -45,7 +56,7 @@ class Objectives:
     def suggested(self) -> bool:
         return not (self.latency_given and self.failure_given)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> Stated:
         return {
             "latency_objective_ms": self.latency_ms,
             "failure_objective": self.failure,

@@ -128,10 +128,7 @@ def start(
     with transaction.atomic():
         _take_objectives(wizard, found)
         wizard.diagnosis = found.summary
-        wizard.basis = {
-            "at": timezone.now().isoformat(),
-            "settings": diagnosis.settings_of(deployment.effective_config),
-        }
+        wizard.basis = diagnosis.basis_of(deployment.effective_config, timezone.now().isoformat())
         wizard.save()
         _create_steps(wizard, found, deployment.effective_config)
         record(
@@ -527,7 +524,7 @@ def replan(actor: Actor, wizard: Wizard, *, revision: int | None = None, effecti
         found = _diagnose(wizard, effective)
         _take_objectives(wizard, found)
         wizard.diagnosis = found.summary
-        wizard.basis = {"at": timezone.now().isoformat(), "settings": diagnosis.settings_of(effective)}
+        wizard.basis = diagnosis.basis_of(effective, timezone.now().isoformat())
         wizard.save(update_fields=["diagnosis", "basis", "latency_objective_ms", "failure_objective"])
         steps = {s.remedy: s for s in WizardStep.objects.filter(wizard=wizard).exclude(remedy="")}
         for step in steps.values():
@@ -557,7 +554,8 @@ def replan(actor: Actor, wizard: Wizard, *, revision: int | None = None, effecti
             else:
                 # A calibration made elsewhere (the deployment page, the API) measured it meanwhile.
                 calibration_step.status = Status.DONE
-                calibration_step.note = f"Measured: {found.summary['memory']['reason']}"
+                measured = found.summary["memory"]
+                calibration_step.note = f"Measured: {measured['reason']}" if measured else "Measured elsewhere."
             calibration_step.save(update_fields=["values", "status", "note", "updated_at"])
         record(actor, "wizard.replan", wizard, team=wizard.cluster.team)
     return wizard
