@@ -4,8 +4,10 @@ window after the fix, compared with before; then the outcome on the incident."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any, NotRequired, TypedDict
 
 from django.db import transaction
 from django.utils import timezone
@@ -26,6 +28,39 @@ MIN_WINDOW_S, MAX_WINDOW_S = 30, 24 * 3600
 ROUNDING_S = 0.2  # readings store their time and interval to a tenth of a second each
 FAILURE_OBJECTIVE = Wizard._meta.get_field("failure_objective").default
 LATENCY_OBJECTIVE_MS = Wizard._meta.get_field("latency_objective_ms").default
+
+
+class WindowFigures(TypedDict):
+    """What clients (`client_*`, `goodput_rps`: the proxy; None without proxy series) and the
+    replicas (the rest) saw in a window's readings."""
+
+    points: int
+    p50_ms: float | None
+    p99_ms: float | None
+    errors: float
+    error_rate: float | None
+    queued_max: float | None
+    ongoing_max: float | None
+    rps_mean: float | None
+    replica_requests: float
+    client_requests: float | None
+    client_failed: float | None
+    client_failed_by_code: dict[str, float] | None
+    client_failed_share: float | None
+    goodput_rps: float | None
+    client_p50_ms: float | None
+    client_p99_ms: float | None
+    client_p99_between_ms: list[float | None] | None  # the proxy's bucket the p99 fell in
+
+
+class Window(WindowFigures):
+    """A wizard's before or after: the figures, the OOM kills, and whether they met the objectives."""
+
+    since: str
+    until: str
+    oom_kills: int
+    healthy: NotRequired[bool | None]  # None: no metrics, only kills counted
+    why: NotRequired[str]
 
 
 class Verdict(StrEnum):
@@ -80,7 +115,7 @@ def _first_change_at(wizard: Wizard) -> datetime | None:
     return step.change.started_at if step is not None and step.change is not None else None
 
 
-def measure(wizard: Wizard, since: datetime, until: datetime) -> dict:
+def measure(wizard: Wizard, since: datetime, until: datetime) -> Window:
     """OOM kills Fleetdeck recorded, and the deployment's signal points, between two instants;
     with whether the window was healthy against the wizard's objectives, and why not."""
     kills = OomKillRecord.objects.filter(
@@ -94,21 +129,22 @@ def measure(wizard: Wizard, since: datetime, until: datetime) -> dict:
         cluster=wizard.cluster, application_name=wizard.application_name, deployment_name=wizard.deployment_name
     ).first()
     points = [p for p in (window.points if window else []) if _within(p, since.timestamp(), until.timestamp())]
-    out = {"since": since.isoformat(), "until": until.isoformat(), "oom_kills": kills, **summarize(points)}
+    out: Window = {"since": since.isoformat(), "until": until.isoformat(), "oom_kills": kills, **summarize(points)}
     failing = problems(
         out, failure_objective=wizard.failure_objective, latency_objective_ms=wizard.latency_objective_ms
     )
     if failing:
-        out |= {"healthy": False, "why": " ".join(failing)}
+        out["healthy"], out["why"] = False, " ".join(failing)
     elif not points:
-        out |= {"healthy": None, "why": "No metrics in the window: only OOM kills were counted, and there were none."}
+        out["healthy"] = None
+        out["why"] = "No metrics in the window: only OOM kills were counted, and there were none."
     else:
-        seen = (
+        out["healthy"] = True
+        out["why"] = (
             f"Clients: {_client_line(out)}."
             if out["client_requests"] is not None
             else f"Replicas: {_replica_line(out)}."
         )
-        out |= {"healthy": True, "why": seen}
     return out
 
 
@@ -120,7 +156,7 @@ def _within(point: dict, since: float, until: float) -> bool:
     return since - ROUNDING_S <= start and point["t"] < until
 
 
-def summarize(points: list[dict]) -> dict:
+def summarize(points: list[dict]) -> WindowFigures:
     """Client side (the proxy's counts and end-to-end latency, `client_*` and `goodput_rps`;
     None where the cluster exports no proxy series) and replica side (the rest), kept apart."""
 
@@ -171,7 +207,7 @@ def _requests(points: list[dict]) -> float:
     return total
 
 
-def problems(summary: dict, *, failure_objective: float, latency_objective_ms: float) -> list[str]:
+def problems(summary: Mapping[str, Any], *, failure_objective: float, latency_objective_ms: float) -> list[str]:
     """Why a window is failing, one sentence per figure, with its numbers: OOM kills, client
     requests failed or too slow against the objectives, requests admitted that never completed."""
     out = []
@@ -217,7 +253,7 @@ def problems(summary: dict, *, failure_objective: float, latency_objective_ms: f
     return out
 
 
-def _latency(summary: dict) -> str:
+def _latency(summary: Mapping[str, Any]) -> str:
     """The client p99, with the histogram bucket it lies in where that bucket is wide."""
     p99 = summary["client_p99_ms"]
     low, high = summary.get("client_p99_between_ms") or (p99, p99)
@@ -240,13 +276,13 @@ def _objective(share: float) -> str:
     return f"{share * 100:g} %"
 
 
-def _codes(summary: dict) -> str:
+def _codes(summary: Mapping[str, Any]) -> str:
     return (
         ", ".join(f"{code} ×{_n(n)}" for code, n in (summary.get("client_failed_by_code") or {}).items()) or "no code"
     )
 
 
-def _client_line(s: dict) -> str:
+def _client_line(s: Mapping[str, Any]) -> str:
     failed = (
         f"{_n(s['client_failed'])} failed ({_pct(s['client_failed_share'])}; {_codes(s)})"
         if s.get("client_failed")
@@ -260,7 +296,7 @@ def _client_line(s: dict) -> str:
     return "; ".join(parts)
 
 
-def _replica_line(s: dict) -> str:
+def _replica_line(s: Mapping[str, Any]) -> str:
     parts = [f"{_n(s.get('replica_requests') or 0)} requests, {_n(s.get('errors') or 0)} errors"]
     if s.get("p99_ms") is not None:
         parts.append(f"processing p99 {s['p99_ms']:.0f} ms")
@@ -269,15 +305,15 @@ def _replica_line(s: dict) -> str:
     return "; ".join(parts)
 
 
-def _side(who: str, line, after: dict, before: dict, present: str) -> str:
+def _side(who: str, line, after: Mapping[str, Any], before: Mapping[str, Any], present: str) -> str:
     was = f" (before the fix: {line(before)})" if before.get("points") and before.get(present) is not None else ""
     return f"{who}: {line(after)}{was}."
 
 
 def verdict(
     kind: str,
-    before: dict,
-    after: dict,
+    before: Mapping[str, Any],
+    after: Mapping[str, Any],
     *,
     window_over: bool,
     failure_objective: float = FAILURE_OBJECTIVE,
@@ -348,7 +384,7 @@ def verdict(
 TRAFFIC_RATIO = 3
 
 
-def unlike_sized(after: dict, sized_service_s: float | None) -> str | None:
+def unlike_sized(after: Mapping[str, Any], sized_service_s: float | None) -> str | None:
     """Why the window's traffic is not the traffic the values were sized for, or None."""
     p50 = after.get("p50_ms")
     if not p50 or not sized_service_s:
