@@ -42,6 +42,8 @@ VLLM_GENERATED = "ray_vllm_generation_tokens_total"
 VLLM_PREEMPTIONS = "ray_vllm_num_preemptions_total"
 VLLM_TTFT = "ray_vllm_time_to_first_token_seconds"
 COMPONENT_RSS = "ray_component_rss_mb"
+# The unit of both: decimal megabytes.
+PROCESS_MB = 10**6
 # The same processes' unique memory (USS): what the node gets back when the process ends. RSS counts
 # the pages every worker shares (Ray's and Python's libraries) once per replica.
 COMPONENT_USS = "ray_component_uss_mb"

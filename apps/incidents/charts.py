@@ -8,6 +8,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
+from apps.fleet.metric_readings import PROCESS_MB
 from apps.fleet.scaling_history import scaling_series
 from apps.incidents.models import Incident
 from apps.incidents.oom import replica_memory
@@ -17,7 +18,6 @@ MIB, GIB = 2**20, 2**30
 # the autoscaler did as it built up, until it was resolved (or now).
 SCALING_LEAD = timedelta(minutes=15)
 # Ray's per-process memory metrics count decimal megabytes.
-MB = 10**6
 
 
 def chart_data(incident: Incident) -> dict | None:
@@ -39,7 +39,7 @@ def chart_data(incident: Incident) -> dict | None:
         data["latency"] = {"p50": _line(series, "p50"), "p99": _line(series, "p99")}
         data["load"] = {key: _line(series, key) for key in ("ongoing", "queued", "rps")}
         per_replica = [
-            [_ms(p), round(p["rss_mb"] * MB / p["replicas"] / MIB, 1)]
+            [_ms(p), round(p["rss_mb"] * PROCESS_MB / p["replicas"] / MIB, 1)]
             for p in series
             if p.get("rss_mb") and p.get("replicas")
         ]

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from apps.fleet.metric_readings import PROCESS_MB
+
 MIB = 2**20
-MB = 1_000_000  # Ray exports rss in decimal megabytes
 # Ray's metrics_report_interval_ms (10 s by default): the requests gauge and counter can trail the
 # process memory sampled beside them by this long, so a request's memory shows up a reading before
 # the request does.
@@ -53,15 +54,15 @@ def from_points(points: list[dict]) -> Observed | None:
     if not raw:
         return None
     resting = {id(p) for p, rest in zip(readings, _at_rest(readings), strict=True) if rest}
-    idle = [p["rss_mb"] * MB / p["replicas"] for p in raw if id(p) in resting]
+    idle = [p["rss_mb"] * PROCESS_MB / p["replicas"] for p in raw if id(p) in resting]
     # Without a reading at rest, the least a replica was ever seen using is at least its baseline.
-    baseline = max(idle) if idle else min(p["rss_mb"] * MB / p["replicas"] for p in raw)
+    baseline = max(idle) if idle else min(p["rss_mb"] * PROCESS_MB / p["replicas"] for p in raw)
     best, busy, spell_most = 0.0, 0, _spell_most(readings)
     for i, p in enumerate(readings):
         if id(p) not in measured or (held := _settled(readings, i, spell_most)) is None:
             continue
         busy += 1
-        best = max(best, (p["rss_mb"] * MB - p["replicas"] * baseline) / held)
+        best = max(best, (p["rss_mb"] * PROCESS_MB - p["replicas"] * baseline) / held)
     per_request = int(best) if best >= MIB else None
     base_text = (
         f"{_mib(baseline)} per replica at rest (the largest of {len(idle)} reading(s) with no request in flight or "

@@ -9,13 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from apps.calibration.services import latest_curve
+from apps.fleet.metric_readings import PROCESS_MB
 from apps.fleet.models import Deployment
 from apps.incidents.models import NodeWindow, OomKillRecord, SignalWindow
 from apps.remediation import margin, measurements, schedulable
 from apps.scaler.decision import Policy
 from apps.scaler.models import Scaler
-
-MB = 10**6  # Ray exports process memory in decimal megabytes
 
 
 @dataclass(frozen=True)
@@ -31,8 +30,6 @@ def build(scaler: Scaler) -> Built:
     deployment = scaler.deployment
     curve = latest_curve(deployment)
     memory = measurements.memory_from_curve(curve) if curve is not None else None
-    budget = _budget(deployment, curve, memory.baseline_bytes if memory is not None else None)
-    resources = _resources(deployment)
     concurrency = _concurrency(scaler, memory)
     if concurrency is None:
         return Built(
@@ -48,7 +45,8 @@ def build(scaler: Scaler) -> Built:
             "cannot be turned into requests in flight.",
         )
     peak = memory.peak(concurrency) if memory is not None else None
-    ceiling, ceiling_reason = _ceiling(budget, resources, peak)
+    budget = _budget(deployment, curve, memory.baseline_bytes if memory is not None else None)
+    ceiling, ceiling_reason = _ceiling(budget, _resources(deployment), peak)
     bound = deployment.max_queued_requests
     policy = Policy(
         concurrency=concurrency,
@@ -149,10 +147,10 @@ def _replicas_memory(deployment: Deployment, baseline: int | None) -> tuple[floa
         cluster_id=application.cluster_id, application_name=application.name, deployment_name=deployment.name
     ).first()
     newest = next((p for p in reversed(window.points if window else []) if p.get("rss_mb")), None)
-    if newest is not None and newest.get("uss_mb"):
-        return newest["uss_mb"] * MB, f"its replicas hold {newest['uss_mb'] * MB / 2**20:,.0f} MiB of their own now"
     if newest is not None:
-        return newest["rss_mb"] * MB, f"its replicas hold {newest['rss_mb'] * MB / 2**20:,.0f} MiB now"
+        held = (newest.get("uss_mb") or newest["rss_mb"]) * PROCESS_MB
+        own = " of their own" if newest.get("uss_mb") else ""
+        return held, f"its replicas hold {measurements.mib(held)}{own} now"
     running = deployment.running_replicas
     rest = running * (baseline or 0)
     return rest, f"its {running} running replica(s) at their calibrated {measurements.mib(baseline or 0)} at rest"

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from apps.fleet.metric_readings import PROCESS_MB
 from apps.incidents.models import OomKillRecord, SignalWindow
 from apps.scaler.decision import Current, Policy, Sample, Signals
 from apps.scaler.models import Scaler, ScalerDecision
-
-MB = 10**6  # Ray exports process memory in decimal megabytes
 
 
 def signals_for(scaler: Scaler, policy: Policy, now: float) -> Signals:
@@ -69,7 +68,7 @@ def sample_of(point: dict) -> Sample:
         shed=shed,
         # What clients saw, queueing included, where the proxy exports it; else the replicas' own.
         p99_ms=point.get("http_p99") if point.get("http_p99") is not None else point.get("p99"),
-        rss_bytes_per_replica=rss_mb * MB / replicas if rss_mb and replicas else None,
+        rss_bytes_per_replica=rss_mb * PROCESS_MB / replicas if rss_mb and replicas else None,
     )
 
 
