@@ -51,6 +51,7 @@ test: lint browser monitoring
 check: lint
 	$(PY) -m pytest tests/unit -q -m "not slow" -n auto --ignore=tests/unit/controlplane/test_api_schema_fuzz.py $(PYTEST_ARGS)
 
-# Long fault loops, kept out of `make test`: a worker SIGKILLed at random points of 20 changes.
+# Long fault loops, kept out of `make test`: a worker SIGKILLed at random points of 20 changes of each
+# kind (option patches, application deploys and deletes, a wizard's change).
 fault-loop: $(STAMP)
 	$(PY) -m pytest -m fault_loop tests/faults $(PYTEST_ARGS)
