@@ -17,22 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-os.environ.setdefault("FLEETDECK_DEBUG", "1")
-os.environ.setdefault("FLEETDECK_VAR_DIR", tempfile.mkdtemp(prefix="fleetdeck-bench-"))
-os.environ.pop("DATABASE_URL", None)
+from bench.lab_setup import setup_django  # noqa: E402
 
-import django  # noqa: E402
-
-django.setup()
+setup_django()
 
 from django.core.management import call_command  # noqa: E402
 
