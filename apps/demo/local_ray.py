@@ -29,14 +29,16 @@ from integrations.ray.errors import RayError
 REPO = Path(__file__).resolve().parents[2]
 DEMO_APP_DIR = REPO / "deploy" / "demo_app"
 REFERENCE_APP_DIR = REPO / "deploy" / "reference_app"
-# The reference app's warmup request: a small generation on its POST-only route. It is also the
-# request a calibration of the app sends when the operator gives none; a calibration numbers each
+# The reference app's warmup request on its POST-only route. It is also the request a calibration
+# of the app sends when the operator gives none, so it is the request the README's load sends
+# (scripts/burst_load.py's default body): a smaller one measured about half the memory per request
+# the load then needed, and the wizard sized for the lighter request. A calibration numbers each
 # call in place of {n}, so the app's answer cache never stands in for the model.
 REFERENCE_WARMUP = {
-    "name": "hello",
+    "name": "request",
     "method": "POST",
     "path": "/reference",
-    "body": {"prompt": "hello {n}", "max_tokens": 16},
+    "body": {"prompt": "request {n}: " + "x" * 186, "max_tokens": 64},
 }
 # The head this process started, which listens on loopback only: the administrators' allow-list is
 # about clusters they register, and the database holding it may not exist yet when the head is waited for.

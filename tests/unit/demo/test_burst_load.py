@@ -99,3 +99,11 @@ def test_bad_arguments_are_refused_before_any_request(argv, message, capsys):
     with pytest.raises(SystemExit):
         burst_load.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_the_load_sends_the_request_a_calibration_of_the_reference_app_sends_by_default():
+    # The README's story sizes from a calibration of the default request and judges the fix under
+    # this load: a lighter calibration request would size for traffic that never comes.
+    from apps.demo.local_ray import REFERENCE_WARMUP
+
+    assert burst_load.DEFAULT_BODY == REFERENCE_WARMUP["body"]
