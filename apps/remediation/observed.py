@@ -33,10 +33,15 @@ class Observed:
     idle_readings: int
     busy_readings: int
     reason: str
+    # The least reading at rest: every one holds at least a replica's baseline, and the larger ones
+    # also what the allocator kept from earlier peaks, which depends on the concurrency the replica
+    # ran at, not on the values being sized. None without a reading at rest.
+    rest_floor_bytes: int | None = None
 
     def as_dict(self) -> dict:
         return {
             "baseline_bytes": self.baseline_bytes,
+            "rest_floor_bytes": self.rest_floor_bytes,
             "per_request_bytes": self.per_request_bytes,
             "lower_bound": True,
             "idle_readings": self.idle_readings,
@@ -80,7 +85,14 @@ def from_points(points: list[dict]) -> Observed | None:
         text = f"{base_text}; {busy} reading(s) inside a busy spell showed no memory above it per request."
     else:
         text = f"{base_text}; no reading inside a busy spell yet (requests in flight at it and the readings around it)."
-    return Observed(int(baseline), per_request, len(idle), busy, f"Ray's per-process memory: {text}")
+    return Observed(
+        int(baseline),
+        per_request,
+        len(idle),
+        busy,
+        f"Ray's per-process memory: {text}",
+        int(min(idle)) if idle else None,
+    )
 
 
 def _quiet(p: dict) -> bool:

@@ -80,6 +80,29 @@ def test_traffic_gives_a_baseline_and_a_lower_bound_per_request():
     assert (seen.idle_readings, seen.busy_readings) == (2, 1) and "lower bound" in seen.reason.lower()
 
 
+def test_a_replica_at_rest_after_a_burst_keeps_its_peaks_so_the_least_reading_at_rest_is_its_floor():
+    # As on the reference app: 318 MiB at rest before the first burst; after 16 requests at once its
+    # allocator kept 4.4 GiB, at rest too. The floor a baseline may be lifted to is the least; the
+    # per-request lower bound still subtracts the largest, so it never grows from the kept memory.
+    rest = {"replicas": 1, "ongoing": 0.0, "rps": 0.0}
+    busy = {"replicas": 1, "ongoing": 16.0, "rps": 1.5}
+    points = [
+        {**rest, "t": 0, "rss_mb": 333.5},
+        {**rest, "t": 12, "rss_mb": 333.5},
+        {**busy, "t": 24, "rss_mb": 6000.0},
+        {**busy, "t": 36, "rss_mb": 9000.0},
+        {**busy, "t": 48, "rss_mb": 8000.0},
+        {**rest, "t": 60, "rss_mb": 4617.5},
+        {**rest, "t": 72, "rss_mb": 4617.5},
+    ]
+    seen = observed.from_points(points)
+    # The newest reading waits for an export interval to confirm it.
+    assert seen.idle_readings == 2
+    assert seen.rest_floor_bytes == int(333.5 * MB) and seen.baseline_bytes == int(4617.5 * MB)
+    assert seen.as_dict()["rest_floor_bytes"] == seen.rest_floor_bytes
+    assert observed.from_points(points[2:5]).rest_floor_bytes is None
+
+
 def test_memory_shown_before_its_requests_is_not_taken_for_a_replica_at_rest():
     # As read on a real cluster under a burst: the process memory moved a reading or two before the
     # requests gauge and counter, which trail it by up to an export interval.
