@@ -106,4 +106,4 @@ def test_the_load_sends_the_request_a_calibration_of_the_reference_app_sends_by_
     # this load: a lighter calibration request would size for traffic that never comes.
     from apps.demo.local_ray import REFERENCE_WARMUP
 
-    assert burst_load.DEFAULT_BODY == REFERENCE_WARMUP["body"]
+    assert REFERENCE_WARMUP["body"] == burst_load.DEFAULT_BODY
