@@ -2,7 +2,7 @@
 load on a real Ray cluster, as shipped, after Fleetdeck's heavy preset, and after the remediation
 wizard's computed values.
 
-    .venv/bin/python bench/outcome.py [--bursts 6] [--burst-size 12] [--headroom-gib 3]
+    .venv/bin/python bench/outcome.py [--bursts 6] [--burst-size 12] [--headroom-gib 5]
 
 A private Ray head whose memory monitor trips `--headroom-gib` above what the machine used before
 it started (the stand-in for a GPU node's memory) runs `deploy/reference_app/misbehaving.json`:
@@ -125,7 +125,7 @@ def main() -> None:
     parser.add_argument("--period-s", type=float, default=15.0)
     parser.add_argument("--prompt-chars", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--headroom-gib", type=float, default=3.0)
+    parser.add_argument("--headroom-gib", type=float, default=5.0)
     parser.add_argument("--request-timeout-s", type=float, default=120.0)
     args = parser.parse_args()
     from django.conf import settings
