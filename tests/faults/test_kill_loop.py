@@ -15,8 +15,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 
@@ -36,7 +34,7 @@ from apps.remediation import diagnosis, wizards
 from apps.remediation.models import Wizard, WizardStep
 from controlplane.celery import app as celery_app
 from tests.conftest import two_app_config
-from tests.integration.test_changes_worker import REPO, worker_env
+from tests.integration.test_changes_worker import killable_worker
 
 pytestmark = [pytest.mark.fault_loop, pytest.mark.ray, pytest.mark.django_db(transaction=True)]
 MODEL = [{"application": "demo", "deployment": "Model"}]
@@ -90,21 +88,10 @@ def wait_for_stage(change_id: int, aim: str, timeout_s: float = 60) -> str:
         time.sleep(0.005)
 
 
-def start_worker() -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "solo", "--loglevel", "WARNING"],
-        cwd=REPO,
-        env=worker_env(),
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
 def killed_during(send: Callable[[], int], rng: random.Random, stages: list[str]) -> tuple[int, str]:
     """Start a worker, hand it a change with `send` (which returns the change's id), and SIGKILL it
     at a random point of the protocol; the change's id and the state it was in when the worker died."""
-    worker = start_worker()
+    worker = killable_worker()
     try:
         change_id = send()
         # A point of the protocol first, then a moment inside it: a kill timed from the apply alone

@@ -112,6 +112,18 @@ def worker_env() -> dict:
     return env
 
 
+def killable_worker() -> subprocess.Popen:
+    """A solo worker in a session of its own, so a test can SIGKILL it and all it started."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "solo", "--loglevel", "WARNING"],
+        cwd=REPO,
+        env=worker_env(),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def test_a_worker_killed_mid_change_is_finished_by_the_reconciler(api_as, cluster, ray_head, settings):
     client = api_as("operator")
     # Replacing replicas takes seconds, which gives the kill a window inside the protocol.
@@ -123,14 +135,7 @@ def test_a_worker_killed_mid_change_is_finished_by_the_reconciler(api_as, cluste
     )
     assert planned.status_code == 201, planned.content
     change_id = planned.json()["id"]
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "solo", "--loglevel", "WARNING"],
-        cwd=REPO,
-        env=worker_env(),
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    worker = killable_worker()
     try:
         assert client.post(f"/api/v1/changes/{change_id}/apply/").status_code == 202
         deadline = time.monotonic() + 60
