@@ -345,6 +345,16 @@ def readable_tail(logs: str) -> str:
     return "".join(lines)[-LOG_TAIL_CHARS:]
 
 
+# Ray's JobSupervisor appends the job's last log lines to a failed entrypoint's message; they are
+# kept apart, made readable, as the calibration's log tail.
+RAY_LOGS_APPENDED = ", last available logs"
+
+
+def ray_message(message: str | None) -> str:
+    """Ray's message about a job, without the log lines it repeats (and the job's encoded script with them)."""
+    return (message or "").split(RAY_LOGS_APPENDED, 1)[0].strip()
+
+
 def _finish_from_job(calibration: MemoryCalibration, info: JobInfo, logs: str) -> MemoryCalibration:
     tail = readable_tail(logs)
     times = {
@@ -398,7 +408,7 @@ def _finish_from_job(calibration: MemoryCalibration, info: JobInfo, logs: str) -
     if info.status == "STOPPED":
         return _finish(calibration, State.STOPPED, error=info.message or "The job was stopped.", log_tail=tail, **times)
     reason = reported_error(logs)
-    ray_says = info.message or f"the job {info.status.lower()}"
+    ray_says = ray_message(info.message) or f"the job {info.status.lower()}"
     return _finish(
         calibration, State.FAILED, error=f"{reason} (Ray: {ray_says})" if reason else ray_says, log_tail=tail, **times
     )

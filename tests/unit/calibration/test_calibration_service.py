@@ -205,6 +205,27 @@ def test_a_failed_job_keeps_the_script_s_reason_ray_s_message_and_the_log_tail(m
     assert services.latest_curve(model) is None
 
 
+def test_a_failed_job_s_error_leaves_out_the_log_lines_ray_appends_to_its_message(model, operator, use_replay):
+    # Ray 2.60's JobSupervisor appends the job's last log lines to the message of a failed entrypoint,
+    # the base64 of the job's script among them; they belong in the log tail, made readable.
+    calibration = services.request_calibration(operator, model)
+    logs = (
+        "python -c import base64,sys;exec(compile(base64.b64decode('" + "QUJD" * 300 + "')))\n"
+        "FLEETDECK_CALIBRATION_ERROR Node memory reached 3667 MiB during concurrency 1, past the stop at 3664 MiB; "
+        "the run ended there. Nothing was measured.\n"
+    )
+    message = (
+        "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\n" + logs
+    )
+    job_says(use_replay, calibration, "FAILED", logs=logs, message=message)
+    failed = services.poll(calibration.pk)
+    assert failed.error == (
+        "Node memory reached 3667 MiB during concurrency 1, past the stop at 3664 MiB; the run ended there. "
+        "Nothing was measured. (Ray: Job entrypoint command failed with exit code 1)"
+    )
+    assert "QUJD" not in failed.log_tail and "characters of encoded data left out" in failed.log_tail
+
+
 def test_a_job_that_succeeded_without_a_result_line_fails_the_calibration(model, operator, use_replay):
     calibration = services.request_calibration(operator, model)
     job_says(use_replay, calibration, "SUCCEEDED", logs="hello\n")
