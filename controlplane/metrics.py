@@ -28,7 +28,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from apps.calibration.models import MemoryCalibration
 from apps.changes.models import Change
 from apps.clusters.models import Cluster
-from apps.incidents.models import Incident
+from apps.incidents.models import Incident, ScrapeState, WebhookDelivery
+from apps.kubernetes.models import KubeConnection, KubeLink
 from apps.liveness import services as liveness
 from apps.remediation.models import Wizard
 
@@ -36,14 +37,19 @@ from apps.remediation.models import Wizard
 WINDOW = timedelta(hours=24)
 LAG_BUCKETS = (5, 15, 30, 60, 120, 300, 900, 3600)
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 900, 1800)
+SYNC_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
-def _histogram(name: str, documentation: str, values: Iterable[float], buckets: tuple, labels: dict | None = None):
-    labels = labels or {}
-    family = HistogramMetricFamily(name, documentation, labels=list(labels))
-    values = list(values)
-    counts = [(str(b), sum(1 for v in values if v <= b)) for b in buckets] + [("+Inf", len(values))]
-    family.add_metric(list(labels.values()), counts, sum_value=sum(values))
+def _histogram(name: str, documentation: str, values: Iterable[float], buckets: tuple):
+    return _team_histogram(name, documentation, {None: list(values)}, buckets)
+
+
+def _team_histogram(name: str, documentation: str, by_team: dict, buckets: tuple):
+    """A histogram with one series per team; the key None means one series without the label."""
+    family = HistogramMetricFamily(name, documentation, labels=[] if None in by_team else ["team"])
+    for team, values in sorted(by_team.items(), key=lambda item: item[0] or ""):
+        counts = [(str(b), sum(1 for v in values if v <= b)) for b in buckets] + [("+Inf", len(values))]
+        family.add_metric([] if team is None else [team], counts, sum_value=sum(values))
     return family
 
 
@@ -58,6 +64,7 @@ class FleetCollector:
         yield self._wizards(now)
         yield self._calibrations(now)
         yield from self._liveness(now)
+        yield from self._outbound(now)
 
     def _clusters(self, now):
         clusters = GaugeMetricFamily(
@@ -68,18 +75,23 @@ class FleetCollector:
             clusters.add_metric([row["team__name"], row["reachability"]], row["n"])
         yield clusters
         lags: dict[str, list[float]] = {}
-        for team, synced in Cluster.objects.values_list("team__name", "last_sync_at"):
+        durations: dict[str, list[float]] = {}
+        for team, synced, took_ms in Cluster.objects.values_list("team__name", "last_sync_at", "last_sync_duration_ms"):
             lags.setdefault(team, []).append((now - synced).total_seconds() if synced else LAG_BUCKETS[-1] * 2)
-        family = HistogramMetricFamily(
+            durations.setdefault(team, []).extend([] if took_ms is None else [took_ms / 1000])
+        yield _team_histogram(
             "fleetdeck_sync_lag_seconds",
             f"Seconds since each cluster's last sync, by team (the interval is {settings.FLEETDECK_SYNC_INTERVAL_S} s; "
             "a cluster never synced counts past the last bucket).",
-            labels=["team"],
+            lags,
+            LAG_BUCKETS,
         )
-        for team, values in sorted(lags.items()):
-            counts = [(str(b), sum(1 for v in values if v <= b)) for b in LAG_BUCKETS] + [("+Inf", len(values))]
-            family.add_metric([team], counts, sum_value=sum(values))
-        yield family
+        yield _team_histogram(
+            "fleetdeck_sync_duration_seconds",
+            "How long each cluster's last sync took, by team (reading its dashboard and applying the answers).",
+            durations,
+            SYNC_BUCKETS,
+        )
 
     def _incidents(self):
         family = GaugeMetricFamily(
@@ -153,11 +165,14 @@ class FleetCollector:
         beats = liveness.current(now)
         age = GaugeMetricFamily(
             "fleetdeck_heartbeat_age_seconds",
-            "Seconds since the worker ran a tick and since beat sent one (NaN: never).",
+            "Seconds since the worker ran a tick and since beat sent one (absent: never).",
             labels=["process"],
         )
+        # A process that never ran has no series rather than NaN: every comparison with NaN is false, so a
+        # worker that never started would never alert, while absent() catches a missing series.
         for process, at in (("worker", beats.worker_at), ("beat", beats.beat_at)):
-            age.add_metric([process], (now - at).total_seconds() if at else float("nan"))
+            if at:
+                age.add_metric([process], (now - at).total_seconds())
         yield age
         failing = GaugeMetricFamily(
             "fleetdeck_tick_handler_failures",
@@ -167,6 +182,46 @@ class FleetCollector:
         for handler, consecutive, _ in beats.failing_handlers:
             failing.add_metric([handler], consecutive)
         yield failing
+
+    def _outbound(self, now):
+        """What each adapter's last request to each target came to, read from the error each one keeps:
+        a counter of errors would need every process's memory, and the last outcome is what an alert
+        wants (a target that failed once an hour ago and answers now is not a page)."""
+        failing = GaugeMetricFamily(
+            "fleetdeck_outbound_failing_targets",
+            "Targets whose last request through this adapter failed (ray_dashboard: clusters; metrics_scrape and "
+            "prometheus: clusters' metrics readings; kubernetes: connections and links).",
+            labels=["adapter"],
+        )
+        scrapes = Counter(
+            "prometheus" if prometheus_url else "metrics_scrape"
+            for prometheus_url in ScrapeState.objects.exclude(error="").values_list(
+                "cluster__prometheus_url", flat=True
+            )
+        )
+        counts = {
+            "ray_dashboard": Cluster.objects.exclude(last_error="").count(),
+            "metrics_scrape": scrapes["metrics_scrape"],
+            "prometheus": scrapes["prometheus"],
+            "kubernetes": KubeConnection.objects.exclude(last_error="").count()
+            + KubeLink.objects.exclude(last_error="").count(),
+        }
+        for adapter, n in counts.items():
+            failing.add_metric([adapter], n)
+        yield failing
+        deliveries = GaugeMetricFamily(
+            "fleetdeck_webhook_deliveries_last_day",
+            "Incident deliveries made in the last 24 hours, by receiver kind and state.",
+            labels=["kind", "state"],
+        )
+        rows = (
+            WebhookDelivery.objects.filter(created_at__gte=now - WINDOW)
+            .values("webhook__kind", "state")
+            .annotate(n=Count("id"))
+        )
+        for row in rows:
+            deliveries.add_metric([row["webhook__kind"], row["state"]], row["n"])
+        yield deliveries
 
 
 def exposition() -> bytes:

@@ -62,6 +62,35 @@ PANELS: list[tuple[str, list[tuple[str, str, str, list[tuple[str, str]], str]]]]
         ],
     ),
     (
+        "Outbound",
+        [
+            (
+                "Sync duration",
+                "timeseries",
+                "s",
+                [
+                    ("histogram_quantile(0.5, sum by (le) (fleetdeck_sync_duration_seconds_bucket))", "p50"),
+                    ("histogram_quantile(0.95, sum by (le) (fleetdeck_sync_duration_seconds_bucket))", "p95"),
+                ],
+                "How long each cluster's last sync took: its dashboard's answers, read and applied.",
+            ),
+            (
+                "Targets failing, by adapter",
+                "timeseries",
+                "short",
+                [("sum by (adapter) (fleetdeck_outbound_failing_targets)", "{{adapter}}")],
+                "Clusters, metrics sources and Kubernetes connections whose last request failed.",
+            ),
+            (
+                "Incident deliveries, last day",
+                "timeseries",
+                "short",
+                [('sum by (kind) (fleetdeck_webhook_deliveries_last_day{state="failed"})', "{{kind}} failed")],
+                "Deliveries to Alertmanager, Slack and webhooks that failed after their retries.",
+            ),
+        ],
+    ),
+    (
         "Incidents",
         [
             (

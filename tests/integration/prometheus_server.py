@@ -1,5 +1,6 @@
 """Debian's Prometheus server on loopback for the integration tests: its own config, data dir and
-port, scraping a real Ray head's metrics export port every second, stopped by its own pid.
+port, scraping one target every second (a real Ray head's metrics export port, or Fleetdeck's own
+/metrics), stopped by its own pid.
 
 `make test` installs the package (scripts/install-monitoring.sh); without it the fixture fails and
 says so: a Prometheus path that is never run against a Prometheus is what this module is for."""
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import yaml
 
 from apps.demo.local_ray import free_port
 
@@ -25,20 +27,23 @@ PROMETHEUS = os.environ.get("FLEETDECK_PROMETHEUS", "/usr/bin/prometheus")
 CLUSTER_LABEL = "fleetdeck-it"
 SELECTOR = f'cluster="{CLUSTER_LABEL}"'
 
-CONFIG = """\
-global:
-  # Ray exports every ~10 s (metrics_report_interval_ms); a 1 s scrape sees each export within a second.
-  scrape_interval: 1s
-  scrape_timeout: 1s
-  evaluation_interval: 1s
-scrape_configs:
-  - job_name: ray
-    metrics_path: /metrics
-    static_configs:
-      - targets: ["{target}"]
-        labels:
-          cluster: "{cluster}"
-"""
+
+def config(target: str, *, bearer_token: str | None = None, rule_files: tuple[Path, ...] = ()) -> str:
+    # Ray exports every ~10 s (metrics_report_interval_ms); a 1 s scrape sees each export within a second.
+    job: dict = {
+        "job_name": "target",
+        "metrics_path": "/metrics",
+        "static_configs": [{"targets": [target], "labels": {"cluster": CLUSTER_LABEL}}],
+    }
+    if bearer_token:
+        job["authorization"] = {"type": "Bearer", "credentials": bearer_token}
+    return yaml.safe_dump(
+        {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(path) for path in rule_files],
+            "scrape_configs": [job],
+        }
+    )
 
 
 @dataclass
@@ -73,24 +78,26 @@ class PrometheusServer:
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
-def start(target: str, *, timeout_s: float = 30.0) -> PrometheusServer:
-    """Start a Prometheus scraping `target` (host:port serving /metrics) and wait until it is ready
-    and has scraped the target successfully."""
+def start(
+    target: str, *, bearer_token: str | None = None, rule_files: tuple[Path, ...] = (), timeout_s: float = 30.0
+) -> PrometheusServer:
+    """Start a Prometheus scraping `target` (host:port serving /metrics, with `bearer_token` when
+    given) and evaluating `rule_files`, and wait until it is ready and has scraped the target."""
     if not os.access(PROMETHEUS, os.X_OK):
         raise RuntimeError(
             f"No Prometheus server at {PROMETHEUS}: run scripts/install-monitoring.sh (make test runs it), "
             "or set FLEETDECK_PROMETHEUS to a prometheus binary."
         )
     data_dir = Path(tempfile.mkdtemp(prefix="fdprom-", dir="/tmp"))
-    config = data_dir / "prometheus.yml"
-    config.write_text(CONFIG.format(target=target, cluster=CLUSTER_LABEL))
+    config_path = data_dir / "prometheus.yml"
+    config_path.write_text(config(target, bearer_token=bearer_token, rule_files=rule_files))
     port = free_port()
     log_path = data_dir / "prometheus.log"
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             [
                 PROMETHEUS,
-                f"--config.file={config}",
+                f"--config.file={config_path}",
                 f"--storage.tsdb.path={data_dir / 'tsdb'}",
                 f"--web.listen-address=127.0.0.1:{port}",
                 "--web.enable-lifecycle",

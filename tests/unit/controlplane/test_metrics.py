@@ -65,3 +65,34 @@ def test_metrics_are_off_until_a_token_is_set(client, settings):
     settings.FLEETDECK_METRICS_TOKEN = ""
     response = client.get("/metrics", HTTP_AUTHORIZATION="Bearer anything")
     assert response.status_code == 404 and b"FLEETDECK_METRICS_TOKEN" in response.content
+
+
+def test_sync_durations_and_the_adapters_whose_last_request_failed(client, team, token):
+    from apps.incidents.models import ScrapeState, Webhook, WebhookDelivery
+    from apps.kubernetes.models import KubeConnection
+
+    now = timezone.now()
+    quick = ClusterFactory(team=team, name="quick", last_sync_at=now, last_sync_duration_ms=80)
+    slow = ClusterFactory(team=team, name="slow", last_sync_at=now, last_sync_duration_ms=4000, last_error="")
+    down = ClusterFactory(team=team, name="down", last_error="connection refused", reachability="unreachable")
+    prom = ClusterFactory(team=team, name="prom", prometheus_url="http://prometheus.example:9090")
+    ScrapeState.objects.create(cluster=slow, at=0, error="metrics endpoint answered 500")
+    ScrapeState.objects.create(cluster=prom, at=0, error="Prometheus answered 503")
+    ScrapeState.objects.create(cluster=quick, at=0)
+    KubeConnection.objects.create(team=team, name="prod", last_error="401 Unauthorized")
+    hook = Webhook.objects.create(team=team, kind=Webhook.Kind.SLACK, url="https://hooks.example/x")
+    incident = IncidentFactory(cluster=down)
+    WebhookDelivery.objects.create(webhook=hook, incident=incident, state=WebhookDelivery.State.FAILED)
+    WebhookDelivery.objects.create(webhook=hook, incident=incident, state=WebhookDelivery.State.DELIVERED)
+
+    samples = _scrape(client, token)
+    name = team.name
+    # A cluster never synced has no duration: two of the four are counted.
+    assert samples[("fleetdeck_sync_duration_seconds_count", (("team", name),))] == 2
+    assert samples[("fleetdeck_sync_duration_seconds_bucket", (("le", "0.1"), ("team", name)))] == 1
+    assert samples[("fleetdeck_sync_duration_seconds_bucket", (("le", "5"), ("team", name)))] == 2
+    assert samples[("fleetdeck_sync_duration_seconds_sum", (("team", name),))] == pytest.approx(4.08)
+    failing = {k[1][0][1]: v for k, v in samples.items() if k[0] == "fleetdeck_outbound_failing_targets"}
+    assert failing == {"ray_dashboard": 1, "metrics_scrape": 1, "prometheus": 1, "kubernetes": 1}
+    assert samples[("fleetdeck_webhook_deliveries_last_day", (("kind", "slack"), ("state", "failed")))] == 1
+    assert samples[("fleetdeck_webhook_deliveries_last_day", (("kind", "slack"), ("state", "delivered")))] == 1
