@@ -54,6 +54,14 @@ def query(
             f"Prometheus refused the query: {body.get('error') or response.status_code}.",
             transient=response.status_code >= 500,
         )
+    if body.get("warnings"):
+        # A partial answer (a store or remote-read source missing, as Thanos and federated setups say
+        # in warnings) is short of series: summed, it would undercount what clients sent, and a
+        # verification could call a failing window clean. No figure is better than a low one.
+        warned = "; ".join(str(w) for w in body["warnings"])[:300]
+        raise MetricsUnavailable(
+            f"Prometheus answered a partial result ({warned}); no reading is taken.", transient=True
+        )
     data = body.get("data") or {}
     if data.get("resultType") != "vector":
         raise MetricsUnavailable(f"Prometheus answered a {data.get('resultType')!r}, not a vector.", transient=False)

@@ -95,6 +95,24 @@ def test_prometheus_down_or_not_prometheus():
         )
 
 
+def test_prometheus_timing_out_or_answering_part_of_the_result_says_which():
+    def slow(request):
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    with pytest.raises(ray_metrics.MetricsUnavailable, match="did not answer in time") as caught:
+        prometheus.query("http://prom.test:9090", "up", transport=httpx.MockTransport(slow))
+    assert caught.value.transient
+    # Thanos's answer when a store is down and partial responses are allowed: data, and a warning.
+    partial = {**captured("requests_rate")["body"], "warnings": ["No StoreAPIs matched for this query"]}
+    with pytest.raises(ray_metrics.MetricsUnavailable, match=r"partial result \(No StoreAPIs matched") as caught:
+        prometheus_readings.read(
+            "http://prom.test:9090",
+            'cluster="local-demo"',
+            transport=httpx.MockTransport(lambda r: httpx.Response(200, json=partial)),
+        )
+    assert caught.value.transient
+
+
 def test_a_selector_that_matches_nothing_is_a_visible_warning():
     reading = prometheus_readings.read(
         "http://prom.test:9090",
