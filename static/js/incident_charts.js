@@ -13,13 +13,13 @@
   // A little room at both ends, so a kill at the last reading is not cut in half by the edge.
   const pad = Math.max((d.end - d.start) * 0.02, 15000);
   const [from, to] = [d.start - pad, d.end + pad];
-  const clock = (ms) => new Date(ms).toLocaleTimeString([], { hour12: false });
+  const clock = FleetdeckClock.clock;
   const options = (scales) => ({
     animation: false,
     spanGaps: true,
     plugins: {
       legend: { position: "bottom" },
-      tooltip: { callbacks: { title: (items) => (items.length ? new Date(items[0].parsed.x).toLocaleString([], { hour12: false }) : "") } },
+      tooltip: { callbacks: { title: (items) => (items.length ? FleetdeckClock.when(items[0].parsed.x) : "") } },
     },
     scales: {
       x: { type: "linear", min: from, max: to, title: { display: true, text: "time" }, ticks: { callback: clock, maxTicksLimit: 8, includeBounds: false } },

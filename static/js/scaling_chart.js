@@ -28,13 +28,13 @@
         legend: { position: "bottom" },
         tooltip: {
           callbacks: {
-            title: (items) => (items.length ? new Date(items[0].parsed.x).toLocaleString([], { hour12: false }) : ""),
+            title: (items) => (items.length ? FleetdeckClock.when(items[0].parsed.x) : ""),
             label: (item) => (item.raw && item.raw.reason !== undefined ? `${item.raw.from} → ${item.raw.y}: ${item.raw.reason}` : `${item.dataset.label}: ${item.parsed.y}`),
           },
         },
       },
       scales: {
-        x: { type: "linear", min: d.start, max: now, ticks: { callback: (ms) => new Date(ms).toLocaleTimeString([], { hour12: false }), maxTicksLimit: 8 } },
+        x: { type: "linear", min: d.start, max: now, ticks: { callback: FleetdeckClock.clock, maxTicksLimit: 8 } },
         y: { beginAtZero: true, ticks: { precision: 0 }, title: { display: true, text: "replicas" } },
       },
     },

@@ -60,3 +60,30 @@ def test_the_calibration_chart_is_drawn_on_the_page_and_in_every_card_htmx_swaps
     wait_until(page, f"document.getElementById('calibration-card') !== window.firstCard && !!{CHART}")
     # The chart of the card htmx replaced was let go.
     assert page.evaluate("Object.values(Chart.instances).every((chart) => chart.canvas.isConnected)")
+
+
+def test_the_charts_print_a_moment_as_the_page_beside_them_does(page, live_server, people, model, settings):
+    """The page prints times in the server's zone; a chart formatting in the browser's own zone and
+    locale would put another hour and another date order beside them."""
+    settings.TIME_ZONE = "America/New_York"  # not the browser's (UTC here), so a mix-up shows
+    measured = timezone.now().replace(microsecond=0)
+    calibration(
+        model,
+        "measured",
+        state="succeeded",
+        axis="concurrency",
+        device="cpu",
+        baseline_bytes=100 * MIB,
+        finished_at=measured,
+        points=[{"x": 1, "peak_bytes": 164 * MIB, "service_s": 0.1}],
+    )
+    log_in(page, live_server, "viewer", reverse("fleet:deployment", args=[model.pk]))
+    page.wait_for_selector("#calibration-card")
+    # The card prints when the curve was measured; the charts' clock formats the same instant.
+    shown = page.evaluate(f"FleetdeckClock.when({measured.timestamp() * 1000})")
+    with timezone.override("America/New_York"):
+        from apps.fleet.templatetags.fleet_tags import when
+
+        assert shown == when(measured)
+    assert shown in page.inner_text("#calibration-card")
+    assert page.evaluate(f"FleetdeckClock.clock({measured.timestamp() * 1000})") == shown[-8:]

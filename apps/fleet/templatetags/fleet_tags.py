@@ -1,7 +1,13 @@
+"""The pages' shared filters. Every time, duration, size and share on a page goes through one of
+these, so the same quantity reads the same everywhere: 24-hour times in FLEETDECK_TIME_ZONE
+(`when`, `clock`; the charts format theirs the same way, static/js/clock.js), durations by one rule
+(`duration`, `ms`), memory in 1024-based units (`mib`, `mebibytes`), shares as percentages."""
+
 import calendar
 import json
 
 from django import template
+from django.utils import timezone
 
 from apps.core import redaction, yamltext
 
@@ -109,6 +115,57 @@ def mib(value) -> str:
 
 
 @register.filter
+def mebibytes(value) -> str:
+    """A figure already in MiB, shown as `mib` shows bytes: 318.4 → 318 MiB, 4404 → 4.3 GiB."""
+    if value is None or value == "":
+        return "—"
+    return mib(float(value) * 1024 * 1024)
+
+
+@register.filter
+def when(value, zone: str = "") -> str:
+    """A moment as every page shows one: 2026-12-06 15:04:05 in the server's time zone; with
+    "tz", its abbreviation after it (where a schedule's zone matters). None → —."""
+    if not value:
+        return "—"
+    local = timezone.localtime(value)
+    shown = f"{local:%Y-%m-%d %H:%M:%S}"
+    return f"{shown} {local:%Z}" if zone == "tz" else shown
+
+
+@register.filter
+def clock(value, precision: str = "") -> str:
+    """The time of day alone, beside a date the reader already has: 15:04:05 (15:04:05.123 with
+    "ms", for a step log whose steps come within a second). None → —."""
+    if not value:
+        return "—"
+    local = timezone.localtime(value)
+    return f"{local:%H:%M:%S}.{local.microsecond // 1000:03d}" if precision == "ms" else f"{local:%H:%M:%S}"
+
+
+@register.filter
+def duration(seconds) -> str:
+    """A duration or latency given in seconds, by one rule: under a second in whole ms (230 ms),
+    under 10 minutes in seconds to a tenth (2.4 s, 31 s), above in whole minutes (14 min). None → —."""
+    if seconds is None or seconds == "":
+        return "—"
+    value = float(seconds)
+    if abs(value) < 0.9995:  # what would round to 1000 ms reads as 1 s
+        return f"{value * 1000:.0f}\xa0ms"
+    if abs(value) < 600:
+        return f"{value:.1f}".removesuffix(".0") + "\xa0s"
+    return f"{value / 60:.0f}\xa0min"
+
+
+@register.filter
+def ms(milliseconds) -> str:
+    """A duration given in milliseconds, shown as `duration` shows seconds."""
+    if milliseconds is None or milliseconds == "":
+        return "—"
+    return duration(float(milliseconds) / 1000)
+
+
+@register.filter
 def num(value) -> str:
     """Numbers as an operator reads them: 4.0 → 4, None → —."""
     if value is None or value == "":
@@ -119,11 +176,12 @@ def num(value) -> str:
 
 
 @register.filter
-def percent(value) -> str:
-    """A share as a percentage: 0.05 → 5 %, 0.1234 → 12.3 %, None → —."""
+def percent(value, scale: str = "") -> str:
+    """A share as a percentage: 0.05 → 5 %, 0.1234 → 12.3 %, None → —; with "100", a figure
+    already in percent (a mix's shares): 33.333 → 33.3 %."""
     if value is None or value == "":
         return "—"
-    shown = f"{float(value) * 100:.1f}".removesuffix(".0")
+    shown = f"{float(value) * (1 if scale == '100' else 100):.1f}".removesuffix(".0")
     return f"{shown}\xa0%"
 
 

@@ -258,5 +258,5 @@ def test_the_card_takes_a_mix_and_shows_each_request_and_the_peak_sizing_reads(l
     job_says(use_replay, calibration, "SUCCEEDED", logs=result_line(**MIXED_RESULT))
     services.poll(calibration.pk)
     card = client.get(reverse("calibration:card", args=[echo.pk]), HTTP_HX_REQUEST="true").content.decode()
-    assert "Mix of requests" in card and "GET /demo/generate?size=large" in card and "+500.0 MiB" in card
-    assert "99.99th percentile" in card and "1100 MiB at 2" in card
+    assert "Mix of requests" in card and "GET /demo/generate?size=large" in card and "+500\xa0MiB" in card
+    assert "99.99th percentile" in card and "1.1\xa0GiB at 2" in card

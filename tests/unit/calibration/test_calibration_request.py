@@ -305,7 +305,7 @@ def test_the_card_shows_shape_rest_levels_service_time_and_why_it_stopped(login,
     assert "Starlette Request handler" in card and "handle call __call__()" in card
     assert "100\xa0MiB" in card  # the warm rest
     assert "90\xa0MiB cold, before any request" in card
-    assert "164.0 MiB" in card and "+64.0 MiB" in card and "150.0 MiB" in card and "0.500 s" in card
+    assert "164\xa0MiB" in card and "+64\xa0MiB" in card and "150\xa0MiB" in card and "500\xa0ms" in card
     assert "Stopped early:" in card and "concurrency 8 would exceed the memory budget" in card
 
 

@@ -9,7 +9,7 @@ import pytest
 from django.template.loader import render_to_string
 from django.urls import reverse
 
-from apps.fleet.templatetags.fleet_tags import human, mib, weekdays
+from apps.fleet.templatetags.fleet_tags import clock, duration, human, mebibytes, mib, ms, percent, weekdays, when
 from apps.remediation.models import Finding
 from tests.factories import ChangeFactory, ClusterFactory
 
@@ -85,6 +85,58 @@ def test_no_template_uses_filesizeformat_whose_units_read_as_decimal():
 
     templates = Path(__file__).resolve().parents[3] / "templates"
     assert [p.name for p in templates.rglob("*.html") if "filesizeformat" in p.read_text()] == []
+
+
+@pytest.mark.parametrize(
+    "seconds, shown",
+    [
+        (0.0093, "9\xa0ms"),
+        (0.23, "230\xa0ms"),
+        (0.9996, "1\xa0s"),
+        (2.44, "2.4\xa0s"),
+        (31.0, "31\xa0s"),
+        (599.0, "599\xa0s"),
+        (840.0, "14\xa0min"),
+        (None, "—"),
+    ],
+)
+def test_every_duration_reads_by_one_rule(seconds, shown):
+    assert duration(seconds) == shown
+    if seconds is not None:
+        assert ms(seconds * 1000) == shown
+
+
+def test_memory_in_mib_reads_as_bytes_do_and_shares_as_percent():
+    assert mebibytes(318.44) == mib(318.44 * 1024 * 1024) == "318\xa0MiB"
+    assert mebibytes(4404) == "4.3\xa0GiB" and mebibytes(None) == "—"
+    assert percent(0.333) == percent(33.3, "100") == "33.3\xa0%"
+
+
+def test_times_are_24_hour_in_the_servers_time_zone(settings):
+    from datetime import UTC, datetime
+
+    from django.utils import timezone
+
+    at = datetime(2026, 12, 6, 17, 4, 5, 123456, tzinfo=UTC)
+    with timezone.override("Europe/Berlin"):
+        assert when(at) == "2026-12-06 18:04:05" and clock(at) == "18:04:05"
+        assert clock(at, "ms") == "18:04:05.123" and when(at, "tz") == "2026-12-06 18:04:05 CET"
+    assert when(None) == clock(None) == "—"
+
+
+def test_templates_and_charts_format_through_the_shared_filters_only():
+    """One time and number format across pages and charts: a template that formats a date or a float
+    itself, or a chart that formats in the browser's own locale and zone, would read differently."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    own = re.compile(r"\|date:|\|time:|\|floatformat")
+    # The LLM plan prints GiB to two decimals as vLLM's start-up log does, to be read against it.
+    allowed = {"plan_result.html"}
+    offenders = [p.name for p in (root / "templates").rglob("*.html") if own.search(p.read_text())]
+    assert sorted(set(offenders) - allowed) == []
+    scripts = [p for p in (root / "static" / "js").glob("*.js")]
+    assert scripts and [p.name for p in scripts if "toLocale" in p.read_text()] == []
 
 
 @pytest.fixture
