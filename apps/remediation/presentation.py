@@ -6,6 +6,7 @@ import yaml
 
 from apps.fleet import llm
 from apps.fleet.configs import unified_diff
+from apps.fleet.templatetags.fleet_tags import ms, num, percent
 from apps.remediation import diagnosis
 from apps.remediation.models import Wizard, WizardStep
 
@@ -27,21 +28,23 @@ CLIENTS = [
     ("client_failed", "Failed requests"),
     ("client_failed_by_code", "Failed by code"),
     ("client_failed_share", "Failed share"),
-    ("goodput_rps", "Goodput (successful req/s)"),
-    ("client_p50_ms", "p50 end to end (ms)"),
-    ("client_p99_ms", "p99 end to end (ms)"),
+    ("goodput_rps", "Goodput (successful)"),
+    ("client_p50_ms", "p50 end to end"),
+    ("client_p99_ms", "p99 end to end"),
 ]
 REPLICAS = [
     ("replica_requests", "Requests"),
     ("errors", "Errors"),
     ("error_rate", "Errors per request"),
-    ("p50_ms", "Processing p50 (ms)"),
-    ("p99_ms", "Processing p99 (ms)"),
+    ("p50_ms", "Processing p50"),
+    ("p99_ms", "Processing p99"),
     ("queued_max", "Queue peak (requests)"),
-    ("rps_mean", "Requests/s (mean)"),
+    ("rps_mean", "Requests (mean rate)"),
 ]
 WINDOW = [("oom_kills", "OOM kills"), ("healthy", "Window"), ("points", "Readings")]
 SHARES = {"client_failed_share", "error_rate"}
+DURATIONS_MS = {"client_p50_ms", "client_p99_ms", "p50_ms", "p99_ms"}
+RATES = {"goodput_rps", "rps_mean"}
 
 
 def badge(wizard: Wizard, step: WizardStep) -> tuple[str, str]:
@@ -123,16 +126,23 @@ def _shown(key: str, side: dict):
         return None
     if key == "healthy":
         return f"healthy: {side.get('why', '')}" if value else f"failing: {side.get('why', '')}"
+    # The pages' own formats (fleet_tags), so a figure here reads as it does on every other page.
     if key in SHARES:
-        return f"{value * 100:.1f} %"
+        return percent(value)
     if key == "client_failed_by_code":
         return ", ".join(f"{code} ×{n:.0f}" for code, n in value.items()) or "none"
     if key == "client_p99_ms" and side.get("client_p99_between_ms"):
         low, high = side["client_p99_between_ms"]
         if high is None:
-            return f"above {low:.0f} (the proxy's last bucket)"
+            return f"above {ms(low)} (the proxy's last bucket)"
         if high > 2 * max(low, 1):
-            return f"{value:.0f}, somewhere in {low:.0f}–{high:.0f} (the proxy's histogram bucket)"
+            return f"{ms(value)}, somewhere in {ms(low)}–{ms(high)} (the proxy's histogram bucket)"
+    if key in DURATIONS_MS:
+        return ms(value)
+    if key in RATES:
+        return f"{value:.2f}\xa0req/s"
+    if isinstance(value, float):
+        return num(round(value, 1))
     return value
 
 

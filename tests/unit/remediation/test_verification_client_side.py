@@ -245,7 +245,7 @@ def test_a_p99_interpolated_below_the_objective_in_a_bucket_that_spans_it_does_n
     assert "p99 15000 ms interpolated, between 10000 and 60000 ms (the proxy's histogram bucket) end to end" in why
     assert "cannot be shown to be met" in why and "RAY_SERVE_REQUEST_LATENCY_BUCKETS_MS" in why
     rows = {label: a for section in presentation.comparison({}, after) for label, _, a in section["rows"]}
-    assert rows["p99 end to end (ms)"] == "15000, somewhere in 10000–60000 (the proxy's histogram bucket)"
+    assert rows["p99 end to end"] == "15\xa0s, somewhere in 10\xa0s–60\xa0s (the proxy's histogram bucket)"
     # Interpolated above the objective in the same bucket proves no more: it is not called "above".
     high = summary([p | {"http_p99": 55_000.0, "http_p99_between": [10_000.0, 60_000.0]} for p in window(http=600)])
     result, why = verification.verdict("oom_kill", {}, high, window_over=True, latency_objective_ms=20_000)
@@ -316,7 +316,7 @@ def test_the_before_window_with_kills_and_500s_is_reported_failing_with_its_fail
     )
     rows = {row[0]: row[1] for section in presentation.comparison(before, {}) for row in section["rows"]}
     assert (
-        rows["Failed share"] == "80.0 %"
+        rows["Failed share"] == "80\xa0%"
         and rows["Failed by code"] == "500 ×400"
         and rows["Window"].startswith("failing: 1 OOM kill(s).")
     )
