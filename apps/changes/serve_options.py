@@ -146,3 +146,55 @@ def autoscaling_defaults() -> dict:
     from ray.serve.config import AutoscalingConfig
 
     return AutoscalingConfig().model_dump(mode="json")
+
+
+# Deployment options Serve applies to the running replicas: every DeploymentConfig field whose
+# update_type is not HeavyWeight in Ray 2.60 (ray/serve/_private/config.py; a test reads it there).
+# Anything else a config entry can change (ray_actor_options, placement groups, max_replicas_per_node)
+# starts new replicas, and so does any change of the application's code or runtime_env.
+IN_PLACE_OPTIONS = frozenset(
+    {
+        "num_replicas",
+        "max_ongoing_requests",
+        "max_queued_requests",
+        "backpressure_config",
+        "user_config",
+        "graceful_shutdown_timeout_s",
+        "graceful_shutdown_wait_loop_s",
+        "health_check_period_s",
+        "health_check_timeout_s",
+        "autoscaling_config",
+        "request_router_config",
+        "logging_config",
+        "max_constructor_retry_count",
+        "rolling_update_percentage",
+        "max_surge_percent",
+    }
+)
+# Application keys that do not touch its replicas when they change.
+APP_IN_PLACE = frozenset({"name", "route_prefix", "deployments", "external_scaler_enabled"})
+
+
+def replaces_replicas(before: dict | None, after: dict | None, application: str) -> bool:
+    """Whether going from config `before` to `after` starts new replicas of `application`: a
+    changed key outside the options Serve reconfigures in place, on the application or one of its
+    deployments. An application that is new or removed, or a config that cannot be read, counts as
+    replaced (the cautious answer)."""
+    old, new = _application(before, application), _application(after, application)
+    if old is None or new is None:
+        return True
+    if any(old.get(k) != new.get(k) for k in (set(old) | set(new)) - APP_IN_PLACE):
+        return True
+    old_deployments = {d.get("name"): d for d in old.get("deployments") or []}
+    for deployment in new.get("deployments") or []:
+        previous = old_deployments.get(deployment.get("name"), {})
+        keys = (set(previous) | set(deployment)) - IN_PLACE_OPTIONS - {"name"}
+        if any(previous.get(k) != deployment.get(k) for k in keys):
+            return True
+    return False
+
+
+def _application(config: dict | None, name: str) -> dict | None:
+    if not isinstance(config, dict):
+        return None
+    return next((a for a in config.get("applications") or [] if isinstance(a, dict) and a.get("name") == name), None)

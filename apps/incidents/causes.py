@@ -29,6 +29,8 @@ class RecentChange:
     session: str = ""
     # When its rolling update was over (verified, or its rollback finished); None while it runs.
     ended_at: datetime | None = None
+    # Whether it started new replicas at all: Serve reconfigures most options in place.
+    replaced_replicas: bool = True
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,11 @@ def change_in_effect(changes: list[RecentChange], history: ClusterHistory) -> tu
 
 
 def _superseded(change: RecentChange, history: ClusterHistory) -> str | None:
+    if not change.replaced_replicas:
+        return (
+            "it changed only options Serve applies to the running replicas (concurrency, queue, autoscaling, "
+            "user_config), so it started no new replicas and no two versions were alive together."
+        )
     if change.session and history.session and change.session != history.session:
         return f"it ran on Ray session {change.session}, and the cluster has restarted since (now {history.session})."
     # Without a session seen for the change, a restart recorded after it is the evidence.

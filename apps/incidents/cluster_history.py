@@ -9,6 +9,7 @@ from django.db.models import Exists, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from apps.changes.models import Change, ChangeState
+from apps.changes.serve_options import replaces_replicas
 from apps.clusters.models import Cluster, ClusterEvent
 from apps.fleet.models import Application, ConfigRevision
 from apps.incidents.causes import ClusterHistory, RecentChange
@@ -133,6 +134,7 @@ def before_kill(
             at=pushed_at(change),
             session=first_seen.get(change.pk, ""),
             ended_at=rolling_update_ended(change),
+            replaced_replicas=replaces_replicas(change.base_config, change.new_config, application),
         )
         for change in changes
         if pushed_at(change) >= now - window or (change.finished_at and change.finished_at >= now - window)

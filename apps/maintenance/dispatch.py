@@ -9,6 +9,7 @@ from django.utils import timezone
 from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
 from apps.accounts.models import Role
+from apps.changes import serve_options
 from apps.changes.models import Change, ChangeState
 from apps.core import jobs
 from apps.fleet.models import Deployment
@@ -94,10 +95,14 @@ def request_warmup(actor: Actor, profile: WarmupProfile) -> MaintenanceRun:
 
 
 def replaces_replicas(change: Change) -> bool:
-    """Serve replaces replicas when ray_actor_options (or the app's runtime_env) change."""
+    """Whether the change started new replicas of an application it touched (Serve applies most
+    options in place; apps.changes.serve_options says which)."""
     if change.kind == Change.Kind.RESTORE:
         return True
-    return "ray_actor_options" in (change.patch or {})
+    return any(
+        serve_options.replaces_replicas(change.base_config, change.new_config, application)
+        for application in change.touched_applications
+    )
 
 
 def warm_after_change(sender, change: Change, **kwargs) -> None:

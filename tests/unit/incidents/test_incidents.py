@@ -714,6 +714,36 @@ def test_a_rollout_still_running_at_the_kill_ranks_first(cluster, state):
     assert Incident.objects.get(pk=incident_id).causes[0]["id"] == "OOM-7"
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("replaces", [False, True])
+def test_a_change_just_verified_counts_only_if_it_started_new_replicas(cluster, replaces):
+    # The README's story: `demo_config misbehaving` verified seconds before the burst that kills. It
+    # changes concurrency, queue, autoscaling and user_config, which Serve applies to the running
+    # replicas: no rollout, no two versions alive. A change of ray_actor_options starts new ones.
+    base = {"applications": [{"name": "modelonly", "import_path": "app:m", "deployments": [{"name": "Model"}]}]}
+    new = copy.deepcopy(base)
+    model = new["applications"][0]["deployments"][0]
+    model.update({"max_ongoing_requests": 16, "user_config": {"scratch_mb_per_request": 256}})
+    if replaces:
+        model["ray_actor_options"] = {"num_cpus": 0.5}
+    change = pushed_change(cluster, minutes_ago=0.5)
+    Change.objects.filter(pk=change.pk).update(base_config=base, new_config=new)
+
+    [incident_id] = services.detect(cluster.pk)
+
+    incident = Incident.objects.get(pk=incident_id)
+    causes = [c["id"] for c in incident.causes]
+    if replaces:
+        assert causes[0] == "OOM-7"
+    else:
+        assert "OOM-7" not in causes and causes[0] == "OOM-2"
+        assert incident.evidence["changes_not_counted"] == [
+            f"Change #{change.pk} (bigger batches) is not counted: it changed only options Serve applies to the "
+            "running replicas (concurrency, queue, autoscaling, user_config), so it started no new replicas and no "
+            "two versions were alive together."
+        ]
+
+
 def test_a_rollout_counts_while_its_old_replicas_may_still_be_stopping():
     from apps.incidents.causes import OLD_REPLICAS_LINGER, ClusterHistory, RecentChange, change_in_effect
 
