@@ -9,7 +9,7 @@ from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.drf import VisiblePrimaryKeyRelatedField
 from apps.fleet.models import Deployment
-from apps.scaler import control, services
+from apps.scaler import comparison, control, services
 from apps.scaler.filters import DecisionFilter, ScalerFilter
 from apps.scaler.models import Scaler, ScalerDecision
 from controlplane.api.pagination import StreamPagination
@@ -111,6 +111,38 @@ class DecisionSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class ClientsSerializer(serializers.Serializer):
+    seconds = serializers.FloatField(help_text="Seconds spent in this state within the span.")
+    requests = serializers.FloatField(help_text="Requests the Serve proxy answered meanwhile.")
+    failed = serializers.FloatField(help_text="Of them, answered with an error status.")
+    failed_share = serializers.FloatField(allow_null=True)
+
+
+class ComparisonSerializer(serializers.Serializer):
+    """The scaler beside Serve's autoscaler on the deployment's own traffic (apps/scaler/comparison.py)."""
+
+    since = serializers.FloatField(help_text="Unix seconds.")
+    until = serializers.FloatField(help_text="Unix seconds.")
+    decisions = serializers.IntegerField()
+    serve_replica_seconds = serializers.FloatField(help_text="What Serve ran, integrated over the span.")
+    scaler_replica_seconds = serializers.FloatField(help_text="What the scaler wanted, integrated over the span.")
+    replica_seconds_ratio = serializers.FloatField(allow_null=True, help_text="Scaler's ÷ Serve's.")
+    serve_reversals = serializers.IntegerField(help_text="Times Serve's count turned from up to down or back.")
+    scaler_reversals = serializers.IntegerField()
+    serve_over_ceiling_s = serializers.FloatField(
+        help_text="Seconds Serve ran more replicas than the scaler's memory ceiling allows."
+    )
+    at_ceiling = serializers.IntegerField(help_text="Decisions held at the memory ceiling.")
+    hand_backs = serializers.IntegerField()
+    ahead = ClientsSerializer(help_text="While the scaler wanted more replicas than Serve ran.")
+    level = ClientsSerializer(help_text="While both wanted the same count.")
+    behind = ClientsSerializer(help_text="While the scaler wanted fewer.")
+
+
+class ComparisonQuerySerializer(serializers.Serializer):
+    hours = serializers.FloatField(required=False, default=24, min_value=0.1, max_value=comparison.MAX_HOURS)
+
+
 class ScalerViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -159,6 +191,17 @@ class ScalerViewSet(
         """Give the count back to Serve's autoscaler (operator role): queues a change that turns
         external_scaler_enabled off and puts back a sized autoscaling_config."""
         return self._control(request, control.deactivate)
+
+    @extend_schema(parameters=[ComparisonQuerySerializer], responses={200: ComparisonSerializer})
+    @action(detail=True, methods=["get"])
+    def comparison(self, request, pk=None):
+        """The scaler beside Serve's autoscaler over the last `hours` (24; at most 168), on the
+        deployment's own traffic: replica-seconds and direction reversals of each, and what clients
+        got at the proxy while the scaler wanted more replicas than Serve ran, the same, or fewer."""
+        query = ComparisonQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        found = comparison.for_scaler(self.get_object(), hours=query.validated_data["hours"])
+        return Response(ComparisonSerializer(found.as_dict()).data)
 
     def _control(self, request, turn):
         scaler = self.get_object()

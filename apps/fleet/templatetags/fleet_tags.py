@@ -166,6 +166,14 @@ def ms(milliseconds) -> str:
 
 
 @register.filter
+def whole(value) -> str:
+    """A quantity read as a whole number, grouped: 12345.6 → 12,346; None → —."""
+    if value is None or value == "":
+        return "—"
+    return f"{round(float(value)):,}"
+
+
+@register.filter
 def num(value) -> str:
     """Numbers as an operator reads them: 4.0 → 4, None → —."""
     if value is None or value == "":

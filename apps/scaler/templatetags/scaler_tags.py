@@ -4,6 +4,7 @@ from django import template
 
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role
+from apps.scaler import comparison
 from apps.scaler.models import Scaler
 
 register = template.Library()
@@ -21,6 +22,8 @@ def scaler_card(context, deployment):
     return {
         "scaler": scaler,
         "decisions": decisions,
+        # Beside Serve's autoscaler over the last day: what an operator weighs before "Let it scale".
+        "comparison": comparison.for_scaler(scaler) if scaler is not None and decisions else None,
         "deployment": deployment,
         "can_operate": user is not None and has_role(user, deployment.application.cluster.team, Role.OPERATOR),
         "csrf_token": context.get("csrf_token"),
