@@ -249,6 +249,7 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("scaler-detail", "DELETE"): OPERATE,
     ("scaler-activate", "POST"): OPERATE,
     ("scaler-deactivate", "POST"): OPERATE,
+    ("scaler-comparison", "GET"): READ,
     ("scalerdecision-list", "GET"): READ,
     ("scalerdecision-detail", "GET"): READ,
 }
