@@ -200,7 +200,14 @@ def diagnose(
         objectives.suggest(points, started, service_s, service_source), latency_objective_ms, failure_objective
     )
     computed = sizing.compute(
-        current, memory, budget, load, latency_objective_ms=goals.latency_ms, curve=curve, resources=resources
+        current,
+        memory,
+        budget,
+        load,
+        latency_objective_ms=goals.latency_ms,
+        curve=curve,
+        resources=resources,
+        kept_bytes=_kept_at_rest(memory, seen),
     )
     if goals.suggested:
         _say_where_objectives_come_from(computed, goals)
@@ -312,6 +319,14 @@ def _finding_causes(rule_id: str, remedy: str) -> list[dict]:
         if remedy
         else []
     )
+
+
+def _kept_at_rest(memory, seen: observed.Observed | None) -> int:
+    """How much more than the sized baseline the replicas were seen holding at rest (the largest such
+    reading): what the allocator kept, which an in-place change leaves them holding."""
+    if memory is None or seen is None or not seen.baseline_bytes:
+        return 0
+    return max(seen.baseline_bytes - memory.baseline_bytes, 0)
 
 
 def _memory_and_budget(

@@ -98,9 +98,11 @@ def compute(
     latency_objective_ms: int,
     curve=None,
     resources: Resources | None = None,
+    kept_bytes: int = 0,
 ) -> Sizing:
     """R1, R2 and R10 chosen together; R4 when `curve` is a token-sum calibration. Without a
-    measured memory figure and a budget nothing is computed: the values would be guesses."""
+    measured memory figure and a budget nothing is computed: the values would be guesses.
+    `kept_bytes`: how much more than the sized baseline the running replicas hold at rest."""
     sizing = Sizing()
     if memory is None or memory.lower_bound:
         sizing.needs_calibration = True
@@ -138,6 +140,8 @@ def compute(
     plan = choose(memory, budget, resources, latency_objective_ms)
     sizing.plan = plan.as_dict()
     sizing.values["R1"] = _concurrency(current, memory, budget, resources, plan)
+    if warning := _kept_memory(plan, budget, kept_bytes):
+        sizing.values["R1"]["warnings"].append(warning)
     sizing.values["R2"] = _autoscaling(current, plan, memory, budget, resources, load)
     sizing.values["R10"] = _queue_bound(current, plan, load, latency_objective_ms)
     if curve is not None and curve.axis == "token_sum":
@@ -210,6 +214,28 @@ def _candidates_text(plan: Plan) -> str:
             f"{cand['concurrency']} at once: {cand['replicas']} replica(s) of {mib(cand['peak_bytes'])}{rate}{slow}"
         )
     return "Weighed: " + "; ".join(parts) + "."
+
+
+# Below this, what the replicas hold beyond the sized baseline is noise in Ray's sampled RSS.
+KEPT_NOISE_BYTES = 64 * 2**20
+
+
+def _kept_memory(plan: Plan, budget: Budget, kept_bytes: int) -> str | None:
+    """R1, R2 and R10 set options Serve applies to the running replicas, which keep what their
+    allocator held from the old concurrency's peaks; sized from the calibrated baseline, a replica
+    that keeps it can cross the budget at the new concurrency until it restarts."""
+    if kept_bytes < KEPT_NOISE_BYTES or plan.replicas == 0 or plan.per_node == 0:
+        return None
+    room = budget.bytes_per_node // plan.per_node
+    if plan.peak_bytes + kept_bytes <= room:
+        return None
+    return (
+        f"The running replicas hold up to {mib(kept_bytes)} more at rest than the {mib(plan.peak_bytes)} peak is "
+        "sized from (memory their allocator kept from the old concurrency's peaks). These values are options Serve "
+        "applies in place, so the replicas keep it: at the new concurrency one could peak at "
+        f"{mib(plan.peak_bytes + kept_bytes)} against the {mib(room)} each has. Recycle the replicas once the change "
+        "is applied (the deployment's rolling recycle in Maintenance), so they start from the sized baseline."
+    )
 
 
 def _target(concurrency: int) -> int:

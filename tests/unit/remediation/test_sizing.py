@@ -543,3 +543,19 @@ def test_a_concurrency_curve_leaves_r4_without_a_computed_value():
         curve=concurrency,
     )
     assert "R4" not in out.values
+
+
+def test_replicas_that_kept_memory_at_rest_are_told_to_recycle_after_the_in_place_change():
+    # The outcome run: 318 MiB calibrated at rest, +522 MiB a request, 3,240 MiB for the node; after the
+    # misbehaving config's bursts a replica at rest still held 4.4 GiB its allocator kept.
+    args = (current(), measured(318, 522), budget(3240), measurements.Load())
+    sized = sizing.compute(*args, latency_objective_ms=10_000)
+    kept = sizing.compute(*args, latency_objective_ms=10_000, kept_bytes=4404 * MIB - 318 * MIB)
+    assert kept.values["R1"]["patch"] == sized.values["R1"]["patch"]  # the values themselves do not move
+    [warning] = [w for w in kept.values["R1"]["warnings"] if "kept" in w]
+    assert "Recycle the replicas once the change is applied" in warning
+    assert "up to 4,086 MiB more at rest" in warning and "peak at 5,448 MiB against the 1,620 MiB" in warning
+    assert not [w for w in sized.values["R1"]["warnings"] if "kept" in w]
+    # A few MiB above the calibration is Ray's sampling, not memory kept.
+    noise = sizing.compute(*args, latency_objective_ms=10_000, kept_bytes=20 * MIB)
+    assert not [w for w in noise.values["R1"]["warnings"] if "kept" in w]
