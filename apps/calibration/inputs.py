@@ -275,6 +275,19 @@ def _vouched_request(vouched: dict) -> dict:
     return validate_request(request)
 
 
+def default_calibration(deployment: Deployment, ingress: str | None, levels: int) -> tuple[dict, list[dict] | None]:
+    """What a calibration measures when the operator gives nothing: (the representative request,
+    the mix or None). With warmup profiles that send different requests (a short prompt and a long
+    one), all of them, weighted by the requests each sends: sized from the first alone, the
+    deployment would be unsafe for the heavier ones. One kind of request, or more than a job can
+    measure at these levels, is default_request."""
+    vouched = vouched_requests.all_of(deployment.application) if _is_ingress(deployment, ingress) else []
+    kinds = {json.dumps(_vouched_request(v), sort_keys=True) for v in vouched}
+    if len(kinds) >= 2 and len(vouched) <= MAX_MIX and len(vouched) * levels <= MAX_MIX_RUNS:
+        return default_request(deployment, ingress), validate_mix(warmup_mix(deployment, ingress), levels)
+    return default_request(deployment, ingress), None
+
+
 def default_request(deployment: Deployment, ingress: str | None) -> dict:
     """What a calibration sends when the operator gives nothing: the first warmup request of the
     application if it has a profile (a request the operator already vouched for), else a GET of

@@ -30,7 +30,7 @@ from apps.calibration.curve import (
 from apps.calibration.inputs import (
     DEFAULTS_BY_AXIS,
     WARMUP_MIX,
-    default_request,
+    default_calibration,
     validate_axis,
     validate_call,
     validate_levels,
@@ -100,11 +100,12 @@ def request_calibration(
 
     `axis` "concurrency" runs `levels` concurrent calls of the representative `request` (see
     validate_request: an HTTP request for a Starlette or ASGI handler, or a handle call);
-    `call=` is shorthand for a handle call with that one argument. Neither given: the default of
-    default_request. `mix` instead measures a weighted mix of requests (see validate_mix), each on
-    its own at every level; "warmup" takes the application's warmup profiles as the mix, and a mix
-    of one request is that request. "token_sum" runs one batch of each token sum in `levels`
-    through the class's `calibration_batch(token_sum)` hook (see job_script.py). `levels` defaults
+    `call=` is shorthand for a handle call with that one argument. Neither given: what
+    default_calibration chooses (several warmup requests: their mix). `mix` instead measures a
+    weighted mix of requests (see validate_mix), each on its own at every level; "warmup" takes the
+    application's warmup profiles as the mix, and a mix of one request is that request. "token_sum"
+    runs one batch of each token sum in `levels` through the class's `calibration_batch(token_sum)`
+    hook (see job_script.py). `levels` defaults
     to the axis's defaults. The user_config is the one the deployment runs now (its effective config).
 
     The job reserves the replica's own CPUs and GPUs, so it runs where a replica could, and is
@@ -150,7 +151,7 @@ def request_calibration(
             if mix == WARMUP_MIX:
                 mix = validate_mix(warmup_mix(deployment, ray.serve_ingresses().get(application.name)), len(levels))
             elif request is None and mix is None and axis == "concurrency":
-                request = default_request(deployment, ray.serve_ingresses().get(application.name))
+                request, mix = default_calibration(deployment, ray.serve_ingresses().get(application.name), len(levels))
     except RayUnreachable as exc:
         raise ValidationError(
             f"Cluster {cluster.name} is unreachable, so nothing was calibrated: {exc.message}"

@@ -260,3 +260,19 @@ def test_the_card_takes_a_mix_and_shows_each_request_and_the_peak_sizing_reads(l
     card = client.get(reverse("calibration:card", args=[echo.pk]), HTTP_HX_REQUEST="true").content.decode()
     assert "Mix of requests" in card and "GET /demo/generate?size=large" in card and "+500\xa0MiB" in card
     assert "99.99th percentile" in card and "1.1\xa0GiB at 2" in card
+
+
+def test_with_warmups_of_different_requests_an_empty_calibration_measures_their_mix(model, operator, use_replay):
+    from apps.maintenance.models import WarmupProfile
+
+    WarmupProfile.objects.create(application=model.application, name="a-chat", path="/demo/chat?n=1", requests=20)
+    one = services.request_calibration(operator, echo_of(model))
+    assert one.mix == [] and one.request["representative"]["path"] == "/demo/chat"  # one kind: that request
+    MemoryCalibration.objects.all().delete()
+    WarmupProfile.objects.create(
+        application=model.application, name="b-long", method="post", path="/demo/long", body={"p": 1}, requests=5
+    )
+    both = services.request_calibration(operator, echo_of(model))
+    # Sized from the chat request alone, the deployment would be unsafe for the long one.
+    assert [(e["request"]["path"], e["share"]) for e in both.mix] == [("/demo/chat", 80.0), ("/demo/long", 20.0)]
+    assert "--mix" in argv_of(submitted_jobs(use_replay)[-1])

@@ -79,7 +79,6 @@ def test_a_warmup_profile_s_request_is_the_default_for_the_ingress(model, operat
         headers={"x-team": "vision"},
         body={"prompt": "hi"},
     )
-    WarmupProfile.objects.create(application=model.application, name="b-second", path="/demo/other")
     calibration = services.request_calibration(operator, echo_of(model))
     assert calibration.request["representative"] == {
         "kind": "http",
