@@ -38,17 +38,22 @@ def calibration(model: Deployment, submission_id: str, **fields) -> MemoryCalibr
     )
 
 
-def test_the_calibration_chart_is_drawn_on_the_page_and_in_every_card_htmx_swaps_in(page, live_server, people, model):
-    calibration(
+def measured(model: Deployment, at, levels: tuple[int, ...]) -> MemoryCalibration:
+    """A succeeded calibration finished `at`: 100 MiB at rest, +64 MiB a request."""
+    return calibration(
         model,
         "measured",
         state="succeeded",
         axis="concurrency",
         device="cpu",
         baseline_bytes=100 * MIB,
-        finished_at=timezone.now(),
-        points=[{"x": k, "peak_bytes": (100 + 64 * k) * MIB, "service_s": 0.1} for k in (1, 2, 4)],
+        finished_at=at,
+        points=[{"x": k, "peak_bytes": (100 + 64 * k) * MIB, "service_s": 0.1} for k in levels],
     )
+
+
+def test_the_calibration_chart_is_drawn_on_the_page_and_in_every_card_htmx_swaps_in(page, live_server, people, model):
+    measured(model, timezone.now(), levels=(1, 2, 4))
     calibration(model, "running")  # still pending: the card polls, and htmx swaps it in every 2 s
 
     log_in(page, live_server, "viewer", reverse("fleet:deployment", args=[model.pk]))
@@ -66,24 +71,15 @@ def test_the_charts_print_a_moment_as_the_page_beside_them_does(page, live_serve
     """The page prints times in the server's zone; a chart formatting in the browser's own zone and
     locale would put another hour and another date order beside them."""
     settings.TIME_ZONE = "America/New_York"  # not the browser's (UTC here), so a mix-up shows
-    measured = timezone.now().replace(microsecond=0)
-    calibration(
-        model,
-        "measured",
-        state="succeeded",
-        axis="concurrency",
-        device="cpu",
-        baseline_bytes=100 * MIB,
-        finished_at=measured,
-        points=[{"x": 1, "peak_bytes": 164 * MIB, "service_s": 0.1}],
-    )
+    at = timezone.now().replace(microsecond=0)
+    measured(model, at, levels=(1,))
     log_in(page, live_server, "viewer", reverse("fleet:deployment", args=[model.pk]))
     page.wait_for_selector("#calibration-card")
     # The card prints when the curve was measured; the charts' clock formats the same instant.
-    shown = page.evaluate(f"FleetdeckClock.when({measured.timestamp() * 1000})")
+    shown = page.evaluate(f"FleetdeckClock.when({at.timestamp() * 1000})")
     with timezone.override("America/New_York"):
         from apps.fleet.templatetags.fleet_tags import when
 
-        assert shown == when(measured)
+        assert shown == when(at)
     assert shown in page.inner_text("#calibration-card")
-    assert page.evaluate(f"FleetdeckClock.clock({measured.timestamp() * 1000})") == shown[-8:]
+    assert page.evaluate(f"FleetdeckClock.clock({at.timestamp() * 1000})") == shown[-8:]
