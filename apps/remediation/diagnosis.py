@@ -86,6 +86,8 @@ class Summary(TypedDict):
     causes: list[dict[str, Any]]
     settings: dict[str, Any]
     memory: MemorySummary | None
+    # The incident's traffic beside the request the values are sized from ({"heavier", "text"}).
+    traffic: dict[str, Any] | None
     observed: dict[str, Any] | None
     budget: BudgetSummary | None
     load: LoadSummary
@@ -242,6 +244,7 @@ def diagnose(
         "causes": causes,
         "settings": key_settings(effective),
         "memory": _describe_memory(memory),
+        "traffic": _traffic_against_sized(memory, load, current),
         "observed": seen.as_dict() if seen is not None else None,
         "budget": {"bytes_per_node": budget.bytes_per_node, "nodes": budget.nodes, "reason": budget.reason}
         if budget
@@ -276,6 +279,50 @@ def diagnose(
 
 def summary_load(load: measurements.Load) -> dict:
     return {"peak_in_flight": load.peak_in_flight, "p50_ms": load.p50_ms}
+
+
+def _traffic_against_sized(memory, load: measurements.Load, current) -> dict | None:
+    """The incident's own traffic beside the request the values are sized from: its replicas'
+    processing p50 against what the calibration measured for the representative request. Heavier
+    than the request at the most the replicas could have held at once, or lighter than it alone,
+    by more than TRAFFIC_RATIO (the verification's own), is another traffic: sized from that request, the
+    values would be too small for it, or the request stands for something the traffic is not."""
+    if memory is None or memory.lower_bound or not load.p50_ms:
+        return None
+    alone = memory.service_s(1)
+    if not alone:
+        return None
+    cap = current.max_ongoing_requests or 1
+    held = max(1, min(cap, round(load.peak_in_flight or 1)))
+    crowded = memory.service_s(held) or alone
+    p50 = load.p50_ms
+    if p50 > measurements.TRAFFIC_RATIO * crowded * 1000:
+        return {
+            "heavier": True,
+            "text": (
+                f"The replicas processed the incident's requests in a p50 of {p50:,.0f} ms; the calibration's "
+                f"representative request takes {crowded * 1000:,.0f} ms with {held} at once. The incident's requests "
+                "are much heavier than the one the values are sized from, so they would be too small for them: "
+                "calibrate again with a request like those (a warmup profile's, or one you give)."
+            ),
+        }
+    if p50 * measurements.TRAFFIC_RATIO < alone * 1000:
+        return {
+            "heavier": False,
+            "text": (
+                f"The replicas processed the incident's requests in a p50 of {p50:,.0f} ms, against "
+                f"{alone * 1000:,.0f} ms for the calibration's representative request alone: the traffic was "
+                "lighter (cached answers or smaller requests), and the values are on the safe side for it."
+            ),
+        }
+    return {
+        "heavier": False,
+        "text": (
+            f"Like the sized request: the incident's processing p50 of {p50:,.0f} ms is within "
+            f"{measurements.TRAFFIC_RATIO}× of the calibrated {alone * 1000:,.0f} ms alone and "
+            f"{crowded * 1000:,.0f} ms with {held} at once."
+        ),
+    }
 
 
 def _service_time(memory, load: measurements.Load) -> tuple[float | None, str]:

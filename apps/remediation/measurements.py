@@ -90,6 +90,12 @@ class Memory:
         return times[xs[-1]] * concurrency / xs[-1]
 
 
+# How far a traffic's processing p50 may lie from the sized request's service time, either way, before it
+# is judged another traffic: a calibrated service time moves with concurrency and load by well under 3x,
+# cached answers and requests of another size move it by 10x and more.
+TRAFFIC_RATIO = 3
+
+
 @dataclass(frozen=True)
 class Budget:
     bytes_per_node: int  # margin already applied

@@ -17,6 +17,7 @@ from apps.core.catalogue import REMEDIES, REMEDIES_FOR
 from apps.fleet import metric_readings
 from apps.incidents import actions as incidents
 from apps.incidents.models import Incident, IncidentEvent, OomKillRecord, SignalWindow
+from apps.remediation import measurements
 from apps.remediation.models import Wizard, WizardStep
 from apps.remediation.wizards import WizardError, changing
 
@@ -378,25 +379,19 @@ def verdict(
     return Verdict.PASSED, " ".join(lines)
 
 
-# How far the window's processing p50 may lie from the sized request's service time, either way, before the
-# traffic is judged another traffic: a calibrated service time moves with concurrency and load by well under 3x,
-# cached answers and requests of another size move it by 10x and more.
-TRAFFIC_RATIO = 3
-
-
 def unlike_sized(after: Mapping[str, Any], sized_service_s: float | None) -> str | None:
     """Why the window's traffic is not the traffic the values were sized for, or None."""
     p50 = after.get("p50_ms")
     if not p50 or not sized_service_s:
         return None
     sized_ms = sized_service_s * 1000
-    if p50 * TRAFFIC_RATIO < sized_ms:
+    if p50 * measurements.TRAFFIC_RATIO < sized_ms:
         return (
             f"The replicas processed requests in a p50 of {p50:,.0f} ms against the {sized_ms:,.0f} ms the calibration "
             "measured for the request the values were sized for: cached answers or much smaller requests. The fix is "
             "not verified until traffic resembling that request has been seen: send varied requests and verify again."
         )
-    if p50 > TRAFFIC_RATIO * sized_ms:
+    if p50 > measurements.TRAFFIC_RATIO * sized_ms:
         return (
             f"The replicas processed requests in a p50 of {p50:,.0f} ms against the {sized_ms:,.0f} ms the calibration "
             "measured for the request the values were sized for: the traffic is much heavier than that request, so "

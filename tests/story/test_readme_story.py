@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from apps.demo.local_ray import free_port
-from apps.remediation.verification import TRAFFIC_RATIO
+from apps.remediation.measurements import TRAFFIC_RATIO
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.story

@@ -64,3 +64,32 @@ def test_traffic_heavier_than_the_calibration_lowers_the_values_and_the_page_say
     diagnosis = wizard.steps.get(kind="diagnosis").position
     page = client.get(reverse("remediation:wizard", args=[wizard.pk]), {"step": diagnosis}).content.decode()
     assert "Memory in traffic" in page and "at least 1.4\xa0GiB per request" in page
+
+
+@pytest.mark.parametrize(
+    "p50_ms, heavier, says",
+    [
+        (9000.0, True, "much heavier than the one the values are sized from"),
+        (100.0, False, "the traffic was lighter (cached answers or smaller requests)"),
+        (1500.0, False, "Like the sized request"),
+    ],
+)
+def test_the_incidents_own_traffic_is_held_against_the_request_the_values_are_sized_from(
+    client, people, incident, cluster, calibrated, p50_ms, heavier, says
+):
+    # The calibration measured about 1 s a request at 1, 2 and 4 at once; the incident's replicas
+    # processed theirs in `p50_ms`, two at a time at the busiest.
+    busy = {"ongoing": 2.0, "rps": 1.0, "queued": 0, "p50": p50_ms}
+    SignalWindow.objects.create(
+        cluster=cluster,
+        application_name="demo",
+        deployment_name="Model",
+        points=[{**busy, "t": t} for t in (31, 36, 41)],
+    )
+    wizard, _ = wizards.start(actor(people), incident=incident)
+    traffic = wizard.diagnosis["traffic"]
+    assert traffic["heavier"] is heavier and says in traffic["text"], traffic
+    client.force_login(people["viewer"])
+    diagnosis = wizard.steps.get(kind="diagnosis").position
+    page = client.get(reverse("remediation:wizard", args=[wizard.pk]), {"step": diagnosis}).content.decode()
+    assert "Traffic against the sized request" in page and says in page.replace("&#x27;", "'")
