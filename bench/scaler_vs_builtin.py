@@ -59,7 +59,6 @@ import httpx  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from apps.accounts.services import ensure_team  # noqa: E402
 from apps.calibration import services as calibrations  # noqa: E402
 from apps.changes import protocol  # noqa: E402
 from apps.changes.models import Change, ChangeState  # noqa: E402
@@ -73,7 +72,16 @@ from apps.scaler import policy as policies  # noqa: E402
 from apps.scaler.models import Scaler, ScalerDecision  # noqa: E402
 from apps.scaler.services import create_shadow_scaler  # noqa: E402
 from bench.ray_lab import Lab, MemorySampler, SeededKinds, node_used_bytes, numbered, observe  # noqa: E402
-from bench.sizing_vs_sweep import ACTOR, App, call, operator_client, pending, plain_app, reference_app  # noqa: E402
+from bench.sizing_vs_sweep import (  # noqa: E402
+    ACTOR,
+    App,
+    call,
+    operator_client,
+    pending,
+    plain_app,
+    reference_app,
+    register,
+)
 from integrations.ray.dashboard import RayDashboard  # noqa: E402
 from integrations.ray.errors import RayError  # noqa: E402
 
@@ -646,8 +654,7 @@ def run_app(app: App, args, output: dict) -> dict:
     output["apps"][app.name] = result
     try:
         lab.deploy(app.config)
-        cluster = lab.register(f"scaler-{app.name}", ensure_team("Bench"))
-        observe(cluster)
+        cluster = register(lab, app, f"scaler-{app.name}")
         bench = Bench(lab, cluster, app, args)
         result.update(threshold_bytes=lab.threshold_bytes, idle_bytes=bench.idle_bytes)
         print(

@@ -425,16 +425,22 @@ def sizing(config: dict) -> str:
 HEADROOM_GIB = {"mixed": 5.0}
 
 
+def register(lab: Lab, app: App, name: str) -> Cluster:
+    """The lab's head registered and synced as `make run` does it, with the app's warmup profile:
+    the request a calibration sends when given none (the reference app serves POST only)."""
+    cluster = lab.register(name, ensure_team("Bench"))
+    observe(cluster)
+    if app.warmup:
+        application = Application.objects.get(cluster=cluster, name=app.name)
+        schedules.save_profile(ACTOR, application, dict(app.warmup))
+    return cluster
+
+
 def run_app(app: App, args, deadline: float) -> dict:
     lab = Lab.start(args.headroom_gib or HEADROOM_GIB.get(app.name, 3.0))
     try:
         lab.deploy(app.config)
-        team = ensure_team("Bench")
-        cluster = lab.register(f"sweep-{app.name}", team)
-        observe(cluster)
-        if app.warmup:
-            application = Application.objects.get(cluster=cluster, name=app.name)
-            schedules.save_profile(ACTOR, application, dict(app.warmup))
+        cluster = register(lab, app, f"sweep-{app.name}")
         bench = Bench(lab, cluster, app, args)
         print(
             f"\n{app.name}: threshold {lab.threshold_bytes / GIB:.2f} GiB "
@@ -449,7 +455,7 @@ def run_app(app: App, args, deadline: float) -> dict:
         else:
             # Right after (a): the wizard sizes from the incident and the config that caused it.
             try:
-                arms["(d) Fleetdeck"] = bench.wizard_arm(operator_client(team))
+                arms["(d) Fleetdeck"] = bench.wizard_arm(operator_client(cluster.team))
             except Exception as exc:  # the other arms are still worth measuring
                 skipped = f"the wizard arm failed: {type(exc).__name__}: {exc}"[:2000]
                 print(f"  (d) {skipped}", flush=True)
