@@ -11,6 +11,7 @@ asking for more."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from itertools import pairwise
@@ -102,13 +103,16 @@ def compare(steps: list[Step], points: list[dict], since: float, until: float) -
         side.seconds += span
     out.serve_reversals = reversals([s.current for s in held])
     out.scaler_reversals = reversals([s.target for s in held])
+    # A day of readings against a day of decisions: found by bisection, not by a scan per reading.
+    starts = [s.t for s in held]
     for point in points:
         t = point.get("t")
         if not isinstance(t, (int, float)) or not since < t <= until or not isinstance(point.get("http"), (int, float)):
             continue
-        state = next((s for s in reversed(held) if s.t < t), None)
-        if state is None:
+        before = bisect_left(starts, t)
+        if before == 0:
             continue
+        state = held[before - 1]
         side = _side(out, state)
         side.requests += point["http"]
         side.failed += sum(n for n in (point.get("http_errors") or {}).values() if isinstance(n, (int, float)))
