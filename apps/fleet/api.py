@@ -10,11 +10,12 @@ from rest_framework.response import Response
 from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.core.serializer_fields import RedactedJSONField
-from apps.fleet import llm
+from apps.fleet import llm, request_sizes
 from apps.fleet.filters import ApplicationFilter, ConfigRevisionFilter, DeploymentFilter
 from apps.fleet.history import previous_revision, revision_diff
 from apps.fleet.models import Application, ConfigRevision, Deployment
 from apps.fleet.scaling_history import scaling_series
+from apps.incidents.request_sizes import observed as observed_sizes
 from apps.remediation.models import Finding
 from apps.remediation.rules import WHY_NOT_AT_TARGET
 from controlplane.api.pagination import StreamPagination
@@ -94,6 +95,8 @@ class DeploymentSerializer(FastRows, serializers.ModelSerializer):
             "submitted_config",
             "llm",
             "llm_gpu_memory_gib",
+            "size_metric",
+            "size_unit",
             "first_seen_at",
             "updated_at",
             "removed_at",
@@ -124,6 +127,16 @@ class DeploymentSummarySerializer(FastRows, serializers.ModelSerializer):
 class LLMPlanInputsSerializer(serializers.Serializer):
     gpu_memory_gib = serializers.FloatField(required=False, allow_null=True, min_value=0.001)
     model_config = serializers.DictField(required=False, allow_null=True, help_text="The model's config.json")
+
+
+class SizeMetricSerializer(serializers.Serializer):
+    metric = serializers.CharField(
+        allow_blank=True,
+        max_length=200,
+        help_text="The histogram of request sizes the application exports, as Ray exports it (e.g. ray_request_bytes; "
+        'a "_bucket" suffix is dropped). Empty: forget it.',
+    )
+    unit = serializers.ChoiceField(choices=request_sizes.UNITS, required=False, allow_blank=True)
 
 
 class ConfigRevisionSerializer(FastRows, serializers.ModelSerializer):
@@ -236,6 +249,52 @@ class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
         except ValueError as exc:
             raise serializers.ValidationError({"detail": str(exc)}) from exc
         return Response(DeploymentSerializer(deployment, context=self.get_serializer_context()).data)
+
+    @extend_schema(request=SizeMetricSerializer, responses=DeploymentSerializer)
+    @action(detail=True, methods=["post"], url_path="size-metric", url_name="sizemetric")
+    def size_metric(self, request, pk=None):
+        """Name the histogram of the deployment's request sizes that its application exports, and its unit;
+        the metrics readings then count it per bucket. A serve.llm deployment needs none. Audited."""
+        deployment = self.get_object()
+        access.demand(request.user, deployment.application.cluster.team, request_sizes.SET_SIZE_METRIC)
+        body = SizeMetricSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            request_sizes.set_size_metric(
+                Actor.from_request(request),
+                deployment,
+                metric=body.validated_data["metric"],
+                unit=body.validated_data.get("unit", ""),
+            )
+        except ValueError as exc:
+            raise serializers.ValidationError({"metric": str(exc)}) from exc
+        return Response(DeploymentSerializer(deployment, context=self.get_serializer_context()).data)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("hours", int, description="The span, 1 to 24 hours (default 24).")],
+        responses=inline_serializer(
+            "RequestSizes",
+            {
+                "source": serializers.DictField(allow_null=True),
+                "hours": serializers.FloatField(),
+                "input": serializers.DictField(allow_null=True),
+                "output": serializers.DictField(allow_null=True),
+            },
+        ),
+    )
+    @action(detail=True, methods=["get"], url_path="request-sizes", url_name="requestsizes")
+    def request_sizes(self, request, pk=None):
+        """The sizes of the requests the deployment served: where they are counted (`source`), and per side
+        (`input`: prompt tokens or the named histogram; `output`: generated tokens) the requests per bucket,
+        p50/p90/p99, and the same per reading over time (`t` in seconds). A side with nothing counted is null."""
+        deployment = self.get_object()
+        try:
+            hours = float(request.query_params.get("hours", 24))
+        except ValueError:
+            hours = -1
+        if not 1 <= hours <= 24:
+            raise serializers.ValidationError({"hours": "hours: a span of 1 to 24 hours; the window keeps a day."})
+        return Response(observed_sizes(deployment, hours=hours))
 
 
 class ConfigRevisionViewSet(viewsets.ReadOnlyModelViewSet):

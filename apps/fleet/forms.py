@@ -6,6 +6,8 @@ import json
 
 from django import forms
 
+from apps.fleet.request_sizes import UNITS
+
 
 class LLMPlanInputsForm(forms.Form):
     gpu_memory_gib = forms.FloatField(required=False, min_value=0.001, label="GPU memory (GiB)")
@@ -22,3 +24,8 @@ class LLMPlanInputsForm(forms.Form):
         if not isinstance(value, dict):
             raise forms.ValidationError("The model config is the JSON object of the model's config.json.")
         return value
+
+
+class SizeMetricForm(forms.Form):
+    metric = forms.CharField(required=False, max_length=200, label="Histogram of request sizes")
+    unit = forms.ChoiceField(required=False, choices=[(u, u) for u in UNITS], label="What it counts")

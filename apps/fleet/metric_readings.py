@@ -7,6 +7,7 @@ down is taken as a reset and reported as a signal-quality warning instead of a n
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from integrations.ray_metrics import Scrape
@@ -41,6 +42,11 @@ VLLM_KV_USAGE = "ray_vllm_kv_cache_usage_perc"
 VLLM_GENERATED = "ray_vllm_generation_tokens_total"
 VLLM_PREEMPTIONS = "ray_vllm_num_preemptions_total"
 VLLM_TTFT = "ray_vllm_time_to_first_token_seconds"
+# The tokens each request brought (its prompt) and made (its generation), as vLLM counts them: the
+# request sizes of an LLM deployment, known without any setup. Any other deployment's sizes come
+# from a histogram its application exports and the operator names (Deployment.size_metric).
+VLLM_PROMPT_TOKENS = "ray_vllm_request_prompt_tokens"
+VLLM_GENERATION_TOKENS = "ray_vllm_request_generation_tokens"
 COMPONENT_RSS = "ray_component_rss_mb"
 # The unit of both: decimal megabytes.
 PROCESS_MB = 10**6
@@ -66,6 +72,8 @@ class DeploymentSignals:
     replicas: int = 0  # replicas reporting their ongoing requests
     rss_mb: float | None = None  # resident memory of all its replicas; None where Ray exports none
     uss_mb: float | None = None  # their unique memory, shared pages left out; None where Ray exports none
+    # Requests per size bucket in the interval, from the histogram the operator named: {upper bound: count}.
+    sizes: dict[str, float] = field(default_factory=dict)
 
     @property
     def oom_errors(self) -> float:
@@ -128,6 +136,8 @@ class Reading:
     warnings: list[str]
     applications: dict[str, ApplicationSignals] = field(default_factory=dict)  # at the proxy; absent if it exports none
     engines: dict[str, EngineSignals] = field(default_factory=dict)  # by vLLM's model_name; absent without serve.llm
+    # By vLLM's model_name: (prompt tokens, generation tokens), each {upper bound: requests in the interval}.
+    model_sizes: dict[str, tuple[dict[str, float], dict[str, float]]] = field(default_factory=dict)
 
 
 def _series_key(labels: dict[str, str], *drop: str) -> tuple:
@@ -220,6 +230,32 @@ def _percentiles(prev: Scrape, cur: Scrape, name: str, key_of, warnings: list[st
     return out
 
 
+def bound_text(bound: float) -> str:
+    """A bucket's upper bound as a JSON key: Prometheus's own "+Inf", whole numbers without ".0"."""
+    if bound == float("inf"):
+        return "+Inf"
+    return str(int(bound)) if bound.is_integer() else repr(bound)
+
+
+def bucket_counts(prev: Scrape, cur: Scrape, name: str, key_of, warnings: list[str]) -> dict:
+    """Per key, the requests that fell in each bucket of histogram `name` between the scrapes:
+    {upper bound text: count}, one bucket's own count (not cumulative), so that readings add up."""
+    cumulative: dict = defaultdict(lambda: defaultdict(float))
+    for labels, delta in _deltas(prev, cur, f"{name}_bucket", warnings):
+        if key := key_of(labels):
+            cumulative[key][float(labels.get("le", "inf"))] += delta
+    return {key: counts for key, by_bound in cumulative.items() if (counts := own_counts(by_bound))}
+
+
+def own_counts(cumulative: dict[float, float]) -> dict[str, float]:
+    """Cumulative counts by upper bound to each bucket's own {bound text: count}; empty when all are 0."""
+    below, counts = 0.0, {}
+    for bound, total in sorted(cumulative.items()):
+        counts[bound_text(bound)] = round(max(total - below, 0.0), 3)
+        below = max(below, total)
+    return counts if any(counts.values()) else {}
+
+
 def _application(labels: dict) -> str | None:
     return labels.get("application") or None  # "" is the proxy's own routes (/-/healthz, 404s)
 
@@ -238,9 +274,15 @@ def _applications(prev: Scrape, cur: Scrape, warnings: list[str]) -> dict[str, A
     return dict(apps)
 
 
-def read(prev: Scrape, cur: Scrape) -> Reading:
+def read(prev: Scrape, cur: Scrape, size_metrics: Mapping[Key, str] | None = None) -> Reading:
+    """What happened between the scrapes. `size_metrics` names, per deployment, the histogram of
+    request sizes its application exports (see size_series)."""
     warnings: list[str] = []
     deployments: dict[Key, DeploymentSignals] = defaultdict(DeploymentSignals)
+    for metric in sorted(set((size_metrics or {}).values())):
+        for key, counts in bucket_counts(prev, cur, metric, _deployment, warnings).items():
+            if size_metrics and size_metrics.get(key) == metric:
+                deployments[key].sizes = counts
     for labels, delta in _deltas(prev, cur, REQUESTS, warnings):
         if key := _deployment(labels):
             deployments[key].requests += delta
@@ -296,7 +338,14 @@ def read(prev: Scrape, cur: Scrape) -> Reading:
         warnings=warnings,
         applications=applications,
         engines=_engines(prev, cur, warnings),
+        model_sizes=_model_sizes(prev, cur, warnings),
     )
+
+
+def _model_sizes(prev: Scrape, cur: Scrape, warnings: list[str]) -> dict:
+    prompts = bucket_counts(prev, cur, VLLM_PROMPT_TOKENS, _model, warnings)
+    generations = bucket_counts(prev, cur, VLLM_GENERATION_TOKENS, _model, warnings)
+    return {model: (prompts.get(model, {}), generations.get(model, {})) for model in prompts.keys() | generations}
 
 
 def _model(labels: dict) -> str | None:
@@ -342,7 +391,14 @@ KEPT = (
     VLLM_GENERATED,
     VLLM_PREEMPTIONS,
     f"{VLLM_TTFT}_bucket",
+    f"{VLLM_PROMPT_TOKENS}_bucket",
+    f"{VLLM_GENERATION_TOKENS}_bucket",
 )
+
+
+def size_series(size_metrics: Mapping[Key, str]) -> frozenset[str]:
+    """The series to scrape for the applications' own size histograms: their buckets only."""
+    return frozenset(f"{metric}_bucket" for metric in size_metrics.values())
 
 
 # What a scrape parses at all: the readings' series and the per-process memory they pick replicas from.
@@ -363,14 +419,16 @@ def _node_memory(prev: Scrape, cur: Scrape) -> dict[str, NodeSignals]:
 SCRAPED = frozenset((*KEPT, COMPONENT_RSS, COMPONENT_USS))
 
 
-def relevant(scrape: Scrape) -> Scrape:
-    """Only the series the readings use: a busy node exposes ~760 KB, we keep a few KB."""
+def relevant(scrape: Scrape, extra: frozenset[str] = frozenset()) -> Scrape:
+    """Only the series the readings use (`extra`: the size histograms operators named): a busy
+    node exposes ~760 KB, we keep a few KB."""
     return Scrape(
         at=scrape.at,
         samples=[
             s
             for s in scrape.samples
             if s.name in KEPT
+            or s.name in extra
             or (s.name in (COMPONENT_RSS, COMPONENT_USS) and REPLICA_TITLE in s.labels.get("Component", ""))
         ],
     )
@@ -382,6 +440,7 @@ def point(
     d: DeploymentSignals,
     app: ApplicationSignals | None = None,
     engine: EngineSignals | None = None,
+    model_sizes: tuple[dict, dict] | None = None,
 ) -> dict:
     """A deployment's reading; `app` is what its application's clients saw at the proxy, copied
     into every deployment of the application because a wizard watches one deployment, rarely the
@@ -422,6 +481,12 @@ def point(
             "preemptions": engine.preemptions,
             "ttft_p99": round(engine.ttft_p99_ms / 1000, 3) if engine.ttft_p99_ms is not None else None,
         }
+    # Request sizes per bucket; the named histogram wins over vLLM's prompts, which it was named to replace.
+    prompts, generations = model_sizes or ({}, {})
+    if sizes := d.sizes or prompts:
+        out["size_in"] = dict(sizes)
+    if generations:
+        out["size_out"] = dict(generations)
     return out
 
 
@@ -441,7 +506,7 @@ def _r(value):
 
 
 SUMMED = {"errors", "starts", "evictions", "seconds", "http", "gen_tokens", "preemptions"}
-SUMMED_BY_KEY = {"http_errors"}
+SUMMED_BY_KEY = {"http_errors", "size_in", "size_out"}
 AVERAGED = {"rps"}
 
 

@@ -75,6 +75,11 @@ class Deployment(models.Model):
     # the GPU's memory (an accelerator type it does not know) and the model's config.json.
     llm_gpu_memory_gib = models.FloatField(null=True, blank=True)
     llm_model_config = JSONField(null=True, blank=True)
+    # The histogram of request sizes the application exports, as Ray exports it (without "_bucket"),
+    # and what it counts: how the deployment page and a calibration's observed mix know the traffic's
+    # sizes. A serve.llm deployment needs neither: vLLM counts its prompt and generation tokens.
+    size_metric = models.CharField(max_length=200, blank=True)
+    size_unit = models.CharField(max_length=16, blank=True)
 
     first_seen_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

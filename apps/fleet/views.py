@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -16,8 +18,8 @@ from apps.accounts.models import Role
 from apps.accounts.permissions import has_role, teams_where, visible_teams
 from apps.clusters.filters import ClusterFilter
 from apps.clusters.models import Cluster
-from apps.fleet import llm
-from apps.fleet.forms import LLMPlanInputsForm
+from apps.fleet import llm, request_sizes
+from apps.fleet.forms import LLMPlanInputsForm, SizeMetricForm
 from apps.fleet.history import previous_revision, revision_diff
 from apps.fleet.models import Application, ConfigRevision, Deployment
 from apps.fleet.scaling_history import scaling_series
@@ -163,4 +165,36 @@ def llm_plan_inputs(request, pk: int):
             messages.success(request, "Saved: the memory plan uses what you gave.")
     else:
         messages.error(request, " ".join(e for errors in form.errors.values() for e in errors))
+    return redirect("fleet:deployment", pk=deployment.pk)
+
+
+@login_required
+@require_POST
+def size_metric(request, pk: int):
+    """Name the histogram of the deployment's request sizes (or forget it, with an empty name)."""
+    deployment = cast(
+        Deployment,
+        access.get_visible_or_404(request.user, Deployment.objects.select_related("application__cluster__team"), pk=pk),
+    )
+    access.demand(request.user, deployment.application.cluster.team, request_sizes.SET_SIZE_METRIC)
+    form = SizeMetricForm(request.POST)
+    if form.is_valid():
+        try:
+            request_sizes.set_size_metric(
+                Actor.from_request(request),
+                deployment,
+                metric=form.cleaned_data["metric"],
+                unit=form.cleaned_data["unit"],
+            )
+        except ValueError as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(
+                request,
+                f"Saved: the next metrics readings count {deployment.size_metric}."
+                if deployment.size_metric
+                else "Forgotten: no histogram of request sizes is read for this deployment.",
+            )
+    else:
+        messages.error(request, " ".join(str(e) for errors in form.errors.values() for e in errors))
     return redirect("fleet:deployment", pk=deployment.pk)

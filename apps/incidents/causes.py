@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from apps.core.catalogue import cause
+from apps.fleet.request_sizes import GROWTH as SIZE_GROWTH
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,9 @@ class LatencyContext:
     memory_pressure: bool
     kv_cache_full: bool = False  # a serve.llm engine's KV cache at 95 % or more
     preemptions: float = 0.0  # sequences its engines preempted in the recent readings
+    # (p90 request size during the spike, p90 before it) and its unit, where the sizes are counted.
+    sizes_p90: tuple[float, float] | None = None
+    size_unit: str = ""
 
 
 def rank_latency_causes(ctx: LatencyContext) -> list[dict]:
@@ -211,15 +215,30 @@ def rank_latency_causes(ctx: LatencyContext) -> list[dict]:
                 "Latency rose while requests were not queued: work may block the replica's event loop or threads.",
             )
         )
-    found.append(
-        (
+    found.append(_payload_cause(ctx))
+    found.sort(key=lambda item: item[0])
+    return [cause(cause_id, reason, rank) for rank, (_, cause_id, reason) in enumerate(found, start=1)]
+
+
+def _payload_cause(ctx: LatencyContext) -> tuple[int, str, str]:
+    """LAT-4: ranked with the first causes when the requests grew during the spike, else last, with
+    the sizes that rule it out where they are counted."""
+    if ctx.sizes_p90 is None:
+        return (
             4,
             "LAT-4",
             "If large payloads arrived during the spike, serialization dominates: keep blobs out of request bodies.",
         )
-    )
-    found.sort(key=lambda item: item[0])
-    return [cause(cause_id, reason, rank) for rank, (_, cause_id, reason) in enumerate(found, start=1)]
+    during, before = ctx.sizes_p90
+    sizes = f"p90 {during:,.0f} {ctx.size_unit} during the spike against {before:,.0f} before"
+    if during >= SIZE_GROWTH * before:
+        return (
+            1,
+            "LAT-4",
+            f"Requests were larger during the spike ({sizes}): each one costs more to read, serialize and compute. "
+            "Cap the input size and keep blobs out of request bodies.",
+        )
+    return 4, "LAT-4", f"Request sizes did not grow ({sizes}): large payloads are unlikely to be the cause."
 
 
 def rank_engine_stuck_causes() -> list[dict]:

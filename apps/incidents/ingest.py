@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 
 from apps.clusters.models import Cluster
-from apps.fleet import llm, metric_readings
+from apps.fleet import llm, metric_readings, request_sizes
 from apps.fleet.models import Deployment
 from apps.incidents import detectors, prometheus_readings, services
 from apps.incidents.causes import (
@@ -56,6 +56,7 @@ def _prometheus_reading(cluster: Cluster):
             end=end,
             seconds=seconds,
             timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S,
+            size_metrics=request_sizes.named_metrics(cluster.pk),
         )
     except ray_metrics.MetricsUnavailable as exc:
         # The previous reading's end is kept: the next one counts the whole gap, once, as a scrape would.
@@ -69,11 +70,16 @@ def _prometheus_reading(cluster: Cluster):
 
 def _scrape_reading(cluster: Cluster):
     state = ScrapeState.objects.filter(cluster=cluster).first()
+    size_metrics = request_sizes.named_metrics(cluster.pk)
+    sized = metric_readings.size_series(size_metrics)
     try:
         current = metric_readings.relevant(
             ray_metrics.scrape(
-                cluster.metrics_url, timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S, names=metric_readings.SCRAPED
-            )
+                cluster.metrics_url,
+                timeout_s=settings.FLEETDECK_RAY_TIMEOUT_S,
+                names=metric_readings.SCRAPED | sized,
+            ),
+            sized,
         )
     except ray_metrics.MetricsUnavailable as exc:
         ScrapeState.objects.update_or_create(
@@ -94,7 +100,7 @@ def _scrape_reading(cluster: Cluster):
     previous = ray_metrics.Scrape(
         at=state.at, samples=[ray_metrics.Sample(n, labels, v) for n, labels, v in state.samples]
     )
-    reading = metric_readings.read(previous, current)
+    reading = metric_readings.read(previous, current, size_metrics)
     if reading.warnings:
         ScrapeState.objects.filter(cluster=cluster).update(warnings=reading.warnings)
     return current.at, reading
@@ -113,17 +119,24 @@ def _apply_reading(cluster: Cluster, at: float, reading: metric_readings.Reading
             if finding:
                 pressure = pressure or finding.kind == "memory_pressure"
                 touched.append(_record_node(cluster, ip, finding, window.points))
-    engines = {
-        where: reading.engines[model]
-        for model, where in llm.deployments_by_model(cluster.pk, set(reading.engines)).items()
+    serving = llm.deployments_by_model(cluster.pk, set(reading.engines) | set(reading.model_sizes))
+    engines = {where: reading.engines[model] for model, where in serving.items() if model in reading.engines}
+    model_sizes = {
+        where: reading.model_sizes[model] for model, where in serving.items() if model in reading.model_sizes
     }
     deployments = reading.deployments | {
-        key: metric_readings.DeploymentSignals() for key in engines.keys() - set(reading.deployments)
+        key: metric_readings.DeploymentSignals()
+        for key in (engines.keys() | model_sizes.keys()) - set(reading.deployments)
     }
     for (app, dep), values in sorted(deployments.items()):
         signals, _ = SignalWindow.objects.get_or_create(cluster=cluster, application_name=app, deployment_name=dep)
         point = metric_readings.point(
-            at, reading.seconds, values, reading.applications.get(app), engines.get((app, dep))
+            at,
+            reading.seconds,
+            values,
+            reading.applications.get(app),
+            engines.get((app, dep)),
+            model_sizes.get((app, dep)),
         )
         signals.save_points(metric_readings.compact([*signals.points, point], now=at))
         if stuck := detectors.engine_stuck(signals.points):
@@ -176,7 +189,10 @@ def _record_node(cluster: Cluster, ip: str, finding, points: list[dict]) -> int:
 
 def _latency_context(deployment: Deployment | None, points: list[dict], *, pressure: bool) -> LatencyContext:
     recent = points[-detectors.SUSTAIN :]
+    source = request_sizes.source(deployment, llm.could_serve_llm(deployment)) if deployment else None
     return LatencyContext(
+        sizes_p90=request_sizes.growth(points, detectors.SUSTAIN) if source else None,
+        size_unit=source["unit"] if source else "",
         cold_start=detectors.cold_start(points),
         queue_building=detectors.queue_building(points),
         # The busiest recent reading, not the last one: queues drain as a spike ends.

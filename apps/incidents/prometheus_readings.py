@@ -6,15 +6,20 @@ them, as a difference of scrapes does: consumers sum counts and seconds across r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from apps.fleet.metric_readings import (
     COMPONENT_RSS,
     COMPONENT_USS,
     ONGOING,
+    VLLM_GENERATION_TOKENS,
+    VLLM_PROMPT_TOKENS,
     ApplicationSignals,
     DeploymentSignals,
     NodeSignals,
     Reading,
     add_replica_memory,
+    own_counts,
 )
 from integrations.prometheus import query
 
@@ -45,9 +50,11 @@ def read(
     seconds: int = MIN_RANGE_S,
     timeout_s: float = 5.0,
     transport=None,
+    size_metrics: Mapping[tuple[str, str], str] | None = None,
 ) -> Reading:
     """What happened in the `seconds` up to `end` (None: Prometheus's now). `transport` replaces
-    the client's own (tests replay captured answers through it)."""
+    the client's own (tests replay captured answers through it). `size_metrics` names each
+    deployment's histogram of request sizes, as for metric_readings.read."""
     sel = "{" + selector + "}" if selector else ""
     by = "application, deployment"
     # Counts are rates times the reading's own seconds. Under MIN_RANGE_S the rate is that of the
@@ -119,9 +126,35 @@ def read(
         if deployments
         else ["Prometheus has no Serve series for this selector: check it matches the cluster's labels."]
     )
+    for metric in sorted(set((size_metrics or {}).values())):
+        for (app, name), counts in _bucket_counts(q, f"{metric}_bucket{sel}", by, window, seconds).items():
+            named = size_metrics and size_metrics.get((app, name)) == metric
+            if named and (d := dep({"application": app, "deployment": name})) is not None:
+                d.sizes = counts
+    prompts = _bucket_counts(q, f"{VLLM_PROMPT_TOKENS}_bucket{sel}", "model_name", window, seconds)
+    generations = _bucket_counts(q, f"{VLLM_GENERATION_TOKENS}_bucket{sel}", "model_name", window, seconds)
     return Reading(
-        seconds=float(seconds), deployments=deployments, nodes=nodes, warnings=warnings, applications=applications
+        seconds=float(seconds),
+        deployments=deployments,
+        nodes=nodes,
+        warnings=warnings,
+        applications=applications,
+        model_sizes={
+            model[0]: (prompts.get(model, {}), generations.get(model, {})) for model in prompts.keys() | generations
+        },
     )
+
+
+def _bucket_counts(q, series: str, by: str, window: str, seconds: float) -> dict[tuple, dict[str, float]]:
+    """Per `by` key (a tuple of its labels' values), the requests per bucket of a histogram in the
+    reading, each bucket's own count as metric_readings.bucket_counts gives it."""
+    labels_by = [name.strip() for name in by.split(",")]
+    cumulative: dict[tuple, dict[float, float]] = {}
+    for labels, value in q(f"sum by ({by}, le) (rate({series}[{window}]))"):
+        key = tuple(labels.get(name, "") for name in labels_by)
+        if all(key) and value == value:
+            cumulative.setdefault(key, {})[float(labels.get("le", "inf"))] = value * seconds
+    return {key: counts for key, by_bound in cumulative.items() if (counts := own_counts(by_bound))}
 
 
 def _applications(q, sel: str, window: str, seconds: float) -> dict[str, ApplicationSignals]:

@@ -75,6 +75,7 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("fleet:history", "GET"): READ,
     ("fleet:revision", "GET"): READ,
     ("fleet:llm_inputs", "POST"): OPERATE,
+    ("fleet:size_metric", "POST"): OPERATE,
     # cluster registry pages
     ("clusters:create", "GET"): ADMINISTER,
     ("clusters:create", "POST"): ADMINISTER,
@@ -168,6 +169,8 @@ EXPECTED: dict[tuple[str, str], Need] = {
     ("deployment-detail", "GET"): READ,
     ("deployment-scaling", "GET"): READ,
     ("deployment-llminputs", "POST"): OPERATE,
+    ("deployment-sizemetric", "POST"): OPERATE,
+    ("deployment-requestsizes", "GET"): READ,
     ("configrevision-list", "GET"): READ,
     ("configrevision-detail", "GET"): READ,
     ("configrevision-diff", "GET"): READ,
@@ -356,6 +359,8 @@ BODIES: dict[tuple[str, str], Callable[[Refs], dict]] = {
     ("maintenance:schedule", "POST"): lambda r: {"enabled": "on", "every_hours": 4},
     ("fleet:llm_inputs", "POST"): lambda r: {"gpu_memory_gib": "80"},
     ("deployment-llminputs", "POST"): lambda r: {"gpu_memory_gib": 80},
+    ("fleet:size_metric", "POST"): lambda r: {"metric": "ray_request_bytes", "unit": "bytes"},
+    ("deployment-sizemetric", "POST"): lambda r: {"metric": "ray_request_bytes", "unit": "bytes"},
     ("maintenance:warmups", "POST"): lambda r: {
         "name": "w2",
         "method": "GET",
