@@ -16,6 +16,7 @@ from apps.calibration.models import MemoryCalibration
 from apps.core.redaction import redact_anywhere
 from apps.core.serializer_fields import RedactedJSONField
 from apps.fleet.models import Deployment
+from apps.incidents.request_sizes import observed as observed_sizes
 from controlplane.api.pagination import StreamPagination
 
 
@@ -126,7 +127,7 @@ class CalibrationSerializer(serializers.ModelSerializer):
                     "required": ["request", "share"],
                 },
             },
-            {"type": "string", "enum": [inputs.WARMUP_MIX]},
+            {"type": "string", "enum": [inputs.WARMUP_MIX, inputs.OBSERVED_MIX]},
         ],
         "nullable": True,
     }
@@ -168,7 +169,7 @@ class CalibrateSerializer(serializers.Serializer):
 def checked_mix(mix, levels):
     """A mix checked before anything is saved, so its errors come back under the field at fault
     ("mix", "mix[2].share"); None and the warmup preset pass as they are, for the service."""
-    if mix is None or mix == inputs.WARMUP_MIX:
+    if mix is None or mix in (inputs.WARMUP_MIX, inputs.OBSERVED_MIX):
         return mix
     try:
         count = len(inputs.validate_levels(levels))
@@ -215,5 +216,6 @@ class CalibrationViewSet(
             call=body.validated_data.get("call"),
             request=body.validated_data.get("request"),
             mix=body.validated_data.get("mix"),
+            observed=observed_sizes(deployment) if body.validated_data.get("mix") == inputs.OBSERVED_MIX else None,
         )
         return Response(CalibrationSerializer(calibration).data, status=status.HTTP_202_ACCEPTED)

@@ -80,7 +80,7 @@ class CalibrateForm(forms.Form):
         text = self.cleaned_data["mix"].strip()
         if not text:
             return None
-        if text == inputs.WARMUP_MIX:
+        if text in (inputs.WARMUP_MIX, inputs.OBSERVED_MIX):
             return text
         try:
             return json.loads(text)
@@ -164,7 +164,9 @@ class CalibrateForm(forms.Form):
             except forms.ValidationError as exc:
                 self.add_error("levels", exc)
         mix = cleaned.get("mix")
-        if mix is not None and (cleaned.get("request") is not None or cleaned.get("call") is not None):
+        if mix == inputs.OBSERVED_MIX:
+            pass  # the request is the template each observed size fills in; the service checks both
+        elif mix is not None and (cleaned.get("request") is not None or cleaned.get("call") is not None):
             self.add_error("mix", "Give a mix or one representative request, not both.")
         elif mix is not None and mix != inputs.WARMUP_MIX:
             try:

@@ -168,13 +168,17 @@ MAX_MIX_BYTES = 2 * MAX_CALL_BYTES
 MIX_KEYS = {"request", "share", "tokens"}
 # What asks for the application's warmup profiles as the mix.
 WARMUP_MIX = "warmup"
+# What asks for the traffic's observed sizes as the mix (apps.calibration.observed_mix).
+OBSERVED_MIX = "observed"
 
 MIX_HELP = (
     f"A weighted mix instead of one representative request (concurrency axis only): up to {MAX_MIX} entries "
     '{"request": <a request as for request>, "share": percent of traffic, "tokens": what it brings to a batch '
     f"(optional; prices tokens for the input caps)}}, the shares adding up to 100 (±{SHARE_TOLERANCE:g}). Each request "
     f'is measured on its own at every level. Or "{WARMUP_MIX}": the application\'s warmup profiles, each weighted by '
-    "the requests it sends."
+    f'the requests it sends. Or "{OBSERVED_MIX}": the sizes the traffic had, from the deployment\'s request-size '
+    "histogram, each size class the representative request with {size} (the size) or {pad} (a filler of that "
+    "size) filled in, weighted by the requests the class had."
 )
 
 

@@ -55,6 +55,7 @@ import inspect
 import itertools
 import json
 import os
+import re
 import statistics
 import sys
 import threading
@@ -271,15 +272,28 @@ class CallFailed(Exception):
     """A call that answered an HTTP error status; the message is the status."""
 
 
+# An observed mix's requests carry their size as {pad:N} (N bytes of "x") or {words:N} (N words, a
+# token each in common tokenizers), expanded here once per driver: the job's command line stays small.
+PAD_MARK = re.compile(r"\{(pad|words):(\d{1,9})\}")
+
+
 def describe(request: dict) -> str:
     if request.get("kind") == "http":
         query = request.get("query") or ""
-        return f"{request.get('method', 'GET').upper()} {request.get('path', '/')}{'?' + query if query else ''}"
+        line = f"{request.get('method', 'GET').upper()} {request.get('path', '/')}{'?' + query if query else ''}"
+        # An observed mix's requests differ by their body's filler: say how much each carries.
+        body = json.dumps(request["json"]) if "json" in request else str(request.get("body") or "")
+        fillers = [f"{int(n):,} {'words' if kind == 'words' else 'bytes'}" for kind, n in PAD_MARK.findall(body)]
+        return f"{line} with {' + '.join(fillers)} of filler" if fillers else line
     args = ", ".join(json.dumps(arg) for arg in request.get("args") or [])
     return f"handle call __call__({args[:200]})"
 
 
 CALL_NUMBER = "{n}"
+
+
+def padded(text: str) -> str:
+    return PAD_MARK.sub(lambda m: "x" * int(m[2]) if m[1] == "pad" else " ".join(["word"] * int(m[2])), text)
 
 
 def numbered(text: str, n: int) -> str:
@@ -295,13 +309,13 @@ class HttpRequest:
     def __init__(self, request: dict, route_prefix: str):
         self.method = str(request.get("method") or "GET").upper()
         self.path = str(request.get("path") or "/")
-        self.query = str(request.get("query") or "")
+        self.query = padded(str(request.get("query") or ""))
         self.headers = {str(k).lower(): str(v) for k, v in (request.get("headers") or {}).items()}
         if "json" in request:
-            self.body = json.dumps(request["json"])
+            self.body = padded(json.dumps(request["json"]))
             self.headers.setdefault("content-type", "application/json")
         else:
-            self.body = str(request.get("body") or "")
+            self.body = padded(str(request.get("body") or ""))
         self.headers.setdefault("host", "127.0.0.1:8000")
         self.root_path = "" if route_prefix in ("", "/") else route_prefix.rstrip("/")
 
@@ -357,7 +371,7 @@ class Driver:
     def __init__(self, shape: str, instance, request: dict, route_prefix: str, numbers=None):
         self.shape, self.instance = shape, instance
         self.http = HttpRequest(request, route_prefix) if request.get("kind") == "http" else None
-        self.args = json.dumps(list(request.get("args") or []))
+        self.args = padded(json.dumps(list(request.get("args") or [])))
         # Shared by the drivers of a mix, so no two of its calls get the same {n}.
         self.numbers = numbers if numbers is not None else itertools.count()
         self.pool: ThreadPoolExecutor | None = None

@@ -29,6 +29,7 @@ from apps.calibration.curve import (
 )
 from apps.calibration.inputs import (
     DEFAULTS_BY_AXIS,
+    OBSERVED_MIX,
     WARMUP_MIX,
     default_calibration,
     validate_axis,
@@ -41,6 +42,7 @@ from apps.calibration.inputs import (
 from apps.calibration.job_script import MARKER
 from apps.calibration.job_spec import build_entrypoint, fitting_nodes, import_target, job_runtime_env, stop_at_bytes
 from apps.calibration.models import MemoryCalibration
+from apps.calibration.observed_mix import observed_mix
 from apps.clusters.services import dashboard_for
 from apps.core import jobs
 from apps.core.jobs import Job
@@ -95,6 +97,7 @@ def request_calibration(
     axis: str = "concurrency",
     request=None,
     mix=None,
+    observed: dict | None = None,
 ) -> MemoryCalibration:
     """Submit a calibration job for `deployment`. The caller checks the operator role.
 
@@ -103,7 +106,9 @@ def request_calibration(
     `call=` is shorthand for a handle call with that one argument. Neither given: what
     default_calibration chooses (several warmup requests: their mix). `mix` instead measures a
     weighted mix of requests (see validate_mix), each on its own at every level; "warmup" takes the
-    application's warmup profiles as the mix, and a mix of one request is that request. "token_sum"
+    application's warmup profiles as the mix, and a mix of one request is that request; "observed"
+    takes it from the traffic's sizes (`observed`, apps.incidents.request_sizes.observed's answer),
+    `request` being the template each size fills in (see observed_mix). "token_sum"
     runs one batch of each token sum in `levels` through the class's `calibration_batch(token_sum)`
     hook (see job_script.py). `levels` defaults
     to the axis's defaults. The user_config is the one the deployment runs now (its effective config).
@@ -115,6 +120,10 @@ def request_calibration(
     cluster = application.cluster
     axis = validate_axis(axis)
     levels = validate_levels(list(DEFAULTS_BY_AXIS[axis] if levels is None else levels), axis)
+    mix_from = None
+    if mix == OBSERVED_MIX and axis == "concurrency" and call is None:
+        mix, mix_from = observed_mix(request, observed, len(levels))
+        request = None
     if mix is not None and (axis == "token_sum" or call is not None or request is not None):
         raise ValidationError(
             {
@@ -187,6 +196,8 @@ def request_calibration(
         "entrypoint_num_gpus": gpus,
         "stop_at_bytes": stop_at,
     }
+    if mix_from is not None:
+        stored["mix_from"] = mix_from
     try:
         with transaction.atomic():
             calibration = MemoryCalibration.objects.create(

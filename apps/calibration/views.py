@@ -13,12 +13,13 @@ from apps.accounts import access
 from apps.accounts.audit import Actor
 from apps.accounts.models import Role
 from apps.accounts.permissions import has_role
-from apps.calibration import services
+from apps.calibration import inputs, services
 from apps.calibration.curve import MIB
 from apps.calibration.forms import CalibrateForm
 from apps.calibration.job_script import describe
 from apps.calibration.mix import QUANTILE_TEXT
 from apps.fleet.models import Deployment
+from apps.incidents.request_sizes import observed as observed_sizes
 
 CARD = "calibration/partials/card.html"
 
@@ -37,6 +38,8 @@ def card_context(request, deployment: Deployment, form: CalibrateForm | None = N
         "levels": _levels(curve, measured) if curve else [],
         "representative": _representative(measured),
         "mix": _mix(curve) if curve is not None and curve.is_mixed else None,
+        # Where an observed mix came from: the histogram, its span, the requests it counted.
+        "mix_from": (measured.request or {}).get("mix_from") if measured else None,
         "form": form or CalibrateForm(),
         # One calibration at a time per deployment: no form while one runs.
         "can_start": (latest is None or latest.is_final)
@@ -126,6 +129,7 @@ def calibrate(request, deployment_pk: int):
                 call=form.cleaned_data["call"],
                 request=form.cleaned_data["request"],
                 mix=form.cleaned_data["mix"],
+                observed=observed_sizes(deployment) if form.cleaned_data["mix"] == inputs.OBSERVED_MIX else None,
             )
         except ValidationError as exc:
             form.add_error(None, exc)

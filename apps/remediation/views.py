@@ -233,7 +233,7 @@ def _objectives(post) -> dict:
 def _mix(post):
     """The calibration form's mix: JSON, "warmup" for the warmup profiles, or None when empty."""
     text = post.get("mix", "").strip()
-    if not text or text == calibration_inputs.WARMUP_MIX:
+    if not text or text in (calibration_inputs.WARMUP_MIX, calibration_inputs.OBSERVED_MIX):
         return text or None
     try:
         return json.loads(text)

@@ -20,12 +20,14 @@ from apps.accounts.access import Permission
 from apps.accounts.audit import Actor, record
 from apps.accounts.models import Role
 from apps.calibration import services as calibrations
+from apps.calibration.inputs import OBSERVED_MIX
 from apps.changes import protocol
 from apps.changes.models import Change, ChangeState
 from apps.core.catalogue import CONFIG_REMEDIES, GUIDANCE, REMEDIES
 from apps.core.errors import Conflict
 from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, IncidentEvent
+from apps.incidents.request_sizes import observed as observed_sizes
 from apps.remediation import diagnosis, margin, scaler_offer
 from apps.remediation.models import Finding, Wizard, WizardStep
 from apps.remediation.sizing import RemedyValues
@@ -626,7 +628,12 @@ def calibrate(
         )
     try:
         run = calibrations.request_calibration(
-            actor, deployment, levels=list(levels or CALIBRATION_LEVELS), request=request, mix=mix
+            actor,
+            deployment,
+            levels=list(levels or CALIBRATION_LEVELS),
+            request=request,
+            mix=mix,
+            observed=observed_sizes(deployment) if mix == OBSERVED_MIX else None,
         )
     except ValidationError as exc:
         raise WizardError(f"Nothing was measured and nothing was pushed: {_message(exc)}") from exc

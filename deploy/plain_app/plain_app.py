@@ -8,7 +8,12 @@ Fleetdeck-specific setting:
 
 - `PLAIN_ALLOC_MB` (default 256): MiB a request fills;
 - `PLAIN_HOLD_S` (default 1.0): seconds it holds them, awaiting (other requests run meanwhile);
-- `PLAIN_BASE_MB` (default 64): MiB the replica allocates once at start, standing for its model.
+- `PLAIN_BASE_MB` (default 64): MiB the replica allocates once at start, standing for its model;
+- `PLAIN_MB_PER_KB` (default 0): MiB `PlainAPI` fills on top for each KiB of the prompt, as a model's
+  activations grow with its input.
+
+`PlainAPI` also exports the size of each prompt it gets as a histogram, `plain_prompt_bytes`, the
+way Ray's documentation exports an application's own metric (`ray.serve.metrics.Histogram`).
 
 Three shapes, one per way Serve calls a deployment:
 - `app`: `Plain`, a Starlette `Request` handler (`?mb=` may ask for less or more per request);
@@ -23,6 +28,7 @@ import os
 
 from fastapi import FastAPI
 from ray import serve
+from ray.serve import metrics
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -65,10 +71,22 @@ api = FastAPI()
 @serve.deployment
 @serve.ingress(api)
 class PlainAPI(_Work):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mb_per_kb = _setting("PLAIN_MB_PER_KB", 0)
+        self.prompt_bytes = metrics.Histogram(
+            "plain_prompt_bytes",
+            description="Bytes of each prompt received.",
+            boundaries=[256, 1024, 4096, 16384, 65536],
+        )
+
     @api.post("/generate")
     async def generate(self, body: dict) -> dict:
         prompt = str(body.get("prompt", ""))
-        return {"prompt_chars": len(prompt), **await self.work()}
+        size = len(prompt.encode())
+        self.prompt_bytes.observe(size)
+        mb = self.alloc_mb + self.mb_per_kb * size / 1024 if self.mb_per_kb else None
+        return {"prompt_chars": len(prompt), **await self.work(mb)}
 
     @api.get("/healthz")
     def healthz(self) -> dict:
