@@ -13,8 +13,10 @@ the fix by what the clients got at the proxy."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -79,18 +81,22 @@ def oom_lab():
 
 
 class Load:
-    """The same fixed schedule in both phases: CLIENTS clients, each sending one request after another."""
+    """The same fixed schedule in both phases: CLIENTS clients, each sending one request after another
+    (`url`, or `url(n)` for a client's n-th request)."""
 
-    def __init__(self, url: str):
-        self.url, self.statuses, self.failures, self._stop = url, [], [], threading.Event()
+    def __init__(self, url: str | Callable[[int], str]):
+        self.url = url if callable(url) else (lambda n: url)
+        self.statuses, self.failures, self._stop = [], [], threading.Event()
         self.started = time.monotonic()
         self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(CLIENTS)]
 
     def _client(self):
         with httpx.Client(timeout=60) as client:
-            while not self._stop.is_set():
+            for n in itertools.count():
+                if self._stop.is_set():
+                    break
                 try:
-                    response = client.get(self.url)
+                    response = client.get(self.url(n))
                     self.statuses.append(response.status_code)
                     if response.status_code != 200:
                         # What the proxy said, and when: a failure message names its own cause.
@@ -123,6 +129,25 @@ def signal_points(cluster: Cluster) -> list[dict]:
     return window.points if window else []
 
 
+def killed_under_load(cluster: Cluster, url) -> tuple[Incident, Load]:
+    """Fleetdeck watches the cluster before anything goes wrong, as it does a registered one, until
+    its readings hold the replica's memory at rest (Ray exports every few seconds, and a kill in the
+    load's first seconds would otherwise leave nothing read before it); then the load gets the
+    replica killed by Ray's memory monitor. The OOM incident, and what the clients saw."""
+    deadline = time.monotonic() + 90
+    while not ((seen := observed.from_points(signal_points(cluster))) and seen.idle_readings):
+        assert time.monotonic() < deadline, f"no memory reading of Plain at rest: {signal_points(cluster)[-3:]}"
+        observe(cluster)
+        time.sleep(2)
+    with Load(url) as before:
+        deadline = time.monotonic() + 150
+        while not Incident.objects.filter(kind="oom_kill", deployment_name="Plain").exists():
+            assert time.monotonic() < deadline, f"no OOM kill under load; clients saw {before.statuses[-20:]}"
+            time.sleep(2)
+            observe(cluster)
+    return Incident.objects.get(kind="oom_kill", deployment_name="Plain"), before
+
+
 def post(client, wizard: Wizard, action: str, **data):
     wizard.refresh_from_db()
     response = client.post(
@@ -150,26 +175,11 @@ def test_an_operator_fixes_a_plain_app_s_oom_kills_with_measured_values_verified
     )
     url = f"{oom_lab.serve_url}/plain"
 
-    # 0. Fleetdeck watches the cluster before anything goes wrong, as it does a registered one, until
-    #    its readings hold the replica's memory at rest (Ray exports every few seconds, and a kill in
-    #    the load's first seconds would otherwise leave nothing read before it).
-    deadline = time.monotonic() + 90
-    while not ((seen := observed.from_points(signal_points(cluster))) and seen.idle_readings):
-        assert time.monotonic() < deadline, f"no memory reading of Plain at rest: {signal_points(cluster)[-3:]}"
-        observe(cluster)
-        time.sleep(2)
-
+    # 0-1. Watched at rest, then the load gets the replica killed.
     marks = {"rest": time.time()}  # when each phase began, to read the proxy's counts against
-    # 1. The failure: the load gets the replica killed by Ray's memory monitor.
     marks["load"] = time.time()
-    with Load(url) as before:
-        deadline = time.monotonic() + 150
-        while not Incident.objects.filter(kind="oom_kill", deployment_name="Plain").exists():
-            assert time.monotonic() < deadline, f"no OOM kill under load; clients saw {before.statuses[-20:]}"
-            time.sleep(2)
-            observe(cluster)
+    incident, before = killed_under_load(cluster, url)
     marks["load ended"] = time.time()
-    incident = Incident.objects.get(kind="oom_kill", deployment_name="Plain")
     assert incident.causes[0]["id"] == "OOM-2"
 
     # 2. The operator opens the wizard from the incident page. Nothing trustworthy is measured, so
