@@ -6,12 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from django.conf import settings
+
 from apps.clusters.models import Cluster
 from apps.core.catalogue import PRESCRIPTION, REMEDIES, REMEDIES_FOR, cause
 from apps.fleet.configs import key_settings
 from apps.fleet.models import Deployment
 from apps.incidents.models import Incident, NodeWindow, OomKillRecord, SignalWindow
 from apps.incidents.oom import replica_memory
+from apps.maintenance.models import MaintenanceRun
 from apps.remediation import (
     capacity,
     margin,
@@ -236,7 +239,17 @@ def diagnose(
         }
     remedies = relevant_remedies(causes, current)
     bound = (computed.patch("R10") or {}).get("max_queued_requests", current.max_queued_requests)
-    offer = scaler_offer.assess(points, computed.plan, bound, effective, cluster.ray_version)
+    offer = scaler_offer.assess(
+        points,
+        computed.plan,
+        bound,
+        effective,
+        cluster.ray_version,
+        autoscaling=(computed.patch("R2") or {}).get("autoscaling_config"),
+        reading_s=settings.FLEETDECK_SYNC_INTERVAL_S,
+        start_s=_measured_start_s(cluster, app, dep),
+        latency_objective_ms=goals.latency_ms,
+    )
     if offer:
         remedies.append(scaler_offer.REMEDY)
     summary: Summary = {
@@ -453,6 +466,21 @@ def _others(cluster, app: str, dep: str) -> list[tuple[dict, int]]:
         ((config or {}).get("ray_actor_options") or {}, max(running or 0, target or 0))
         for config, running, target in rows
     ]
+
+
+def _measured_start_s(cluster: Cluster, app: str, dep: str) -> float | None:
+    """How long the deployment's replicas took to start at its last recycle (push to verified)."""
+    return (
+        MaintenanceRun.objects.filter(
+            deployment__application__cluster=cluster,
+            deployment__application__name=app,
+            deployment__name=dep,
+            cold_start_s__isnull=False,
+        )
+        .order_by("-created_at")
+        .values_list("cold_start_s", flat=True)
+        .first()
+    )
 
 
 def _in_flight_per_replica(points: list[dict], cap: int | None, replicas: int) -> float | None:

@@ -13,6 +13,7 @@ import itertools
 import math
 
 from apps.changes.serve_options import parse_version
+from apps.remediation import scaler_replay
 from apps.remediation.measurements import mib
 from apps.remediation.models import WizardStep
 from integrations.ray.dashboard import SCALE_API_SINCE
@@ -25,11 +26,27 @@ MIN_READINGS = 3
 # Serve's own defaults where the deployment's autoscaling_config sets none.
 SERVE_UPSCALE_DELAY_S = 30.0
 SERVE_LOOK_BACK_S = 30.0
+# A replica's start where no recycle measured it: Ray's scheduling and a small model's load.
+DEFAULT_START_S = 20.0
 
 
-def assess(points: list[dict], plan: dict | None, queue_bound: int | None, effective: dict, ray_version: str) -> dict:
+def assess(
+    points: list[dict],
+    plan: dict | None,
+    queue_bound: int | None,
+    effective: dict,
+    ray_version: str,
+    *,
+    autoscaling: dict | None = None,
+    reading_s: float = 30.0,
+    start_s: float | None = None,
+    latency_objective_ms: int | None = None,
+) -> dict:
     """{} where the load was steady (or too few readings show it); otherwise the step's values:
-    `refused` says why it cannot be taken, else `min_replicas`, `max_replicas` and `reasons`."""
+    `refused` says why it cannot be taken, else `min_replicas`, `max_replicas`, `reasons` and, with
+    R2's `autoscaling` config, `replay`: the readings' load replayed through the scaler (deciding
+    every `reading_s`) and through Serve's autoscaler with that config, replicas starting in
+    `start_s` (measured by a recycle; None: DEFAULT_START_S, said so)."""
     readings = [(p.get("ongoing") or 0) + (p.get("queued") or 0) for p in points]
     if len(readings) < MIN_READINGS:
         return {}
@@ -62,7 +79,67 @@ def assess(points: list[dict], plan: dict | None, queue_bound: int | None, effec
         "max_replicas": ceiling,
         "idle_replica_s": _idle_replica_seconds(points, min(peak_need, ceiling), concurrency),
     }
-    return figures | {"reasons": _reasons(plan, figures, bound, effective)}
+    reasons = _reasons(plan, figures, bound, effective)
+    if autoscaling:
+        replay = _replay(points, plan, figures, bound, autoscaling, reading_s, start_s, latency_objective_ms)
+        if replay:
+            figures["replay"] = replay
+            reasons.insert(-1, _replay_reason(replay))
+    return figures | {"reasons": reasons}
+
+
+def _replay(points, plan, figures, bound, autoscaling, reading_s, start_s, objective_ms) -> dict | None:
+    start = start_s if start_s is not None else DEFAULT_START_S
+    replay = scaler_replay.compare(
+        scaler_replay.rates(points),
+        concurrency=plan["concurrency"],
+        service_s=plan["service_s"],
+        min_replicas=figures["min_replicas"],
+        max_replicas=figures["max_replicas"],
+        peak_bytes=plan.get("peak_bytes"),
+        queue_bound=bound,
+        latency_objective_ms=objective_ms,
+        autoscaling=autoscaling,
+        reading_s=reading_s,
+        start_s=start,
+    )
+    return replay | {"start_measured": start_s is not None} if replay else None
+
+
+def _replay_reason(replay: dict) -> str:
+    scaler, serve = replay["scaler"], replay["serve"]
+
+    def arm(o: dict) -> str:
+        p99 = f"p99 {o['p99_s']:.1f} s" if o["p99_s"] is not None else "no request served"
+        shed = f"{o['failed_share']:.1%} of {o['arrived']:,} requests shed"
+        return f"{shed}, {p99}, {o['replica_seconds']:,} replica-seconds"
+
+    start = (
+        f"replicas starting in {replay['start_s']:.0f} s as the last recycle measured"
+        if replay["start_measured"]
+        else f"replicas starting in {replay['start_s']:.0f} s (assumed: no recycle has measured it)"
+    )
+    return (
+        f"Replayed on these {replay['seconds']:,} s of readings ({start}; a model of queueing at the calibrated "
+        f"concurrency and service time, not a measurement): the scaler, deciding every {replay['reading_s']:.0f} s, "
+        f"{arm(scaler)}; Serve's autoscaler with R2's config {arm(serve)}. {_verdict(replay)}"
+    )
+
+
+def _verdict(replay: dict) -> str:
+    scaler, serve = replay["scaler"], replay["serve"]
+    p99 = (scaler["p99_s"] or 0.0, serve["p99_s"] or 0.0)
+    if scaler["failed"] <= serve["failed"] and p99[0] <= p99[1]:
+        if scaler["failed"] < serve["failed"] or p99[0] < p99[1]:
+            return "On this load the scaler serves better."
+        return "On this load both serve alike: the scaler's gain is the replicas it gives back in the calm."
+    if scaler["failed"] >= serve["failed"] and p99[0] >= p99[1]:
+        return (
+            f"On this load R2's autoscaling serves better: the scaler decides once a metrics reading "
+            f"(every {replay['reading_s']:.0f} s, FLEETDECK_SYNC_INTERVAL_S), later than R2's upscale delay. Prefer "
+            "R2 here, or shorten the interval and start the scaler in shadow mode to compare on live traffic."
+        )
+    return "Each is better on one figure: weigh the requests shed against p99 and the replica-seconds."
 
 
 def _need(in_flight: float, concurrency: int) -> int:
