@@ -21,6 +21,9 @@ from apps.scaler.decision import Current, Kind, Policy, Sample, Signals, decide
 TICK_S = 1.0
 # Too few readings to replay anything but noise.
 MIN_READINGS = 3
+# The last hour of readings (the window's raw ones, where an incident is): a day replayed second by
+# second costs seconds of a web request, and its 5-minute summaries smooth away the bursts anyway.
+MAX_REPLAY_S = 3600.0
 # Serve's autoscaler: replicas report every 10 s (metrics_interval_s), averaged over look_back_period_s.
 SERVE_METRICS_S = 10.0
 SERVE_DEFAULTS = {"upscale_delay_s": 30.0, "downscale_delay_s": 600.0, "look_back_period_s": 30.0}
@@ -191,7 +194,8 @@ def replay_serve(
             continue
         next_report += SERVE_METRICS_S
         reported.append((now, fleet.in_flight + fleet.queue))
-        window = [v for t, v in reported if t >= now - conf["look_back_period_s"]]
+        reported = [(t, v) for t, v in reported if t >= now - conf["look_back_period_s"]]
+        window = [v for _, v in reported]
         desired = min(max(math.ceil(sum(window) / len(window) / per_replica), low), high)
         direction = (desired > fleet.target) - (desired < fleet.target)
         if not direction:
@@ -222,8 +226,9 @@ def compare(
     reading_s: float,
     start_s: float,
 ) -> dict | None:
-    """Both arms on `load` (rates()), the scaler within min..max replicas (max: what memory holds),
-    starting at its min; None with fewer than MIN_READINGS readings."""
+    """Both arms on the last MAX_REPLAY_S of `load` (rates()), the scaler within min..max replicas
+    (max: what memory holds), starting at its min; None with fewer than MIN_READINGS readings."""
+    load = [reading for reading in load if reading[1] > load[-1][1] - MAX_REPLAY_S] if load else []
     if len(load) < MIN_READINGS:
         return None
     policy = Policy(
