@@ -12,19 +12,23 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 
 import pytest
 from django.urls import reverse
 
 from apps.calibration import services as calibrations
-from apps.calibration.models import MemoryCalibration
-from apps.changes import protocol
-from apps.clusters.models import Cluster
 from apps.demo.local_ray import LocalRayHead, memory_monitor_env, threshold_for_headroom
-from apps.remediation import verification
 from apps.remediation.models import Wizard
-from tests.integration.test_wizard_real_ray import CONFIG, MIB, Load, killed_under_load, observe, post
+from tests.integration.test_wizard_real_ray import (
+    CONFIG,
+    MIB,
+    applied,
+    calibrated,
+    killed_under_load,
+    post,
+    registered,
+    verified,
+)
 
 pytestmark = [pytest.mark.ray, pytest.mark.django_db]
 SMALL_MB, LARGE_MB = 150, 900
@@ -56,16 +60,7 @@ def mixed(url: str):
 def test_a_mixed_workload_s_oom_kills_are_fixed_from_a_calibrated_mix_verified_by_the_clients(
     mixed_lab, team, people, client, settings
 ):
-    settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S = 120
-    settings.FLEETDECK_CHANGE_POLL_S = 0.5
-    cluster = Cluster.objects.create(
-        name="mixed-lab",
-        team=team,
-        dashboard_url=mixed_lab.dashboard_url,
-        ray_version="2.60.0",
-        serve_url=mixed_lab.serve_url,
-        metrics_url=f"http://127.0.0.1:{mixed_lab.ports['metrics-export-port']}/metrics",
-    )
+    cluster = registered(mixed_lab, "mixed-lab", team, settings)
     url = f"{mixed_lab.serve_url}/plain"
     incident, before = killed_under_load(cluster, mixed(url))
 
@@ -77,13 +72,7 @@ def test_a_mixed_workload_s_oom_kills_are_fixed_from_a_calibrated_mix_verified_b
 
     # The operator gives the mix the traffic has; the job measures each request on its own.
     post(client, wizard, "calibrate", step=calibration_step.position, mix=json.dumps(MIX))
-    run = MemoryCalibration.objects.get(pk=wizard.steps.get(kind="calibration").calibration_id)
-    deadline = time.monotonic() + 300
-    while not run.is_final:
-        assert time.monotonic() < deadline, "calibration did not finish"
-        time.sleep(2)
-        run = calibrations.poll(run.pk)
-    assert run.state == "succeeded", f"{run.error}\n{run.log_tail}"
+    run = calibrated(wizard)
     post(client, wizard, "replan", step=0)
     wizard.refresh_from_db()
 
@@ -109,20 +98,8 @@ def test_a_mixed_workload_s_oom_kills_are_fixed_from_a_calibrated_mix_verified_b
         f"({large.share:g} %); plan {plan}; budget {budget / MIB:.0f} MiB; R1 {r1}, R2 {auto}"
     )
 
-    positions = [steps[r].position for r in ("R1", "R2", "R10")]
-    post(client, wizard, "apply", steps=positions, step=positions[0])
-    change = wizard.steps.get(remedy="R1").change
-    protocol.run(change.pk)
-    change.refresh_from_db()
-    assert change.state == "succeeded", "\n".join(s.message for s in change.steps.all())
-    observe(cluster)
-
-    post(client, wizard, "verify", window_s=45, step=wizard.steps.get(kind="verification").position)
-    wizard.refresh_from_db()
-    with Load(mixed(url)) as after:
-        while verification.evaluate(wizard.pk) == "running":
-            time.sleep(3)
-            observe(cluster)
+    applied(client, wizard, steps, cluster)
+    after = verified(client, wizard, cluster, mixed(url))
     wizard.refresh_from_db()
     failed = [s for s in after.statuses if s != 200]
     print(

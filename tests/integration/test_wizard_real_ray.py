@@ -148,6 +148,55 @@ def killed_under_load(cluster: Cluster, url) -> tuple[Incident, Load]:
     return Incident.objects.get(kind="oom_kill", deployment_name="Plain"), before
 
 
+def registered(head: LocalRayHead, name: str, team, settings) -> Cluster:
+    """The lab's cluster as an operator registers it, its metrics endpoint included; changes verified
+    within 2 minutes, polled every half second."""
+    settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S = 120
+    settings.FLEETDECK_CHANGE_POLL_S = 0.5
+    return Cluster.objects.create(
+        name=name,
+        team=team,
+        dashboard_url=head.dashboard_url,
+        ray_version="2.60.0",
+        serve_url=head.serve_url,
+        metrics_url=f"http://127.0.0.1:{head.ports['metrics-export-port']}/metrics",
+    )
+
+
+def calibrated(wizard: Wizard, timeout_s: float = 300) -> MemoryCalibration:
+    """The wizard's calibration, once its job has succeeded."""
+    run = MemoryCalibration.objects.get(pk=wizard.steps.get(kind="calibration").calibration_id)
+    deadline = time.monotonic() + timeout_s
+    while not run.is_final:
+        assert time.monotonic() < deadline, "calibration did not finish"
+        time.sleep(2)
+        run = calibrations.poll(run.pk)
+    assert run.state == "succeeded", f"{run.error}\n{run.log_tail}"
+    return run
+
+
+def applied(client, wizard: Wizard, steps: dict, cluster: Cluster):
+    """R1 + R2 + R10 applied as one change through the protocol (the worker's part runs here)."""
+    positions = [steps[r].position for r in ("R1", "R2", "R10")]
+    post(client, wizard, "apply", steps=positions, step=positions[0])
+    change = wizard.steps.get(remedy="R1").change
+    protocol.run(change.pk)
+    change.refresh_from_db()
+    assert change.state == "succeeded", "\n".join(s.message for s in change.steps.all())
+    observe(cluster)
+    return change
+
+
+def verified(client, wizard: Wizard, cluster: Cluster, url) -> Load:
+    """Verification under the load of `url` until it has an outcome; what the clients saw."""
+    post(client, wizard, "verify", window_s=45, step=wizard.steps.get(kind="verification").position)
+    with Load(url) as after:
+        while verification.evaluate(wizard.pk) == "running":
+            time.sleep(3)
+            observe(cluster)
+    return after
+
+
 def post(client, wizard: Wizard, action: str, **data):
     wizard.refresh_from_db()
     response = client.post(
@@ -163,16 +212,7 @@ def post(client, wizard: Wizard, action: str, **data):
 def test_an_operator_fixes_a_plain_app_s_oom_kills_with_measured_values_verified_by_the_clients(
     oom_lab, team, people, client, settings
 ):
-    settings.FLEETDECK_CHANGE_VERIFY_TIMEOUT_S = 120
-    settings.FLEETDECK_CHANGE_POLL_S = 0.5
-    cluster = Cluster.objects.create(
-        name="oom-lab",
-        team=team,
-        dashboard_url=oom_lab.dashboard_url,
-        ray_version="2.60.0",
-        serve_url=oom_lab.serve_url,
-        metrics_url=f"http://127.0.0.1:{oom_lab.ports['metrics-export-port']}/metrics",
-    )
+    cluster = registered(oom_lab, "oom-lab", team, settings)
     url = f"{oom_lab.serve_url}/plain"
 
     # 0-1. Watched at rest, then the load gets the replica killed.
@@ -210,13 +250,7 @@ def test_an_operator_fixes_a_plain_app_s_oom_kills_with_measured_values_verified
     # 3. The calibration drives the app's own route (no request given: a GET of /plain) at rising concurrency.
     marks["calibration"] = time.time()
     post(client, wizard, "calibrate", step=calibration_step.position)
-    run = MemoryCalibration.objects.get(pk=wizard.steps.get(kind="calibration").calibration_id)
-    deadline = time.monotonic() + 240
-    while not run.is_final:
-        assert time.monotonic() < deadline, "calibration did not finish"
-        time.sleep(2)
-        run = calibrations.poll(run.pk)
-    assert run.state == "succeeded", f"{run.error}\n{run.log_tail}"
+    run = calibrated(wizard)
     assert run.shape == "starlette" and run.request["representative"]["path"] == "/plain"
     post(client, wizard, "replan", step=0)
     wizard.refresh_from_db()
@@ -249,22 +283,11 @@ def test_an_operator_fixes_a_plain_app_s_oom_kills_with_measured_values_verified
 
     # 5. R1 + R2 + R10 applied as one change through the protocol (the worker's part runs here).
     marks["change"] = time.time()
-    positions = [steps[r].position for r in ("R1", "R2", "R10")]
-    post(client, wizard, "apply", steps=positions, step=positions[0])
-    change = wizard.steps.get(remedy="R1").change
-    protocol.run(change.pk)
-    change.refresh_from_db()
-    assert change.state == "succeeded", "\n".join(s.message for s in change.steps.all())
-    observe(cluster)
+    change = applied(client, wizard, steps, cluster)
 
     # 6. Verification under the same load, judged by what the clients got at the proxy.
-    post(client, wizard, "verify", window_s=45, step=wizard.steps.get(kind="verification").position)
-    wizard.refresh_from_db()
     marks["verification"] = time.time()
-    with Load(url) as after:
-        while verification.evaluate(wizard.pk) == "running":
-            time.sleep(3)
-            observe(cluster)
+    after = verified(client, wizard, cluster, url)
     wizard.refresh_from_db()
     print(
         f"\nwizard #{wizard.pk}: R1 {r1}, R2 {auto}, R10 {queue}; plan {plan}; before {wizard.before}; after "
