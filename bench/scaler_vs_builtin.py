@@ -171,6 +171,19 @@ def sender(app: App, serve_url: str, args):
     return reference
 
 
+def mixed_calibration(app: App, args) -> list[dict]:
+    """The mixed shape's traffic as a calibration mix (`--mix`): its light and heavy requests, as
+    `sender` sends them, weighted 4 to 1 as SeededKinds draws them."""
+    light = {"kind": "http", "method": app.method, "path": app.path}
+    if app.body is None:
+        light["query"] = f"mb={args.light_mb:g}"
+        heavy = {**light, "query": f"mb={args.light_mb * args.heavy_factor:g}"}
+    else:
+        light["json"] = app.body
+        heavy = {**light, "json": {**app.body, "prompt": app.body["prompt"] * int(args.heavy_factor)}}
+    return [{"request": light, "share": 80}, {"request": heavy, "share": 20}]
+
+
 # --- watching what Serve runs ----------------------------------------------------------------
 
 
@@ -400,7 +413,10 @@ class Bench:
         wizard = call(api, "post", "/api/v1/wizards/", {"incident": incident.pk, **objectives})
         base = f"/api/v1/wizards/{wizard['id']}"
         if wizard["diagnosis"].get("needs_calibration") or pending(wizard, "calibration"):
-            wizard = call(api, "post", f"{base}/calibrate/", {"revision": wizard["revision"]})
+            body = {"revision": wizard["revision"]}
+            if self.args.mix:
+                body["mix"] = mixed_calibration(self.app, self.args)
+            wizard = call(api, "post", f"{base}/calibrate/", body)
             self.await_calibration(wizard)
             wizard = call(api, "post", f"{base}/replan/", {"revision": wizard["revision"]})
         positions = [s["position"] for s in pending(wizard, "config")]
@@ -756,6 +772,12 @@ def main() -> None:
         "--scaler-min", type=int, default=1, help="the scaler's floor (R11 sizes it as the calm's need: 1 here)"
     )
     parser.add_argument("--scaler-max", type=int, default=8)
+    parser.add_argument(
+        "--mix",
+        action="store_true",
+        help="calibrate B' and C with the mixed shape's requests as a mix (4 light to 1 heavy), as an operator "
+        "who knows the traffic does; without it the wizard calibrates one request",
+    )
     parser.add_argument("--light-mb", type=float, default=128.0)
     parser.add_argument("--heavy-factor", type=float, default=5.0)
     parser.add_argument("--prompt-chars", type=int, default=200)
