@@ -284,12 +284,18 @@ def test_the_same_traffic_through_prometheus_and_the_scrape(ray_head, start_prom
         assert near(share, p_share, 0.05, 0.01) and share > 0.05
         assert "requests failed" in why and "requests failed" in p_why
 
-        # Every metric Fleetdeck queries is one this Ray exports under that name (no GPU here).
+        # Every metric Fleetdeck queries is one this Ray exports under that name: no GPU here, and no
+        # serve.llm engine to count prompt and generation tokens.
         recording = Recording()
         prometheus_readings.read(prom.url, SELECTOR, transport=recording)
         queried = {m for q in recording.queries for m in re.findall(r"\b(ray_[a-z_]+)\{", q)}
         present = {r["metric"]["__name__"] for r in prom.api(f"group by (__name__) ({{{SELECTOR}}})")["data"]["result"]}
         print(f"queried but absent: {sorted(queried - present)}")
-        assert queried - present <= {"ray_node_gram_used", "ray_node_gram_available"}
+        assert queried - present <= {
+            "ray_node_gram_used",
+            "ray_node_gram_available",
+            "ray_vllm_request_prompt_tokens_bucket",
+            "ray_vllm_request_generation_tokens_bucket",
+        }
     finally:
         ray_head.deploy(two_app_config())
