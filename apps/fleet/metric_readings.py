@@ -217,14 +217,20 @@ def bucket_of(buckets: list[tuple[float, float]], q: float) -> tuple[float, floa
     return lower, None
 
 
-def _percentiles(prev: Scrape, cur: Scrape, name: str, key_of, warnings: list[str]) -> dict:
-    """p50/p95/p99 per key of a histogram's bucket increases, summed over the series of a key."""
+def _bucket_increases(prev: Scrape, cur: Scrape, name: str, key_of, warnings: list[str]) -> dict:
+    """Per key, the cumulative bucket increases of histogram `name` between the scrapes, summed over
+    the series of a key: {upper bound: count}."""
     buckets: dict = defaultdict(lambda: defaultdict(float))
     for labels, delta in _deltas(prev, cur, f"{name}_bucket", warnings):
         if key := key_of(labels):
             buckets[key][float(labels.get("le", "inf"))] += delta
+    return buckets
+
+
+def _percentiles(prev: Scrape, cur: Scrape, name: str, key_of, warnings: list[str]) -> dict:
+    """p50/p95/p99 per key of a histogram's bucket increases, summed over the series of a key."""
     out = {}
-    for key, by_bound in buckets.items():
+    for key, by_bound in _bucket_increases(prev, cur, name, key_of, warnings).items():
         series = sorted(by_bound.items())
         out[key] = (quantile(series, 0.50), quantile(series, 0.95), quantile(series, 0.99), bucket_of(series, 0.99))
     return out
@@ -240,11 +246,8 @@ def bound_text(bound: float) -> str:
 def bucket_counts(prev: Scrape, cur: Scrape, name: str, key_of, warnings: list[str]) -> dict:
     """Per key, the requests that fell in each bucket of histogram `name` between the scrapes:
     {upper bound text: count}, one bucket's own count (not cumulative), so that readings add up."""
-    cumulative: dict = defaultdict(lambda: defaultdict(float))
-    for labels, delta in _deltas(prev, cur, f"{name}_bucket", warnings):
-        if key := key_of(labels):
-            cumulative[key][float(labels.get("le", "inf"))] += delta
-    return {key: counts for key, by_bound in cumulative.items() if (counts := own_counts(by_bound))}
+    increases = _bucket_increases(prev, cur, name, key_of, warnings)
+    return {key: counts for key, by_bound in increases.items() if (counts := own_counts(by_bound))}
 
 
 def own_counts(cumulative: dict[float, float]) -> dict[str, float]:
@@ -279,9 +282,10 @@ def read(prev: Scrape, cur: Scrape, size_metrics: Mapping[Key, str] | None = Non
     request sizes its application exports (see size_series)."""
     warnings: list[str] = []
     deployments: dict[Key, DeploymentSignals] = defaultdict(DeploymentSignals)
-    for metric in sorted(set((size_metrics or {}).values())):
+    size_metrics = size_metrics or {}
+    for metric in sorted(set(size_metrics.values())):
         for key, counts in bucket_counts(prev, cur, metric, _deployment, warnings).items():
-            if size_metrics and size_metrics.get(key) == metric:
+            if size_metrics.get(key) == metric:
                 deployments[key].sizes = counts
     for labels, delta in _deltas(prev, cur, REQUESTS, warnings):
         if key := _deployment(labels):

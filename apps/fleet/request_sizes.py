@@ -81,13 +81,10 @@ def source(deployment: Deployment, is_llm: bool) -> dict | None:
     return None
 
 
-def merged(points: Iterable[dict], key: str = "size_in", since: float | None = None) -> list[tuple[float, float]]:
-    """The requests per bucket over the points (those at or after `since`): [(upper bound, count)],
-    by bound, +Inf last."""
+def merged(points: Iterable[dict], key: str = "size_in") -> list[tuple[float, float]]:
+    """The requests per bucket over the points: [(upper bound, count)], by bound, +Inf last."""
     total: dict[float, float] = {}
     for p in points:
-        if since is not None and p.get("t", 0) < since:
-            continue
         for bound, count in (p.get(key) or {}).items():
             total[float(bound)] = total.get(float(bound), 0.0) + count
     return sorted(total.items())

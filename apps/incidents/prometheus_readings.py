@@ -126,10 +126,10 @@ def read(
         if deployments
         else ["Prometheus has no Serve series for this selector: check it matches the cluster's labels."]
     )
-    for metric in sorted(set((size_metrics or {}).values())):
+    size_metrics = size_metrics or {}
+    for metric in sorted(set(size_metrics.values())):
         for (app, name), counts in _bucket_counts(q, f"{metric}_bucket{sel}", by, window, seconds).items():
-            named = size_metrics and size_metrics.get((app, name)) == metric
-            if named and (d := dep({"application": app, "deployment": name})) is not None:
+            if size_metrics.get((app, name)) == metric and (d := dep({"application": app, "deployment": name})):
                 d.sizes = counts
     prompts = _bucket_counts(q, f"{VLLM_PROMPT_TOKENS}_bucket{sel}", "model_name", window, seconds)
     generations = _bucket_counts(q, f"{VLLM_GENERATION_TOKENS}_bucket{sel}", "model_name", window, seconds)

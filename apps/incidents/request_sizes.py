@@ -10,9 +10,6 @@ from apps.fleet.metric_readings import bound_text
 from apps.fleet.models import Deployment
 from apps.incidents.models import SignalWindow
 
-# The window holds a day (raw readings for an hour, 5-minute summaries before).
-DAY_S = 86400
-
 
 def points(deployment: Deployment) -> list[dict]:
     window = SignalWindow.objects.filter(

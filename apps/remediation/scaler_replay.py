@@ -56,11 +56,12 @@ class Outcome:
         return served[-1][0]
 
     def as_dict(self) -> dict:
+        p99 = self.p99_s
         return {
             "arrived": round(self.arrived),
             "failed": round(self.shed),
             "failed_share": round(self.failed_share, 4),
-            "p99_s": round(self.p99_s, 2) if self.p99_s is not None else None,
+            "p99_s": round(p99, 2) if p99 is not None else None,
             "replica_seconds": round(self.replica_seconds),
             "peak_replicas": self.peak_replicas,
             "reversals": self.reversals,
